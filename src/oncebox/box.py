@@ -1,0 +1,368 @@
+"""`Box`: the user's handle — declare tasks, enqueue jobs, replay, cancel, work.
+
+    box = oncebox.Box("sqlite:///digests.db")
+
+    @box.task(key="weekly-digest/customer-{customer_id}/{period}", retry=oncebox.Retry(max_attempts=8))
+    def weekly_digest(ctx, customer_id: int, period: str) -> None:
+        ctx.connection.execute(...)   # commits with the claim, or not at all
+
+    box.enqueue(weekly_digest, customer_id=42, period="2026-W33")
+    box.work(until_idle=True)
+
+Enqueue is checked before anything is written: the task exists, the arguments fit its
+signature, are JSON, within the size limit, and render a valid key. Then one statement inserts
+the job — unless the key already has an intent (the operation happened) or an active job (it is
+queued, running or dead-lettered); then nothing is written and the result says which.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar, overload
+
+from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
+from oncebox.consumer import Consumer, ConsumerConfig
+from oncebox.errors import ConfigurationError, InvalidState, NotFound
+from oncebox.keys import validate_key
+from oncebox.metrics import Metrics
+from oncebox.retry import Retry
+from oncebox.store import open_store
+from oncebox.store.base import JobInsert, JobInsertMany, JobRow, OperatorAction, Store
+from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
+from oncebox.watch import HandlerWatch
+from oncebox.worker import Worker, WorkerConfig, WorkerResult, build_consumer
+
+F = TypeVar("F", bound=Callable[..., Any])
+RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
+MAX_REASON_CHARS = 2000
+EnqueueReason = Literal["created", "active_job", "key_claimed"]
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What an enqueue did. `created` is False when the key was already taken; `reason` says by
+    what: an active job (`state` is its state, `job_id` its id) or an intent (`state` is
+    'claimed', `job_id` the job that claimed it, if known)."""
+
+    job_id: int | None
+    key: str | None
+    created: bool
+    state: str
+    reason: EnqueueReason
+
+
+@dataclass(frozen=True)
+class EnqueueManyResult:
+    created: int
+    skipped: int
+    job_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """A replay or cancel that happened, and the audit row that records it."""
+
+    job_id: int
+    key: str | None
+    audit_id: int
+
+
+class Box:
+    """The user's handle; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        store: Store | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        seed: int | None = None,
+    ) -> None:
+        url = url if url is not None else os.environ.get("ONCEBOX_DB")
+        if store is None and not url:
+            raise ConfigurationError(
+                "no database: pass a URL (Box('sqlite:///oncebox.db')) or set ONCEBOX_DB"
+            )
+        self.metrics = Metrics()
+        self.store: Store = store if store is not None else open_store(str(url), metrics=self.metrics)
+        if store is not None:
+            self.metrics = getattr(store, "metrics", self.metrics)
+        self.where: str = getattr(self.store, "where", self.store.url)
+        self.registry = Registry()
+        self.max_payload_bytes = max_payload_bytes
+        self.rng = random.Random(seed)
+        self._workers: list[Worker] = []
+        self._workers_lock = threading.Lock()
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: F, /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        key: str | None = None,
+        name: str | None = None,
+        retry: Retry | None = None,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        group_by: str | None = None,
+        keep_intents: timedelta | None = None,
+    ) -> Callable[[F], Task]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        key: str | None = None,
+        name: str | None = None,
+        retry: Retry | None = None,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        group_by: str | None = None,
+        keep_intents: timedelta | None = None,
+    ) -> Task | Callable[[F], Task]:
+        """Declare a task. `key` is the business-key template (omit it for a plain at-least-once
+        job); `group_by` names an argument whose value orders the task's queue (one job per
+        group at a time, in enqueue order); `keep_intents` opts into pruning intents."""
+
+        def register(handler: F) -> Task:
+            task = make_task(
+                handler, name=name, key=key, retry=retry, timeout=timeout, priority=priority,
+                queue=queue, group_by=group_by, keep_intents=keep_intents,
+            )  # fmt: skip
+            clash = RESERVED_ARGS & set(task.signature.parameters)
+            if clash:
+                raise ConfigurationError(
+                    f"task {task.name!r}: parameter(s) {', '.join(sorted(clash))} clash with "
+                    "enqueue options; rename them or enqueue with box.enqueue_args(task, {...})"
+                )
+            self.registry.add(task)
+            return task
+
+        return register(fn) if fn is not None else register
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: Task | str | Callable[..., Any],
+        /,
+        *,
+        connection: object | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        priority: int | None = None,
+        **args: Any,
+    ) -> EnqueueResult:
+        """Enqueue one job; keyword arguments are the job's arguments."""
+        return self.enqueue_args(
+            task, args, connection=connection, run_at=run_at, delay=delay, priority=priority
+        )
+
+    def enqueue_args(
+        self,
+        task: Task | str | Callable[..., Any],
+        args: Mapping[str, Any],
+        *,
+        connection: object | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        priority: int | None = None,
+    ) -> EnqueueResult:
+        """`enqueue` with the arguments as a mapping (for argument names that clash)."""
+        resolved = self.registry.resolve(task)
+        row = self._row(resolved, args)
+        timing = _timing(run_at, delay)
+        job = JobInsert(
+            task=resolved.name, key=row[0], queue=resolved.queue, args_json=row[1],
+            priority=resolved.priority if priority is None else priority, group_key=row[2],
+            max_attempts=resolved.retry.max_attempts, run_at=timing[0], delay=timing[1],
+            max_age=resolved.retry.max_age,
+        )  # fmt: skip
+        for _ in range(3):
+            job_id, created = self.store.job_insert(job, connection=connection)
+            if created:
+                self.metrics.count("jobs_enqueued")
+                if connection is None:
+                    self._wake_local()
+                return EnqueueResult(job_id, job.key, True, "ready", "created")
+            assert job.key is not None  # keyless jobs are always created
+            conflict = self.store.job_enqueue_conflict(job.key, connection=connection)
+            if conflict.found:
+                self.metrics.count("enqueue_deduplicated")
+                if conflict.active_job_id is not None and conflict.active_state is not None:
+                    return EnqueueResult(
+                        conflict.active_job_id, job.key, False, conflict.active_state,
+                        "active_job",
+                    )  # fmt: skip
+                return EnqueueResult(conflict.intent_job_id, job.key, False, "claimed",
+                                     "key_claimed")  # fmt: skip
+            # the conflicting job ended (e.g. was cancelled) between the two statements: retry
+        raise InvalidState(f"key {job.key!r} kept changing state while being enqueued; try again")
+
+    def enqueue_many(
+        self,
+        task: Task | str | Callable[..., Any],
+        args_list: Iterable[Mapping[str, Any]],
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        priority: int | None = None,
+    ) -> EnqueueManyResult:
+        """Enqueue many jobs of one task as one set, in one transaction.
+
+        Every job is checked first; one bad job means nothing is written. Jobs whose key is
+        claimed or active are skipped (counted), like `enqueue` would.
+        """
+        resolved = self.registry.resolve(task)
+        rows = [self._row(resolved, args) for args in args_list]
+        timing = _timing(run_at, delay)
+        created = self.store.job_insert_many(
+            JobInsertMany(
+                task=resolved.name, queue=resolved.queue,
+                priority=resolved.priority if priority is None else priority,
+                max_attempts=resolved.retry.max_attempts, rows=rows, run_at=timing[0],
+                delay=timing[1], max_age=resolved.retry.max_age,
+            )  # fmt: skip
+        )
+        self.metrics.count("jobs_enqueued", len(created))
+        self.metrics.count("enqueue_deduplicated", len(rows) - len(created))
+        if created:
+            self._wake_local()
+        return EnqueueManyResult(len(created), len(rows) - len(created), [c[0] for c in created])
+
+    def _row(self, task: Task, args: Mapping[str, Any]) -> tuple[str | None, str, str | None]:
+        task.check_args(args)
+        encoded = encode_args(args, task.name, self.max_payload_bytes)
+        return task.render_key(args), encoded, task.group_of(args)
+
+    # -- operator actions ----------------------------------------------------------------------
+
+    def find(self, key_or_id: str | int) -> list[JobRow]:
+        """Jobs for a key (its active job and the job that claimed it) or the job with an id."""
+        if isinstance(key_or_id, int) or (isinstance(key_or_id, str) and key_or_id.isdigit()):
+            job = self.store.job_get(int(key_or_id))
+            return [job] if job is not None else []
+        return self.store.job_find_by_key(validate_key(key_or_id))
+
+    def _target(self, key_or_id: str | int, wanted: str, verb: str) -> JobRow:
+        jobs = self.find(key_or_id)
+        if not jobs:
+            raise NotFound(f"no job with id or key {key_or_id!r}")
+        for job in jobs:
+            if job.state == wanted:
+                return job
+        states = ", ".join(f"job {job.id} is {job.state}" for job in jobs)
+        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be")
+
+    def replay(self, key_or_id: str | int, *, reason: str, actor: str = "api") -> ActionOutcome:
+        """Move a dead job back to ready in place: same id, same key, history kept, audited.
+
+        There is no replay under a new key. A replayed job whose key was claimed meanwhile
+        completes as a duplicate.
+        """
+        reason = _reason(reason)
+        job = self._target(key_or_id, "dead", "replay")
+        result = self.store.job_replay(OperatorAction(job.id, actor, reason))
+        if result is None:
+            raise InvalidState(f"job {job.id} stopped being dead while it was being replayed")
+        self.metrics.count("jobs_replayed")
+        self._wake_local()
+        return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    def cancel(
+        self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
+    ) -> ActionOutcome:
+        """Cancel a ready job (a pending timer, a queued job); audited. Running jobs are not."""
+        reason = _reason(reason)
+        job = self._target(key_or_id, "ready", "cancel")
+        result = self.store.job_cancel(OperatorAction(job.id, actor, reason))
+        if result is None:
+            raise InvalidState(f"job {job.id} stopped being ready while it was being cancelled")
+        return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    # -- working -------------------------------------------------------------------------------
+
+    def work(
+        self,
+        *,
+        until_idle: bool = False,
+        concurrency: int = 1,
+        queues: Iterable[str] | None = None,
+        config: WorkerConfig | None = None,
+    ) -> WorkerResult:
+        """Run a worker in this thread until stopped (SIGTERM/SIGINT) or, with `until_idle`,
+        until no job is due; returns what it consumed."""
+        if config is None:
+            config = WorkerConfig(
+                concurrency=concurrency,
+                queues=tuple(queues) if queues is not None else None,
+                until_idle=until_idle,
+            )
+        return Worker(self, config).run()
+
+    def consumer(
+        self, config: ConsumerConfig | None = None, *, watch: HandlerWatch | None = None,
+        name: str = "c0",
+    ) -> Consumer:  # fmt: skip
+        """A single consumer lane on the table queue, for `run_once()` in tests and tools.
+        Close it with `consumer.session.close()`."""
+        consumer, _transport = build_consumer(
+            self, config or ConsumerConfig(), watch or HandlerWatch(exit_on_hang=False), name=name
+        )
+        return consumer
+
+    def attach_worker(self, worker: Worker) -> None:
+        with self._workers_lock:
+            self._workers.append(worker)
+
+    def detach_worker(self, worker: Worker) -> None:
+        with self._workers_lock:
+            if worker in self._workers:
+                self._workers.remove(worker)
+
+    def _wake_local(self) -> None:
+        with self._workers_lock:
+            workers = list(self._workers)
+        for worker in workers:
+            worker.wake()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Box:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _timing(run_at: datetime | None, delay: timedelta | None) -> tuple[datetime | None, timedelta]:
+    if run_at is not None and delay is not None:
+        raise ConfigurationError("give run_at or delay, not both")
+    if run_at is not None and run_at.tzinfo is None:
+        raise ConfigurationError(f"run_at {run_at.isoformat()} must be timezone-aware")
+    if delay is not None and delay < timedelta(0):
+        raise ConfigurationError("delay must not be negative")
+    return run_at, delay or timedelta(0)
+
+
+def _reason(reason: str) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigurationError("a reason is required (it is written to the audit log)")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
+    return reason.strip()

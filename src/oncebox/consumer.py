@@ -1,0 +1,385 @@
+"""The consumer transaction: claim the key, run the handler, settle the job — all or nothing.
+
+This module is the heart of the guarantee. For a batch of deliveries, one database transaction:
+
+    BEGIN
+      INSERT the batch's intents ... ON CONFLICT (key) DO NOTHING RETURNING key   -- the claim
+      for each delivery, in order:
+        key not returned  -> already claimed, by anyone, ever: settle `done/duplicate`
+        key returned      -> run the handler on this same connection (a savepoint is opened
+                             lazily, the first time it touches the connection)
+                             ok     -> settle `done/completed`
+                             raises -> its savepoint is rolled back, its intent deleted, and
+                                       the job is settled `ready` (retry, backoff) or `dead`
+      settle all jobs in one fenced UPDATE (WHERE lease_token = ours)              -- the ack
+    COMMIT
+
+Rules that batching must not weaken, and how they hold:
+- a failed handler leaves no intent: its intent is deleted in the same transaction;
+- one job's failure costs no other job an attempt: its savepoint isolates its writes, and the
+  others still settle in the same commit;
+- a superseded worker commits nothing: if the fenced settlement does not return every job, the
+  whole transaction is rolled back, the lost jobs are recorded as superseded from outside it, and
+  the jobs still ours are run again in a new transaction;
+- a claim blocked by another live transaction on the same key (PostgreSQL, `lock_timeout`) does
+  not fail the batch: the batch is redone one job per transaction, and only the blocked job is
+  released, without spending its attempt, to be retried shortly;
+- a transaction stops admitting handlers after `transaction_budget`, so slow handlers do not
+  hold locks (and SQLite's write lock) for a whole batch; the rest run in the next transaction.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from oncebox import clock, points
+from oncebox.codec import decode_args
+from oncebox.context import JobContext
+from oncebox.errors import (
+    HandlerTimeout,
+    InvalidArguments,
+    InvalidKey,
+    TransactionControlRefused,
+    UnknownTask,
+)
+from oncebox.metrics import Metrics
+from oncebox.store.base import ClaimLockTimeout, ConsumerSession, ConsumerTx, IntentClaim
+from oncebox.tasks import Registry, Task
+from oncebox.transport import Delivery, Settlement, Transport
+from oncebox.watch import HandlerWatch
+
+MAX_ERROR_CHARS = 8000
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Consumer lane settings. `lease` is how long a batch is held between heartbeats."""
+
+    batch_size: int = 100
+    transaction_budget: timedelta = timedelta(milliseconds=500)
+    lease: timedelta = timedelta(seconds=30)
+    lock_timeout: timedelta = timedelta(seconds=2)
+    lock_retry_delay: timedelta = timedelta(seconds=1)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= 10_000:
+            raise ValueError("batch_size must be within 1..10000")
+        if self.lease <= timedelta(0) or self.lock_timeout <= timedelta(0):
+            raise ValueError("lease and lock_timeout must be positive")
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """One failed attempt, as `oncebox.testing.drain` reports it."""
+
+    task: str
+    key: str | None
+    job_id: int | None
+    attempt: int
+    error: str
+    final: bool
+
+
+@dataclass
+class ConsumerResult:
+    """Counts for one `run_once`."""
+
+    leased: int = 0
+    completed: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    lease_lost: int = 0
+    failures: list[FailedAttempt] = field(default_factory=list)
+
+    def add(self, other: ConsumerResult) -> None:
+        for name in ("leased", "completed", "duplicates", "retried", "dead", "released",
+                     "lease_lost"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.failures.extend(other.failures)
+
+
+@dataclass
+class _Prepared:
+    """A delivery made ready to run: its task, decoded args and key, or why it cannot run."""
+
+    delivery: Delivery
+    task: Task | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    problem: str | None = None
+
+
+class _LeaseLost(Exception):
+    def __init__(self, lost: list[Delivery]) -> None:
+        super().__init__(f"{len(lost)} lease(s) superseded")
+        self.lost = lost
+
+
+class _BatchBroken(Exception):
+    """A handler ended the transaction under us; the batch must be rolled back."""
+
+    def __init__(self, culprit: _Prepared, error: TransactionControlRefused) -> None:
+        super().__init__(str(error))
+        self.culprit = culprit
+        self.error = error
+
+
+def describe_error(error: BaseException) -> str:
+    """The error as stored with the attempt: type, message and a short traceback."""
+    lines = traceback.format_exception(type(error), error, error.__traceback__, limit=12)
+    text = f"{type(error).__name__}: {error}\n" + "".join(lines[1:] if len(lines) > 1 else lines)
+    return text[:MAX_ERROR_CHARS]
+
+
+class Consumer:
+    """One consumer lane: leases batches from a transport and runs consumer transactions."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        session: ConsumerSession,
+        transport: Transport,
+        config: ConsumerConfig,
+        metrics: Metrics,
+        watch: HandlerWatch,
+        now: Callable[[], datetime],
+        rng: random.Random,
+        worker: str,
+        note_superseded: Callable[[Delivery, str], None],
+    ) -> None:
+        self.registry = registry
+        self.session = session
+        self.transport = transport
+        self.config = config
+        self.metrics = metrics
+        self.watch = watch
+        self.now = now
+        self.rng = rng
+        self.worker = worker
+        self.note_superseded = note_superseded
+        self.stopping: Callable[[], bool] = lambda: False
+
+    # -- the lane ------------------------------------------------------------------------------
+
+    def run_once(self) -> ConsumerResult:
+        """Lease one batch and run it to the end; returns what happened."""
+        result = ConsumerResult()
+        deliveries = self.transport.fetch(self.config.batch_size)
+        result.leased = len(deliveries)
+        if not deliveries:
+            return result
+        points.reach("consumer.leased")
+        self.process(deliveries, result)
+        return result
+
+    def process(self, deliveries: Sequence[Delivery], result: ConsumerResult) -> None:
+        pending = list(deliveries)
+        while pending:
+            if self.stopping():
+                self.transport.release(pending, timedelta(0))
+                result.released += len(pending)
+                self.metrics.count("jobs_released", len(pending))
+                return
+            try:
+                pending = self._transaction(pending, result)
+            except ClaimLockTimeout:
+                self.metrics.count("claim_lock_timeouts")
+                for delivery in pending:
+                    self._single(delivery, result)
+                return
+
+    def _single(self, delivery: Delivery, result: ConsumerResult) -> None:
+        """Fallback after a lock timeout: one delivery per transaction."""
+        pending = [delivery]
+        while pending:
+            try:
+                pending = self._transaction(pending, result)
+            except ClaimLockTimeout:
+                self.transport.release(pending, self.config.lock_retry_delay)
+                result.released += len(pending)
+                self.metrics.count("jobs_released", len(pending))
+                return
+
+    # -- one transaction -----------------------------------------------------------------------
+
+    def _transaction(self, pending: list[Delivery], result: ConsumerResult) -> list[Delivery]:
+        """Run one consumer transaction over a prefix of `pending`; return what is left."""
+        prepared = [self._prepare(d) for d in pending]
+        points.reach("consumer.before_transaction")
+        outcome = ConsumerResult()
+        try:
+            with self.session.transaction() as tx:
+                settlements, leftover = self._run_in(tx, prepared, outcome)
+                expected = {s.delivery.message_id for s in settlements}
+                settled = self.transport.settle_in_transaction(tx, settlements)
+                if settled != expected:
+                    lost = [s.delivery for s in settlements if s.delivery.message_id not in settled]
+                    raise _LeaseLost(lost)
+                points.reach("consumer.after_handler_before_commit")
+        except _LeaseLost as exc:
+            return self._after_lease_lost(pending, exc.lost, result)
+        except _BatchBroken as exc:
+            return self._after_broken_batch(pending, exc, result)
+        self.transport.after_commit(settlements)
+        points.reach("consumer.committed")
+        result.add(outcome)
+        self._count(outcome)
+        return leftover
+
+    def _run_in(
+        self, tx: ConsumerTx, prepared: list[_Prepared], outcome: ConsumerResult
+    ) -> tuple[list[Settlement], list[Delivery]]:
+        first_of_key: dict[str, _Prepared] = {}
+        for p in prepared:
+            if p.key is not None and p.problem is None:
+                first_of_key.setdefault(p.key, p)
+        claims = [IntentClaim(k, p.delivery.task, p.delivery.job_id) for k, p in first_of_key.items()]
+        claimed = tx.intent_claim(claims)
+        points.reach("consumer.after_claim_insert")
+
+        settlements: list[Settlement] = []
+        unclaimed: list[str] = []
+        leftover: list[Delivery] = []
+        started = clock.monotonic()
+        for index, p in enumerate(prepared):
+            if index and clock.monotonic() - started > self.config.transaction_budget.total_seconds():
+                leftover = [q.delivery for q in prepared[index:]]
+                unclaimed += [q.key for q in prepared[index:] if q.key in claimed and
+                              first_of_key.get(q.key) is q]  # fmt: skip
+                break
+            if p.problem is not None:
+                settlements.append(self._dead(p, p.problem, outcome))
+            elif p.key is not None and first_of_key[p.key] is not p:
+                leftover.append(p.delivery)  # same key twice in one batch: after this one
+            elif p.key is not None and p.key not in claimed:
+                settlements.append(Settlement(p.delivery, "done", "duplicate"))
+                outcome.duplicates += 1
+            else:
+                settlement = self._run_handler(tx, p, outcome)
+                if settlement.outcome != "completed" and p.key is not None:
+                    unclaimed.append(p.key)
+                settlements.append(settlement)
+        tx.intent_release(unclaimed)
+        return settlements, leftover
+
+    def _run_handler(self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult) -> Settlement:
+        assert p.task is not None
+        task, delivery = p.task, p.delivery
+        points.reach("consumer.before_handler")
+        began = clock.monotonic()
+        try:
+            with tx.handler_scope() as connection:
+                ctx = JobContext(
+                    task=task.name, key=p.key, job_id=delivery.job_id,
+                    attempt=delivery.attempt, connection=connection, _now=self.now,
+                )  # fmt: skip
+                with self.watch.running(task.name, p.key, task.timeout):
+                    task.fn(ctx, **p.args)
+                elapsed = clock.monotonic() - began
+                if elapsed > task.timeout.total_seconds():
+                    raise HandlerTimeout(
+                        f"handler took {elapsed:.1f}s; the timeout of {task.name!r} is "
+                        f"{task.timeout.total_seconds():g}s"
+                    )
+        except TransactionControlRefused as error:
+            if "ended the claim's transaction" in str(error):
+                raise _BatchBroken(p, error) from None
+            return self._failed(p, error, began, outcome)
+        except Exception as error:
+            return self._failed(p, error, began, outcome)
+        outcome.completed += 1
+        return Settlement(delivery, "done", "completed")
+
+    def _failed(
+        self, p: _Prepared, error: BaseException, began: float, outcome: ConsumerResult
+    ) -> Settlement:
+        assert p.task is not None
+        delivery = p.delivery
+        decision = p.task.retry.decide(error, delivery.attempt, delivery.attempts_left, self.rng)
+        text = describe_error(error)
+        retry = decision.retry
+        if retry and delivery.expires_at is not None:
+            estimate = delivery.leased_at + timedelta(seconds=clock.monotonic() - began)
+            if estimate + decision.delay >= delivery.expires_at:
+                retry = False
+                text = f"max age reached ({delivery.expires_at.isoformat()}); {text}"
+        if not retry and decision.reason:
+            text = f"{text}\n(final: {decision.reason})"
+        outcome.failures.append(
+            FailedAttempt(delivery.task, p.key, delivery.job_id, delivery.attempt, text, not retry)
+        )
+        if retry:
+            outcome.retried += 1
+            return Settlement(delivery, "ready", None, decision.delay, text)
+        outcome.dead += 1
+        return Settlement(delivery, "dead", None, timedelta(0), text)
+
+    def _dead(self, p: _Prepared, problem: str, outcome: ConsumerResult) -> Settlement:
+        d = p.delivery
+        outcome.dead += 1
+        outcome.failures.append(FailedAttempt(d.task, p.key, d.job_id, d.attempt, problem, True))
+        return Settlement(d, "dead", None, timedelta(0), problem)
+
+    def _prepare(self, delivery: Delivery) -> _Prepared:
+        """Decode and check a delivery before the transaction; problems are permanent."""
+        prepared = _Prepared(delivery)
+        try:
+            prepared.task = self.registry.get(delivery.task)
+            prepared.args = decode_args(delivery.args_json)
+            prepared.task.check_args(prepared.args)
+            prepared.key = (
+                delivery.key if delivery.key is not None
+                else prepared.task.render_key(prepared.args)
+            )  # fmt: skip
+        except (UnknownTask, InvalidArguments, InvalidKey) as exc:
+            prepared.problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
+        except ValueError as exc:
+            prepared.problem = f"InvalidArguments: stored arguments are not JSON: {exc}"
+        return prepared
+
+    # -- after a rollback ----------------------------------------------------------------------
+
+    def _after_lease_lost(
+        self, pending: list[Delivery], lost: list[Delivery], result: ConsumerResult
+    ) -> list[Delivery]:
+        points.reach("consumer.lease_lost")
+        result.lease_lost += len(lost)
+        self.metrics.count("leases_lost", len(lost))
+        self.transport.drop(lost)
+        for delivery in lost:
+            self.note_superseded(
+                delivery,
+                f"commit refused: {self.worker} finished attempt {delivery.attempt} after its "
+                "lease had been superseded; its transaction was rolled back",
+            )
+        gone = {d.message_id for d in lost}
+        return [d for d in pending if d.message_id not in gone]
+
+    def _after_broken_batch(
+        self, pending: list[Delivery], exc: _BatchBroken, result: ConsumerResult
+    ) -> list[Delivery]:
+        """Settle the handler that ended the transaction as dead, on its own; redo the rest."""
+        culprit = exc.culprit
+        outcome = ConsumerResult()
+        settlement = self._dead(culprit, describe_error(exc.error), outcome)
+        with self.session.transaction() as tx:
+            self.transport.settle_in_transaction(tx, [settlement])
+        self.transport.after_commit([settlement])
+        result.add(outcome)
+        self._count(outcome)
+        return [d for d in pending if d.message_id != culprit.delivery.message_id]
+
+    def _count(self, outcome: ConsumerResult) -> None:
+        self.metrics.count("jobs_completed", outcome.completed)
+        self.metrics.count("claim_conflicts", outcome.duplicates)
+        self.metrics.count("jobs_retried", outcome.retried)
+        self.metrics.count("jobs_dead", outcome.dead)
+

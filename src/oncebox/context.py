@@ -1,0 +1,32 @@
+"""What a handler receives as its first argument."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from oncebox.store.base import HandlerConnection
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """The job being run and the claim's transaction.
+
+    `connection` is the claim's own connection (sqlite3 or psycopg API), inside the transaction
+    that inserted this job's intent and will mark it done: write business rows with it and they
+    commit with the claim, or not at all. It refuses commit and rollback. `key` is the business
+    key (None for a task without a key template); `attempt` counts from 1 and keeps counting
+    across replays; `job_id` is None for deliveries from a broker transport.
+    """
+
+    task: str
+    key: str | None
+    job_id: int | None
+    attempt: int
+    connection: HandlerConnection
+    _now: Callable[[], datetime]
+
+    def now(self) -> datetime:
+        """Business time: the database's clock (frozen or offset in tests), aware UTC."""
+        return self._now()

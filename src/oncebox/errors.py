@@ -1,0 +1,121 @@
+"""Every error oncebox raises, in one hierarchy.
+
+    OnceboxError
+    ├── ConfigurationError          a task, template, URL or setting is wrong (fix the code/config)
+    │   └── KeyTemplateError        a key template is malformed or names a missing argument
+    ├── EnqueueError                a job was refused at enqueue; nothing was written
+    │   ├── InvalidKey              the rendered key breaks the key rules
+    │   ├── InvalidArguments        args are not JSON, or do not fit the task's signature
+    │   ├── PayloadTooLarge         encoded args exceed the size limit
+    │   └── UnknownTask             no task of that name is registered
+    ├── SchemaError                 the database schema is missing, older or unknown
+    ├── StoreUnavailable            the database cannot be reached (retryable for lanes)
+    ├── NotFound                    no job, key or row matches what was asked for
+    ├── InvalidState                the row exists but the operation does not apply to its state
+    ├── TransactionControlRefused   a handler tried to commit or roll back the claim's transaction
+    ├── LeaseLost                   this worker's lease was superseded; its transaction is refused
+    ├── HandlerTimeout              a handler exceeded its timeout
+    ├── RetryLater                  raised by a handler: try again later (optionally after `delay`)
+    ├── Permanent                   raised by a handler: dead-letter now, never retry
+    └── DrainFailed                 `oncebox.testing.drain` saw failed attempts
+
+`RetryLater` and `Permanent` are the two signals a handler can send on purpose; any other exception a
+handler raises is classified by the task's `Retry` policy (retryable unless declared permanent).
+User mistakes (configuration, enqueue, not found, invalid state) carry a message written to be
+shown as is, on one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class OnceboxError(Exception):
+    """Base class of every error oncebox raises on purpose."""
+
+
+class ConfigurationError(OnceboxError):
+    """A task declaration, template, URL or setting is wrong; fix the code or configuration."""
+
+
+class KeyTemplateError(ConfigurationError):
+    """A key template is malformed or refers to an argument the task does not have."""
+
+
+class EnqueueError(OnceboxError):
+    """A job was refused at enqueue. Nothing was written."""
+
+
+class InvalidKey(EnqueueError):
+    """The key rendered from a job's arguments breaks the key rules."""
+
+
+class InvalidArguments(EnqueueError):
+    """The job's arguments are not JSON-encodable or do not fit the task's signature."""
+
+
+class PayloadTooLarge(EnqueueError):
+    """The encoded arguments are larger than the configured limit."""
+
+    def __init__(self, size: int, limit: int, task: str) -> None:
+        super().__init__(
+            f"arguments of task {task!r} are {size} bytes as JSON; the limit is {limit} bytes "
+            "(pass ids and look the data up in the handler, or raise max_payload_bytes)"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class UnknownTask(EnqueueError):
+    """No task of that name is registered with this box."""
+
+
+class SchemaError(OnceboxError):
+    """The database schema is missing, older than this code needs, or damaged."""
+
+
+class StoreUnavailable(OnceboxError):
+    """The database cannot be reached. Lanes back off and try again; commands exit 1."""
+
+
+class NotFound(OnceboxError):
+    """No job, key or row matches what was asked for."""
+
+
+class InvalidState(OnceboxError):
+    """The row exists, but the requested operation does not apply to its current state."""
+
+
+class TransactionControlRefused(OnceboxError):
+    """A handler tried to commit, roll back or close the claim's transaction.
+
+    The claim, the handler's writes and the job's completion commit together or not at all; a
+    handler that commits on its own would break that, so the connection it receives refuses.
+    """
+
+
+class LeaseLost(OnceboxError):
+    """This worker's lease on a job was superseded (it expired and another worker took over)."""
+
+
+class HandlerTimeout(OnceboxError):
+    """A handler ran longer than its task's timeout."""
+
+
+class RetryLater(OnceboxError):
+    """Raised by a handler to ask for another attempt, optionally after a specific delay.
+
+    The attempt still counts towards the task's `max_attempts`.
+    """
+
+    def __init__(self, reason: str = "retry requested", delay: timedelta | None = None) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
+class Permanent(OnceboxError):
+    """Raised by a handler when another attempt cannot succeed: the job is dead-lettered now."""
+
+
+class DrainFailed(OnceboxError):
+    """`oncebox.testing.drain` saw attempts fail; the message lists each one."""

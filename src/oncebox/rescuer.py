@@ -1,0 +1,64 @@
+"""`LeaseRescuer`: jobs whose lease expired go back to `ready` (or `dead`), attempt recorded.
+
+A lease expires when its worker died, froze or lost the database for longer than the lease. The
+attempt it was making counts (a poison job that kills its worker is dead after `max_attempts`
+crashes, not retried forever) and is recorded as `lease_expired` with the worker's name. The
+worker, if it still lives, cannot commit: its settlement is fenced on the token the rescue cleared.
+Every worker runs a rescuer; `SKIP LOCKED` keeps them from stepping on each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+from oncebox.lane import run_forever
+from oncebox.metrics import Metrics
+from oncebox.store.base import RescuedJob, Store
+
+log = logging.getLogger("oncebox.rescuer")
+
+
+@dataclass(frozen=True)
+class LeaseRescuerConfig:
+    interval: timedelta = timedelta(seconds=15)
+    batch_size: int = 500
+
+
+@dataclass(frozen=True)
+class LeaseRescuerResult:
+    rescued: list[RescuedJob]
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for job in self.rescued if job.state == "ready")
+
+    @property
+    def dead(self) -> int:
+        return sum(1 for job in self.rescued if job.state == "dead")
+
+
+class LeaseRescuer:
+    def __init__(self, store: Store, config: LeaseRescuerConfig, metrics: Metrics) -> None:
+        self.store = store
+        self.config = config
+        self.metrics = metrics
+
+    def run_once(self) -> LeaseRescuerResult:
+        result = LeaseRescuerResult(self.store.job_rescue_expired(self.config.batch_size))
+        for job in result.rescued:
+            log.warning(
+                "lease of job %s (task %s, key %s, attempt %s) held by %s expired; now %s",
+                job.id, job.task, job.key, job.attempt, job.worker, job.state,
+            )  # fmt: skip
+        self.metrics.count("leases_expired", len(result.rescued))
+        self.metrics.count("jobs_dead", result.dead)
+        return result
+
+    def run_forever(self, stop: threading.Event) -> None:
+        def once() -> bool:
+            return len(self.run_once().rescued) >= self.config.batch_size
+
+        run_forever("lease rescuer", once, stop, self.config.interval.total_seconds())

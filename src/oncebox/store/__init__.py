@@ -1,0 +1,73 @@
+"""Stores: where jobs, intents and their history live. `open_store(url)` picks one.
+
+URLs: `sqlite:///relative/path.db`, `sqlite:////absolute/path.db` (options:
+`?synchronous=full|normal|extra&busy_timeout=SECONDS`), `postgresql://user@host:5432/db`
+(options: `?schema=name&pool_min=N&pool_max=N&connect_timeout=SECONDS`, everything else goes to
+libpq).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from oncebox.errors import ConfigurationError
+from oncebox.metrics import Metrics
+from oncebox.store.base import Store
+
+__all__ = ["Store", "open_store"]
+
+
+def open_store(url: str, *, metrics: Metrics | None = None, migrate: bool | None = None) -> Store:
+    """Open the store a URL names. SQLite is migrated on open unless `migrate=False`."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"database URL {url!r} is not a URL: use sqlite:///path.db or postgresql://host/db"
+        )
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        return _open_sqlite(url, metrics=metrics, migrate=migrate is not False)
+    if scheme in {"postgresql", "postgres"}:
+        from oncebox.store.postgres import PostgresStore
+
+        store = PostgresStore(url, metrics=metrics)
+        if migrate:
+            store.schema_migrate()
+        return store
+    raise ConfigurationError(
+        f"database URL scheme {scheme!r} is not supported: use sqlite:/// or postgresql://"
+    )
+
+
+def _open_sqlite(url: str, *, metrics: Metrics | None, migrate: bool) -> Store:
+    from oncebox.store.sqlite import SqliteStore
+
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise ConfigurationError(
+            f"SQLite URL {url!r} has a host part; write sqlite:///relative.db or "
+            "sqlite:////absolute/path.db"
+        )
+    raw_path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if not raw_path or raw_path == ":memory:":
+        raise ConfigurationError(
+            "SQLite URL needs a file path (an in-memory database cannot be shared by the "
+            "worker's connections): e.g. sqlite:///oncebox.db"
+        )
+    options = dict(parse_qsl(parts.query))
+    unknown = set(options) - {"synchronous", "busy_timeout"}
+    if unknown:
+        raise ConfigurationError(f"unknown SQLite URL option(s): {', '.join(sorted(unknown))}")
+    try:
+        busy = timedelta(seconds=float(options.get("busy_timeout", "10")))
+    except ValueError:
+        raise ConfigurationError("busy_timeout must be a number of seconds") from None
+    return SqliteStore(
+        Path(raw_path),
+        url=url,
+        busy_timeout=busy,
+        synchronous=options.get("synchronous", "full"),
+        migrate=migrate,
+        metrics=metrics,
+    )

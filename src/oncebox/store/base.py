@@ -1,0 +1,395 @@
+"""The `Store` protocol: every database operation oncebox performs, by name.
+
+Internal: this interface may change between releases. Each operation is named noun + verb and
+takes a small frozen dataclass of parameters. Time is never a parameter: every operation reads
+the store's own clock (`oncebox_now()`), so all processes share one notion of time. Two
+implementations exist, `store/sqlite.py` and `store/postgres.py`; one conformance suite
+(`tests/store_contract/`) runs against both.
+
+Connections: a `Store` hands out short-lived connections per operation. The consumer lane gets a
+`ConsumerSession` instead — one dedicated connection that leases jobs and runs the consumer
+transaction, in which the handler runs on the same connection as the claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from oncebox.clock import ClockSetting
+
+JobState = Literal["ready", "leased", "done", "dead", "cancelled"]
+FinishState = Literal["done", "ready", "dead"]
+Outcome = Literal["completed", "duplicate"]
+ACTIVE_STATES: tuple[JobState, ...] = ("ready", "leased", "dead")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobInsert:
+    """One job to enqueue; `args_json` is already encoded and size-checked."""
+
+    task: str
+    key: str | None
+    queue: str
+    args_json: str
+    priority: int
+    group_key: str | None
+    max_attempts: int
+    run_at: datetime | None = None
+    delay: timedelta = timedelta(0)
+    max_age: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobInsertMany:
+    """Many jobs of one task, inserted as one set; rows are (key, args_json, group_key)."""
+
+    task: str
+    queue: str
+    priority: int
+    max_attempts: int
+    rows: Sequence[tuple[str | None, str, str | None]]
+    run_at: datetime | None = None
+    delay: timedelta = timedelta(0)
+    max_age: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobLeaseParams:
+    tasks: Sequence[str]
+    queues: Sequence[str]
+    limit: int
+    worker: str
+    token: str
+    lease_for: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class JobReleaseParams:
+    ids: Sequence[int]
+    token: str
+    delay: timedelta = timedelta(0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinish:
+    """How one leased job ends this attempt. `delay` applies when `state` is 'ready'."""
+
+    id: int
+    state: FinishState
+    outcome: Outcome | None = None
+    delay: timedelta = timedelta(0)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IntentClaim:
+    key: str
+    task: str
+    job_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorAction:
+    """An audited operator action on one job."""
+
+    job_id: int
+    actor: str
+    reason: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueConflict:
+    """Why an insert wrote nothing: the active job holding the key and/or the key's intent."""
+
+    active_job_id: int | None
+    active_state: JobState | None
+    intent_job_id: int | None
+    intent_claimed_at: datetime | None
+
+    @property
+    def found(self) -> bool:
+        return self.active_job_id is not None or self.intent_claimed_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedJob:
+    id: int
+    key: str | None
+    task: str
+    queue: str
+    args_json: str
+    attempt: int
+    max_attempts: int
+    attempt_base: int
+    priority: int
+    group_key: str | None
+    run_at: datetime
+    created_at: datetime
+    expires_at: datetime | None
+    leased_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RescuedJob:
+    id: int
+    key: str | None
+    task: str
+    state: JobState
+    attempt: int
+    worker: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: int
+    key: str | None
+    task: str
+    queue: str
+    args_json: str
+    state: JobState
+    outcome: Outcome | None
+    priority: int
+    group_key: str | None
+    attempt: int
+    max_attempts: int
+    attempt_base: int
+    run_at: datetime
+    expires_at: datetime | None
+    created_at: datetime
+    leased_by: str | None
+    leased_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    job_id: int
+    attempt: int
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: str
+    error: str | None
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class IntentRow:
+    key: str
+    task: str
+    job_id: int | None
+    claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target_kind: str
+    target_id: int | None
+    target_key: str | None
+    reason: str
+    details: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """A replay or cancel that happened: the job and the audit row written with it."""
+
+    job_id: int
+    key: str | None
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    """Which migrations are applied, against which this code knows."""
+
+    applied: tuple[int, ...]
+    known: tuple[int, ...]
+
+    @property
+    def current(self) -> int:
+        return max(self.applied, default=0)
+
+    @property
+    def required(self) -> int:
+        return max(self.known, default=0)
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        return tuple(v for v in self.known if v not in self.applied)
+
+    @property
+    def unknown(self) -> tuple[int, ...]:
+        return tuple(v for v in self.applied if v not in self.known)
+
+
+@dataclass(frozen=True, slots=True)
+class StateCounts:
+    """Jobs per state; done jobs split by outcome."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts.get(name, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocols
+# ---------------------------------------------------------------------------------------------
+
+
+class HandlerConnection(Protocol):
+    """What a handler receives as `ctx.connection`: the claim's connection, guarded.
+
+    It forwards to the driver's connection (sqlite3 or psycopg), so handlers use the driver's
+    normal API. It refuses commit, rollback, close and transaction-control SQL, and opens a
+    savepoint the first time the handler uses it, so a failing handler's writes are undone
+    without undoing the rest of the batch.
+    """
+
+    def __getattr__(self, name: str) -> Any: ...
+
+
+class ConsumerTx(Protocol):
+    """One consumer transaction: claims, handlers' writes and settlements commit together."""
+
+    def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
+        """Insert the claims' intents; return the keys this transaction claimed.
+
+        A key already claimed (committed by anyone, ever) is absent from the result. On PostgreSQL,
+        a key another live transaction is claiming makes this raise `ClaimLockTimeout` after the
+        session's lock_timeout; the transaction is then unusable and must be rolled back.
+        """
+        ...
+
+    def intent_release(self, keys: Sequence[str]) -> None:
+        """Delete intents this same transaction claimed (handler failed or was not run)."""
+        ...
+
+    def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
+        """A guarded connection for one handler; its writes are undone if the block raises."""
+        ...
+
+    def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
+        """Settle jobs leased under `token`, fenced; return the ids settled."""
+        ...
+
+
+class ConsumerSession(Protocol):
+    """A dedicated connection for one consumer thread."""
+
+    def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]: ...
+
+    def job_release(self, params: JobReleaseParams) -> int: ...
+
+    def transaction(self) -> AbstractContextManager[ConsumerTx]:
+        """Begin a consumer transaction; commit when the block exits normally, else roll back."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Store(Protocol):
+    """Every operation oncebox performs on its database."""
+
+    url: str
+
+    @property
+    def dialect(self) -> Literal["sqlite", "postgres"]: ...
+
+    @property
+    def supports_notifications(self) -> bool:
+        """PostgreSQL: idle workers are woken by NOTIFY. SQLite: they poll."""
+        ...
+
+    def close(self) -> None: ...
+
+    # schema
+    def schema_status(self) -> SchemaStatus: ...
+    def schema_migrate(self) -> list[int]: ...
+
+    # clock
+    def clock_now(self) -> datetime: ...
+    def clock_set(self, setting: ClockSetting) -> None: ...
+    def clock_get(self) -> ClockSetting: ...
+
+    # jobs
+    def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
+        """Insert unless deduplicated; returns (job id or 0, created)."""
+        ...
+
+    def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]: ...
+    def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
+        ...
+
+    def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int: ...
+    def job_rescue_expired(self, limit: int) -> list[RescuedJob]: ...
+    def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None: ...
+    def job_replay(self, action: OperatorAction) -> ActionResult | None: ...
+    def job_cancel(self, action: OperatorAction) -> ActionResult | None: ...
+    def job_get(self, job_id: int) -> JobRow | None: ...
+    def job_find_by_key(self, key: str) -> list[JobRow]: ...
+    def job_attempt_list(self, job_id: int) -> list[AttemptRow]: ...
+    def job_count_by_state(self) -> StateCounts: ...
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None: ...
+    def job_prune(self, older_than: timedelta, limit: int) -> int: ...
+
+    # intents
+    def intent_get(self, key: str) -> IntentRow | None: ...
+    def intent_count(self) -> int: ...
+    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int: ...
+
+    # audit
+    def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]: ...
+
+    # lanes
+    def consumer_session(self, settings: ConsumerSettings) -> ConsumerSession: ...
+    def wait_for_jobs(self, timeout: float) -> bool:
+        """Block until jobs may have been added (True) or `timeout` seconds pass (False)."""
+        ...
+
+    def notify_jobs(self) -> None:
+        """Wake idle workers after rows became ready without an insert."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """Session settings for a consumer connection.
+
+    `lock_timeout` bounds how long a claim waits on a key another live transaction is claiming;
+    `transaction_timeout` bounds a handler's transaction on the server (PostgreSQL's
+    idle-in-transaction and statement timeouts), so a hung handler releases its locks.
+    """
+
+    lock_timeout: timedelta
+    transaction_timeout: timedelta
+
+
+class ClaimLockTimeout(Exception):
+    """Internal: a claim waited `lock_timeout` on a key another live transaction holds."""
+
+
+def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,191 @@
+"""The connection a handler receives: the claim's own connection, guarded.
+
+Why guarded: the claim, the handler's business writes, its outbox rows and the job's completion
+must commit together or not at all. A handler that commits (or rolls back, or closes) the
+connection would split them, so those calls are refused with `TransactionControlRefused`, and so
+is transaction-control SQL sent through `execute` (BEGIN, COMMIT, ROLLBACK, END, ...; a handler's
+own `SAVEPOINT`/`ROLLBACK TO`/`RELEASE` are fine).
+
+Why lazy: a batch of jobs shares one transaction, and each handler that touches the connection
+gets a savepoint so its failure undoes only its own writes. Handlers that never touch the
+connection (most of them only write outbox rows, which are buffered) cost no savepoint round trip,
+so the savepoint is opened on first use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from oncebox.errors import TransactionControlRefused
+
+SAVEPOINT = "oncebox_handler"
+
+_COMMENTS = re.compile(r"^\s*(?:(?:--[^\n]*\n)|(?:/\*.*?\*/)|\s)*", re.DOTALL)
+_TX_CONTROL = re.compile(
+    r"(BEGIN|COMMIT|END|ABORT|START\s+TRANSACTION|PREPARE\s+TRANSACTION|VACUUM|DETACH|ATTACH"
+    r"|ROLLBACK(?!\s+(?:TRANSACTION\s+|WORK\s+)?TO\b))\b",
+    re.IGNORECASE,
+)
+
+_REFUSED_CALLS = {
+    "commit": "commit",
+    "rollback": "roll back",
+    "close": "close",
+    "executescript": "run scripts on",  # sqlite3: executescript() commits first
+    "set_autocommit": "change autocommit on",
+    "tpc_begin": "begin two-phase commit on",
+    "tpc_commit": "commit",
+    "tpc_rollback": "roll back",
+}
+
+
+def _refuse(what: str) -> TransactionControlRefused:
+    return TransactionControlRefused(
+        f"a handler may not {what} the claim's connection: the claim, the handler's writes and "
+        "the job's completion commit together; raise an exception to undo this job's writes"
+    )
+
+
+def check_statement(query: object) -> None:
+    """Refuse transaction-control SQL; other statements (and composed queries) pass."""
+    if not isinstance(query, (str, bytes)):
+        return
+    text = query.decode("utf-8", "replace") if isinstance(query, bytes) else query
+    head = _COMMENTS.sub("", text, count=1)
+    if _TX_CONTROL.match(head):
+        raise _refuse(f"run {head.split(None, 1)[0].upper()} on")
+
+
+class GuardedCursor:
+    """A driver cursor whose execute calls are checked like the connection's."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        check_statement(query)
+        result = self._raw.execute(query, *args, **kwargs)
+        return self if result is self._raw else result
+
+    def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        check_statement(query)
+        result = self._raw.executemany(query, *args, **kwargs)
+        return self if result is self._raw else result
+
+    def executescript(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise _refuse("run scripts on")
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._raw)
+
+    def __enter__(self) -> GuardedCursor:
+        self._raw.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._raw.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class GuardedConnection:
+    """Forwards to the driver connection, refusing transaction control; see the module doc."""
+
+    def __init__(self, raw: Any, on_first_use: Callable[[], None]) -> None:
+        self._raw = raw
+        self._on_first_use: Callable[[], None] | None = on_first_use
+        self._closed = False
+
+    @property
+    def touched(self) -> bool:
+        return self._on_first_use is None
+
+    def _use(self) -> Any:
+        if self._closed:
+            raise TransactionControlRefused(
+                "this connection belonged to a handler that has returned; it cannot be used "
+                "after the handler ends"
+            )
+        if self._on_first_use is not None:
+            first_use, self._on_first_use = self._on_first_use, None
+            first_use()
+        return self._raw
+
+    def end(self) -> None:
+        """Called by the consumer when the handler returns; later use is refused."""
+        self._closed = True
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        check_statement(query)
+        return GuardedCursor(self._use().execute(query, *args, **kwargs))
+
+    def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        check_statement(query)
+        return GuardedCursor(self._use().executemany(query, *args, **kwargs))
+
+    def cursor(self, *args: Any, **kwargs: Any) -> GuardedCursor:
+        return GuardedCursor(self._use().cursor(*args, **kwargs))
+
+    def __enter__(self) -> GuardedConnection:
+        raise _refuse("use `with` (which commits or closes) on")
+
+    def __exit__(self, *exc: object) -> None:
+        raise _refuse("use `with` (which commits or closes) on")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        if name in {"autocommit", "isolation_level"}:
+            raise _refuse(f"set {name} on")
+        setattr(self._use(), name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _REFUSED_CALLS:
+            raise _refuse(_REFUSED_CALLS[name])
+        return getattr(self._use(), name)
+
+
+@contextmanager
+def handler_scope(
+    raw: Any,
+    execute: Callable[[str], None],
+    transaction_status: Callable[[], str],
+) -> Iterator[GuardedConnection]:
+    """Run one handler against `raw` inside a lazily opened savepoint.
+
+    `execute` runs a statement on the raw connection; `transaction_status` says whether the
+    connection is still in a healthy transaction: "ok", "aborted" (a statement failed and the
+    handler carried on) or "gone" (the transaction ended under the handler).
+    """
+
+    guarded = GuardedConnection(raw, lambda: execute(f"SAVEPOINT {SAVEPOINT}"))
+    try:
+        yield guarded
+    except BaseException:
+        guarded.end()
+        if guarded.touched and transaction_status() != "gone":
+            execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+            execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+        raise
+    guarded.end()
+    if not guarded.touched:
+        return
+    status = transaction_status()
+    if status == "gone":
+        raise TransactionControlRefused(
+            "the handler ended the claim's transaction (it sent transaction control the guard "
+            "could not see); the batch is rolled back and retried"
+        )
+    if status == "aborted":
+        execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+        raise TransactionControlRefused(
+            "the handler returned with its transaction aborted (it caught a database error and "
+            "carried on); its writes were undone and the attempt counts as failed"
+        )
+    execute(f"RELEASE SAVEPOINT {SAVEPOINT}")

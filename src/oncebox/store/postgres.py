@@ -1,0 +1,566 @@
+"""The PostgreSQL store: production, many workers on many hosts.
+
+Concurrency comes from the database: claims use `FOR UPDATE SKIP LOCKED`, the intent is a unique
+index (whose enforcement does not depend on the isolation level), and every completing update is
+fenced on the lease token. Time is the server's (`oncebox_now()`), so hosts' clocks do not matter.
+
+Connections: a `psycopg_pool` pool (autocommit; an operation that needs several statements opens
+its own transaction) serves short operations; each consumer thread has a dedicated connection
+whose session settings bound claim waits (`lock_timeout`) and hung handlers
+(`idle_in_transaction_session_timeout`, `statement_timeout`); the listener has one more, for
+LISTEN. The schema is `public` unless the URL says `?schema=name`; it must be migrated explicitly
+(`oncebox migrate`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, LiteralString, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pg_errors
+from psycopg import pq
+
+from oncebox.clock import ClockSetting
+from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
+from oncebox.metrics import Metrics, operation
+from oncebox.store import guard
+from oncebox.store.base import (
+    ActionResult,
+    AttemptRow,
+    AuditRow,
+    ClaimLockTimeout,
+    ConsumerSettings,
+    EnqueueConflict,
+    HandlerConnection,
+    IntentClaim,
+    IntentRow,
+    JobFinish,
+    JobInsert,
+    JobInsertMany,
+    JobLeaseParams,
+    JobReleaseParams,
+    JobRow,
+    LeasedJob,
+    OperatorAction,
+    RescuedJob,
+    SchemaStatus,
+    StateCounts,
+    chunked,
+)
+from oncebox.store.sqlfiles import load_migrations, load_queries
+
+T = TypeVar("T")
+INSERT_CHUNK = 5000
+_OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout"}
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+def _required_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
+
+
+def _job_row(row: Sequence[Any]) -> JobRow:
+    return JobRow(
+        id=row[0], key=row[1], task=row[2], queue=row[3], args_json=row[4], state=row[5],
+        outcome=row[6], priority=row[7], group_key=row[8], attempt=row[9], max_attempts=row[10],
+        attempt_base=row[11], run_at=_required_utc(row[12]), expires_at=_utc(row[13]),
+        created_at=_required_utc(row[14]), leased_by=row[15], leased_at=_utc(row[16]),
+        lease_expires_at=_utc(row[17]), finished_at=_utc(row[18]), last_error=row[19],
+    )  # fmt: skip
+
+
+def split_url(url: str) -> tuple[str, dict[str, str]]:
+    """Separate oncebox's own URL options (schema, pool sizes) from what libpq receives."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in _OPTIONS}
+    rest = [(k, v) for k, v in query if k not in _OPTIONS]
+    scheme = "postgresql" if parts.scheme in {"postgres", "postgresql"} else parts.scheme
+    conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+    return conninfo, ours
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PostgresStore:
+    """See the module docstring. Open with `open_store("postgresql://host/db")`."""
+
+    dialect: Literal["postgres"] = "postgres"
+    supports_notifications = True
+
+    def __init__(self, url: str, *, metrics: Metrics | None = None) -> None:
+        self.url = url
+        self.where = redact(url)
+        self.metrics = metrics or Metrics()
+        self.conninfo, options = split_url(url)
+        self.schema = options.get("schema", "public")
+        try:
+            self.pool_min = int(options.get("pool_min", "1"))
+            self.pool_max = int(options.get("pool_max", "10"))
+            self.connect_timeout = float(options.get("connect_timeout", "10"))
+        except ValueError:
+            raise ConfigurationError(
+                f"pool_min, pool_max and connect_timeout in {self.where} must be numbers"
+            ) from None
+        self._q = load_queries("postgres", self.schema)
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pool_lock = threading.Lock()
+        self._listener: psycopg.Connection[Any] | None = None
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StoreUnavailable(f"PostgreSQL at {self.where} is unavailable: {detail}")
+
+    def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
+        with self._pool_lock:
+            if self._pool is None:
+                pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
+                    psycopg_pool.ConnectionPool(
+                        self.conninfo,
+                        min_size=self.pool_min,
+                        max_size=max(self.pool_max, self.pool_min),
+                        kwargs={"autocommit": True},
+                        open=False,
+                        name="oncebox",
+                        timeout=self.connect_timeout,
+                        reconnect_timeout=self.connect_timeout,
+                    )
+                )
+                try:
+                    pool.open(wait=True, timeout=self.connect_timeout)
+                except psycopg_pool.PoolTimeout:
+                    pool.close()
+                    raise self._probe_failure() from None
+                self._pool = pool
+            return self._pool
+
+    def _probe_failure(self) -> StoreUnavailable:
+        """Connect once directly, to say *why* the pool could not (the pool only times out)."""
+        try:
+            psycopg.connect(self.conninfo, connect_timeout=int(self.connect_timeout)).close()
+        except psycopg.Error as exc:
+            return self._unavailable(exc)
+        return StoreUnavailable(f"PostgreSQL at {self.where} did not accept connections in time")
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self.pool().connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            if isinstance(exc, pg_errors.LockNotAvailable):
+                raise
+            raise self._unavailable(exc) from None
+
+    def _fetch(self, name: str, params: dict[str, Any]) -> list[Any]:
+        with self._connection() as conn:
+            return conn.execute(self._q[name], params).fetchall()
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        """A dedicated connection outside the pool (consumer sessions, the listener, tests)."""
+        try:
+            return psycopg.connect(
+                self.conninfo, connect_timeout=int(self.connect_timeout), **kwargs
+            )
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from None
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def schema_status(self) -> SchemaStatus:
+        known = tuple(m.version for m in load_migrations("postgres"))
+        with self._connection() as conn:
+            exists = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".oncebox_migrations',)
+            ).fetchone()
+            applied: tuple[int, ...] = ()
+            if exists and exists[0]:
+                applied = tuple(r[0] for r in conn.execute(self._q["migration_list"]))
+        return SchemaStatus(applied=applied, known=known)
+
+    @operation
+    def schema_migrate(self) -> list[int]:
+        applied_now: list[int] = []
+        with self._connection() as conn, conn.transaction():
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
+            conn.execute(self._q["migration_lock"], {"schema": self.schema})
+            conn.execute(self._q["migration_table_create"])
+            applied = {r[0] for r in conn.execute(self._q["migration_list"])}
+            for migration in load_migrations("postgres", self.schema):
+                if migration.version in applied:
+                    continue
+                try:
+                    conn.execute(migration.sql.encode("utf-8"))
+                except psycopg.Error as exc:
+                    raise SchemaError(
+                        f"migration {migration.version} ({migration.name}) failed on "
+                        f"{self.where}: {str(exc).strip()}; nothing of it was applied"
+                    ) from None
+                conn.execute(
+                    self._q["migration_record"],
+                    {"version": migration.version, "name": migration.name,
+                     "checksum": migration.checksum},
+                )  # fmt: skip
+                applied_now.append(migration.version)
+        return applied_now
+
+    # -- clock ---------------------------------------------------------------------------------
+
+    def clock_now(self) -> datetime:
+        return _required_utc(self._fetch("clock_now", {})[0][0])
+
+    def clock_set(self, setting: ClockSetting) -> None:
+        if setting.is_real:
+            self._fetch_none("clock_reset", {})
+        else:
+            self._fetch_none(
+                "clock_write", {"frozen_at": setting.frozen_at, "offset_by": setting.offset}
+            )
+
+    def clock_get(self) -> ClockSetting:
+        rows = self._fetch("clock_read", {})
+        if not rows:
+            return ClockSetting()
+        return ClockSetting(frozen_at=_utc(rows[0][0]), offset=rows[0][1])
+
+    def _fetch_none(self, name: str, params: dict[str, Any]) -> None:
+        with self._connection() as conn:
+            conn.execute(self._q[name], params)
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def _external(self, connection: object) -> psycopg.Connection[Any]:
+        if not isinstance(connection, psycopg.Connection):
+            raise ConfigurationError(
+                f"connection= must be a psycopg.Connection for a PostgreSQL box, not "
+                f"{type(connection).__name__}"
+            )
+        return connection
+
+    @operation
+    def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
+        params = {
+            "key": job.key, "task": job.task, "queue": job.queue, "args": job.args_json,
+            "priority": job.priority, "group_key": job.group_key,
+            "max_attempts": job.max_attempts, "run_at": job.run_at,
+            "delay_s": job.delay.total_seconds(), "max_age_s": _seconds(job.max_age),
+        }  # fmt: skip
+        if connection is not None:
+            row = self._external(connection).execute(self._q["job_insert"], params).fetchone()
+        else:
+            with self._connection() as conn:
+                row = conn.execute(self._q["job_insert"], params).fetchone()
+        return (int(row[0]), True) if row else (0, False)
+
+    @operation
+    def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]:
+        params = {
+            "task": jobs.task, "queue": jobs.queue, "priority": jobs.priority,
+            "max_attempts": jobs.max_attempts, "run_at": jobs.run_at,
+            "delay_s": jobs.delay.total_seconds(), "max_age_s": _seconds(jobs.max_age),
+        }  # fmt: skip
+        created: list[tuple[int, str | None]] = []
+        with self._connection() as conn, conn.transaction():
+            for chunk in chunked(jobs.rows, INSERT_CHUNK):
+                params["keys"] = [r[0] for r in chunk]
+                params["args"] = [r[1] for r in chunk]
+                params["group_keys"] = [r[2] for r in chunk]
+                rows = conn.execute(self._q["job_insert_many"], params)
+                created += [(int(r[0]), r[1]) for r in rows]
+        return created
+
+    @operation
+    def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
+        if connection is not None:
+            row = self._external(connection).execute(
+                self._q["job_enqueue_conflict"], {"key": key}
+            ).fetchone()
+        else:
+            row = self._fetch("job_enqueue_conflict", {"key": key})[0]
+        assert row is not None
+        return EnqueueConflict(row[0], row[1], row[2], _utc(row[3]))
+
+    # -- leases --------------------------------------------------------------------------------
+
+    @operation
+    def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:
+        with self._connection() as conn:
+            cursor = conn.execute(
+                self._q["job_lease_extend"],
+                {"tokens": list(tokens), "lease_s": lease_for.total_seconds()},
+            )
+            return cursor.rowcount
+
+    @operation
+    def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
+        rows = self._fetch("job_rescue_expired", {"limit": limit})
+        if any(r[3] == "ready" for r in rows):
+            self.notify_jobs()
+        return [RescuedJob(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    @operation
+    def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
+        self._fetch_none(
+            "job_attempt_note", {"job_id": job_id, "attempt": attempt, "worker": worker,
+                                 "note": note}
+        )  # fmt: skip
+
+    # -- operator actions ----------------------------------------------------------------------
+
+    def _action(self, name: LiteralString, action: OperatorAction) -> ActionResult | None:
+        rows = self._fetch(name, {"id": action.job_id, "actor": action.actor,
+                                  "reason": action.reason})  # fmt: skip
+        if not rows:
+            return None
+        return ActionResult(job_id=rows[0][0], key=rows[0][1], audit_id=rows[0][2])
+
+    @operation
+    def job_replay(self, action: OperatorAction) -> ActionResult | None:
+        result = self._action("job_replay", action)
+        if result is not None:
+            self.notify_jobs()
+        return result
+
+    @operation
+    def job_cancel(self, action: OperatorAction) -> ActionResult | None:
+        return self._action("job_cancel", action)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    @operation
+    def job_get(self, job_id: int) -> JobRow | None:
+        rows = self._fetch("job_get", {"id": job_id})
+        return _job_row(rows[0]) if rows else None
+
+    @operation
+    def job_find_by_key(self, key: str) -> list[JobRow]:
+        return [_job_row(r) for r in self._fetch("job_find_by_key", {"key": key})]
+
+    @operation
+    def job_attempt_list(self, job_id: int) -> list[AttemptRow]:
+        return [
+            AttemptRow(r[0], r[1], r[2], _utc(r[3]), _required_utc(r[4]), r[5], r[6], r[7])
+            for r in self._fetch("job_attempt_list", {"id": job_id})
+        ]
+
+    @operation
+    def job_count_by_state(self) -> StateCounts:
+        counts: dict[str, int] = {}
+        for state, outcome, count in self._fetch("job_count_by_state", {}):
+            counts[state] = counts.get(state, 0) + count
+            if outcome:
+                counts[f"{state}:{outcome}"] = count
+        return StateCounts(counts)
+
+    @operation
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None:
+        rows = self._fetch("job_next_due", {"tasks": list(tasks), "queues": list(queues)})
+        return _utc(rows[0][0]) if rows else None
+
+    @operation
+    def job_prune(self, older_than: timedelta, limit: int) -> int:
+        rows = self._fetch(
+            "job_prune", {"older_than_s": older_than.total_seconds(), "limit": limit}
+        )
+        return len(rows)
+
+    @operation
+    def intent_get(self, key: str) -> IntentRow | None:
+        rows = self._fetch("intent_get", {"key": key})
+        if not rows:
+            return None
+        return IntentRow(rows[0][0], rows[0][1], rows[0][2], _required_utc(rows[0][3]))
+
+    @operation
+    def intent_count(self) -> int:
+        return int(self._fetch("intent_count", {})[0][0])
+
+    @operation
+    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
+        params = {"task": task, "older_than_s": older_than.total_seconds(), "limit": limit}
+        return len(self._fetch("intent_prune", params))
+
+    @operation
+    def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
+        return [
+            AuditRow(r[0], _required_utc(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
+            for r in self._fetch("audit_list", {"target_id": target_id, "limit": limit})
+        ]
+
+    # -- lanes ---------------------------------------------------------------------------------
+
+    def consumer_session(self, settings: ConsumerSettings) -> PostgresConsumerSession:
+        millis = int(settings.transaction_timeout / timedelta(milliseconds=1))
+        options = (
+            f"-c lock_timeout={int(settings.lock_timeout / timedelta(milliseconds=1))} "
+            f"-c idle_in_transaction_session_timeout={millis} -c statement_timeout={millis}"
+        )
+        return PostgresConsumerSession(self, self.connect(autocommit=True, options=options))
+
+    def wait_for_jobs(self, timeout: float) -> bool:
+        """Wait for a NOTIFY from an insert (or replay, release, rescue) in this schema."""
+        try:
+            if self._listener is None or self._listener.closed:
+                self._listener = self.connect(autocommit=True)
+                self._listener.execute("LISTEN oncebox_jobs")
+            for notice in self._listener.notifies(timeout=timeout, stop_after=1):
+                if notice.payload == self.schema:
+                    return True
+            return False
+        except psycopg.OperationalError:
+            if self._listener is not None:
+                self._listener.close()
+            self._listener = None
+            return True  # we may have missed a notification: look
+
+    def notify_jobs(self) -> None:
+        self._fetch_none("job_notify", {"schema": self.schema})
+
+
+class PostgresConsumerTx:
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
+        self._store = store
+        self._conn = conn
+        self._q = store._q
+
+    def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
+        if not claims:
+            return set()
+        params = {
+            "keys": [c.key for c in claims],
+            "tasks": [c.task for c in claims],
+            "job_ids": [c.job_id for c in claims],
+        }
+        try:
+            return {row[0] for row in self._conn.execute(self._q["intent_claim"], params)}
+        except pg_errors.LockNotAvailable:
+            raise ClaimLockTimeout(", ".join(c.key for c in claims[:3])) from None
+
+    def intent_release(self, keys: Sequence[str]) -> None:
+        if keys:
+            self._conn.execute(self._q["intent_release"], {"keys": list(keys)})
+
+    def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
+        return guard.handler_scope(
+            self._conn,
+            execute=lambda sql: self._execute_raw(sql),
+            transaction_status=self._status,
+        )
+
+    def _execute_raw(self, sql: str) -> None:
+        self._conn.execute(sql.encode("ascii"))
+
+    def _status(self) -> str:
+        status = self._conn.info.transaction_status
+        if status == pq.TransactionStatus.INTRANS:
+            return "ok"
+        if status == pq.TransactionStatus.INERROR:
+            return "aborted"
+        return "gone"
+
+    def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
+        if not finishes:
+            return set()
+        params = {
+            "token": token,
+            "ids": [f.id for f in finishes],
+            "states": [f.state for f in finishes],
+            "outcomes": [f.outcome for f in finishes],
+            "delays_s": [f.delay.total_seconds() for f in finishes],
+            "errors": [f.error for f in finishes],
+        }
+        return {row[0] for row in self._conn.execute(self._q["job_finish"], params)}
+
+
+class PostgresConsumerSession:
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
+        self._store = store
+        self._conn = conn
+        self._q = store._q
+
+    def _run(self, name: str, call: Callable[[], T]) -> T:
+        with self._store.metrics.timed(name):
+            try:
+                return call()
+            except psycopg.OperationalError as exc:
+                if isinstance(exc, pg_errors.LockNotAvailable):
+                    raise
+                raise self._store._unavailable(exc) from None
+
+    def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
+        values = {
+            "tasks": list(params.tasks), "queues": list(params.queues), "limit": params.limit,
+            "worker": params.worker, "token": params.token,
+            "lease_s": params.lease_for.total_seconds(),
+        }  # fmt: skip
+        rows = self._run(
+            "job_lease", lambda: self._conn.execute(self._q["job_lease"], values).fetchall()
+        )
+        leased = [
+            LeasedJob(
+                id=r[0], key=r[1], task=r[2], queue=r[3], args_json=r[4], attempt=r[5],
+                max_attempts=r[6], attempt_base=r[7], priority=r[8], group_key=r[9],
+                run_at=_required_utc(r[10]), created_at=_required_utc(r[11]),
+                expires_at=_utc(r[12]), leased_at=_required_utc(r[13]),
+            )  # fmt: skip
+            for r in rows
+        ]
+        leased.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+        return leased
+
+    def job_release(self, params: JobReleaseParams) -> int:
+        values = {"ids": list(params.ids), "token": params.token,
+                  "delay_s": params.delay.total_seconds()}  # fmt: skip
+        released = self._run(
+            "job_release",
+            lambda: len(self._conn.execute(self._q["job_release"], values).fetchall()),
+        )
+        if released:
+            self._run("job_notify", lambda: self._conn.execute(
+                self._q["job_notify"], {"schema": self._store.schema}))  # fmt: skip
+        return released
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresConsumerTx]:
+        with self._store.metrics.timed("consumer_transaction"):
+            try:
+                with self._conn.transaction():
+                    yield PostgresConsumerTx(self._store, self._conn)
+            except psycopg.OperationalError as exc:
+                if isinstance(exc, pg_errors.LockNotAvailable):
+                    raise
+                raise self._store._unavailable(exc) from None
+
+    def close(self) -> None:
+        self._conn.close()

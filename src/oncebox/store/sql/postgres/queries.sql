@@ -1,0 +1,344 @@
+-- oncebox queries for PostgreSQL. Blocks are named `-- name: x`; the SQLite file has the same
+-- names. `__S__` is the schema, resolved at load time. Time is read only through oncebox_now(),
+-- once per statement (a MATERIALIZED CTE), so every row of a statement sees the same instant.
+
+-- name: migration_table_create
+CREATE TABLE IF NOT EXISTS __S__.oncebox_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_lock
+-- Serialise concurrent `oncebox migrate` runs for the whole transaction.
+SELECT pg_advisory_xact_lock(hashtext('oncebox_migrate:' || %(schema)s));
+
+-- name: migration_list
+SELECT version, name, checksum FROM __S__.oncebox_migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO __S__.oncebox_migrations (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s);
+
+-- name: clock_now
+SELECT __S__.oncebox_now();
+
+-- name: clock_read
+SELECT frozen_at, offset_by FROM __S__.oncebox_clock WHERE singleton;
+
+-- name: clock_write
+INSERT INTO __S__.oncebox_clock (singleton, frozen_at, offset_by)
+VALUES (true, %(frozen_at)s, %(offset_by)s)
+ON CONFLICT (singleton) DO UPDATE
+SET frozen_at = excluded.frozen_at, offset_by = excluded.offset_by;
+
+-- name: clock_reset
+DELETE FROM __S__.oncebox_clock;
+
+-- name: job_notify
+-- Wake idle workers after rows became ready without an insert (replay, release, rescue).
+SELECT pg_notify('oncebox_jobs', %(schema)s);
+
+-- name: job_insert
+-- One job, unless its key already has an intent or an active (ready, leased, dead) job; then
+-- nothing is written and no row is returned.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_jobs
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
+SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
+       %(max_attempts)s,
+       COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
+       clock.now + make_interval(secs => %(max_age_s)s),
+       clock.now
+FROM clock
+WHERE %(key)s::text IS NULL
+   OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
+ON CONFLICT (key) WHERE state IN ('ready', 'leased', 'dead') DO NOTHING
+RETURNING id, state;
+
+-- name: job_insert_many
+-- Many jobs of one task in one statement; rows whose key is claimed or active are skipped.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+rows AS (
+    SELECT r.key, r.args, r.group_key
+    FROM unnest(%(keys)s::text[], %(args)s::text[], %(group_keys)s::text[])
+        AS r(key, args, group_key)
+)
+INSERT INTO __S__.oncebox_jobs
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
+SELECT r.key, %(task)s, %(queue)s, r.args::jsonb, %(priority)s, r.group_key, %(max_attempts)s,
+       COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
+       clock.now + make_interval(secs => %(max_age_s)s),
+       clock.now
+FROM rows r, clock
+WHERE r.key IS NULL
+   OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
+ON CONFLICT (key) WHERE state IN ('ready', 'leased', 'dead') DO NOTHING
+RETURNING id, key;
+
+-- name: job_enqueue_conflict
+-- Why an insert wrote nothing: the active job holding the key, and/or the key's intent.
+SELECT j.id, j.state, i.job_id, i.claimed_at
+FROM (SELECT 1) AS one
+LEFT JOIN __S__.oncebox_jobs j
+       ON j.key = %(key)s AND j.state IN ('ready', 'leased', 'dead')
+LEFT JOIN __S__.oncebox_intents i ON i.key = %(key)s;
+
+-- name: job_lease
+-- Lease up to %(limit)s due ready jobs of the given tasks and queues under one owner token.
+-- Ordered groups: a job is eligible only if its group has no leased job and no ready job
+-- enqueued before it. SKIP LOCKED lets concurrent workers pass each other's candidates.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+picked AS (
+    SELECT j.id
+    FROM __S__.oncebox_jobs j
+    WHERE j.state = 'ready'
+      AND j.run_at <= (SELECT now FROM clock)
+      AND j.task = ANY(%(tasks)s::text[])
+      AND j.queue = ANY(%(queues)s::text[])
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            WHERE g.group_key = j.group_key AND g.queue = j.queue
+              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND (g.state = 'leased' OR g.id < j.id)))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE __S__.oncebox_jobs j
+SET state = 'leased',
+    attempt = j.attempt + 1,
+    leased_by = %(worker)s,
+    leased_at = clock.now,
+    lease_token = %(token)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s)
+FROM picked, clock
+WHERE j.id = picked.id
+RETURNING j.id, j.key, j.task, j.queue, j.args::text, j.attempt, j.max_attempts, j.attempt_base,
+          j.priority, j.group_key, j.run_at, j.created_at, j.expires_at, clock.now;
+
+-- name: job_lease_extend
+-- Heartbeat: push the deadline of live leases out; never revives an ended lease.
+UPDATE __S__.oncebox_jobs
+SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s)
+WHERE state = 'leased' AND lease_token = ANY(%(tokens)s::uuid[]);
+
+-- name: job_release
+-- Give leased jobs back without spending an attempt (shutdown, lock timeout on the claim).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+UPDATE __S__.oncebox_jobs j
+SET state = 'ready',
+    attempt = j.attempt - 1,
+    run_at = clock.now + make_interval(secs => %(delay_s)s),
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM clock
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.lease_token = %(token)s AND j.state = 'leased'
+RETURNING j.id;
+
+-- name: job_rescue_expired
+-- Leases past their deadline: the attempt is recorded as lease_expired, and the job becomes
+-- ready again, or dead when its attempts or max age are spent.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+expired AS (
+    SELECT id FROM __S__.oncebox_jobs
+    WHERE state = 'leased' AND lease_expires_at < (SELECT now FROM clock)
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+rescued AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = CASE
+            WHEN j.attempt - j.attempt_base >= j.max_attempts
+              OR j.expires_at <= clock.now THEN 'dead'
+            ELSE 'ready' END,
+        run_at = clock.now,
+        finished_at = CASE
+            WHEN j.attempt - j.attempt_base >= j.max_attempts
+              OR j.expires_at <= clock.now THEN clock.now END,
+        last_error = 'lease expired: ' || COALESCE(j.leased_by, 'a worker')
+            || ' did not finish attempt ' || j.attempt || ' before its lease ended at '
+            || to_char(j.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM expired, clock
+    WHERE j.id = expired.id
+    RETURNING j.id, j.key, j.task, j.state, j.attempt, j.leased_by, j.leased_at, j.last_error,
+              clock.now
+),
+recorded AS (
+    INSERT INTO __S__.oncebox_job_attempts
+        (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempt, leased_by, leased_at, now, 'lease_expired', last_error FROM rescued
+    ON CONFLICT (job_id, attempt) DO NOTHING
+)
+SELECT id, key, task, state, attempt, leased_by FROM rescued;
+
+-- name: intent_claim
+-- The claim: insert each key's intent; keys already claimed (by anyone, ever) are not returned.
+-- Waits at most lock_timeout for a key another live transaction is claiming.
+INSERT INTO __S__.oncebox_intents (key, task, job_id, claimed_at)
+SELECT c.key, c.task, c.job_id, (SELECT __S__.oncebox_now())
+FROM unnest(%(keys)s::text[], %(tasks)s::text[], %(job_ids)s::bigint[]) AS c(key, task, job_id)
+ON CONFLICT (key) DO NOTHING
+RETURNING key;
+
+-- name: intent_release
+-- Undo claims made earlier in this same transaction (their handler failed or did not run).
+DELETE FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
+
+-- name: job_finish
+-- Settle leased jobs of one lease, fenced on its token: done (completed | duplicate), ready again
+-- after a delay (failed attempt), or dead. Failed attempts are recorded. Returns the ids settled;
+-- a job whose lease was superseded is not among them.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(outcomes)s::text[],
+                         %(delays_s)s::float8[], %(errors)s::text[])
+        AS i(id, state, outcome, delay_s, error)
+),
+settled AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = i.state,
+        outcome = i.outcome,
+        run_at = CASE WHEN i.state = 'ready'
+                      THEN clock.now + make_interval(secs => i.delay_s) ELSE j.run_at END,
+        finished_at = CASE WHEN i.state IN ('done', 'dead') THEN clock.now END,
+        last_error = COALESCE(i.error, j.last_error),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM input i, clock
+    WHERE j.id = i.id AND j.lease_token = %(token)s AND j.state = 'leased'
+    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.error, clock.now
+),
+recorded AS (
+    INSERT INTO __S__.oncebox_job_attempts
+        (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempt, leased_by, leased_at, now,
+           CASE WHEN state = 'dead' THEN 'dead' ELSE 'failed' END, error
+    FROM settled WHERE state <> 'done'
+    ON CONFLICT (job_id, attempt) DO NOTHING
+)
+SELECT id FROM settled;
+
+-- name: job_attempt_note
+-- Record, outside the refused transaction, that a superseded worker tried to commit.
+INSERT INTO __S__.oncebox_job_attempts AS a
+    (job_id, attempt, worker, started_at, finished_at, outcome, error, note)
+VALUES (%(job_id)s, %(attempt)s, %(worker)s, NULL, (SELECT __S__.oncebox_now()), 'superseded',
+        NULL, %(note)s)
+ON CONFLICT (job_id, attempt) DO UPDATE
+SET note = COALESCE(a.note || '; ', '') || excluded.note;
+
+-- name: job_replay
+-- Dead → ready in place: same id, same key; the retry budget restarts; audited in the same
+-- statement (so in the same transaction).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+replayed AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = 'ready', run_at = clock.now, attempt_base = j.attempt, finished_at = NULL
+    FROM clock
+    WHERE j.id = %(id)s AND j.state = 'dead'
+    RETURNING j.id, j.key, j.task, j.attempt, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'replay', 'job', id, key, %(reason)s,
+           jsonb_build_object('task', task, 'attempts_before', attempt)
+    FROM replayed
+    RETURNING id
+)
+SELECT r.id, r.key, a.id FROM replayed r, audited a;
+
+-- name: job_cancel
+-- Ready → cancelled (a durable timer withdrawn), audited in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+cancelled AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = 'cancelled', finished_at = clock.now
+    FROM clock
+    WHERE j.id = %(id)s AND j.state = 'ready'
+    RETURNING j.id, j.key, j.task, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'cancel', 'job', id, key, %(reason)s,
+           jsonb_build_object('task', task)
+    FROM cancelled
+    RETURNING id
+)
+SELECT c.id, c.key, a.id FROM cancelled c, audited a;
+
+-- name: job_get
+SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
+       max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
+       lease_expires_at, finished_at, last_error
+FROM __S__.oncebox_jobs WHERE id = %(id)s;
+
+-- name: job_find_by_key
+-- The active (ready, leased, dead) job with this key, and the job that claimed its intent.
+SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
+       max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
+       lease_expires_at, finished_at, last_error
+FROM __S__.oncebox_jobs
+WHERE (key = %(key)s AND state IN ('ready', 'leased', 'dead'))
+   OR id = (SELECT job_id FROM __S__.oncebox_intents WHERE key = %(key)s)
+ORDER BY id;
+
+-- name: job_attempt_list
+SELECT job_id, attempt, worker, started_at, finished_at, outcome, error, note
+FROM __S__.oncebox_job_attempts WHERE job_id = %(id)s ORDER BY attempt;
+
+-- name: job_count_by_state
+SELECT state, COALESCE(outcome, ''), count(*) FROM __S__.oncebox_jobs GROUP BY 1, 2;
+
+-- name: job_next_due
+-- When the earliest ready job of these tasks and queues falls due (NULL if none).
+SELECT min(run_at) FROM __S__.oncebox_jobs
+WHERE state = 'ready' AND task = ANY(%(tasks)s::text[]) AND queue = ANY(%(queues)s::text[]);
+
+-- name: job_prune
+-- Delete a batch of done and cancelled jobs finished before the cutoff, with their attempts.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT id FROM __S__.oncebox_jobs
+    WHERE state IN ('done', 'cancelled')
+      AND finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+attempts AS (
+    DELETE FROM __S__.oncebox_job_attempts a USING doomed d WHERE a.job_id = d.id
+)
+DELETE FROM __S__.oncebox_jobs j USING doomed d WHERE j.id = d.id RETURNING j.id;
+
+-- name: intent_get
+SELECT key, task, job_id, claimed_at FROM __S__.oncebox_intents WHERE key = %(key)s;
+
+-- name: intent_count
+SELECT count(*) FROM __S__.oncebox_intents;
+
+-- name: intent_prune
+-- A task's explicit intent-retention policy: delete a batch of its intents claimed before the
+-- cutoff. Never run as a side effect of pruning jobs.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT key FROM __S__.oncebox_intents
+    WHERE task = %(task)s
+      AND claimed_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+    ORDER BY claimed_at
+    LIMIT %(limit)s
+)
+DELETE FROM __S__.oncebox_intents i USING doomed d WHERE i.key = d.key RETURNING i.key;
+
+-- name: audit_list
+SELECT id, at, actor, action, target_kind, target_id, target_key, reason, details::text
+FROM __S__.oncebox_audit
+WHERE (%(target_id)s::bigint IS NULL OR target_id = %(target_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;

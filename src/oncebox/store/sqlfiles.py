@@ -1,0 +1,110 @@
+"""Named SQL blocks, loaded from one `queries.sql` per dialect.
+
+Format (the same in both dialects, with identical names apart from `DIALECT_ONLY`):
+
+    -- name: job_lease
+    -- Lease up to %(limit)s due jobs of the given tasks ...   (description lines, optional)
+    UPDATE ...;
+
+PostgreSQL files write `__S__.` before every oncebox object; the loader replaces it with the quoted
+schema name the store was opened with, so the same text serves any schema and is still a literal
+the project controls. Nothing else is ever interpolated into SQL: values are bound parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import LiteralString
+
+SCHEMA_TOKEN = "__S__"
+_NAME_RE = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+_IDENTIFIER_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+#: Query names that exist in one dialect only, with the reason.
+DIALECT_ONLY: dict[str, str] = {
+    "job_notify": "postgres: LISTEN/NOTIFY wake-ups; SQLite has no notifications",
+    "migration_lock": "postgres: advisory lock; SQLite serialises migrations with BEGIN IMMEDIATE",
+    "clock_read": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
+    "clock_write": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
+    "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
+}
+
+
+def quote_schema(schema: str) -> str:
+    """A schema name as a quoted identifier; only plain lowercase identifiers are accepted."""
+    if not _IDENTIFIER_RE.fullmatch(schema):
+        from oncebox.errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"schema name {schema!r} must be a lowercase identifier (letters, digits, _)"
+        )
+    return f'"{schema}"'
+
+
+def parse_blocks(text: str) -> dict[str, str]:
+    """Split a queries file into {name: sql}; duplicate names are an error."""
+    matches = list(_NAME_RE.finditer(text))
+    blocks: dict[str, str] = {}
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        body = text[match.end() : end].strip()
+        lines = [line for line in body.splitlines() if not line.startswith("--")]
+        sql = "\n".join(lines).strip().rstrip(";").strip()
+        if match.group(1) in blocks:
+            raise ValueError(f"query {match.group(1)!r} is defined twice")
+        blocks[match.group(1)] = sql
+    return blocks
+
+
+def _read(dialect: str, relative: str) -> str:
+    return (resources.files("oncebox.store") / "sql" / dialect / relative).read_text("utf-8")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+    checksum: str  # of the file as shipped, before the schema name is filled in
+
+
+def load_queries(dialect: str, schema: str | None = None) -> dict[str, LiteralString]:
+    """The dialect's named queries, with the schema token resolved."""
+    blocks = parse_blocks(_read(dialect, "queries.sql"))
+    if schema is not None:
+        quoted = quote_schema(schema)
+        blocks = {name: sql.replace(SCHEMA_TOKEN, quoted) for name, sql in blocks.items()}
+    # The text comes from the package's own files; the only substitution is a validated,
+    # quoted identifier. The library takes responsibility for these strings being literal SQL.
+    return dict(blocks.items())
+
+
+_MIGRATION_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+def load_migrations(dialect: str, schema: str | None = None) -> list[Migration]:
+    """The dialect's numbered migrations in order; numbering gaps or duplicates are an error."""
+    folder = resources.files("oncebox.store") / "sql" / dialect / "migrations"
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_RE.match(entry.name)
+        if not match:
+            continue
+        raw = entry.read_text("utf-8")
+        sql = raw.replace(SCHEMA_TOKEN, quote_schema(schema)) if schema is not None else raw
+        digest = hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
+        found.append(Migration(int(match.group(1)), match.group(2), sql, digest))
+    found.sort(key=lambda m: m.version)
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise ValueError(f"{dialect} migrations are not numbered 1..n: found {migration}")
+    return found
+
+
+def load_schema_snapshot(dialect: str, schema: str | None = None) -> str:
+    """The schema a fully migrated database has, kept in `schema.sql` for review and tests."""
+    text = _read(dialect, "schema.sql")
+    return text.replace(SCHEMA_TOKEN, quote_schema(schema)) if schema is not None else text

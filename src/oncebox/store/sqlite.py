@@ -1,0 +1,554 @@
+"""The SQLite store: the embedded default, zero set-up.
+
+Durability, stated exactly: the database runs in WAL mode with `synchronous=FULL` by default, so
+a committed transaction (an enqueue, a claim, a completion) survives a power loss or an operating
+system crash, not only a process crash. `synchronous=NORMAL` (opt-in, `?synchronous=normal`) is
+faster and still never corrupts the database, but a power loss can undo the last transactions
+before the most recent checkpoint — jobs enqueued or completed in that window would be lost or run
+again (the intent would be rolled back with the work, so nothing runs twice *and* commits twice).
+
+Concurrency: SQLite has one writer at a time. Every write begins with `BEGIN IMMEDIATE` and waits
+up to `busy_timeout` for the lock; a consumer transaction holds it while its handlers run, so keep
+SQLite handlers short. Each thread gets its own connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from oncebox import clock
+from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
+from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
+from oncebox.metrics import Metrics, operation
+from oncebox.store import guard
+from oncebox.store.base import (
+    ActionResult,
+    AttemptRow,
+    AuditRow,
+    ConsumerSettings,
+    EnqueueConflict,
+    HandlerConnection,
+    IntentClaim,
+    IntentRow,
+    JobFinish,
+    JobInsert,
+    JobInsertMany,
+    JobLeaseParams,
+    JobReleaseParams,
+    JobRow,
+    LeasedJob,
+    OperatorAction,
+    RescuedJob,
+    SchemaStatus,
+    StateCounts,
+    chunked,
+)
+
+from oncebox.store.migrations import split_sqlite_script
+from oncebox.store.sqlfiles import load_migrations, load_queries
+
+_MICRO = timedelta(microseconds=1)
+INSERT_CHUNK = 5000
+_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
+
+
+def _us(delta: timedelta | None) -> int | None:
+    return None if delta is None else delta // _MICRO
+
+
+def _dt(micros: int | None) -> datetime | None:
+    return None if micros is None else from_micros(micros)
+
+
+def _required_dt(micros: int) -> datetime:
+    return from_micros(micros)
+
+
+def _job_row(row: Sequence[Any]) -> JobRow:
+    return JobRow(
+        id=row[0], key=row[1], task=row[2], queue=row[3], args_json=row[4], state=row[5],
+        outcome=row[6] or None, priority=row[7], group_key=row[8], attempt=row[9],
+        max_attempts=row[10], attempt_base=row[11], run_at=_required_dt(row[12]),
+        expires_at=_dt(row[13]), created_at=_required_dt(row[14]), leased_by=row[15],
+        leased_at=_dt(row[16]), lease_expires_at=_dt(row[17]), finished_at=_dt(row[18]),
+        last_error=row[19],
+    )  # fmt: skip
+
+
+def _translate(exc: sqlite3.Error, where: Path) -> Exception:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StoreUnavailable(
+            f"the SQLite database {where} stayed locked by another writer past the busy "
+            f"timeout ({text}); nothing was written"
+        )
+    if "unable to open" in text or "disk I/O" in text or "readonly" in text:
+        return StoreUnavailable(f"cannot write the SQLite database {where}: {text}")
+    return exc
+
+
+class SqliteStore:
+    """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
+
+    dialect: Literal["sqlite"] = "sqlite"
+    supports_notifications = False
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        url: str,
+        busy_timeout: timedelta = timedelta(seconds=10),
+        synchronous: str = "full",
+        migrate: bool = True,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if synchronous.lower() not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"synchronous={synchronous!r} is not one of {', '.join(_SYNCHRONOUS)}"
+            )
+        self.path = path
+        self.url = url
+        self.metrics = metrics or Metrics()
+        self.busy_timeout = busy_timeout
+        self.synchronous = _SYNCHRONOUS[synchronous.lower()]
+        self.clock_file = ClockFile(Path(f"{path}.clock"))
+        self._q = load_queries("sqlite")
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        if not path.parent.exists():
+            raise ConfigurationError(f"the directory of the SQLite database {path} does not exist")
+        if migrate:
+            self.schema_migrate()
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def connect(self) -> sqlite3.Connection:
+        """A new connection with oncebox's pragmas and `oncebox_now()` registered."""
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.busy_timeout.total_seconds(),
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout / timedelta(milliseconds=1))}")
+            conn.create_function("oncebox_now", 0, self.clock_file.now_micros)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.connect()
+            self._local.conn = conn
+        return conn
+
+    def _now(self) -> int:
+        return self.clock_file.now_micros()
+
+    @contextmanager
+    def _write(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        conn = conn or self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise _translate(exc, self.path) from None
+
+    def _read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        try:
+            return self._conn().execute(self._q[name], params).fetchall()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+
+    def close(self) -> None:
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def schema_status(self) -> SchemaStatus:
+        known = tuple(m.version for m in load_migrations("sqlite"))
+        conn = self._conn()
+        conn.execute(self._q["migration_table_create"])
+        applied = tuple(row[0] for row in conn.execute(self._q["migration_list"]))
+        return SchemaStatus(applied=applied, known=known)
+
+    @operation
+    def schema_migrate(self) -> list[int]:
+        applied_now: list[int] = []
+        with self._write() as conn:
+            conn.execute(self._q["migration_table_create"])
+            applied = {row[0]: row[2] for row in conn.execute(self._q["migration_list"])}
+            for migration in load_migrations("sqlite"):
+                if migration.version in applied:
+                    continue
+                try:
+                    for statement in split_sqlite_script(migration.sql):
+                        conn.execute(statement)
+                except sqlite3.Error as exc:
+                    raise SchemaError(
+                        f"migration {migration.version} ({migration.name}) failed on "
+                        f"{self.path}: {exc}; nothing of it was applied"
+                    ) from None
+                conn.execute(
+                    self._q["migration_record"],
+                    {
+                        "version": migration.version,
+                        "name": migration.name,
+                        "checksum": migration.checksum,
+                        "now": self._now(),
+                    },
+                )
+                applied_now.append(migration.version)
+        return applied_now
+
+    # -- clock ---------------------------------------------------------------------------------
+
+    def clock_now(self) -> datetime:
+        return from_micros(self._now())
+
+    def clock_set(self, setting: ClockSetting) -> None:
+        self.clock_file.write(setting)
+
+    def clock_get(self) -> ClockSetting:
+        return self.clock_file.read()
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def _external(self, connection: object) -> sqlite3.Connection:
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError(
+                f"connection= must be a sqlite3.Connection for a SQLite box, not "
+                f"{type(connection).__name__}"
+            )
+        files = [row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"]
+        if not files or Path(files[0]).resolve() != self.path.resolve():
+            raise ConfigurationError(
+                f"connection= is open on {files[0] if files else 'an unnamed database'}, not on "
+                f"this box's database {self.path}; the job would be written elsewhere"
+            )
+        return connection
+
+    def _insert_params(self, job: JobInsert) -> dict[str, Any]:
+        return {
+            "key": job.key,
+            "task": job.task,
+            "queue": job.queue,
+            "args": job.args_json,
+            "priority": job.priority,
+            "group_key": job.group_key,
+            "max_attempts": job.max_attempts,
+            "run_at": None if job.run_at is None else to_micros(job.run_at),
+            "delay_us": _us(job.delay),
+            "max_age_us": _us(job.max_age),
+            "now": self._now(),
+        }
+
+    @operation
+    def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
+        params = self._insert_params(job)
+        try:
+            if connection is not None:
+                row = self._external(connection).execute(self._q["job_insert"], params).fetchone()
+            else:
+                with self._write() as conn:
+                    row = conn.execute(self._q["job_insert"], params).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+        return (int(row[0]), True) if row else (0, False)
+
+    @operation
+    def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]:
+        params = {
+            "task": jobs.task,
+            "queue": jobs.queue,
+            "priority": jobs.priority,
+            "max_attempts": jobs.max_attempts,
+            "run_at": None if jobs.run_at is None else to_micros(jobs.run_at),
+            "delay_us": _us(jobs.delay),
+            "max_age_us": _us(jobs.max_age),
+            "now": self._now(),
+        }
+        created: list[tuple[int, str | None]] = []
+        with self._write() as conn:
+            for chunk in chunked(jobs.rows, INSERT_CHUNK):
+                params["rows"] = json.dumps([list(row) for row in chunk])
+                created += [(int(r[0]), r[1]) for r in conn.execute(self._q["job_insert_many"], params)]
+        return created
+
+    @operation
+    def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
+        conn = self._external(connection) if connection is not None else self._conn()
+        row = conn.execute(self._q["job_enqueue_conflict"], {"key": key}).fetchone()
+        return EnqueueConflict(row[0], row[1], row[2], _dt(row[3]))
+
+    # -- leases --------------------------------------------------------------------------------
+
+    @operation
+    def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:
+        with self._write() as conn:
+            cursor = conn.execute(
+                self._q["job_lease_extend"],
+                {"tokens": json.dumps(list(tokens)), "lease_us": _us(lease_for),
+                 "now": self._now()},
+            )  # fmt: skip
+            return cursor.rowcount
+
+    @operation
+    def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
+        now = self._now()
+        with self._write() as conn:
+            rows = conn.execute(
+                self._q["job_rescue_expired"], {"limit": limit, "now": now}
+            ).fetchall()
+            if rows:
+                records = [[r[0], r[4], r[5], r[6], r[7]] for r in rows]
+                conn.execute(
+                    self._q["job_rescue_expired__record"],
+                    {"rows": json.dumps(records), "now": now},
+                )
+        return [RescuedJob(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    @operation
+    def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                self._q["job_attempt_note"],
+                {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note,
+                 "now": self._now()},
+            )  # fmt: skip
+
+    # -- operator actions ----------------------------------------------------------------------
+
+    def _action(self, name: str, action: OperatorAction) -> ActionResult | None:
+        now = self._now()
+        with self._write() as conn:
+            row = conn.execute(self._q[name], {"id": action.job_id, "now": now}).fetchone()
+            if row is None:
+                return None
+            params = {
+                "id": row[0], "key": row[1], "task": row[2], "actor": action.actor,
+                "reason": action.reason, "now": now,
+                "attempt": row[3] if len(row) > 3 else None,
+            }  # fmt: skip
+            audit = conn.execute(self._q[f"{name}__audit"], params).fetchone()
+        return ActionResult(job_id=row[0], key=row[1], audit_id=audit[0])
+
+    @operation
+    def job_replay(self, action: OperatorAction) -> ActionResult | None:
+        return self._action("job_replay", action)
+
+    @operation
+    def job_cancel(self, action: OperatorAction) -> ActionResult | None:
+        return self._action("job_cancel", action)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    @operation
+    def job_get(self, job_id: int) -> JobRow | None:
+        rows = self._read("job_get", {"id": job_id})
+        return _job_row(rows[0]) if rows else None
+
+    @operation
+    def job_find_by_key(self, key: str) -> list[JobRow]:
+        return [_job_row(r) for r in self._read("job_find_by_key", {"key": key})]
+
+    @operation
+    def job_attempt_list(self, job_id: int) -> list[AttemptRow]:
+        return [
+            AttemptRow(r[0], r[1], r[2], _dt(r[3]), _required_dt(r[4]), r[5], r[6], r[7])
+            for r in self._read("job_attempt_list", {"id": job_id})
+        ]
+
+    @operation
+    def job_count_by_state(self) -> StateCounts:
+        counts: dict[str, int] = {}
+        for state, outcome, count in self._read("job_count_by_state", {}):
+            counts[state] = counts.get(state, 0) + count
+            if outcome:
+                counts[f"{state}:{outcome}"] = count
+        return StateCounts(counts)
+
+    @operation
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None:
+        rows = self._read(
+            "job_next_due", {"tasks": json.dumps(list(tasks)), "queues": json.dumps(list(queues))}
+        )
+        return _dt(rows[0][0]) if rows else None
+
+    @operation
+    def job_prune(self, older_than: timedelta, limit: int) -> int:
+        with self._write() as conn:
+            ids = [r[0] for r in conn.execute(
+                self._q["job_prune"],
+                {"older_than_us": _us(older_than), "limit": limit, "now": self._now()},
+            )]  # fmt: skip
+            if ids:
+                conn.execute(self._q["job_prune__attempts"], {"ids": json.dumps(ids)})
+        return len(ids)
+
+    @operation
+    def intent_get(self, key: str) -> IntentRow | None:
+        rows = self._read("intent_get", {"key": key})
+        return IntentRow(rows[0][0], rows[0][1], rows[0][2], from_micros(rows[0][3])) if rows else None
+
+    @operation
+    def intent_count(self) -> int:
+        return int(self._read("intent_count", {})[0][0])
+
+    @operation
+    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
+        with self._write() as conn:
+            params = {"task": task, "older_than_us": _us(older_than), "limit": limit,
+                      "now": self._now()}  # fmt: skip
+            return len(conn.execute(self._q["intent_prune"], params).fetchall())
+
+    @operation
+    def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
+        return [
+            AuditRow(r[0], from_micros(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
+            for r in self._read("audit_list", {"target_id": target_id, "limit": limit})
+        ]
+
+    # -- lanes ---------------------------------------------------------------------------------
+
+    def consumer_session(self, settings: ConsumerSettings) -> SqliteConsumerSession:
+        return SqliteConsumerSession(self, self.connect())
+
+    def wait_for_jobs(self, timeout: float) -> bool:
+        clock.sleep(timeout)
+        return False
+
+    def notify_jobs(self) -> None:
+        """SQLite has no notifications; workers poll."""
+
+
+class SqliteConsumerTx:
+    def __init__(self, store: SqliteStore, conn: sqlite3.Connection) -> None:
+        self._store = store
+        self._conn = conn
+        self._q = store._q
+
+    def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
+        if not claims:
+            return set()
+        payload = json.dumps([[c.key, c.task, c.job_id] for c in claims])
+        rows = self._conn.execute(
+            self._q["intent_claim"], {"claims": payload, "now": self._store._now()}
+        ).fetchall()
+        return {row[0] for row in rows}
+
+    def intent_release(self, keys: Sequence[str]) -> None:
+        if keys:
+            self._conn.execute(self._q["intent_release"], {"keys": json.dumps(list(keys))})
+
+    def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
+        return guard.handler_scope(
+            self._conn,
+            execute=lambda sql: None if self._conn.execute(sql) else None,
+            transaction_status=lambda: "ok" if self._conn.in_transaction else "gone",
+        )
+
+    def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
+        if not finishes:
+            return set()
+        now = self._store._now()
+        payload = json.dumps(
+            [[f.id, f.state, f.outcome, _us(f.delay), f.error] for f in finishes]
+        )
+        rows = self._conn.execute(
+            self._q["job_finish"], {"rows": payload, "token": token, "now": now}
+        ).fetchall()
+        records = [
+            [r[0], r[1], r[2], r[3], "dead" if r[4] == "dead" else "failed", r[5]]
+            for r in rows
+            if r[4] != "done"
+        ]
+        if records:
+            self._conn.execute(
+                self._q["job_finish__record"], {"rows": json.dumps(records), "now": now}
+            )
+        return {row[0] for row in rows}
+
+
+class SqliteConsumerSession:
+    """One consumer thread's connection. SQLite never raises `ClaimLockTimeout`: a consumer
+    transaction holds the database's only write lock, so no other claim can be in flight."""
+
+    def __init__(self, store: SqliteStore, conn: sqlite3.Connection) -> None:
+        self._store = store
+        self._conn = conn
+        self._q = store._q
+
+    def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
+        now = self._store._now()
+        values = {
+            "tasks": json.dumps(list(params.tasks)),
+            "queues": json.dumps(list(params.queues)),
+            "limit": params.limit,
+            "worker": params.worker,
+            "token": params.token,
+            "lease_us": _us(params.lease_for),
+            "now": now,
+        }
+        with self._store.metrics.timed("job_lease"), self._store._write(self._conn) as conn:
+            rows = conn.execute(self._q["job_lease"], values).fetchall()
+        leased = [
+            LeasedJob(
+                id=r[0], key=r[1], task=r[2], queue=r[3], args_json=r[4], attempt=r[5],
+                max_attempts=r[6], attempt_base=r[7], priority=r[8], group_key=r[9],
+                run_at=from_micros(r[10]), created_at=from_micros(r[11]), expires_at=_dt(r[12]),
+                leased_at=from_micros(r[13]),
+            )  # fmt: skip
+            for r in rows
+        ]
+        leased.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+        return leased
+
+    def job_release(self, params: JobReleaseParams) -> int:
+        values = {
+            "ids": json.dumps(list(params.ids)),
+            "token": params.token,
+            "delay_us": _us(params.delay),
+            "now": self._store._now(),
+        }
+        with self._store.metrics.timed("job_release"), self._store._write(self._conn) as conn:
+            return len(conn.execute(self._q["job_release"], values).fetchall())
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqliteConsumerTx]:
+        with self._store.metrics.timed("consumer_transaction"), self._store._write(self._conn):
+            yield SqliteConsumerTx(self._store, self._conn)
+
+    def close(self) -> None:
+        self._conn.close()
+

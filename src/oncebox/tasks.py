@@ -1,0 +1,185 @@
+"""Tasks: a handler, its stored name, its key template and its policies.
+
+A task's *stored name* (explicit `name=`, else the function's name) is what jobs, the CLI and
+intent rows refer to; renaming a task is therefore a data migration, not a refactor. Everything a
+task promises is checked when it is declared: the key template parses and names only parameters
+of the handler, the handler takes the job context first, the policies are in range.
+
+A task declared without a key template is a plain at-least-once job: no intent row, no claim, and
+a lost acknowledgement or redelivery runs it again. That is allowed and documented, not hidden.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
+from oncebox.keys import KeyTemplate
+from oncebox.retry import Retry
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
+DEFAULT_QUEUE = "default"
+DEFAULT_TIMEOUT = timedelta(minutes=5)
+
+
+def check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise ConfigurationError(
+            f"{kind} name {value!r} must be 1-100 characters of letters, digits and _ . : -"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered handler and its policies. Call it like the function to run it directly."""
+
+    name: str
+    fn: Callable[..., Any]
+    key: KeyTemplate | None
+    retry: Retry
+    timeout: timedelta
+    priority: int
+    queue: str
+    group_by: str | None
+    keep_intents: timedelta | None
+    signature: inspect.Signature
+
+    def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
+        return self.fn(ctx, **kwargs)
+
+    def check_args(self, args: Mapping[str, Any]) -> None:
+        """Raise `InvalidArguments` if `args` do not fit the handler's signature."""
+        try:
+            self.signature.bind(**args)
+        except TypeError as exc:
+            raise InvalidArguments(f"arguments do not fit task {self.name!r}: {exc}") from None
+
+    def render_key(self, args: Mapping[str, Any]) -> str | None:
+        return None if self.key is None else self.key.render(args)
+
+    def group_of(self, args: Mapping[str, Any]) -> str | None:
+        if self.group_by is None:
+            return None
+        value = args.get(self.group_by)
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise InvalidArguments(
+                f"task {self.name!r} is ordered by {self.group_by!r}, which must be a str or int "
+                f"argument, not {type(value).__name__}"
+            )
+        return str(value)
+
+
+def make_task(
+    fn: Callable[..., Any],
+    *,
+    name: str | None,
+    key: str | None,
+    retry: Retry | None,
+    timeout: float | timedelta,
+    priority: int,
+    queue: str,
+    group_by: str | None,
+    keep_intents: timedelta | None,
+) -> Task:
+    """Build and check a task; every mistake is a `ConfigurationError` naming the task."""
+    stored = check_name("task", name if name is not None else getattr(fn, "__name__", ""))
+    check_name("queue", queue)
+    if not callable(fn):
+        raise ConfigurationError(f"task {stored!r}: the handler is not callable")
+    full = inspect.signature(fn)
+    params = list(full.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise ConfigurationError(
+            f"task {stored!r}: the handler must take the job context as its first positional "
+            "parameter, e.g. def handler(ctx, customer_id: int)"
+        )
+    signature = full.replace(parameters=params[1:])
+    accepts_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params[1:])
+    names = {p.name for p in params[1:]}
+    template = None
+    if key is not None:
+        try:
+            template = KeyTemplate.parse(key)
+        except KeyTemplateError as exc:
+            raise KeyTemplateError(f"task {stored!r}: {exc}") from None
+        missing = [f for f in template.fields if f not in names and not accepts_kwargs]
+        if missing:
+            raise KeyTemplateError(
+                f"task {stored!r}: key template {key!r} uses {', '.join(missing)}, which the "
+                "handler does not take as parameters"
+            )
+    if group_by is not None and group_by not in names:
+        raise ConfigurationError(f"task {stored!r}: group_by={group_by!r} is not a parameter")
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if not seconds > 0:
+        raise ConfigurationError(f"task {stored!r}: timeout must be positive, not {timeout!r}")
+    if not isinstance(priority, int) or not -1000 <= priority <= 1000:
+        raise ConfigurationError(f"task {stored!r}: priority must be an int in -1000..1000")
+    if keep_intents is not None and (key is None or keep_intents <= timedelta(0)):
+        raise ConfigurationError(
+            f"task {stored!r}: keep_intents needs a key template and a positive duration"
+        )
+    return Task(
+        name=stored,
+        fn=fn,
+        key=template,
+        retry=retry or Retry(),
+        timeout=timedelta(seconds=seconds),
+        priority=priority,
+        queue=queue,
+        group_by=group_by,
+        keep_intents=keep_intents,
+        signature=signature,
+    )
+
+
+class Registry:
+    """The tasks one box knows, by stored name."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    def add(self, task: Task) -> None:
+        existing = self._tasks.get(task.name)
+        if existing is not None and existing.fn is not task.fn:
+            raise ConfigurationError(
+                f"two tasks are named {task.name!r} ({existing.fn.__module__}."
+                f"{existing.fn.__qualname__} and {task.fn.__module__}.{task.fn.__qualname__}); "
+                "give one an explicit name="
+            )
+        self._tasks[task.name] = task
+
+    def get(self, name: str) -> Task:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tasks)) or "none"
+            raise UnknownTask(f"no task named {name!r} is registered (known: {known})") from None
+
+    def resolve(self, task: Task | str | Callable[..., Any]) -> Task:
+        if isinstance(task, Task):
+            return self.get(task.name)
+        if isinstance(task, str):
+            return self.get(task)
+        for candidate in self._tasks.values():
+            if candidate.fn is task:
+                return candidate
+        raise UnknownTask(f"{getattr(task, '__qualname__', task)!r} is not a registered task")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def all(self) -> list[Task]:
+        return [self._tasks[name] for name in sorted(self._tasks)]

@@ -1,0 +1,206 @@
+"""The seam between a queue and the consumer: deliveries in, settlements out.
+
+The consumer does not know its transport. A transport hands it `Delivery`s (task, args, key,
+attempt) and is told how each ended (`Settlement`). The built-in table queue (`TableTransport`)
+settles *inside* the consumer transaction — its acknowledgement is the fenced update of the job
+row, committed with the claim — so it rarely produces a claim conflict. A broker transport can only
+acknowledge after the commit; when an acknowledgement is lost the broker redelivers, and then the
+intent row is what absorbs the duplicate (counted as a claim conflict).
+`oncebox.testing.RedeliveringTransport` behaves like such a broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal, Protocol
+
+from oncebox.store.base import (
+    ConsumerSession,
+    ConsumerTx,
+    JobFinish,
+    JobLeaseParams,
+    JobReleaseParams,
+    Outcome,
+)
+
+SettleState = Literal["done", "ready", "dead"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of a message to this consumer.
+
+    `key` is the key stored with the job (table queue: rendered once at enqueue, never again) or
+    None, in which case the consumer renders it from the args with the task's template (brokers).
+    `attempts_left` is how many attempts may follow this one.
+    """
+
+    message_id: str
+    task: str
+    args_json: str
+    key: str | None
+    attempt: int
+    attempts_left: int
+    leased_at: datetime
+    expires_at: datetime | None = None
+    job_id: int | None = None
+    lease_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    delivery: Delivery
+    state: SettleState
+    outcome: Outcome | None = None
+    delay: timedelta = timedelta(0)
+    error: str | None = None
+
+
+class Transport(Protocol):
+    def fetch(self, limit: int) -> list[Delivery]:
+        """Up to `limit` deliveries, leased to this consumer; empty when nothing is due."""
+        ...
+
+    def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
+        """Record settlements inside the consumer transaction; return the message ids that were
+        still this consumer's to settle. Any other id means the lease was superseded, and the
+        consumer rolls the whole transaction back."""
+        ...
+
+    def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        """Acknowledge (or negatively acknowledge) after the transaction committed."""
+        ...
+
+    def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
+        """Give deliveries back unprocessed, without spending their attempt."""
+        ...
+
+    def drop(self, deliveries: Sequence[Delivery]) -> None:
+        """Forget deliveries whose lease was superseded (someone else owns them now)."""
+        ...
+
+    def held_tokens(self) -> list[str]:
+        """Lease tokens this transport currently holds (for heartbeats)."""
+        ...
+
+    def next_due(self) -> datetime | None:
+        """When the next delivery may become available, if the transport knows."""
+        ...
+
+
+class TableTransport:
+    """The built-in queue: the jobs table of the store, leased in batches under one token."""
+
+    def __init__(
+        self,
+        session: ConsumerSession,
+        *,
+        tasks: Sequence[str],
+        queues: Sequence[str],
+        worker: str,
+        lease_for: timedelta,
+        next_due: NextDue,
+    ) -> None:
+        self._session = session
+        self._tasks = list(tasks)
+        self._queues = list(queues)
+        self._worker = worker
+        self._lease_for = lease_for
+        self._next_due = next_due
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fetch(self, limit: int) -> list[Delivery]:
+        token = str(uuid.uuid4())
+        jobs = self._session.job_lease(
+            JobLeaseParams(
+                tasks=self._tasks,
+                queues=self._queues,
+                limit=limit,
+                worker=self._worker,
+                token=token,
+                lease_for=self._lease_for,
+            )
+        )
+        if jobs:
+            with self._lock:
+                self._held[token] = len(jobs)
+        return [
+            Delivery(
+                message_id=str(job.id),
+                task=job.task,
+                args_json=job.args_json,
+                key=job.key,
+                attempt=job.attempt,
+                attempts_left=job.max_attempts - (job.attempt - job.attempt_base),
+                leased_at=job.leased_at,
+                expires_at=job.expires_at,
+                job_id=job.id,
+                lease_token=token,
+            )
+            for job in jobs
+        ]
+
+    def _forget(self, token: str, count: int) -> None:
+        with self._lock:
+            left = self._held.get(token, 0) - count
+            if left > 0:
+                self._held[token] = left
+            else:
+                self._held.pop(token, None)
+
+    def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
+        by_token: dict[str, list[Settlement]] = {}
+        for settlement in settlements:
+            token = settlement.delivery.lease_token
+            assert token is not None and settlement.delivery.job_id is not None
+            by_token.setdefault(token, []).append(settlement)
+        settled: set[str] = set()
+        for token, group in by_token.items():
+            finishes = [
+                JobFinish(
+                    id=s.delivery.job_id or 0,
+                    state=s.state,
+                    outcome=s.outcome,
+                    delay=s.delay,
+                    error=s.error,
+                )
+                for s in group
+            ]
+            settled.update(str(job_id) for job_id in tx.job_finish(token, finishes))
+        return settled
+
+    def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        for settlement in settlements:
+            if settlement.delivery.lease_token is not None:
+                self._forget(settlement.delivery.lease_token, 1)
+
+    def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
+        by_token: dict[str, list[int]] = {}
+        for delivery in deliveries:
+            assert delivery.lease_token is not None and delivery.job_id is not None
+            by_token.setdefault(delivery.lease_token, []).append(delivery.job_id)
+        for token, ids in by_token.items():
+            self._session.job_release(JobReleaseParams(ids=ids, token=token, delay=delay))
+            self._forget(token, len(ids))
+
+    def drop(self, deliveries: Sequence[Delivery]) -> None:
+        """Stop heartbeating deliveries whose lease was superseded."""
+        for delivery in deliveries:
+            if delivery.lease_token is not None:
+                self._forget(delivery.lease_token, 1)
+
+    def held_tokens(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    def next_due(self) -> datetime | None:
+        return self._next_due(self._tasks, self._queues)
+
+
+class NextDue(Protocol):
+    def __call__(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None: ...

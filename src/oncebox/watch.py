@@ -1,0 +1,78 @@
+"""Handler run times: what is running where, and the watchdog for handlers that never return.
+
+Python cannot interrupt a thread, so a handler that hangs cannot be stopped from the inside. The
+watchdog bounds it from the outside: once a handler has run `timeout + grace`, the worker process
+exits (code 70) after logging which task and key hung — its leases expire and the rescuer hands
+the jobs to a healthy worker. On SQLite this is the only way to free the single write lock the
+hung transaction holds; on PostgreSQL the server also ends the session on its own
+(`idle_in_transaction_session_timeout`), releasing the claim's locks even if the process is frozen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+from oncebox import clock
+
+log = logging.getLogger("oncebox.watchdog")
+EXIT_HUNG_HANDLER = 70
+
+
+@dataclass(frozen=True)
+class Running:
+    task: str
+    key: str | None
+    started: float
+    timeout: float
+
+
+class HandlerWatch:
+    """Which handlers run in which thread, since when, with which timeout."""
+
+    def __init__(self, grace: timedelta = timedelta(seconds=10), exit_on_hang: bool = True) -> None:
+        self.grace_delta = grace
+        self.grace = grace.total_seconds()
+        self.exit_on_hang = exit_on_hang
+        self._running: dict[int, Running] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def running(self, task: str, key: str | None, timeout: timedelta) -> Iterator[None]:
+        ident = threading.get_ident()
+        with self._lock:
+            self._running[ident] = Running(task, key, clock.monotonic(), timeout.total_seconds())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.pop(ident, None)
+
+    def overdue(self, grace: float = 0.0) -> list[Running]:
+        now = clock.monotonic()
+        with self._lock:
+            return [r for r in self._running.values() if now - r.started > r.timeout + grace]
+
+    def check(self) -> list[Running]:
+        """Handlers past timeout + grace; exits the process if configured to."""
+        hung = self.overdue(self.grace)
+        for run in hung:
+            log.critical(
+                "handler of task %s (key %s) has run %.0fs, past its %.0fs timeout and %.0fs "
+                "grace; %s",
+                run.task,
+                run.key,
+                clock.monotonic() - run.started,
+                run.timeout,
+                self.grace,
+                "ending this worker process" if self.exit_on_hang else "exit disabled",
+            )
+        if hung and self.exit_on_hang:
+            logging.shutdown()
+            os._exit(EXIT_HUNG_HANDLER)
+        return hung
