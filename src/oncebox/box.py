@@ -2,7 +2,8 @@
 
     box = oncebox.Box("sqlite:///digests.db")
 
-    @box.task(key="weekly-digest/customer-{customer_id}/{period}", retry=oncebox.Retry(max_attempts=8))
+    @box.task(key="weekly-digest/customer-{customer_id}/{period}",
+              retry=oncebox.Retry(max_attempts=8))
     def weekly_digest(ctx, customer_id: int, period: str) -> None:
         ctx.connection.execute(...)   # commits with the claim, or not at all
 
@@ -34,6 +35,7 @@ from oncebox.retry import Retry
 from oncebox.store import open_store
 from oncebox.store.base import JobInsert, JobInsertMany, JobRow, OperatorAction, Store
 from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
+from oncebox.transport import Transport
 from oncebox.watch import HandlerWatch
 from oncebox.worker import Worker, WorkerConfig, WorkerResult, build_consumer
 
@@ -89,7 +91,9 @@ class Box:
                 "no database: pass a URL (Box('sqlite:///oncebox.db')) or set ONCEBOX_DB"
             )
         self.metrics = Metrics()
-        self.store: Store = store if store is not None else open_store(str(url), metrics=self.metrics)
+        self.store: Store = (
+            store if store is not None else open_store(str(url), metrics=self.metrics)
+        )
         if store is not None:
             self.metrics = getattr(store, "metrics", self.metrics)
         self.where: str = getattr(self.store, "where", self.store.url)
@@ -140,9 +144,16 @@ class Box:
 
         def register(handler: F) -> Task:
             task = make_task(
-                handler, name=name, key=key, retry=retry, timeout=timeout, priority=priority,
-                queue=queue, group_by=group_by, keep_intents=keep_intents,
-            )  # fmt: skip
+                handler,
+                name=name,
+                key=key,
+                retry=retry,
+                timeout=timeout,
+                priority=priority,
+                queue=queue,
+                group_by=group_by,
+                keep_intents=keep_intents,
+            )
             clash = RESERVED_ARGS & set(task.signature.parameters)
             if clash:
                 raise ConfigurationError(
@@ -187,11 +198,17 @@ class Box:
         row = self._row(resolved, args)
         timing = _timing(run_at, delay)
         job = JobInsert(
-            task=resolved.name, key=row[0], queue=resolved.queue, args_json=row[1],
-            priority=resolved.priority if priority is None else priority, group_key=row[2],
-            max_attempts=resolved.retry.max_attempts, run_at=timing[0], delay=timing[1],
+            task=resolved.name,
+            key=row[0],
+            queue=resolved.queue,
+            args_json=row[1],
+            priority=resolved.priority if priority is None else priority,
+            group_key=row[2],
+            max_attempts=resolved.retry.max_attempts,
+            run_at=timing[0],
+            delay=timing[1],
             max_age=resolved.retry.max_age,
-        )  # fmt: skip
+        )
         for _ in range(3):
             job_id, created = self.store.job_insert(job, connection=connection)
             if created:
@@ -205,11 +222,15 @@ class Box:
                 self.metrics.count("enqueue_deduplicated")
                 if conflict.active_job_id is not None and conflict.active_state is not None:
                     return EnqueueResult(
-                        conflict.active_job_id, job.key, False, conflict.active_state,
+                        conflict.active_job_id,
+                        job.key,
+                        False,
+                        conflict.active_state,
                         "active_job",
-                    )  # fmt: skip
-                return EnqueueResult(conflict.intent_job_id, job.key, False, "claimed",
-                                     "key_claimed")  # fmt: skip
+                    )
+                return EnqueueResult(
+                    conflict.intent_job_id, job.key, False, "claimed", "key_claimed"
+                )
             # the conflicting job ended (e.g. was cancelled) between the two statements: retry
         raise InvalidState(f"key {job.key!r} kept changing state while being enqueued; try again")
 
@@ -232,11 +253,15 @@ class Box:
         timing = _timing(run_at, delay)
         created = self.store.job_insert_many(
             JobInsertMany(
-                task=resolved.name, queue=resolved.queue,
+                task=resolved.name,
+                queue=resolved.queue,
                 priority=resolved.priority if priority is None else priority,
-                max_attempts=resolved.retry.max_attempts, rows=rows, run_at=timing[0],
-                delay=timing[1], max_age=resolved.retry.max_age,
-            )  # fmt: skip
+                max_attempts=resolved.retry.max_attempts,
+                rows=rows,
+                run_at=timing[0],
+                delay=timing[1],
+                max_age=resolved.retry.max_age,
+            )
         )
         self.metrics.count("jobs_enqueued", len(created))
         self.metrics.count("enqueue_deduplicated", len(rows) - len(created))
@@ -315,13 +340,21 @@ class Box:
         return Worker(self, config).run()
 
     def consumer(
-        self, config: ConsumerConfig | None = None, *, watch: HandlerWatch | None = None,
+        self,
+        config: ConsumerConfig | None = None,
+        *,
+        transport: Transport | None = None,
+        watch: HandlerWatch | None = None,
         name: str = "c0",
-    ) -> Consumer:  # fmt: skip
-        """A single consumer lane on the table queue, for `run_once()` in tests and tools.
-        Close it with `consumer.session.close()`."""
+    ) -> Consumer:
+        """A single consumer lane (table queue unless `transport` is given), for `run_once()` in
+        tests and tools. Close it with `consumer.session.close()`."""
         consumer, _transport = build_consumer(
-            self, config or ConsumerConfig(), watch or HandlerWatch(exit_on_hang=False), name=name
+            self,
+            config or ConsumerConfig(),
+            watch or HandlerWatch(exit_on_hang=False),
+            name=name,
+            transport=transport,
         )
         return consumer
 

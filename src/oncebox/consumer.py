@@ -99,8 +99,15 @@ class ConsumerResult:
     failures: list[FailedAttempt] = field(default_factory=list)
 
     def add(self, other: ConsumerResult) -> None:
-        for name in ("leased", "completed", "duplicates", "retried", "dead", "released",
-                     "lease_lost"):  # fmt: skip
+        for name in (
+            "leased",
+            "completed",
+            "duplicates",
+            "retried",
+            "dead",
+            "released",
+            "lease_lost",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.failures.extend(other.failures)
 
@@ -241,7 +248,9 @@ class Consumer:
         for p in prepared:
             if p.key is not None and p.problem is None:
                 first_of_key.setdefault(p.key, p)
-        claims = [IntentClaim(k, p.delivery.task, p.delivery.job_id) for k, p in first_of_key.items()]
+        claims = [
+            IntentClaim(k, p.delivery.task, p.delivery.job_id) for k, p in first_of_key.items()
+        ]
         claimed = tx.intent_claim(claims)
         points.reach("consumer.after_claim_insert")
 
@@ -250,10 +259,16 @@ class Consumer:
         leftover: list[Delivery] = []
         started = clock.monotonic()
         for index, p in enumerate(prepared):
-            if index and clock.monotonic() - started > self.config.transaction_budget.total_seconds():
+            if (
+                index
+                and clock.monotonic() - started > self.config.transaction_budget.total_seconds()
+            ):
                 leftover = [q.delivery for q in prepared[index:]]
-                unclaimed += [q.key for q in prepared[index:] if q.key in claimed and
-                              first_of_key.get(q.key) is q]  # fmt: skip
+                unclaimed += [
+                    q.key
+                    for q in prepared[index:]
+                    if q.key in claimed and first_of_key.get(q.key) is q
+                ]
                 break
             if p.problem is not None:
                 settlements.append(self._dead(p, p.problem, outcome))
@@ -278,9 +293,14 @@ class Consumer:
         try:
             with tx.handler_scope() as connection:
                 ctx = JobContext(
-                    task=task.name, key=p.key, job_id=delivery.job_id,
-                    attempt=delivery.attempt, connection=connection, _now=self.now,
-                )  # fmt: skip
+                    task=task.name,
+                    dialect=self.session.dialect,
+                    key=p.key,
+                    job_id=delivery.job_id,
+                    attempt=delivery.attempt,
+                    connection=connection,
+                    _now=self.now,
+                )
                 with self.watch.running(task.name, p.key, task.timeout):
                     task.fn(ctx, **p.args)
                 elapsed = clock.monotonic() - began
@@ -336,9 +356,10 @@ class Consumer:
             prepared.args = decode_args(delivery.args_json)
             prepared.task.check_args(prepared.args)
             prepared.key = (
-                delivery.key if delivery.key is not None
+                delivery.key
+                if delivery.key is not None
                 else prepared.task.render_key(prepared.args)
-            )  # fmt: skip
+            )
         except (UnknownTask, InvalidArguments, InvalidKey) as exc:
             prepared.problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
         except ValueError as exc:
@@ -382,4 +403,3 @@ class Consumer:
         self.metrics.count("claim_conflicts", outcome.duplicates)
         self.metrics.count("jobs_retried", outcome.retried)
         self.metrics.count("jobs_dead", outcome.dead)
-

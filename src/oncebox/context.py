@@ -13,14 +13,16 @@ from oncebox.store.base import HandlerConnection
 class JobContext:
     """The job being run and the claim's transaction.
 
-    `connection` is the claim's own connection (sqlite3 or psycopg API), inside the transaction
-    that inserted this job's intent and will mark it done: write business rows with it and they
-    commit with the claim, or not at all. It refuses commit and rollback. `key` is the business
-    key (None for a task without a key template); `attempt` counts from 1 and keeps counting
-    across replays; `job_id` is None for deliveries from a broker transport.
+        `connection` is the claim's own connection (sqlite3 or psycopg API), inside the transaction
+        that inserted this job's intent and will mark it done: write business rows with it and they
+        commit with the claim, or not at all. It refuses commit and rollback. `key` is the business
+        key (None for a task without a key template); `attempt` counts from 1 and keeps counting
+        across replays; `dialect` ("sqlite" or "postgres") tells portable handlers which SQL and
+    parameter style the connection speaks; `job_id` is None for deliveries from a broker transport.
     """
 
     task: str
+    dialect: str
     key: str | None
     job_id: int | None
     attempt: int

@@ -19,8 +19,9 @@
     ├── Permanent                   raised by a handler: dead-letter now, never retry
     └── DrainFailed                 `oncebox.testing.drain` saw failed attempts
 
-`RetryLater` and `Permanent` are the two signals a handler can send on purpose; any other exception a
-handler raises is classified by the task's `Retry` policy (retryable unless declared permanent).
+`RetryLater` and `Permanent` are the two signals a handler can send on purpose; any other
+exception a handler raises is classified by the task's `Retry` policy (retryable unless declared
+permanent).
 User mistakes (configuration, enqueue, not found, invalid state) carry a message written to be
 shown as is, on one line, without a traceback.
 """

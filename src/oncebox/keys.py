@@ -57,7 +57,7 @@ def key_problem(key: str) -> str | None:
         if not _SEGMENT_RE.fullmatch(segment):
             bad = next(ch for ch in segment if not _SEGMENT_RE.fullmatch(ch))
             return (
-                f"segment {index + 1} contains {ascii(bad)}; keys use only ASCII letters, digits "
+                f"segment {index + 1} contains {bad!a}; keys use only ASCII letters, digits "
                 "and - _ . : @ + = ~ with / between segments"
             )
     return None
@@ -119,7 +119,9 @@ class KeyTemplate:
         sample = "".join(literal + ("x" if field else "") for literal, field in self.parts)
         problem = key_problem(sample)
         if problem is not None:
-            raise KeyTemplateError(f"key template {self.source!r} cannot make a valid key: {problem}")
+            raise KeyTemplateError(
+                f"key template {self.source!r} cannot make a valid key: {problem}"
+            )
 
     def render(self, args: Mapping[str, Any]) -> str:
         """The key for one job's arguments; `InvalidKey` says which value broke which rule."""
@@ -156,6 +158,6 @@ def _render_value(template: str, field: str, value: object) -> str:
         bad = next(ch for ch in text if not _SEGMENT_RE.fullmatch(ch))
         raise InvalidKey(
             f"key template {template!r}: argument {field!r} = {_describe(text)} contains "
-            f"{ascii(bad)}; key values use only ASCII letters, digits and - _ . : @ + = ~"
+            f"{bad!a}; key values use only ASCII letters, digits and - _ . : @ + = ~"
         )
     return text

@@ -51,8 +51,13 @@ class LeaseRescuer:
         for job in result.rescued:
             log.warning(
                 "lease of job %s (task %s, key %s, attempt %s) held by %s expired; now %s",
-                job.id, job.task, job.key, job.attempt, job.worker, job.state,
-            )  # fmt: skip
+                job.id,
+                job.task,
+                job.key,
+                job.attempt,
+                job.worker,
+                job.state,
+            )
         self.metrics.count("leases_expired", len(result.rescued))
         self.metrics.count("jobs_dead", result.dead)
         return result

@@ -35,7 +35,7 @@ from oncebox.pruner import Pruner, PrunerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.store.base import ConsumerSettings
 from oncebox.store.migrations import check_runnable
-from oncebox.transport import Delivery, TableTransport
+from oncebox.transport import Delivery, TableTransport, Transport
 from oncebox.watch import HandlerWatch
 
 if TYPE_CHECKING:
@@ -78,8 +78,10 @@ def build_consumer(
     queues: tuple[str, ...] | None = None,
     name: str = "c0",
     rng: random.Random | None = None,
-) -> tuple[Consumer, TableTransport]:
-    """A consumer on the built-in table queue, with its own dedicated connection."""
+    transport: Transport | None = None,
+) -> tuple[Consumer, Transport]:
+    """A consumer with its own dedicated connection, on the built-in table queue unless another
+    transport is given."""
     tasks = box.registry.all()
     if not tasks:
         raise ConfigurationError("this box has no tasks registered; there is nothing to work on")
@@ -97,7 +99,7 @@ def build_consumer(
         # outlast one transaction on its own.
         lease = max(lease, longest + watch.grace_delta + config.transaction_budget)
     worker = worker_name(name)
-    transport = TableTransport(
+    transport = transport or TableTransport(
         session,
         tasks=[task.name for task in tasks],
         queues=list(queues or sorted({task.queue for task in tasks})),
@@ -165,35 +167,61 @@ class Worker:
         restore = self._install_signal_handlers()
         consumers = [
             build_consumer(
-                self.box, self.config.consumer, self.watch, queues=self.config.queues,
-                name=f"c{i}", rng=random.Random(self.box.rng.random()),
-            )  # fmt: skip
+                self.box,
+                self.config.consumer,
+                self.watch,
+                queues=self.config.queues,
+                name=f"c{i}",
+                rng=random.Random(self.box.rng.random()),
+            )
             for i in range(self.config.concurrency)
         ]
-        tokens: Callable[[], list[str]] = lambda: [t for _c, tr in consumers for t in tr.held_tokens()]
-        keeper = LeaseKeeper(self.box.store, LeaseKeeperConfig(self.config.consumer.lease),
-                             self.watch, tokens)  # fmt: skip
+
+        def tokens() -> list[str]:
+            return [token for _c, transport in consumers for token in transport.held_tokens()]
+
+        keeper = LeaseKeeper(
+            self.box.store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens
+        )
         rescuer = LeaseRescuer(self.box.store, self.config.rescuer, self.box.metrics)
         pruner = Pruner(self.box.store, self.config.pruner, self.box.registry.all())
         rescuer.run_once()
         threads = [
-            threading.Thread(target=keeper.run_forever, args=(self.stop_event,),
-                             name="oncebox-lease-keeper", daemon=True),
-            threading.Thread(target=rescuer.run_forever, args=(self.stop_event,),
-                             name="oncebox-rescuer", daemon=True),
-            threading.Thread(target=pruner.run_forever, args=(self.stop_event,),
-                             name="oncebox-pruner", daemon=True),
-        ]  # fmt: skip
+            threading.Thread(
+                target=keeper.run_forever,
+                args=(self.stop_event,),
+                name="oncebox-lease-keeper",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=rescuer.run_forever,
+                args=(self.stop_event,),
+                name="oncebox-rescuer",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=pruner.run_forever,
+                args=(self.stop_event,),
+                name="oncebox-pruner",
+                daemon=True,
+            ),
+        ]
         if self.box.store.supports_notifications:
-            threads.append(threading.Thread(target=self._listen, name="oncebox-listener",
-                                            daemon=True))  # fmt: skip
+            threads.append(
+                threading.Thread(target=self._listen, name="oncebox-listener", daemon=True)
+            )
         workers = []
         for index, (consumer, _transport) in enumerate(consumers):
             wake = threading.Event()
             self._wakes.append(wake)
             consumer.stopping = self.stop_event.is_set
-            workers.append(threading.Thread(target=self._consume, args=(index, consumer, wake),
-                                            name=f"oncebox-consumer-{index}"))  # fmt: skip
+            workers.append(
+                threading.Thread(
+                    target=self._consume,
+                    args=(index, consumer, wake),
+                    name=f"oncebox-consumer-{index}",
+                )
+            )
         self.box.attach_worker(self)
         try:
             for thread in threads + workers:
@@ -284,4 +312,3 @@ class Worker:
                 signal.signal(sig, handler)
 
         return restore
-

@@ -44,8 +44,7 @@ def split_sqlite_script(script: str) -> Iterable[str]:
             statement = pending.strip()
             pending = ""
             if statement and not all(
-                part.strip().startswith("--") or not part.strip()
-                for part in statement.splitlines()
+                part.strip().startswith("--") or not part.strip() for part in statement.splitlines()
             ):
                 yield statement
     if pending.strip() and not all(

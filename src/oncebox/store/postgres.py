@@ -74,12 +74,27 @@ def _seconds(delta: timedelta | None) -> float | None:
 
 def _job_row(row: Sequence[Any]) -> JobRow:
     return JobRow(
-        id=row[0], key=row[1], task=row[2], queue=row[3], args_json=row[4], state=row[5],
-        outcome=row[6], priority=row[7], group_key=row[8], attempt=row[9], max_attempts=row[10],
-        attempt_base=row[11], run_at=_required_utc(row[12]), expires_at=_utc(row[13]),
-        created_at=_required_utc(row[14]), leased_by=row[15], leased_at=_utc(row[16]),
-        lease_expires_at=_utc(row[17]), finished_at=_utc(row[18]), last_error=row[19],
-    )  # fmt: skip
+        id=row[0],
+        key=row[1],
+        task=row[2],
+        queue=row[3],
+        args_json=row[4],
+        state=row[5],
+        outcome=row[6],
+        priority=row[7],
+        group_key=row[8],
+        attempt=row[9],
+        max_attempts=row[10],
+        attempt_base=row[11],
+        run_at=_required_utc(row[12]),
+        expires_at=_utc(row[13]),
+        created_at=_required_utc(row[14]),
+        leased_by=row[15],
+        leased_at=_utc(row[16]),
+        lease_expires_at=_utc(row[17]),
+        finished_at=_utc(row[18]),
+        last_error=row[19],
+    )
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:
@@ -229,9 +244,12 @@ class PostgresStore:
                     ) from None
                 conn.execute(
                     self._q["migration_record"],
-                    {"version": migration.version, "name": migration.name,
-                     "checksum": migration.checksum},
-                )  # fmt: skip
+                    {
+                        "version": migration.version,
+                        "name": migration.name,
+                        "checksum": migration.checksum,
+                    },
+                )
                 applied_now.append(migration.version)
         return applied_now
 
@@ -271,11 +289,17 @@ class PostgresStore:
     @operation
     def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
         params = {
-            "key": job.key, "task": job.task, "queue": job.queue, "args": job.args_json,
-            "priority": job.priority, "group_key": job.group_key,
-            "max_attempts": job.max_attempts, "run_at": job.run_at,
-            "delay_s": job.delay.total_seconds(), "max_age_s": _seconds(job.max_age),
-        }  # fmt: skip
+            "key": job.key,
+            "task": job.task,
+            "queue": job.queue,
+            "args": job.args_json,
+            "priority": job.priority,
+            "group_key": job.group_key,
+            "max_attempts": job.max_attempts,
+            "run_at": job.run_at,
+            "delay_s": job.delay.total_seconds(),
+            "max_age_s": _seconds(job.max_age),
+        }
         if connection is not None:
             row = self._external(connection).execute(self._q["job_insert"], params).fetchone()
         else:
@@ -286,10 +310,14 @@ class PostgresStore:
     @operation
     def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]:
         params = {
-            "task": jobs.task, "queue": jobs.queue, "priority": jobs.priority,
-            "max_attempts": jobs.max_attempts, "run_at": jobs.run_at,
-            "delay_s": jobs.delay.total_seconds(), "max_age_s": _seconds(jobs.max_age),
-        }  # fmt: skip
+            "task": jobs.task,
+            "queue": jobs.queue,
+            "priority": jobs.priority,
+            "max_attempts": jobs.max_attempts,
+            "run_at": jobs.run_at,
+            "delay_s": jobs.delay.total_seconds(),
+            "max_age_s": _seconds(jobs.max_age),
+        }
         created: list[tuple[int, str | None]] = []
         with self._connection() as conn, conn.transaction():
             for chunk in chunked(jobs.rows, INSERT_CHUNK):
@@ -303,9 +331,11 @@ class PostgresStore:
     @operation
     def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
         if connection is not None:
-            row = self._external(connection).execute(
-                self._q["job_enqueue_conflict"], {"key": key}
-            ).fetchone()
+            row = (
+                self._external(connection)
+                .execute(self._q["job_enqueue_conflict"], {"key": key})
+                .fetchone()
+            )
         else:
             row = self._fetch("job_enqueue_conflict", {"key": key})[0]
         assert row is not None
@@ -332,15 +362,16 @@ class PostgresStore:
     @operation
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
         self._fetch_none(
-            "job_attempt_note", {"job_id": job_id, "attempt": attempt, "worker": worker,
-                                 "note": note}
-        )  # fmt: skip
+            "job_attempt_note",
+            {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note},
+        )
 
     # -- operator actions ----------------------------------------------------------------------
 
     def _action(self, name: LiteralString, action: OperatorAction) -> ActionResult | None:
-        rows = self._fetch(name, {"id": action.job_id, "actor": action.actor,
-                                  "reason": action.reason})  # fmt: skip
+        rows = self._fetch(
+            name, {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+        )
         if not rows:
             return None
         return ActionResult(job_id=rows[0][0], key=rows[0][1], audit_id=rows[0][2])
@@ -474,7 +505,7 @@ class PostgresConsumerTx:
     def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
         return guard.handler_scope(
             self._conn,
-            execute=lambda sql: self._execute_raw(sql),
+            execute=self._execute_raw,
             transaction_status=self._status,
         )
 
@@ -504,6 +535,8 @@ class PostgresConsumerTx:
 
 
 class PostgresConsumerSession:
+    dialect = "postgres"
+
     def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
         self._store = store
         self._conn = conn
@@ -520,35 +553,53 @@ class PostgresConsumerSession:
 
     def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
         values = {
-            "tasks": list(params.tasks), "queues": list(params.queues), "limit": params.limit,
-            "worker": params.worker, "token": params.token,
+            "tasks": list(params.tasks),
+            "queues": list(params.queues),
+            "limit": params.limit,
+            "worker": params.worker,
+            "token": params.token,
             "lease_s": params.lease_for.total_seconds(),
-        }  # fmt: skip
+        }
         rows = self._run(
             "job_lease", lambda: self._conn.execute(self._q["job_lease"], values).fetchall()
         )
         leased = [
             LeasedJob(
-                id=r[0], key=r[1], task=r[2], queue=r[3], args_json=r[4], attempt=r[5],
-                max_attempts=r[6], attempt_base=r[7], priority=r[8], group_key=r[9],
-                run_at=_required_utc(r[10]), created_at=_required_utc(r[11]),
-                expires_at=_utc(r[12]), leased_at=_required_utc(r[13]),
-            )  # fmt: skip
+                id=r[0],
+                key=r[1],
+                task=r[2],
+                queue=r[3],
+                args_json=r[4],
+                attempt=r[5],
+                max_attempts=r[6],
+                attempt_base=r[7],
+                priority=r[8],
+                group_key=r[9],
+                run_at=_required_utc(r[10]),
+                created_at=_required_utc(r[11]),
+                expires_at=_utc(r[12]),
+                leased_at=_required_utc(r[13]),
+            )
             for r in rows
         ]
         leased.sort(key=lambda j: (-j.priority, j.run_at, j.id))
         return leased
 
     def job_release(self, params: JobReleaseParams) -> int:
-        values = {"ids": list(params.ids), "token": params.token,
-                  "delay_s": params.delay.total_seconds()}  # fmt: skip
+        values = {
+            "ids": list(params.ids),
+            "token": params.token,
+            "delay_s": params.delay.total_seconds(),
+        }
         released = self._run(
             "job_release",
             lambda: len(self._conn.execute(self._q["job_release"], values).fetchall()),
         )
         if released:
-            self._run("job_notify", lambda: self._conn.execute(
-                self._q["job_notify"], {"schema": self._store.schema}))  # fmt: skip
+            self._run(
+                "job_notify",
+                lambda: self._conn.execute(self._q["job_notify"], {"schema": self._store.schema}),
+            )
         return released
 
     @contextmanager

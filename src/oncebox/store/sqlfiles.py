@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import LiteralString
 
-SCHEMA_TOKEN = "__S__"
+from oncebox.errors import ConfigurationError
+
+SCHEMA_TOKEN = "__S__"  # noqa: S105 (a placeholder, not a secret)
 _NAME_RE = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
 _IDENTIFIER_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -36,8 +38,6 @@ DIALECT_ONLY: dict[str, str] = {
 def quote_schema(schema: str) -> str:
     """A schema name as a quoted identifier; only plain lowercase identifiers are accepted."""
     if not _IDENTIFIER_RE.fullmatch(schema):
-        from oncebox.errors import ConfigurationError
-
         raise ConfigurationError(
             f"schema name {schema!r} must be a lowercase identifier (letters, digits, _)"
         )

@@ -50,7 +50,6 @@ from oncebox.store.base import (
     StateCounts,
     chunked,
 )
-
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.sqlfiles import load_migrations, load_queries
 
@@ -73,13 +72,27 @@ def _required_dt(micros: int) -> datetime:
 
 def _job_row(row: Sequence[Any]) -> JobRow:
     return JobRow(
-        id=row[0], key=row[1], task=row[2], queue=row[3], args_json=row[4], state=row[5],
-        outcome=row[6] or None, priority=row[7], group_key=row[8], attempt=row[9],
-        max_attempts=row[10], attempt_base=row[11], run_at=_required_dt(row[12]),
-        expires_at=_dt(row[13]), created_at=_required_dt(row[14]), leased_by=row[15],
-        leased_at=_dt(row[16]), lease_expires_at=_dt(row[17]), finished_at=_dt(row[18]),
+        id=row[0],
+        key=row[1],
+        task=row[2],
+        queue=row[3],
+        args_json=row[4],
+        state=row[5],
+        outcome=row[6] or None,
+        priority=row[7],
+        group_key=row[8],
+        attempt=row[9],
+        max_attempts=row[10],
+        attempt_base=row[11],
+        run_at=_required_dt(row[12]),
+        expires_at=_dt(row[13]),
+        created_at=_required_dt(row[14]),
+        leased_by=row[15],
+        leased_at=_dt(row[16]),
+        lease_expires_at=_dt(row[17]),
+        finished_at=_dt(row[18]),
         last_error=row[19],
-    )  # fmt: skip
+    )
 
 
 def _translate(exc: sqlite3.Error, where: Path) -> Exception:
@@ -142,7 +155,9 @@ class SqliteStore:
             )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout / timedelta(milliseconds=1))}")
+            conn.execute(
+                f"PRAGMA busy_timeout={int(self.busy_timeout / timedelta(milliseconds=1))}"
+            )
             conn.create_function("oncebox_now", 0, self.clock_file.now_micros)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
@@ -302,7 +317,9 @@ class SqliteStore:
         with self._write() as conn:
             for chunk in chunked(jobs.rows, INSERT_CHUNK):
                 params["rows"] = json.dumps([list(row) for row in chunk])
-                created += [(int(r[0]), r[1]) for r in conn.execute(self._q["job_insert_many"], params)]
+                created += [
+                    (int(r[0]), r[1]) for r in conn.execute(self._q["job_insert_many"], params)
+                ]
         return created
 
     @operation
@@ -318,9 +335,12 @@ class SqliteStore:
         with self._write() as conn:
             cursor = conn.execute(
                 self._q["job_lease_extend"],
-                {"tokens": json.dumps(list(tokens)), "lease_us": _us(lease_for),
-                 "now": self._now()},
-            )  # fmt: skip
+                {
+                    "tokens": json.dumps(list(tokens)),
+                    "lease_us": _us(lease_for),
+                    "now": self._now(),
+                },
+            )
             return cursor.rowcount
 
     @operation
@@ -343,9 +363,14 @@ class SqliteStore:
         with self._write() as conn:
             conn.execute(
                 self._q["job_attempt_note"],
-                {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note,
-                 "now": self._now()},
-            )  # fmt: skip
+                {
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "worker": worker,
+                    "note": note,
+                    "now": self._now(),
+                },
+            )
 
     # -- operator actions ----------------------------------------------------------------------
 
@@ -356,10 +381,14 @@ class SqliteStore:
             if row is None:
                 return None
             params = {
-                "id": row[0], "key": row[1], "task": row[2], "actor": action.actor,
-                "reason": action.reason, "now": now,
+                "id": row[0],
+                "key": row[1],
+                "task": row[2],
+                "actor": action.actor,
+                "reason": action.reason,
+                "now": now,
                 "attempt": row[3] if len(row) > 3 else None,
-            }  # fmt: skip
+            }
             audit = conn.execute(self._q[f"{name}__audit"], params).fetchone()
         return ActionResult(job_id=row[0], key=row[1], audit_id=audit[0])
 
@@ -408,10 +437,13 @@ class SqliteStore:
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         with self._write() as conn:
-            ids = [r[0] for r in conn.execute(
-                self._q["job_prune"],
-                {"older_than_us": _us(older_than), "limit": limit, "now": self._now()},
-            )]  # fmt: skip
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    self._q["job_prune"],
+                    {"older_than_us": _us(older_than), "limit": limit, "now": self._now()},
+                )
+            ]
             if ids:
                 conn.execute(self._q["job_prune__attempts"], {"ids": json.dumps(ids)})
         return len(ids)
@@ -419,7 +451,9 @@ class SqliteStore:
     @operation
     def intent_get(self, key: str) -> IntentRow | None:
         rows = self._read("intent_get", {"key": key})
-        return IntentRow(rows[0][0], rows[0][1], rows[0][2], from_micros(rows[0][3])) if rows else None
+        return (
+            IntentRow(rows[0][0], rows[0][1], rows[0][2], from_micros(rows[0][3])) if rows else None
+        )
 
     @operation
     def intent_count(self) -> int:
@@ -428,8 +462,12 @@ class SqliteStore:
     @operation
     def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
         with self._write() as conn:
-            params = {"task": task, "older_than_us": _us(older_than), "limit": limit,
-                      "now": self._now()}  # fmt: skip
+            params = {
+                "task": task,
+                "older_than_us": _us(older_than),
+                "limit": limit,
+                "now": self._now(),
+            }
             return len(conn.execute(self._q["intent_prune"], params).fetchall())
 
     @operation
@@ -474,17 +512,18 @@ class SqliteConsumerTx:
     def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
         return guard.handler_scope(
             self._conn,
-            execute=lambda sql: None if self._conn.execute(sql) else None,
+            execute=self._execute_raw,
             transaction_status=lambda: "ok" if self._conn.in_transaction else "gone",
         )
+
+    def _execute_raw(self, sql: str) -> None:
+        self._conn.execute(sql)
 
     def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
         if not finishes:
             return set()
         now = self._store._now()
-        payload = json.dumps(
-            [[f.id, f.state, f.outcome, _us(f.delay), f.error] for f in finishes]
-        )
+        payload = json.dumps([[f.id, f.state, f.outcome, _us(f.delay), f.error] for f in finishes])
         rows = self._conn.execute(
             self._q["job_finish"], {"rows": payload, "token": token, "now": now}
         ).fetchall()
@@ -503,6 +542,8 @@ class SqliteConsumerTx:
 class SqliteConsumerSession:
     """One consumer thread's connection. SQLite never raises `ClaimLockTimeout`: a consumer
     transaction holds the database's only write lock, so no other claim can be in flight."""
+
+    dialect = "sqlite"
 
     def __init__(self, store: SqliteStore, conn: sqlite3.Connection) -> None:
         self._store = store
@@ -524,11 +565,21 @@ class SqliteConsumerSession:
             rows = conn.execute(self._q["job_lease"], values).fetchall()
         leased = [
             LeasedJob(
-                id=r[0], key=r[1], task=r[2], queue=r[3], args_json=r[4], attempt=r[5],
-                max_attempts=r[6], attempt_base=r[7], priority=r[8], group_key=r[9],
-                run_at=from_micros(r[10]), created_at=from_micros(r[11]), expires_at=_dt(r[12]),
+                id=r[0],
+                key=r[1],
+                task=r[2],
+                queue=r[3],
+                args_json=r[4],
+                attempt=r[5],
+                max_attempts=r[6],
+                attempt_base=r[7],
+                priority=r[8],
+                group_key=r[9],
+                run_at=from_micros(r[10]),
+                created_at=from_micros(r[11]),
+                expires_at=_dt(r[12]),
                 leased_at=from_micros(r[13]),
-            )  # fmt: skip
+            )
             for r in rows
         ]
         leased.sort(key=lambda j: (-j.priority, j.run_at, j.id))
@@ -551,4 +602,3 @@ class SqliteConsumerSession:
 
     def close(self) -> None:
         self._conn.close()
-

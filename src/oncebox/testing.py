@@ -1,0 +1,231 @@
+"""Helpers for users' tests, built on the real code paths (the real store, the real consumer).
+
+    from oncebox.testing import drain, assert_enqueued, FrozenClock
+
+    box.enqueue(weekly_digest, customer_id=42, period="2026-W33")
+    assert_enqueued(box, key="weekly-digest/customer-42/2026-W33")
+    result = drain(box)                    # runs due jobs until none is left; raises on failures
+    assert result.completed == 1
+
+    with FrozenClock(box, at=datetime(2026, 8, 17, 9, tzinfo=UTC)) as frozen:
+        ...
+        frozen.advance(timedelta(hours=1))  # every process of the test sees the new time
+
+`RedeliveringTransport` is a stand-in for a broker that delivers at least once — twice, late,
+out of order, to several consumers at once — for exercising the claim-conflict path.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+from oncebox.box import Box
+from oncebox.clock import EPOCH, ClockSetting
+from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
+from oncebox.consumer import ConsumerResult, FailedAttempt
+from oncebox.errors import DrainFailed
+from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.store.base import ConsumerTx, JobRow
+from oncebox.transport import Delivery, Settlement
+
+
+@dataclass
+class DrainResult(ConsumerResult):
+    rounds: int = 0
+
+
+def drain(box: Box, *, raise_on_failure: bool = True, max_rounds: int = 10_000) -> DrainResult:
+    """Run every due job through the real consumer until none is left.
+
+    Jobs retried with a delay in the future are not due and stay queued (advance the frozen
+    clock to run them). Raises `DrainFailed`, listing each failed attempt, if any attempt failed.
+    """
+    result = DrainResult()
+    LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
+    consumer = box.consumer()
+    try:
+        while result.rounds < max_rounds:
+            round_result = consumer.run_once()
+            result.rounds += 1
+            if not round_result.leased:
+                break
+            result.add(round_result)
+    finally:
+        consumer.session.close()
+    if raise_on_failure and result.failures:
+        raise DrainFailed(_describe_failures(result.failures))
+    return result
+
+
+def _describe_failures(failures: Sequence[FailedAttempt]) -> str:
+    lines = [f"{len(failures)} attempt(s) failed:"]
+    for failure in failures:
+        first_line = failure.error.splitlines()[0] if failure.error else ""
+        lines.append(
+            f"  - task {failure.task} key {failure.key} job {failure.job_id} attempt "
+            f"{failure.attempt}{' (final)' if failure.final else ''}: {first_line}"
+        )
+    return "\n".join(lines)
+
+
+def enqueued(box: Box, *, key: str, task: str | None = None) -> JobRow | None:
+    """The ready or leased job with this key (and task), if any."""
+    for job in box.store.job_find_by_key(key):
+        if job.state in ("ready", "leased") and (task is None or job.task == task):
+            return job
+    return None
+
+
+def assert_enqueued(box: Box, *, key: str, task: str | None = None) -> JobRow:
+    job = enqueued(box, key=key, task=task)
+    if job is None:
+        found = [(j.id, j.task, j.state) for j in box.store.job_find_by_key(key)]
+        raise AssertionError(f"no ready job with key {key!r}; jobs with that key: {found}")
+    return job
+
+
+def refute_enqueued(box: Box, *, key: str, task: str | None = None) -> None:
+    job = enqueued(box, key=key, task=task)
+    if job is not None:
+        raise AssertionError(f"job {job.id} ({job.task}, {job.state}) is enqueued with key {key!r}")
+
+
+class FrozenClock:
+    """Freeze `oncebox_now()` for every process using this database; restores real time on exit."""
+
+    def __init__(self, box: Box, at: datetime) -> None:
+        self.box = box
+        self.instant = at
+        box.store.clock_set(ClockSetting(frozen_at=at))
+
+    def set(self, instant: datetime) -> None:
+        self.instant = instant
+        self.box.store.clock_set(ClockSetting(frozen_at=instant))
+
+    def advance(self, delta: timedelta) -> datetime:
+        self.set(self.instant + delta)
+        return self.instant
+
+    def release(self) -> None:
+        self.box.store.clock_set(ClockSetting())
+
+    def __enter__(self) -> FrozenClock:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+@dataclass
+class _Message:
+    message_id: str
+    task: str
+    args_json: str
+    receives: int = 0
+    acked: bool = False
+
+
+@dataclass
+class RedeliveringTransport:
+    """An at-least-once broker in memory, thread-safe.
+
+    Every published message is put in the queue `copies` times (so it is delivered that many
+    times, possibly to different consumers at once), the queue is shuffled (out of order), and a
+    message that was not acknowledged — a failed attempt, a released delivery — is delivered
+    again. Acknowledgement happens after the consumer's commit, like any broker.
+    """
+
+    copies: int = 2
+    max_receives: int = 5
+    seed: int = 0
+    acks: list[tuple[str, str]] = field(default_factory=list)
+    _messages: dict[str, _Message] = field(default_factory=dict)
+    _ready: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _counter: int = 0
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def publish(self, task: str, **args: Any) -> str:
+        with self._lock:
+            self._counter += 1
+            message = _Message(
+                f"m{self._counter}", task, encode_args(args, task, DEFAULT_MAX_PAYLOAD_BYTES)
+            )
+            self._messages[message.message_id] = message
+            self._ready.extend([message.message_id] * self.copies)
+            self._rng.shuffle(self._ready)
+            return message.message_id
+
+    def fetch(self, limit: int) -> list[Delivery]:
+        deliveries: list[Delivery] = []
+        with self._lock:
+            while self._ready and len(deliveries) < limit:
+                message = self._messages[self._ready.pop()]
+                message.receives += 1
+                self._counter += 1
+                deliveries.append(
+                    Delivery(
+                        message_id=f"{message.message_id}#{self._counter}",
+                        task=message.task,
+                        args_json=message.args_json,
+                        key=None,
+                        attempt=message.receives,
+                        attempts_left=self.max_receives - message.receives,
+                        leased_at=EPOCH,
+                    )
+                )
+        return deliveries
+
+    def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
+        return {s.delivery.message_id for s in settlements}
+
+    def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        with self._lock:
+            for settlement in settlements:
+                message_id = settlement.delivery.message_id.split("#", 1)[0]
+                if settlement.state == "ready":
+                    self._ready.insert(0, message_id)
+                    continue
+                self._messages[message_id].acked = True
+                self.acks.append((message_id, settlement.outcome or settlement.state))
+
+    def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
+        with self._lock:
+            for delivery in deliveries:
+                self._ready.insert(0, delivery.message_id.split("#", 1)[0])
+
+    def drop(self, deliveries: Sequence[Delivery]) -> None:
+        """Nothing to forget: a broker has no lease tokens here."""
+
+    def held_tokens(self) -> list[str]:
+        return []
+
+    def next_due(self) -> datetime | None:
+        return None
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+
+__all__ = [
+    "DrainResult",
+    "FrozenClock",
+    "RedeliveringTransport",
+    "assert_enqueued",
+    "drain",
+    "enqueued",
+    "refute_enqueued",
+]

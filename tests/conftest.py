@@ -1,0 +1,94 @@
+"""Fixtures shared by the whole suite.
+
+PostgreSQL: `ONCEBOX_TEST_POSTGRES` names a server database to connect to (default the local
+server's `test`). One template database is migrated per session; each test that needs PostgreSQL
+gets its own database copied from it (`CREATE DATABASE … TEMPLATE …`), so tests with many
+connections and processes are isolated. If the server is unreachable, PostgreSQL tests are
+skipped with a loud reason — except under `CI=true` or `ONCEBOX_REQUIRE_POSTGRES=1`, where that
+fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from oncebox import Box
+from oncebox.store import open_store
+
+PG_URL = os.environ.get("ONCEBOX_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
+REQUIRE_PG = os.environ.get("CI", "").lower() == "true" or os.environ.get(
+    "ONCEBOX_REQUIRE_POSTGRES"
+) in {"1", "true", "yes"}
+
+
+def _admin() -> psycopg.Connection:
+    return psycopg.connect(PG_URL, autocommit=True, connect_timeout=5)
+
+
+def _url_for(database: str) -> str:
+    base = psycopg.conninfo.conninfo_to_dict(PG_URL)
+    base["dbname"] = database
+    return "postgresql://" + (
+        f"{base.get('user') + '@' if base.get('user') else ''}"
+        f"{base.get('host', '127.0.0.1')}:{base.get('port', 5432)}/{database}"
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    try:
+        admin = _admin()
+    except psycopg.OperationalError as exc:
+        message = f"PostgreSQL at {PG_URL} is unreachable: {str(exc).strip()}"
+        if REQUIRE_PG:
+            pytest.fail(message + " (required: CI=true or ONCEBOX_REQUIRE_POSTGRES=1)")
+        pytest.skip("!!! SKIPPING POSTGRESQL TESTS !!! " + message)
+    name = f"oncebox_tpl_{os.getpid()}"
+    with admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"'.encode())
+        admin.execute(f'CREATE DATABASE "{name}"'.encode())
+        store = open_store(_url_for(name), migrate=True)
+        store.close()
+        yield name
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    name = f"oncebox_t_{uuid.uuid4().hex[:12]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'.encode())
+        try:
+            yield _url_for(name)
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'oncebox.db'}"
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+)
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Every store: the conformance suite runs once per dialect."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def box(store_url: str) -> Iterator[Box]:
+    box = Box(store_url, seed=1234)
+    try:
+        yield box
+    finally:
+        box.close()

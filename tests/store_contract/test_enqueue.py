@@ -1,0 +1,197 @@
+"""Enqueue on every store: dedupe at the door, transactional enqueue, limits, timers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from oncebox import (
+    Box,
+    ConfigurationError,
+    InvalidArguments,
+    InvalidKey,
+    InvalidState,
+    NotFound,
+    PayloadTooLarge,
+    UnknownTask,
+)
+from oncebox.testing import FrozenClock, assert_enqueued, drain, refute_enqueued
+
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
+
+
+def declare(box: Box):
+    @box.task(key="weekly-digest/customer-{customer_id}/{period}")
+    def weekly_digest(ctx, customer_id: int, period: str) -> None:
+        pass
+
+    return weekly_digest
+
+
+def test_enqueueing_an_active_key_returns_the_existing_job_and_writes_nothing(box: Box):
+    task = declare(box)
+    first = box.enqueue(task, customer_id=42, period="2026-W33")
+    again = box.enqueue(task, customer_id=42, period="2026-W33")
+    assert first.created and first.state == "ready" and first.reason == "created"
+    assert (again.created, again.job_id, again.state, again.reason) == (
+        False, first.job_id, "ready", "active_job",
+    )  # fmt: skip
+    assert box.store.job_count_by_state()["ready"] == 1
+    assert box.metrics.counter("enqueue_deduplicated") == 1
+
+
+def test_enqueueing_a_claimed_key_is_a_no_op_that_says_so(box: Box):
+    task = declare(box)
+    first = box.enqueue(task, customer_id=7, period="2026-W33")
+    drain(box)
+    again = box.enqueue(task, customer_id=7, period="2026-W33")
+    assert (again.created, again.state, again.reason, again.job_id) == (
+        False, "claimed", "key_claimed", first.job_id,
+    )  # fmt: skip
+    assert box.store.job_count_by_state().counts == {"done": 1, "done:completed": 1}
+
+
+def test_bulk_enqueue_is_one_set_and_skips_taken_keys(box: Box):
+    task = declare(box)
+    box.enqueue(task, customer_id=1, period="2026-W33")
+    result = box.enqueue_many(
+        task, [{"customer_id": i, "period": "2026-W33"} for i in [1, 2, 3, 3, 4]]
+    )
+    assert (result.created, result.skipped) == (3, 2)
+    assert box.store.job_count_by_state()["ready"] == 4
+
+
+def test_one_bad_job_in_a_bulk_enqueue_writes_nothing(box: Box):
+    task = declare(box)
+    rows = [{"customer_id": i, "period": "2026-W33"} for i in range(5)]
+    rows.append({"customer_id": "a/b", "period": "2026-W33"})
+    with pytest.raises(InvalidKey):
+        box.enqueue_many(task, rows)
+    assert box.store.job_count_by_state().counts == {}
+
+
+def test_oversized_args_are_rejected_with_size_and_limit_and_nothing_written(store_url: str):
+    box = Box(store_url, max_payload_bytes=1024)
+    try:
+
+        @box.task(key="report/{name}")
+        def report(ctx, name: str, body: str) -> None:
+            pass
+
+        with pytest.raises(
+            PayloadTooLarge, match=r"are 2024 bytes as JSON; the limit is 1024 bytes"
+        ):
+            box.enqueue(report, name="big", body="x" * 2000)
+        assert box.store.job_count_by_state().counts == {}
+    finally:
+        box.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"customer_id": 1}, InvalidArguments),
+        ({"customer_id": 1, "period": "W1", "extra": 2}, InvalidArguments),
+        ({"customer_id": 1, "period": "bad period"}, InvalidKey),
+    ],
+)
+def test_arguments_are_checked_before_anything_is_written(box: Box, args, error):
+    task = declare(box)
+    with pytest.raises(error):
+        box.enqueue_args(task, args)
+    assert box.store.job_count_by_state().counts == {}
+
+
+def test_unknown_tasks_are_refused_at_enqueue(box: Box):
+    with pytest.raises(UnknownTask, match="no task named 'nope'"):
+        box.enqueue("nope", x=1)
+
+
+def test_a_task_parameter_named_like_an_enqueue_option_is_refused_at_declaration(box: Box):
+    with pytest.raises(ConfigurationError, match="delay"):
+
+        @box.task(key="x/{delay}")
+        def bad(ctx, delay: int) -> None:
+            pass
+
+
+def test_a_caller_transaction_that_rolls_back_leaves_no_job(box: Box):
+    task = declare(box)
+    conn = _caller_connection(box)
+    try:
+        box.enqueue(task, customer_id=1, period="2026-W33", connection=conn)
+        conn.rollback()
+        box.enqueue(task, customer_id=2, period="2026-W33", connection=conn)
+        conn.commit()
+    finally:
+        conn.close()
+    ready = [j.key for j in box.store.job_find_by_key("weekly-digest/customer-2/2026-W33")]
+    assert ready == ["weekly-digest/customer-2/2026-W33"]
+    assert box.store.job_find_by_key("weekly-digest/customer-1/2026-W33") == []
+
+
+def _caller_connection(box: Box):
+    if box.store.dialect == "sqlite":
+        import sqlite3
+
+        return sqlite3.connect(box.store.path)  # type: ignore[attr-defined]
+    import psycopg
+
+    return psycopg.connect(box.store.conninfo)  # type: ignore[attr-defined]
+
+
+def test_a_delayed_job_is_a_durable_timer_that_runs_when_due(box: Box):
+    ran = []
+
+    @box.task(key="hold-expired/hold-{hold_id}")
+    def expire(ctx, hold_id: int) -> None:
+        ran.append(hold_id)
+
+    with FrozenClock(box, at=T0) as clock:
+        box.enqueue(expire, hold_id=1, delay=timedelta(days=400))
+        box.enqueue(expire, hold_id=2, run_at=T0 + timedelta(minutes=30))
+        assert drain(box).completed == 0
+        clock.advance(timedelta(minutes=30))
+        assert drain(box).completed == 1 and ran == [2]
+        clock.advance(timedelta(days=400))
+        assert drain(box).completed == 1 and ran == [2, 1]
+
+
+def test_cancel_withdraws_a_ready_timer_and_is_audited(box: Box):
+    @box.task(key="hold-expired/hold-{hold_id}")
+    def expire(ctx, hold_id: int) -> None:
+        raise AssertionError("a cancelled timer must not run")
+
+    with FrozenClock(box, at=T0) as clock:
+        job = box.enqueue(expire, hold_id=9, delay=timedelta(hours=1))
+        outcome = box.cancel("hold-expired/hold-9", reason="hold confirmed")
+        assert outcome.job_id == job.job_id
+        refute_enqueued(box, key="hold-expired/hold-9")
+        clock.advance(timedelta(hours=2))
+        assert drain(box).completed == 0
+    audit = box.store.audit_list(target_id=job.job_id)
+    assert [(a.action, a.reason) for a in audit] == [("cancel", "hold confirmed")]
+    with pytest.raises(NotFound):
+        box.cancel("hold-expired/hold-404")
+    # the key is free again: a cancelled job holds no intent
+    assert box.enqueue(expire, hold_id=9, delay=timedelta(hours=1)).created
+    assert_enqueued(box, key="hold-expired/hold-9")
+
+
+def test_only_ready_jobs_can_be_cancelled(box: Box):
+    task = declare(box)
+    box.enqueue(task, customer_id=1, period="2026-W33")
+    drain(box)
+    with pytest.raises(InvalidState, match="is done"):
+        box.cancel("weekly-digest/customer-1/2026-W33")
+
+
+def test_keyless_tasks_are_plain_at_least_once_jobs(box: Box):
+    @box.task
+    def ping(ctx, n: int) -> None:
+        assert ctx.key is None
+
+    assert box.enqueue(ping, n=1).created and box.enqueue(ping, n=1).created
+    assert drain(box).completed == 2
+    assert box.store.intent_count() == 0

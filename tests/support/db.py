@@ -1,0 +1,41 @@
+"""Raw SQL against a box's database, for tests that check business rows beside oncebox's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oncebox import Box
+
+
+def placeholder(box: Box) -> str:
+    return "?" if box.store.dialect == "sqlite" else "%s"
+
+
+def sql(box: Box, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement in its own transaction on a fresh connection; return its rows."""
+    statement = statement.replace("?", placeholder(box))
+    if box.store.dialect == "sqlite":
+        conn = box.store.connect()  # type: ignore[attr-defined]
+        try:
+            cursor = conn.execute(statement, params)
+            rows = cursor.fetchall() if cursor.description else []
+            return [tuple(r) for r in rows]
+        finally:
+            conn.close()
+    with box.store.connect(autocommit=True) as conn:  # type: ignore[attr-defined]
+        cursor = conn.execute(statement.encode(), params)
+        return [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+
+
+def create_effects(box: Box) -> None:
+    """A business table: one row per effect a handler had (the thing that must happen once)."""
+    sql(box, "CREATE TABLE effects (key TEXT, note TEXT)")
+
+
+def record_effect(ctx: Any, note: str = "") -> None:
+    ph = "?" if ctx.dialect == "sqlite" else "%s"
+    ctx.connection.execute(f"INSERT INTO effects (key, note) VALUES ({ph}, {ph})", (ctx.key, note))
+
+
+def effects(box: Box) -> list[tuple[Any, ...]]:
+    return sql(box, "SELECT key, note FROM effects ORDER BY key, note")

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from oncebox.codec import decode_args, encode_args
+from oncebox.errors import InvalidArguments, PayloadTooLarge
+
+
+def test_arguments_encode_canonically():
+    assert encode_args({"b": 1, "a": [1, "é"]}, "t", 1000) == '{"a":[1,"é"],"b":1}'
+    assert decode_args('{"a":1}') == {"a": 1}
+
+
+def test_the_limit_is_measured_in_utf8_bytes_and_names_size_and_limit():
+    payload = {"s": "é" * 10}  # 20 bytes of text, 10 characters
+    encoded = encode_args(payload, "t", 1000)
+    limit = len(encoded.encode()) - 1
+    with pytest.raises(PayloadTooLarge, match=rf"{limit + 1} bytes as JSON; the limit is {limit}"):
+        encode_args(payload, "t", limit)
+    assert encode_args(payload, "t", limit + 1) == encoded
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"x": math.nan},
+        {"x": math.inf},
+        {"x": object()},
+        {"x": b"bytes"},
+        {1: "non-string name"},
+        {"x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
+    ],
+)
+def test_non_json_arguments_are_refused(args):
+    with pytest.raises(InvalidArguments):
+        encode_args(args, "t", 10_000)
+
+
+def test_stored_arguments_must_be_an_object():
+    with pytest.raises(InvalidArguments):
+        decode_args("[1, 2]")
