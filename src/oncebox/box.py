@@ -48,8 +48,9 @@ EnqueueReason = Literal["created", "active_job", "key_claimed"]
 @dataclass(frozen=True)
 class EnqueueResult:
     """What an enqueue did. `created` is False when the key was already taken; `reason` says by
-    what: an active job (`state` is its state, `job_id` its id) or an intent (`state` is
-    'claimed', `job_id` the job that claimed it, if known)."""
+    what: an active job — ready, leased or dead (`state` is its state, `job_id` its id) — or the
+    key's claim: its intent, or a done job (`state` is 'claimed', `job_id` the job that claimed
+    it, if known)."""
 
     job_id: int | None
     key: str | None
@@ -220,17 +221,13 @@ class Box:
             conflict = self.store.job_enqueue_conflict(job.key, connection=connection)
             if conflict.found:
                 self.metrics.count("enqueue_deduplicated")
-                if conflict.active_job_id is not None and conflict.active_state is not None:
+                state = conflict.active_state
+                if conflict.active_job_id is not None and state in ("ready", "leased", "dead"):
                     return EnqueueResult(
-                        conflict.active_job_id,
-                        job.key,
-                        False,
-                        conflict.active_state,
-                        "active_job",
+                        conflict.active_job_id, job.key, False, str(state), "active_job"
                     )
-                return EnqueueResult(
-                    conflict.intent_job_id, job.key, False, "claimed", "key_claimed"
-                )
+                claimed_by = conflict.intent_job_id or conflict.active_job_id
+                return EnqueueResult(claimed_by, job.key, False, "claimed", "key_claimed")
             # the conflicting job ended (e.g. was cancelled) between the two statements: retry
         raise InvalidState(f"key {job.key!r} kept changing state while being enqueued; try again")
 

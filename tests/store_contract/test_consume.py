@@ -110,7 +110,9 @@ def test_a_failed_handler_leaves_no_intent_no_writes_and_costs_others_nothing(bo
 def test_drain_raises_with_every_failed_attempt(box: Box):
     task = digest_task(box, fail_for={5})
     box.enqueue(task, customer_id=5, period="2026-W33")
-    with pytest.raises(DrainFailed, match=r"weekly-digest/customer-5/2026-W33 .* customer 5 failed"):
+    with pytest.raises(
+        DrainFailed, match=r"weekly-digest/customer-5/2026-W33 .* customer 5 failed"
+    ):
         drain(box)
 
 
@@ -192,7 +194,9 @@ def test_a_job_of_an_unknown_task_is_left_for_a_worker_that_knows_it(store_url: 
 
 
 def test_retry_schedule_under_the_frozen_clock(box: Box):
-    policy = Retry(max_attempts=3, base_delay=timedelta(seconds=10), max_delay=timedelta(seconds=15))
+    policy = Retry(
+        max_attempts=3, base_delay=timedelta(seconds=10), max_delay=timedelta(seconds=15)
+    )
     task = digest_task(box, fail_for={9}, retry=policy)
     with FrozenClock(box, at=T0) as clock:
         job = box.enqueue(task, customer_id=9, period="2026-W33").job_id
@@ -258,7 +262,9 @@ def test_replay_keeps_key_and_id_appends_history_and_is_audited(box: Box):
         drain(box, raise_on_failure=False)
         assert box.store.job_get(job).state == "dead"
         fail_for.clear()
-        outcome = box.replay("weekly-digest/customer-4/2026-W33", reason="provider fixed", actor="ops")
+        outcome = box.replay(
+            "weekly-digest/customer-4/2026-W33", reason="provider fixed", actor="ops"
+        )
         assert outcome.job_id == job
         assert drain(box).completed == 1
     row = box.store.job_get(job)
@@ -439,7 +445,9 @@ def test_pruning_done_jobs_never_deletes_intents(box: Box):
         box.enqueue_many(task, [{"customer_id": i, "period": "2026-W33"} for i in range(3)])
         box.enqueue(short_lived, n=1)
         drain(box)
-        pruner = Pruner(box.store, PrunerConfig(job_retention=timedelta(days=14)), box.registry.all())
+        pruner = Pruner(
+            box.store, PrunerConfig(job_retention=timedelta(days=14)), box.registry.all()
+        )
         assert pruner.run_once().jobs == 0
         clock.advance(timedelta(days=15))
         result = pruner.run_once()

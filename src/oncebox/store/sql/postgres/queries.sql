@@ -41,8 +41,8 @@ DELETE FROM __S__.oncebox_clock;
 SELECT pg_notify('oncebox_jobs', %(schema)s);
 
 -- name: job_insert
--- One job, unless its key already has an intent or an active (ready, leased, dead) job; then
--- nothing is written and no row is returned.
+-- One job, unless its key already has an intent or a job that is not cancelled; then nothing
+-- is written and no row is returned.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_jobs
     (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
@@ -54,7 +54,7 @@ SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)
 FROM clock
 WHERE %(key)s::text IS NULL
    OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
-ON CONFLICT (key) WHERE state IN ('ready', 'leased', 'dead') DO NOTHING
+ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, state;
 
 -- name: job_insert_many
@@ -74,15 +74,15 @@ SELECT r.key, %(task)s, %(queue)s, r.args::jsonb, %(priority)s, r.group_key, %(m
 FROM rows r, clock
 WHERE r.key IS NULL
    OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
-ON CONFLICT (key) WHERE state IN ('ready', 'leased', 'dead') DO NOTHING
+ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, key;
 
 -- name: job_enqueue_conflict
--- Why an insert wrote nothing: the active job holding the key, and/or the key's intent.
+-- Why an insert wrote nothing: the job holding the key, and/or the key's intent.
 SELECT j.id, j.state, i.job_id, i.claimed_at
 FROM (SELECT 1) AS one
 LEFT JOIN __S__.oncebox_jobs j
-       ON j.key = %(key)s AND j.state IN ('ready', 'leased', 'dead')
+       ON j.key = %(key)s AND j.state <> 'cancelled'
 LEFT JOIN __S__.oncebox_intents i ON i.key = %(key)s;
 
 -- name: job_lease
@@ -280,12 +280,12 @@ SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, at
 FROM __S__.oncebox_jobs WHERE id = %(id)s;
 
 -- name: job_find_by_key
--- The active (ready, leased, dead) job with this key, and the job that claimed its intent.
+-- The job holding this key (any state but cancelled), and the job that claimed its intent.
 SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error
 FROM __S__.oncebox_jobs
-WHERE (key = %(key)s AND state IN ('ready', 'leased', 'dead'))
+WHERE (key = %(key)s AND state <> 'cancelled')
    OR id = (SELECT job_id FROM __S__.oncebox_intents WHERE key = %(key)s)
 ORDER BY id;
 

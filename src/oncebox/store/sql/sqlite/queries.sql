@@ -30,7 +30,7 @@ INSERT INTO oncebox_jobs
 SELECT :key, :task, :queue, :args, :priority, :group_key, :max_attempts,
        COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now
 WHERE :key IS NULL OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = :key)
-ON CONFLICT (key) WHERE state IN ('ready', 'leased', 'dead') DO NOTHING
+ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, state;
 
 -- name: job_insert_many
@@ -42,13 +42,13 @@ SELECT r.value ->> 0, :task, :queue, r.value ->> 1, :priority, r.value ->> 2, :m
 FROM json_each(:rows) AS r
 WHERE r.value ->> 0 IS NULL
    OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = r.value ->> 0)
-ON CONFLICT (key) WHERE state IN ('ready', 'leased', 'dead') DO NOTHING
+ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, key;
 
 -- name: job_enqueue_conflict
 SELECT j.id, j.state, i.job_id, i.claimed_at
 FROM (SELECT 1) AS one
-LEFT JOIN oncebox_jobs j ON j.key = :key AND j.state IN ('ready', 'leased', 'dead')
+LEFT JOIN oncebox_jobs j ON j.key = :key AND j.state <> 'cancelled'
 LEFT JOIN oncebox_intents i ON i.key = :key;
 
 -- name: job_lease
@@ -195,7 +195,7 @@ SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt,
        attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
        finished_at, last_error
 FROM oncebox_jobs
-WHERE (key = :key AND state IN ('ready', 'leased', 'dead'))
+WHERE (key = :key AND state <> 'cancelled')
    OR id = (SELECT job_id FROM oncebox_intents WHERE key = :key)
 ORDER BY id;
 

@@ -55,10 +55,12 @@ CREATE TABLE __S__.oncebox_jobs (
     autovacuum_analyze_scale_factor = 0.05
 );
 
--- At most one job per key is ready, leased or dead: enqueue dedupe, and no second job beside a
--- dead one (replay is the way back).
-CREATE UNIQUE INDEX oncebox_jobs_active_key ON __S__.oncebox_jobs (key)
-    WHERE state IN ('ready', 'leased', 'dead');
+-- At most one job per key that is not cancelled: enqueue dedupe, no second job beside a dead
+-- one (replay is the way back), and — because done jobs are in it too — no second job for a key
+-- whose job completed while an enqueue was racing it (the enqueue's intent check may read a
+-- snapshot from before the claim committed; the unique check reads the latest row versions).
+CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON __S__.oncebox_jobs (key)
+    WHERE state <> 'cancelled';
 -- The claim: due ready jobs, highest priority first, then oldest due, then enqueue order.
 CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs (priority DESC, run_at, id)
     WHERE state = 'ready';

@@ -30,8 +30,10 @@ CREATE TABLE oncebox_jobs (
     CHECK ((outcome IS NOT NULL) = (state = 'done'))
 ) STRICT;
 
-CREATE UNIQUE INDEX oncebox_jobs_active_key ON oncebox_jobs (key)
-    WHERE state IN ('ready', 'leased', 'dead');
+-- At most one job per key that is not cancelled (see the PostgreSQL migration for why done
+-- jobs count).
+CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON oncebox_jobs (key)
+    WHERE state <> 'cancelled';
 CREATE INDEX oncebox_jobs_claim ON oncebox_jobs (priority DESC, run_at, id) WHERE state = 'ready';
 CREATE INDEX oncebox_jobs_due ON oncebox_jobs (run_at) WHERE state = 'ready';
 CREATE INDEX oncebox_jobs_leased ON oncebox_jobs (lease_expires_at) WHERE state = 'leased';

@@ -1,0 +1,132 @@
+"""Real concurrency on every store: threads and processes racing on the same keys."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+
+import pytest
+from support.apps import digest_box
+from support.db import create_effects, effects, sql
+from support.procs import broker_consumer, enqueue_and_work
+
+from oncebox import Box, ConsumerConfig
+from oncebox.testing import RedeliveringTransport
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.mark.slow
+def test_eight_threads_and_four_processes_racing_on_the_same_keys_make_one_job_and_one_intent(
+    store_url: str,
+):
+    setup = Box(store_url)
+    create_effects(setup)
+    setup.close()
+    customers = list(range(25))
+    barrier = SPAWN.Barrier(12)
+    results = SPAWN.Queue()
+    processes = [
+        SPAWN.Process(
+            target=enqueue_and_work, args=(store_url, customers, barrier, results, f"p{i}")
+        )
+        for i in range(4)
+    ]
+    threads = [
+        threading.Thread(
+            target=enqueue_and_work, args=(store_url, customers, barrier, results, f"t{i}")
+        )
+        for i in range(8)
+    ]
+    for worker in processes + threads:
+        worker.start()
+    for thread in threads:
+        thread.join(120)
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    reports = [results.get(timeout=10) for _ in range(12)]
+
+    box = Box(store_url)
+    try:
+        keys = [f"weekly-digest/customer-{c}/2026-W33" for c in customers]
+        jobs = sql(box, "SELECT key, count(*) FROM oncebox_jobs GROUP BY key ORDER BY key")
+        assert sorted(jobs) == sorted((k, 1) for k in keys), "more than one job for a key"
+        assert box.store.intent_count() == len(keys)
+        assert sorted(key for key, _who in effects(box)) == sorted(keys), "an effect ran twice"
+        assert sum(r[1] for r in reports) == len(keys)  # exactly one enqueue per key created
+        assert sum(r[2] for r in reports) == len(keys)
+        assert box.store.job_count_by_state().counts == {"done": 25, "done:completed": 25}
+    finally:
+        box.close()
+
+
+def test_one_message_delivered_to_several_workers_at_once_completes_once(store_url: str):
+    setup = digest_box(store_url)
+    create_effects(setup)
+    workers = 6
+    barrier = threading.Barrier(workers)
+    outcomes: queue.Queue[tuple[int, int]] = queue.Queue()
+    broker = RedeliveringTransport(copies=workers, seed=3)
+    for customer in range(10):
+        broker.publish("weekly_digest", customer_id=customer, period="2026-W33")
+
+    def consume(name: str) -> None:
+        consumer = setup.consumer(ConsumerConfig(batch_size=3), transport=broker, name=name)
+        try:
+            barrier.wait(30)
+            completed = duplicates = 0
+            while True:
+                result = consumer.run_once()
+                completed += result.completed
+                duplicates += result.duplicates
+                if not result.leased:
+                    break
+            outcomes.put((completed, duplicates))
+        finally:
+            consumer.session.close()
+
+    # each worker grabs only a few deliveries at a time, so copies of one message are in flight
+    # in different workers' transactions at the same moment
+    threads = [threading.Thread(target=consume, args=(f"w{i}",)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    totals = [outcomes.get_nowait() for _ in range(workers)]
+    try:
+        assert sum(c for c, _d in totals) == 10
+        assert sum(d for _c, d in totals) == 10 * (workers - 1)
+        assert len(effects(setup)) == 10
+        assert sorted(o for _m, o in broker.acks).count("completed") == 10
+    finally:
+        setup.close()
+
+
+@pytest.mark.slow
+def test_processes_consuming_the_same_messages_at_once_complete_each_once(store_url: str):
+    setup = Box(store_url)
+    create_effects(setup)
+    setup.close()
+    deliveries = [("weekly_digest", str(c)) for c in range(30)]
+    barrier = SPAWN.Barrier(4)
+    results = SPAWN.Queue()
+    processes = [
+        SPAWN.Process(target=broker_consumer, args=(store_url, deliveries, barrier, results))
+        for _ in range(4)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    reports = [results.get(timeout=10) for _ in range(4)]
+    assert sum(r[1] for r in reports) == 30
+    assert sum(r[2] for r in reports) == 90
+    box = Box(store_url)
+    try:
+        assert len(effects(box)) == 30
+        assert box.store.intent_count() == 30
+    finally:
+        box.close()

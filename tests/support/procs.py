@@ -1,0 +1,74 @@
+"""Entry points for worker processes started by tests (multiprocessing, spawn)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from support.apps import digest_box
+from support.db import record_effect
+
+from oncebox import Box, ConsumerConfig, JobContext
+from oncebox.testing import RedeliveringTransport
+
+
+def enqueue_and_work(url: str, customers: list[int], barrier: Any, results: Any, name: str) -> None:
+    """Enqueue every customer's digest, then consume until nothing is left."""
+    box = digest_box(url)
+    try:
+        barrier.wait(30)
+        created = sum(
+            box.enqueue(box.registry.get("weekly_digest"), customer_id=c, period="2026-W33").created
+            for c in customers
+        )
+        completed = duplicates = 0
+        consumer = box.consumer(ConsumerConfig(batch_size=7), name=name)
+        try:
+            while True:
+                result = consumer.run_once()
+                completed += result.completed
+                duplicates += result.duplicates
+                if not result.leased:
+                    break
+        finally:
+            consumer.session.close()
+        results.put((name, created, completed, duplicates))
+    finally:
+        box.close()
+
+
+def hold_key_in_handler(url: str, inside: Any, backend_pid: Any) -> None:
+    """Lease the digest job and stop inside its handler, holding the uncommitted intent row,
+    until this process is killed."""
+    box = Box(url)
+
+    @box.task(key="weekly-digest/customer-{customer_id}/{period}")
+    def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
+        record_effect(ctx, "A")
+        row = ctx.connection.execute("SELECT pg_backend_pid()").fetchone()
+        backend_pid.put(row[0])
+        inside.set()
+        signal.pause()  # until SIGKILL
+
+    consumer = box.consumer(ConsumerConfig(batch_size=1), name="A")
+    consumer.run_once()
+    os._exit(3)  # unreachable unless the handler returned
+
+
+def broker_consumer(
+    url: str, deliveries: list[tuple[str, str]], barrier: Any, results: Any
+) -> None:
+    """Consume the given (message task, args) deliveries, all at the same moment as the others."""
+    box = digest_box(url)
+    broker = RedeliveringTransport(copies=1)
+    for _task, customer in deliveries:
+        broker.publish("weekly_digest", customer_id=int(customer), period="2026-W33")
+    consumer = box.consumer(ConsumerConfig(batch_size=50), transport=broker)
+    try:
+        barrier.wait(30)
+        result = consumer.run_once()
+        results.put((os.getpid(), result.completed, result.duplicates))
+    finally:
+        consumer.session.close()
+        box.close()
