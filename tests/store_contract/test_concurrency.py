@@ -7,12 +7,12 @@ import queue
 import threading
 
 import pytest
-from support.apps import digest_box
-from support.db import create_effects, effects, sql
-from support.procs import broker_consumer, enqueue_and_work
 
 from oncebox import Box, ConsumerConfig
 from oncebox.testing import RedeliveringTransport
+from support.apps import digest_box
+from support.db import create_effects, effects, sql
+from support.procs import broker_consumer, enqueue_and_work
 
 SPAWN = multiprocessing.get_context("spawn")
 

@@ -6,13 +6,12 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from support.db import create_effects, effects, record_effect
 
-from oncebox import Box, ConsumerConfig, DrainFailed, Permanent, Retry, RetryLater
-from oncebox import points
+from oncebox import Box, ConsumerConfig, DrainFailed, Permanent, Retry, RetryLater, points
 from oncebox.pruner import Pruner, PrunerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, RedeliveringTransport, drain
+from support.db import create_effects, effects, record_effect
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 KEY = "weekly-digest/customer-42/2026-W33"

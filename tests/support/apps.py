@@ -7,9 +7,8 @@ import os
 import threading
 from typing import Any
 
-from support.db import record_effect
-
 from oncebox import Box, JobContext, Retry
+from support.db import record_effect
 
 
 def digest_box(url: str, **box_options: Any) -> Box:

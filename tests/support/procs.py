@@ -6,11 +6,10 @@ import os
 import signal
 from typing import Any
 
-from support.apps import digest_box
-from support.db import record_effect
-
 from oncebox import Box, ConsumerConfig, JobContext
 from oncebox.testing import RedeliveringTransport
+from support.apps import digest_box
+from support.db import record_effect
 
 
 def enqueue_and_work(url: str, customers: list[int], barrier: Any, results: Any, name: str) -> None:
