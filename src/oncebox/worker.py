@@ -245,6 +245,7 @@ class Worker:
         backoff = 0.0
         while not self.stop_event.is_set():
             wake.clear()
+            self._set_idle(index, False)  # busy until a round of its own finds nothing
             try:
                 result = consumer.run_once()
                 backoff = 0.0
@@ -256,7 +257,6 @@ class Worker:
             with self._result_lock:
                 self._result.consumed.add(result)
             if result.leased:
-                self._set_idle(index, False)
                 continue
             if self.config.until_idle and self._set_idle(index, True):
                 self.stop()

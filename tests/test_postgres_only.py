@@ -1,0 +1,206 @@
+"""PostgreSQL-only behaviour: claims blocked by live transactions, aborted transactions,
+concurrent ordered groups, LISTEN/NOTIFY. (On SQLite a consumer transaction holds the only write
+lock, so a second claim can never be in flight; those paths do not exist there.)"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from oncebox import Box, ConsumerConfig, Retry, RetryLater, WorkerConfig
+from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.testing import FrozenClock, drain
+from oncebox.worker import Worker
+from support.db import create_effects, effects, record_effect, sql
+from support.procs import hold_key_in_handler
+
+pytestmark = pytest.mark.postgres
+SPAWN = multiprocessing.get_context("spawn")
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
+
+
+def _backend_gone(url: str, pid: int, timeout: float = 20.0) -> bool:
+    """Wait for a server backend to end (observed in pg_stat_activity, not assumed)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if row.fetchone()[0] == 0:
+                return True
+            conn.execute("SELECT pg_sleep(0.05)")
+    return False
+
+
+@pytest.mark.slow
+def test_a_claim_blocked_by_a_live_transaction_backs_off_and_completes_once_it_is_gone(pg_url):
+    box = Box(pg_url)
+    create_effects(box)
+
+    @box.task(key="weekly-digest/customer-{customer_id}/{period}")
+    def weekly_digest(ctx, customer_id: int, period: str) -> None:
+        record_effect(ctx, "B")
+
+    with FrozenClock(box, at=T0) as clock:
+        held = box.enqueue(weekly_digest, customer_id=1, period="2026-W33").job_id
+        inside, pids = SPAWN.Event(), SPAWN.Queue()
+        worker_a = SPAWN.Process(target=hold_key_in_handler, args=(pg_url, inside, pids))
+        worker_a.start()
+        try:
+            assert inside.wait(30), "worker A never reached its handler"
+            a_backend = pids.get(timeout=10)
+            # A's lease runs out while it still holds the uncommitted intent; B takes over.
+            clock.advance(timedelta(minutes=10))
+            rescued = LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
+            assert [r.id for r in rescued.rescued] == [held]
+            for customer in (2, 3):  # B's batch: the blocked key plus two free ones
+                box.enqueue(weekly_digest, customer_id=customer, period="2026-W33")
+            b = box.consumer(ConsumerConfig(lock_timeout=timedelta(milliseconds=200)), name="B")
+            first = b.run_once()
+            # B neither blocked forever nor failed the others: 2 done, the blocked one released
+            assert (first.leased, first.completed, first.released) == (3, 2, 1)
+            assert box.metrics.counter("claim_lock_timeouts") == 1
+            row = box.store.job_get(held)
+            assert (row.state, row.attempt) == ("ready", 1)  # the release spent no attempt
+            assert row.run_at == T0 + timedelta(minutes=10, seconds=1)
+            os.kill(worker_a.pid, signal.SIGKILL)
+            worker_a.join(10)
+            assert _backend_gone(pg_url, a_backend)
+            clock.advance(timedelta(seconds=1))
+            second = b.run_once()
+            b.session.close()
+            assert (second.completed, second.duplicates) == (1, 0)
+        finally:
+            if worker_a.is_alive():
+                worker_a.kill()
+    assert sorted(effects(box)) == [
+        ("weekly-digest/customer-1/2026-W33", "B"),
+        ("weekly-digest/customer-2/2026-W33", "B"),
+        ("weekly-digest/customer-3/2026-W33", "B"),
+    ]
+    attempts = box.store.job_attempt_list(held)
+    assert [(a.attempt, a.outcome) for a in attempts] == [(1, "lease_expired")]
+    assert box.store.job_get(held).attempt == 2
+    box.close()
+
+
+def test_a_handler_that_swallows_a_database_error_fails_its_attempt(pg_url):
+    box = Box(pg_url)
+    create_effects(box)
+
+    @box.task(key="swallow/{n}", retry=Retry(max_attempts=1))
+    def swallow(ctx, n: int) -> None:
+        record_effect(ctx, "written before the error")
+        with contextlib.suppress(psycopg.errors.DivisionByZero):
+            ctx.connection.execute("SELECT 1/0")  # and carry on in an aborted transaction
+
+    @box.task(key="fine/{n}")
+    def fine(ctx, n: int) -> None:
+        record_effect(ctx, "fine")
+
+    box.enqueue(swallow, n=1)
+    box.enqueue(fine, n=1)
+    result = drain(box, raise_on_failure=False)
+    assert (result.completed, result.dead) == (1, 1)
+    assert "transaction aborted" in result.failures[0].error
+    assert effects(box) == [("fine/1", "fine")]
+    box.close()
+
+
+@pytest.mark.slow
+def test_concurrent_workers_never_overlap_jobs_of_one_group(pg_url):
+    box = Box(pg_url)
+    active: dict[str, int] = {}
+    overlaps: list[str] = []
+    order: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    @box.task(key="leg/{customer}/{seq}", group_by="customer")
+    def leg(ctx, customer: str, seq: int) -> None:
+        with lock:
+            if active.get(customer):
+                overlaps.append(f"{customer}/{seq}")
+            active[customer] = active.get(customer, 0) + 1
+            order.setdefault(customer, []).append(seq)
+        ctx.connection.execute("SELECT pg_sleep(0.002)")
+        with lock:
+            active[customer] -= 1
+
+    for seq in range(15):
+        for customer in ("c1", "c2", "c3"):
+            box.enqueue(leg, customer=customer, seq=seq)
+    box.work(config=WorkerConfig(concurrency=4, until_idle=True,
+                                 consumer=ConsumerConfig(batch_size=2)))  # fmt: skip
+    assert overlaps == []
+    assert order == {c: list(range(15)) for c in ("c1", "c2", "c3")}
+    box.close()
+
+
+def test_an_idle_worker_is_woken_by_notify_not_by_polling(pg_url):
+    box = Box(pg_url)
+    ran = threading.Event()
+
+    @box.task(key="wake/{n}")
+    def wake(ctx, n: int) -> None:
+        ran.set()
+
+    worker = Worker(box, WorkerConfig(poll_interval=timedelta(hours=1)))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    producer = Box(pg_url)  # another box: no in-process wake-up shortcut
+    try:
+        producer.task(key="wake/{n}", name="wake")(lambda ctx, n: None)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not sql(
+            producer, "SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN oncebox_jobs'"
+        ):
+            threading.Event().wait(0.01)
+        producer.enqueue("wake", n=1)
+        assert ran.wait(10), "the worker did not wake for a NOTIFY within 10 s (its poll: 1 h)"
+    finally:
+        producer.close()
+        worker.stop()
+        thread.join(10)
+        box.close()
+
+
+def test_tables_can_live_in_a_schema_of_the_users_choice(pg_url):
+    url = f"{pg_url}?schema=jobs_here"
+    from oncebox.store import open_store
+
+    open_store(url, migrate=True).close()
+    box = Box(url)
+
+    @box.task(key="s/{n}")
+    def task(ctx, n: int) -> None:
+        pass
+
+    box.enqueue(task, n=1)
+    assert drain(box).completed == 1
+    tables = sql(box, "SELECT table_schema FROM information_schema.tables WHERE table_name = "
+                      "'oncebox_intents' ORDER BY 1")  # fmt: skip
+    assert tables == [("jobs_here",), ("public",)]
+    assert sql(box, "SELECT count(*) FROM jobs_here.oncebox_intents") == [(1,)]
+    assert sql(box, "SELECT count(*) FROM public.oncebox_intents") == [(0,)]
+    box.close()
+
+
+def test_retry_later_is_measured_on_the_database_clock(pg_url):
+    box = Box(pg_url)
+
+    @box.task(key="r/{n}")
+    def later(ctx, n: int) -> None:
+        raise RetryLater(delay=timedelta(seconds=90))
+
+    with FrozenClock(box, at=T0):
+        job = box.enqueue(later, n=1).job_id
+        drain(box, raise_on_failure=False)
+        assert box.store.job_get(job).run_at == T0 + timedelta(seconds=90)
+    box.close()
