@@ -228,8 +228,9 @@ class PostgresStore:
     def schema_migrate(self) -> list[int]:
         applied_now: list[int] = []
         with self._connection() as conn, conn.transaction():
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
+            # lock first: concurrent `CREATE SCHEMA IF NOT EXISTS` can still collide
             conn.execute(self._q["migration_lock"], {"schema": self.schema})
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
             conn.execute(self._q["migration_table_create"])
             applied = {r[0] for r in conn.execute(self._q["migration_list"])}
             for migration in load_migrations("postgres", self.schema):

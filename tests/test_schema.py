@@ -1,0 +1,85 @@
+"""Schema rules: numbered additive migrations, the version check at worker start."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from oncebox import Box, SchemaError
+from oncebox.store import open_store
+from support.db import sql
+
+
+def _with_task(box: Box) -> Box:
+    @box.task(key="k/{n}")
+    def task(ctx, n: int) -> None:
+        pass
+
+    return box
+
+
+def test_sqlite_is_migrated_when_opened_and_migrating_again_is_a_no_op(sqlite_url):
+    store = open_store(sqlite_url)
+    try:
+        status = store.schema_status()
+        assert status.missing == () and status.current == status.required >= 1
+        assert store.schema_migrate() == []
+    finally:
+        store.close()
+
+
+def test_a_worker_refuses_a_database_older_than_it_needs(sqlite_url):
+    open_store(sqlite_url, migrate=False).close()  # an empty file, never migrated
+    store = open_store(sqlite_url, migrate=False)
+    box = _with_task(Box(store=store))
+    try:
+        with pytest.raises(SchemaError, match=r"schema version 0; .* run `oncebox migrate`"):
+            box.work(until_idle=True)
+    finally:
+        box.close()
+
+
+def test_a_worker_runs_with_a_warning_on_a_newer_additive_schema(store_url, caplog):
+    box = _with_task(Box(store_url))
+    try:
+        sql(box, "INSERT INTO oncebox_migrations (version, name, checksum, applied_at) "
+                 f"VALUES (99, 'from_the_future', 'x', {'0' if box.store.dialect == 'sqlite' else 'now()'})")  # fmt: skip
+        box.enqueue("task", n=1)
+        with caplog.at_level(logging.WARNING, logger="oncebox.schema"):
+            result = box.work(until_idle=True)
+        assert result.consumed.completed == 1
+        assert "migrations this oncebox does not know (99)" in caplog.text
+    finally:
+        box.close()
+
+
+@pytest.mark.postgres
+def test_postgres_is_not_migrated_implicitly_and_the_worker_says_what_to_run(pg_url):
+    box = _with_task(Box(f"{pg_url}?schema=not_migrated"))
+    try:
+        with pytest.raises(SchemaError, match="run `oncebox migrate`"):
+            box.work(until_idle=True)
+    finally:
+        box.close()
+
+
+@pytest.mark.postgres
+def test_concurrent_migrations_apply_each_version_once(pg_url):
+    url = f"{pg_url}?schema=raced"
+    applied: list[list[int]] = []
+
+    def migrate() -> None:
+        store = open_store(url)
+        try:
+            applied.append(store.schema_migrate())
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=migrate) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(map(len, applied)) == [0, 0, 0, 1]
