@@ -136,8 +136,9 @@ def test_concurrent_workers_never_overlap_jobs_of_one_group(pg_url):
     for seq in range(15):
         for customer in ("c1", "c2", "c3"):
             box.enqueue(leg, customer=customer, seq=seq)
-    box.work(config=WorkerConfig(concurrency=4, until_idle=True,
-                                 consumer=ConsumerConfig(batch_size=2)))  # fmt: skip
+    box.work(
+        config=WorkerConfig(concurrency=4, until_idle=True, consumer=ConsumerConfig(batch_size=2))
+    )
     assert overlaps == []
     assert order == {c: list(range(15)) for c in ("c1", "c2", "c3")}
     box.close()
@@ -184,8 +185,11 @@ def test_tables_can_live_in_a_schema_of_the_users_choice(pg_url):
 
     box.enqueue(task, n=1)
     assert drain(box).completed == 1
-    tables = sql(box, "SELECT table_schema FROM information_schema.tables WHERE table_name = "
-                      "'oncebox_intents' ORDER BY 1")  # fmt: skip
+    tables = sql(
+        box,
+        "SELECT table_schema FROM information_schema.tables WHERE table_name = "
+        "'oncebox_intents' ORDER BY 1",
+    )
     assert tables == [("jobs_here",), ("public",)]
     assert sql(box, "SELECT count(*) FROM jobs_here.oncebox_intents") == [(1,)]
     assert sql(box, "SELECT count(*) FROM public.oncebox_intents") == [(0,)]

@@ -44,8 +44,12 @@ def test_a_worker_refuses_a_database_older_than_it_needs(sqlite_url):
 def test_a_worker_runs_with_a_warning_on_a_newer_additive_schema(store_url, caplog):
     box = _with_task(Box(store_url))
     try:
-        sql(box, "INSERT INTO oncebox_migrations (version, name, checksum, applied_at) "
-                 f"VALUES (99, 'from_the_future', 'x', {'0' if box.store.dialect == 'sqlite' else 'now()'})")  # fmt: skip
+        now = "0" if box.store.dialect == "sqlite" else "now()"
+        sql(
+            box,
+            "INSERT INTO oncebox_migrations (version, name, checksum, applied_at) "
+            f"VALUES (99, 'from_the_future', 'x', {now})",
+        )
         box.enqueue("task", n=1)
         with caplog.at_level(logging.WARNING, logger="oncebox.schema"):
             result = box.work(until_idle=True)

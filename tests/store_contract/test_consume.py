@@ -268,11 +268,16 @@ def test_replay_keeps_key_and_id_appends_history_and_is_audited(box: Box):
         assert drain(box).completed == 1
     row = box.store.job_get(job)
     assert (row.id, row.key, row.state, row.outcome, row.attempt) == (
-        job, "weekly-digest/customer-4/2026-W33", "done", "completed", 3,
-    )  # fmt: skip
+        job,
+        "weekly-digest/customer-4/2026-W33",
+        "done",
+        "completed",
+        3,
+    )
     assert [(a.attempt, a.outcome) for a in box.store.job_attempt_list(job)] == [
-        (1, "failed"), (2, "dead"),
-    ]  # fmt: skip
+        (1, "failed"),
+        (2, "dead"),
+    ]
     audit = box.store.audit_list(target_id=job)
     assert [(a.action, a.actor, a.reason, a.target_key) for a in audit] == [
         ("replay", "ops", "provider fixed", "weekly-digest/customer-4/2026-W33"),

@@ -35,8 +35,11 @@ def test_enqueueing_an_active_key_returns_the_existing_job_and_writes_nothing(bo
     again = box.enqueue(task, customer_id=42, period="2026-W33")
     assert first.created and first.state == "ready" and first.reason == "created"
     assert (again.created, again.job_id, again.state, again.reason) == (
-        False, first.job_id, "ready", "active_job",
-    )  # fmt: skip
+        False,
+        first.job_id,
+        "ready",
+        "active_job",
+    )
     assert box.store.job_count_by_state()["ready"] == 1
     assert box.metrics.counter("enqueue_deduplicated") == 1
 
@@ -47,8 +50,11 @@ def test_enqueueing_a_claimed_key_is_a_no_op_that_says_so(box: Box):
     drain(box)
     again = box.enqueue(task, customer_id=7, period="2026-W33")
     assert (again.created, again.state, again.reason, again.job_id) == (
-        False, "claimed", "key_claimed", first.job_id,
-    )  # fmt: skip
+        False,
+        "claimed",
+        "key_claimed",
+        first.job_id,
+    )
     assert box.store.job_count_by_state().counts == {"done": 1, "done:completed": 1}
 
 

@@ -36,9 +36,14 @@ def dump_postgres(url: str, schema: str = "public") -> str:
     lines: list[str] = []
     with psycopg.connect(url) as conn:
         conn.execute("SET search_path = pg_catalog")  # so every definition names its schema
-        tables = [r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
-            "AND table_name LIKE 'oncebox%%' ORDER BY 1", (schema,))]  # fmt: skip
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_name LIKE 'oncebox%%' ORDER BY 1",
+                (schema,),
+            )
+        ]
         for table in tables:
             lines.append(f"\nTABLE {table}")
             for name, kind, nullable, default in conn.execute(
@@ -51,7 +56,8 @@ def dump_postgres(url: str, schema: str = "public") -> str:
                 lines.append(f"  {name} {kind}{null}{f' DEFAULT {default}' if default else ''}")
             for (definition,) in conn.execute(
                 "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c "
-                "JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+                "JOIN pg_class t ON t.oid = c.conrelid "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace "
                 "WHERE n.nspname = %s AND t.relname = %s ORDER BY 1",
                 (schema, table),
             ):
