@@ -71,3 +71,56 @@ def broker_consumer(
     finally:
         consumer.session.close()
         box.close()
+
+
+def work_until_stopped(url: str, inside: Any, proceed: Any) -> None:
+    """A worker in this process's main thread (so it owns SIGTERM); its first handler waits for
+    the test's go-ahead, so a signal can arrive mid-batch."""
+    from datetime import timedelta
+
+    from oncebox import WorkerConfig
+
+    box = Box(url)
+
+    @box.task(key="step/{n}")
+    def step(ctx: JobContext, n: int) -> None:
+        record_effect(ctx, "ran")
+        inside.set()
+        proceed.wait(30)
+
+    box.work(
+        config=WorkerConfig(
+            consumer=ConsumerConfig(batch_size=10, transaction_budget=timedelta(0)),
+            poll_interval=timedelta(seconds=30),
+        )
+    )
+    box.close()
+
+
+def hang_in_handler(url: str, inside: Any) -> None:
+    """A worker whose handler never returns; the watchdog must end the process."""
+    from datetime import timedelta
+
+    from oncebox import WorkerConfig
+
+    box = Box(url)
+
+    @box.task(key="hang/{n}", timeout=0.2)
+    def hang(ctx: JobContext, n: int) -> None:
+        inside.set()
+        signal.pause()
+
+    box.work(config=WorkerConfig(handler_grace=timedelta(seconds=0.3)))
+
+
+def crash_in_handler(url: str) -> None:
+    """A poison job: its handler kills the process on every attempt."""
+    from oncebox import Retry
+
+    box = Box(url)
+
+    @box.task(key="poison/{n}", retry=Retry(max_attempts=2))
+    def poison(ctx: JobContext, n: int) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    box.work(until_idle=True)

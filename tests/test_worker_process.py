@@ -1,0 +1,114 @@
+"""The worker as a process: graceful shutdown, the hung-handler watchdog, poison crashes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from oncebox import Box, HandlerTimeout, Retry
+from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.testing import FrozenClock, drain
+from oncebox.watch import EXIT_HUNG_HANDLER
+from support.db import create_effects, effects, record_effect
+from support.procs import crash_in_handler, hang_in_handler, work_until_stopped
+
+SPAWN = multiprocessing.get_context("spawn")
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_finishes_the_running_transaction_and_releases_the_rest(store_url):
+    box = Box(store_url)
+    create_effects(box)
+
+    @box.task(key="step/{n}")
+    def step(ctx, n: int) -> None:
+        pass
+
+    for n in range(5):
+        box.enqueue(step, n=n)
+    inside, proceed = SPAWN.Event(), SPAWN.Event()
+    worker = SPAWN.Process(target=work_until_stopped, args=(store_url, inside, proceed))
+    worker.start()
+    try:
+        assert inside.wait(30), "the worker never started a handler"
+        os.kill(worker.pid, signal.SIGTERM)
+        proceed.set()
+        worker.join(30)
+        assert worker.exitcode == 0
+    finally:
+        if worker.is_alive():
+            worker.kill()
+    states = sorted((j.state, j.attempt) for n in range(5) for j in box.find(f"step/{n}"))
+    assert states == [("done", 1)] + [("ready", 0)] * 4  # released without spending attempts
+    assert len(effects(box)) == 1
+    box.close()
+
+
+def test_the_watchdog_ends_a_worker_whose_handler_hangs(store_url):
+    box = Box(store_url)
+
+    @box.task(key="hang/{n}", timeout=0.2)
+    def hang(ctx, n: int) -> None:
+        pass
+
+    with FrozenClock(box, at=T0) as clock:
+        job = box.enqueue(hang, n=1).job_id
+        inside = SPAWN.Event()
+        worker = SPAWN.Process(target=hang_in_handler, args=(store_url, inside))
+        worker.start()
+        assert inside.wait(30)
+        worker.join(30)
+        assert worker.exitcode == EXIT_HUNG_HANDLER
+        assert box.store.job_get(job).state == "leased"
+        clock.advance(timedelta(hours=1))
+        LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
+    row = box.store.job_get(job)
+    assert (row.state, row.attempt) == ("ready", 1)
+    assert [a.outcome for a in box.store.job_attempt_list(job)] == ["lease_expired"]
+    box.close()
+
+
+def test_a_poison_job_that_kills_its_worker_is_dead_after_max_attempts(store_url):
+    box = Box(store_url)
+
+    @box.task(key="poison/{n}", retry=Retry(max_attempts=2))  # the budget is stored at enqueue
+    def poison(ctx, n: int) -> None:
+        pass
+
+    with FrozenClock(box, at=T0) as clock:
+        job = box.enqueue(poison, n=1).job_id
+        for _crash in range(2):
+            worker = SPAWN.Process(target=crash_in_handler, args=(store_url,))
+            worker.start()
+            worker.join(60)
+            assert worker.exitcode == -signal.SIGKILL
+            clock.advance(timedelta(hours=1))
+            LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
+    row = box.store.job_get(job)
+    assert (row.state, row.attempt) == ("dead", 2)
+    attempts = box.store.job_attempt_list(job)
+    assert [(a.attempt, a.outcome) for a in attempts] == [(1, "lease_expired"), (2, "lease_expired")]
+    box.close()
+
+
+def test_a_handler_that_returns_after_its_timeout_fails_its_attempt(store_url):
+    box = Box(store_url)
+    create_effects(box)
+
+    @box.task(key="slow/{n}", timeout=0.05)
+    def slow(ctx, n: int) -> None:
+        record_effect(ctx, "too late")
+        threading.Event().wait(0.2)  # the handler's own work, overrunning its timeout
+
+    box.enqueue(slow, n=1)
+    result = drain(box, raise_on_failure=False)
+    assert result.retried == 1
+    assert HandlerTimeout.__name__ in result.failures[0].error
+    assert effects(box) == []
+    box.close()
