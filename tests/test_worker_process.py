@@ -93,7 +93,10 @@ def test_a_poison_job_that_kills_its_worker_is_dead_after_max_attempts(store_url
     row = box.store.job_get(job)
     assert (row.state, row.attempt) == ("dead", 2)
     attempts = box.store.job_attempt_list(job)
-    assert [(a.attempt, a.outcome) for a in attempts] == [(1, "lease_expired"), (2, "lease_expired")]
+    assert [(a.attempt, a.outcome) for a in attempts] == [
+        (1, "lease_expired"),
+        (2, "lease_expired"),
+    ]
     box.close()
 
 

@@ -151,6 +151,9 @@ class PostgresStore:
     def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
         with self._pool_lock:
             if self._pool is None:
+                # One direct connection first: if the server is unreachable, fail at once with
+                # libpq's reason, instead of the pool retrying (and logging) until its timeout.
+                self.connect().close()
                 pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
                     psycopg_pool.ConnectionPool(
                         self.conninfo,
