@@ -164,6 +164,12 @@ class Worker:
     def run(self) -> WorkerResult:
         """Run until stopped (or idle, with `until_idle`)."""
         check_runnable(self.box.store.schema_status(), self.box.where)
+        if not self.box.store.clock_get().is_real:
+            log.warning(
+                "the database clock of %s is frozen or offset (%s): only tests should do that",
+                self.box.where,
+                self.box.store.clock_get(),
+            )
         restore = self._install_signal_handlers()
         consumers = [
             build_consumer(

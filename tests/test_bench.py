@@ -1,0 +1,47 @@
+"""The benchmark harness runs (at its smallest size) so it cannot rot. Speed is not asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_core_benchmark_runs_and_reports_every_row(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "core.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "core.py"),
+            "--jobs",
+            "200",
+            "--repeat",
+            "1",
+            "--postgres",
+            PG_URL,
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["store"], r["jobs"]) for r in rows] == [
+        ("sqlite", "keyed"),
+        ("sqlite", "keyless"),
+        ("postgres", "keyed"),
+        ("postgres", "keyless"),
+    ]
+    assert all(r["enqueue"] > 0 and r["process"] > 0 for r in rows)
