@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from oncebox import Box, ConsumerConfig, Retry, RetryLater, WorkerConfig
+from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, drain
 from oncebox.worker import Worker
@@ -208,3 +208,29 @@ def test_retry_later_is_measured_on_the_database_clock(pg_url):
         drain(box, raise_on_failure=False)
         assert box.store.job_get(job).run_at == T0 + timedelta(seconds=90)
     box.close()
+
+
+def test_a_consumer_survives_its_connection_being_terminated(pg_url):
+    box = Box(pg_url)
+
+    @box.task(key="k/{n}")
+    def task(ctx, n: int) -> None:
+        pass
+
+    box.enqueue(task, n=1)
+    consumer = box.consumer(name="victim")
+    try:
+        assert consumer.run_once().completed == 1
+        killed = sql(
+            box,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'oncebox %:victim'",
+        )
+        assert killed == [(True,)]
+        box.enqueue(task, n=2)
+        with pytest.raises(StoreUnavailable):
+            consumer.run_once()  # the loss surfaces once...
+        assert consumer.run_once().completed == 1  # ...and the next round reconnects
+    finally:
+        consumer.session.close()
+        box.close()

@@ -87,10 +87,12 @@ def build_consumer(
         raise ConfigurationError("this box has no tasks registered; there is nothing to work on")
     longest = max(task.timeout for task in tasks)
     # A hung handler's transaction is ended by the server after its timeout plus grace.
+    worker = worker_name(name)
     session = box.store.consumer_session(
         ConsumerSettings(
             lock_timeout=config.lock_timeout,
             transaction_timeout=longest + watch.grace_delta,
+            application_name=f"oncebox {worker}"[:63],
         )
     )
     lease = config.lease
@@ -98,7 +100,6 @@ def build_consumer(
         # Heartbeats cannot run while a SQLite transaction holds the write lock: the lease must
         # outlast one transaction on its own.
         lease = max(lease, longest + watch.grace_delta + config.transaction_budget)
-    worker = worker_name(name)
     transport = transport or TableTransport(
         session,
         tasks=[task.name for task in tasks],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -12,9 +13,11 @@ from oncebox.pruner import Pruner, PrunerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, RedeliveringTransport, drain
 from support.db import create_effects, effects, record_effect
+from support.procs import broker_consumer
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 KEY = "weekly-digest/customer-42/2026-W33"
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def digest_task(box: Box, fail_for: set[int] | None = None, retry: Retry | None = None):
@@ -50,7 +53,7 @@ def test_the_same_message_delivered_twice_completes_then_is_a_duplicate(box: Box
     assert box.metrics.counter("claim_conflicts") == 1
 
 
-def test_a_redelivery_in_a_later_run_is_still_a_duplicate(store_url: str):
+def test_a_redelivery_in_a_later_process_is_still_a_duplicate(store_url: str):
     first = Box(store_url)
     try:
         digest_task(first)
@@ -59,19 +62,20 @@ def test_a_redelivery_in_a_later_run_is_still_a_duplicate(store_url: str):
         assert consume(first, broker).completed == 1
     finally:
         first.close()
-    later = Box(store_url)  # new connections: nothing cached in memory survives
+    results, barrier = SPAWN.Queue(), SPAWN.Barrier(1)
+    later = SPAWN.Process(
+        target=broker_consumer, args=(store_url, [("weekly_digest", "42")], barrier, results)
+    )
+    later.start()
+    later.join(60)
+    assert later.exitcode == 0
+    _pid, completed, duplicates = results.get(timeout=10)
+    assert (completed, duplicates) == (0, 1)
+    check = Box(store_url)
     try:
-
-        @later.task(key="weekly-digest/customer-{customer_id}/{period}")
-        def weekly_digest(ctx, customer_id: int, period: str) -> None:
-            raise AssertionError("a claimed key must not run again")
-
-        broker = RedeliveringTransport(copies=1)
-        broker.publish("weekly_digest", customer_id=42, period="2026-W33")
-        assert consume(later, broker).duplicates == 1
-        assert effects(later) == [(KEY, "attempt-1")]
+        assert effects(check) == [(KEY, "attempt-1")]
     finally:
-        later.close()
+        check.close()
 
 
 def test_a_table_job_whose_key_was_claimed_elsewhere_completes_as_duplicate(box: Box):
@@ -464,3 +468,47 @@ def test_pruning_done_jobs_never_deletes_intents(box: Box):
     assert box.store.intent_count() == 3
     again = box.enqueue(task, customer_id=1, period="2026-W33")
     assert (again.created, again.reason) == (False, "key_claimed")
+
+
+def test_higher_priority_jobs_run_first(box: Box):
+    ran: list[str] = []
+
+    @box.task(key="p/{name}")
+    def job(ctx, name: str) -> None:
+        ran.append(name)
+
+    box.enqueue(job, name="low-1")
+    box.enqueue(job, name="high", priority=10)
+    box.enqueue(job, name="low-2")
+    box.enqueue(job, name="lowest", priority=-5)
+    drain(box)
+    assert ran == ["high", "low-1", "low-2", "lowest"]
+
+
+def test_heartbeats_extend_held_leases_until_a_handler_overruns(box: Box):
+    from oncebox.heartbeat import LeaseKeeper, LeaseKeeperConfig
+    from oncebox.watch import HandlerWatch
+
+    task = digest_task(box)
+    with FrozenClock(box, at=T0) as clock:
+        job = box.enqueue(task, customer_id=1, period="2026-W33").job_id
+        consumer = box.consumer(ConsumerConfig(lease=timedelta(seconds=30)))
+        watch = HandlerWatch(exit_on_hang=False)
+        try:
+            consumer.transport.fetch(10)
+            first_deadline = box.store.job_get(job).lease_expires_at
+            keeper = LeaseKeeper(
+                box.store,
+                LeaseKeeperConfig(timedelta(seconds=30)),
+                watch,
+                consumer.transport.held_tokens,
+            )
+            clock.advance(timedelta(seconds=20))
+            assert keeper.run_once().extended == 1
+            # pushed out to now + 30 s, never earlier than the lease it had (SQLite's is longer)
+            expected = max(first_deadline, clock.instant + timedelta(seconds=30))
+            assert box.store.job_get(job).lease_expires_at == expected
+            with watch.running("weekly_digest", KEY, timedelta(0)):  # already past its timeout
+                assert keeper.run_once().extended == 0
+        finally:
+            consumer.session.close()

@@ -23,7 +23,7 @@ def sql(box: Box, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[An
         finally:
             conn.close()
     with box.store.connect(autocommit=True) as conn:  # type: ignore[attr-defined]
-        cursor = conn.execute(statement.encode(), params)
+        cursor = conn.execute(statement.encode(), params or None)
         return [tuple(r) for r in cursor.fetchall()] if cursor.description else []
 
 

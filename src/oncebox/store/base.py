@@ -387,6 +387,7 @@ class ConsumerSettings:
 
     lock_timeout: timedelta
     transaction_timeout: timedelta
+    application_name: str = "oncebox-consumer"
 
 
 class ClaimLockTimeout(Exception):

@@ -456,12 +456,19 @@ class PostgresStore:
     # -- lanes ---------------------------------------------------------------------------------
 
     def consumer_session(self, settings: ConsumerSettings) -> PostgresConsumerSession:
+        return PostgresConsumerSession(self, settings)
+
+    def consumer_connection(self, settings: ConsumerSettings) -> psycopg.Connection[Any]:
+        """A consumer's dedicated connection; its session settings bound claim waits and hung
+        handlers on the server side, and its application_name shows it in pg_stat_activity."""
         millis = int(settings.transaction_timeout / timedelta(milliseconds=1))
         options = (
             f"-c lock_timeout={int(settings.lock_timeout / timedelta(milliseconds=1))} "
             f"-c idle_in_transaction_session_timeout={millis} -c statement_timeout={millis}"
         )
-        return PostgresConsumerSession(self, self.connect(autocommit=True, options=options))
+        return self.connect(
+            autocommit=True, options=options, application_name=settings.application_name
+        )
 
     def wait_for_jobs(self, timeout: float) -> bool:
         """Wait for a NOTIFY from an insert (or replay, release, rescue) in this schema."""
@@ -541,14 +548,23 @@ class PostgresConsumerTx:
 class PostgresConsumerSession:
     dialect = "postgres"
 
-    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, store: PostgresStore, settings: ConsumerSettings) -> None:
         self._store = store
-        self._conn = conn
+        self._settings = settings
         self._q = store._q
+        self._conn = store.consumer_connection(settings)
+
+    def _ensure(self) -> psycopg.Connection[Any]:
+        """The connection, reopened if the last one was lost (server restart, terminated
+        backend): the failure surfaced once as `StoreUnavailable`; the next call recovers."""
+        if self._conn.closed:
+            self._conn = self._store.consumer_connection(self._settings)
+        return self._conn
 
     def _run(self, name: str, call: Callable[[], T]) -> T:
         with self._store.metrics.timed(name):
             try:
+                self._ensure()
                 return call()
             except psycopg.OperationalError as exc:
                 if isinstance(exc, pg_errors.LockNotAvailable):
@@ -610,7 +626,7 @@ class PostgresConsumerSession:
     def transaction(self) -> Iterator[PostgresConsumerTx]:
         with self._store.metrics.timed("consumer_transaction"):
             try:
-                with self._conn.transaction():
+                with self._ensure().transaction():
                     yield PostgresConsumerTx(self._store, self._conn)
             except psycopg.OperationalError as exc:
                 if isinstance(exc, pg_errors.LockNotAvailable):

@@ -119,9 +119,10 @@ RETURNING j.id, j.key, j.task, j.queue, j.args::text, j.attempt, j.max_attempts,
           j.priority, j.group_key, j.run_at, j.created_at, j.expires_at, clock.now;
 
 -- name: job_lease_extend
--- Heartbeat: push the deadline of live leases out; never revives an ended lease.
+-- Heartbeat: push the deadline of live leases out (never earlier); never revives an ended lease.
 UPDATE __S__.oncebox_jobs
-SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s)
+SET lease_expires_at = GREATEST(lease_expires_at,
+    (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s))
 WHERE state = 'leased' AND lease_token = ANY(%(tokens)s::uuid[]);
 
 -- name: job_release

@@ -78,7 +78,7 @@ RETURNING id, key, task, queue, args, attempt, max_attempts, attempt_base, prior
 
 -- name: job_lease_extend
 UPDATE oncebox_jobs
-SET lease_expires_at = :now + :lease_us
+SET lease_expires_at = max(lease_expires_at, :now + :lease_us)
 WHERE state = 'leased' AND lease_token IN (SELECT value FROM json_each(:tokens));
 
 -- name: job_release
