@@ -30,6 +30,7 @@ Rules that batching must not weaken, and how they hold:
 
 from __future__ import annotations
 
+import logging
 import random
 import traceback
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from oncebox.errors import (
     InvalidArguments,
     InvalidKey,
     TransactionControlRefused,
+    TransactionEnded,
     UnknownTask,
 )
 from oncebox.metrics import Metrics
@@ -54,6 +56,7 @@ from oncebox.transport import Delivery, Settlement, Transport
 from oncebox.watch import HandlerWatch
 
 MAX_ERROR_CHARS = 8000
+log = logging.getLogger("oncebox.consumer")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class ConsumerResult:
     released: int = 0
     lease_lost: int = 0
     failures: list[FailedAttempt] = field(default_factory=list)
+    settled_ids: set[str] = field(default_factory=set, repr=False)
 
     def add(self, other: ConsumerResult) -> None:
         for name in (
@@ -110,6 +114,7 @@ class ConsumerResult:
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.failures.extend(other.failures)
+        self.settled_ids |= other.settled_ids
 
 
 @dataclass
@@ -142,7 +147,7 @@ def describe_error(error: BaseException) -> str:
     """The error as stored with the attempt: type, message and a short traceback."""
     lines = traceback.format_exception(type(error), error, error.__traceback__, limit=12)
     text = f"{type(error).__name__}: {error}\n" + "".join(lines[1:] if len(lines) > 1 else lines)
-    return text[:MAX_ERROR_CHARS]
+    return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # NUL cannot be stored in text
 
 
 class Consumer:
@@ -189,6 +194,19 @@ class Consumer:
 
     def process(self, deliveries: Sequence[Delivery], result: ConsumerResult) -> None:
         pending = list(deliveries)
+        try:
+            self._process(pending, result)
+        except BaseException:
+            # Whatever escaped (a lost connection, a bug), these leases must not be heartbeated
+            # forever: give them back if the store answers, else let them expire and be rescued.
+            unsettled = [d for d in pending if d.message_id not in result.settled_ids]
+            try:
+                self.transport.release(unsettled, timedelta(0))
+            except Exception:
+                self.transport.drop(unsettled)
+            raise
+
+    def _process(self, pending: list[Delivery], result: ConsumerResult) -> None:
         while pending:
             if self.stopping():
                 self.transport.release(pending, timedelta(0))
@@ -196,10 +214,10 @@ class Consumer:
                 self.metrics.count("jobs_released", len(pending))
                 return
             try:
-                pending = self._transaction(pending, result)
+                pending[:] = self._transaction(pending, result)
             except ClaimLockTimeout:
                 self.metrics.count("claim_lock_timeouts")
-                for delivery in pending:
+                for delivery in list(pending):
                     self._single(delivery, result)
                 return
 
@@ -237,6 +255,7 @@ class Consumer:
             return self._after_broken_batch(pending, exc, result)
         self.transport.after_commit(settlements)
         points.reach("consumer.committed")
+        outcome.settled_ids = {s.delivery.message_id for s in settlements}
         result.add(outcome)
         self._count(outcome)
         return leftover
@@ -257,13 +276,14 @@ class Consumer:
         settlements: list[Settlement] = []
         unclaimed: list[str] = []
         leftover: list[Delivery] = []
+        owners: dict[str, int | None] | None = None
         started = clock.monotonic()
         for index, p in enumerate(prepared):
             if (
                 index
                 and clock.monotonic() - started > self.config.transaction_budget.total_seconds()
             ):
-                leftover = [q.delivery for q in prepared[index:]]
+                leftover += [q.delivery for q in prepared[index:]]
                 unclaimed += [
                     q.key
                     for q in prepared[index:]
@@ -275,8 +295,15 @@ class Consumer:
             elif p.key is not None and first_of_key[p.key] is not p:
                 leftover.append(p.delivery)  # same key twice in one batch: after this one
             elif p.key is not None and p.key not in claimed:
-                settlements.append(Settlement(p.delivery, "done", "duplicate"))
-                outcome.duplicates += 1
+                if owners is None:
+                    owners = tx.intent_owners([k for k in first_of_key if k not in claimed])
+                if p.delivery.job_id is not None and owners.get(p.key) == p.delivery.job_id:
+                    # this job's own claim committed earlier (its settlement did not): it is done
+                    settlements.append(Settlement(p.delivery, "done", "completed"))
+                    outcome.completed += 1
+                else:
+                    settlements.append(Settlement(p.delivery, "done", "duplicate"))
+                    outcome.duplicates += 1
             else:
                 settlement = self._run_handler(tx, p, outcome)
                 if settlement.outcome != "completed" and p.key is not None:
@@ -301,7 +328,7 @@ class Consumer:
                     connection=connection,
                     _now=self.now,
                 )
-                with self.watch.running(task.name, p.key, task.timeout):
+                with self.watch.running(task.name, p.key, task.timeout, delivery.lease_token):
                     task.fn(ctx, **p.args)
                 elapsed = clock.monotonic() - began
                 if elapsed > task.timeout.total_seconds():
@@ -309,10 +336,8 @@ class Consumer:
                         f"handler took {elapsed:.1f}s; the timeout of {task.name!r} is "
                         f"{task.timeout.total_seconds():g}s"
                     )
-        except TransactionControlRefused as error:
-            if "ended the claim's transaction" in str(error):
-                raise _BatchBroken(p, error) from None
-            return self._failed(p, error, began, outcome)
+        except TransactionEnded as error:
+            raise _BatchBroken(p, error) from None
         except Exception as error:
             return self._failed(p, error, began, outcome)
         outcome.completed += 1
@@ -387,15 +412,30 @@ class Consumer:
     def _after_broken_batch(
         self, pending: list[Delivery], exc: _BatchBroken, result: ConsumerResult
     ) -> list[Delivery]:
-        """Settle the handler that ended the transaction as dead, on its own; redo the rest."""
+        """The claim's transaction ended under a handler: what it held may have been committed
+        (a COMMIT the guard could not see) or rolled back. Settle the culprit from what the
+        database shows — completed if its intent is there, else dead with the error — and run
+        the rest again; their claims tell the same story (an intent of their own = completed)."""
         culprit = exc.culprit
         outcome = ConsumerResult()
-        settlement = self._dead(culprit, describe_error(exc.error), outcome)
         with self.session.transaction() as tx:
+            owners = tx.intent_owners([culprit.key]) if culprit.key else {}
+            committed = culprit.key is not None and owners.get(culprit.key) == (
+                culprit.delivery.job_id
+            )
+            if committed:
+                outcome.completed += 1
+                settlement = Settlement(culprit.delivery, "done", "completed")
+            else:
+                settlement = self._dead(culprit, describe_error(exc.error), outcome)
             self.transport.settle_in_transaction(tx, [settlement])
         self.transport.after_commit([settlement])
+        outcome.settled_ids = {culprit.delivery.message_id}
         result.add(outcome)
         self._count(outcome)
+        log.error(
+            "job %s (%s): %s", culprit.delivery.job_id, culprit.key, describe_error(exc.error)
+        )
         return [d for d in pending if d.message_id != culprit.delivery.message_id]
 
     def _count(self, outcome: ConsumerResult) -> None:

@@ -13,6 +13,7 @@
     ├── NotFound                    no job, key or row matches what was asked for
     ├── InvalidState                the row exists but the operation does not apply to its state
     ├── TransactionControlRefused   a handler tried to commit or roll back the claim's transaction
+    │   └── TransactionEnded        the claim's transaction ended under a handler anyway
     ├── LeaseLost                   this worker's lease was superseded; its transaction is refused
     ├── HandlerTimeout              a handler exceeded its timeout
     ├── RetryLater                  raised by a handler: try again later (optionally after `delay`)
@@ -92,6 +93,13 @@ class TransactionControlRefused(OnceboxError):
 
     The claim, the handler's writes and the job's completion commit together or not at all; a
     handler that commits on its own would break that, so the connection it receives refuses.
+    """
+
+
+class TransactionEnded(TransactionControlRefused):
+    """The claim's transaction ended under a handler (a COMMIT the guard could not see, SQLite's
+    `INSERT OR ROLLBACK`, an automatic rollback on an I/O error). What it held may be committed or
+    rolled back; the consumer stops using the batch and settles it from what the database shows.
     """
 
 

@@ -51,7 +51,10 @@ class LeaseKeeper:
         overdue = self.watch.check()
         tokens = self.held_tokens()
         extended = 0
-        if tokens and not self.watch.overdue():
+        # a lease whose handler overran its timeout is left to run out; the others are kept
+        overrun = {run.token for run in self.watch.overdue()}
+        tokens = [token for token in tokens if token not in overrun]
+        if tokens:
             extended = self.store.job_lease_extend(tokens, self.config.lease)
         return LeaseKeeperResult(len(tokens), extended, len(overdue))
 

@@ -30,6 +30,7 @@ class Running:
     key: str | None
     started: float
     timeout: float
+    token: str | None = None
 
 
 class HandlerWatch:
@@ -43,10 +44,14 @@ class HandlerWatch:
         self._lock = threading.Lock()
 
     @contextmanager
-    def running(self, task: str, key: str | None, timeout: timedelta) -> Iterator[None]:
+    def running(
+        self, task: str, key: str | None, timeout: timedelta, token: str | None = None
+    ) -> Iterator[None]:
+        """Mark a handler as running in this thread, under the lease `token` it works for."""
         ident = threading.get_ident()
+        started = clock.monotonic()
         with self._lock:
-            self._running[ident] = Running(task, key, clock.monotonic(), timeout.total_seconds())
+            self._running[ident] = Running(task, key, started, timeout.total_seconds(), token)
         try:
             yield
         finally:

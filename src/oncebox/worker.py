@@ -145,6 +145,7 @@ class Worker:
         self._result = WorkerResult()
         self._result_lock = threading.Lock()
         self._signals = 0
+        self._error: Exception | None = None
         self.watch = HandlerWatch(self.config.handler_grace, self.config.exit_on_hung_handler)
 
     @property
@@ -244,6 +245,8 @@ class Worker:
             for consumer, _transport in consumers:
                 consumer.session.close()
             restore()
+        if self._error is not None:
+            raise self._error
         return self._result
 
     # -- consumer threads ----------------------------------------------------------------------
@@ -259,6 +262,15 @@ class Worker:
             except StoreUnavailable as exc:
                 backoff = min(max(backoff * 2, 0.5), 30.0)
                 log.warning("consumer %s: %s; retrying in %.1fs", index, exc, backoff)
+                self.stop_event.wait(backoff)
+                continue
+            except Exception as exc:
+                if self.config.until_idle:  # a run meant to finish fails loudly, and ends
+                    self._error = self._error or exc
+                    self.stop()
+                    return
+                backoff = min(max(backoff * 2, 0.5), 30.0)
+                log.exception("consumer %s failed a round; retrying in %.1fs", index, backoff)
                 self.stop_event.wait(backoff)
                 continue
             with self._result_lock:
@@ -287,7 +299,10 @@ class Worker:
             return wait
         if due is not None:
             until = (due - self.box.store.clock_now()).total_seconds()
-            wait = min(wait, max(until, 0.01))
+            # a due job the lease did not take (its group's head is busy or retrying) is not
+            # worth spinning for: wait the poll interval then
+            if until > 0:
+                wait = min(wait, until)
         return wait
 
     def _listen(self) -> None:

@@ -508,7 +508,10 @@ def test_heartbeats_extend_held_leases_until_a_handler_overruns(box: Box):
             # pushed out to now + 30 s, never earlier than the lease it had (SQLite's is longer)
             expected = max(first_deadline, clock.instant + timedelta(seconds=30))
             assert box.store.job_get(job).lease_expires_at == expected
-            with watch.running("weekly_digest", KEY, timedelta(0)):  # already past its timeout
+            [token] = consumer.transport.held_tokens()
+            with watch.running("weekly_digest", KEY, timedelta(0), token):  # past its timeout
                 assert keeper.run_once().extended == 0
+            with watch.running("other", "other/1", timedelta(0), "another-lease"):
+                assert keeper.run_once().extended == 1  # one overrun does not starve the rest
         finally:
             consumer.session.close()

@@ -282,6 +282,10 @@ class ConsumerTx(Protocol):
         """
         ...
 
+    def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
+        """The job that claimed each of these keys (None for broker deliveries)."""
+        ...
+
     def intent_release(self, keys: Sequence[str]) -> None:
         """Delete intents this same transaction claimed (handler failed or was not run)."""
         ...

@@ -19,15 +19,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from oncebox.errors import TransactionControlRefused
+from oncebox.errors import TransactionControlRefused, TransactionEnded
 
 SAVEPOINT = "oncebox_handler"
 
 _COMMENTS = re.compile(r"^\s*(?:(?:--[^\n]*\n)|(?:/\*.*?\*/)|\s)*", re.DOTALL)
-_TX_CONTROL = re.compile(
+_TX_WORDS = (
     r"(BEGIN|COMMIT|END|ABORT|START\s+TRANSACTION|PREPARE\s+TRANSACTION|VACUUM|DETACH|ATTACH"
-    r"|ROLLBACK(?!\s+(?:TRANSACTION\s+|WORK\s+)?TO\b))\b",
-    re.IGNORECASE,
+    r"|ROLLBACK(?!\s+(?:TRANSACTION\s+|WORK\s+)?TO\b))\b"
+)
+_TX_CONTROL = re.compile(_TX_WORDS, re.IGNORECASE)
+# a later statement of a multi-statement string (PostgreSQL's simple protocol runs them all)
+_TX_CONTROL_LATER = re.compile(
+    r";\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*" + _TX_WORDS, re.IGNORECASE | re.DOTALL
 )
 
 _REFUSED_CALLS = {
@@ -49,29 +53,36 @@ def _refuse(what: str) -> TransactionControlRefused:
     )
 
 
-def check_statement(query: object) -> None:
-    """Refuse transaction-control SQL; other statements (and composed queries) pass."""
+def check_statement(query: object, raw: Any = None) -> None:
+    """Refuse transaction-control SQL, at the start of the text or after a `;`. Composed
+    queries (psycopg's `sql.SQL`) are rendered first. This is a courtesy that names the mistake
+    early; the consumer also checks, after every handler, that its transaction is still open."""
+    if hasattr(query, "as_string") and raw is not None:
+        query = query.as_string(raw)
     if not isinstance(query, (str, bytes)):
         return
     text = query.decode("utf-8", "replace") if isinstance(query, bytes) else query
     head = _COMMENTS.sub("", text, count=1)
-    if _TX_CONTROL.match(head):
-        raise _refuse(f"run {head.split(None, 1)[0].upper()} on")
+    match = _TX_CONTROL.match(head) or _TX_CONTROL_LATER.search(text)
+    if match:
+        raise _refuse(f"run {match.group(1).split(None, 1)[0].upper()} on")
 
 
 class GuardedCursor:
-    """A driver cursor whose execute calls are checked like the connection's."""
+    """A driver cursor whose execute calls are checked like the connection's; its
+    `.connection` is the guarded connection, never the raw one."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, connection: GuardedConnection) -> None:
         self._raw = raw
+        self.connection = connection
 
     def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        check_statement(query)
+        check_statement(query, self.connection._raw)
         result = self._raw.execute(query, *args, **kwargs)
         return self if result is self._raw else result
 
     def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        check_statement(query)
+        check_statement(query, self.connection._raw)
         result = self._raw.executemany(query, *args, **kwargs)
         return self if result is self._raw else result
 
@@ -120,15 +131,15 @@ class GuardedConnection:
         self._closed = True
 
     def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        check_statement(query)
-        return GuardedCursor(self._use().execute(query, *args, **kwargs))
+        check_statement(query, self._raw)
+        return GuardedCursor(self._use().execute(query, *args, **kwargs), self)
 
     def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        check_statement(query)
-        return GuardedCursor(self._use().executemany(query, *args, **kwargs))
+        check_statement(query, self._raw)
+        return GuardedCursor(self._use().executemany(query, *args, **kwargs), self)
 
     def cursor(self, *args: Any, **kwargs: Any) -> GuardedCursor:
-        return GuardedCursor(self._use().cursor(*args, **kwargs))
+        return GuardedCursor(self._use().cursor(*args, **kwargs), self)
 
     def __enter__(self) -> GuardedConnection:
         raise _refuse("use `with` (which commits or closes) on")
@@ -150,37 +161,49 @@ class GuardedConnection:
         return getattr(self._use(), name)
 
 
+_ENDED = (
+    "the claim's transaction ended while a handler ran (transaction control the guard could not "
+    "see, or a rollback by the database); the batch is settled from what the database shows"
+)
+
+
 @contextmanager
 def handler_scope(
     raw: Any,
     execute: Callable[[str], None],
     transaction_status: Callable[[], str],
+    protect: Callable[[], Callable[[], None]] | None = None,
 ) -> Iterator[GuardedConnection]:
     """Run one handler against `raw` inside a lazily opened savepoint.
 
     `execute` runs a statement on the raw connection; `transaction_status` says whether the
     connection is still in a healthy transaction: "ok", "aborted" (a statement failed and the
-    handler carried on) or "gone" (the transaction ended under the handler).
+    handler carried on) or "gone" (the transaction ended under the handler). `protect`, if
+    given, installs a driver-level refusal of transaction statements and returns its undo.
+    Whatever the handler did, a "gone" transaction raises `TransactionEnded`.
     """
 
     guarded = GuardedConnection(raw, lambda: execute(f"SAVEPOINT {SAVEPOINT}"))
+    undo = protect() if protect is not None else None
     try:
-        yield guarded
-    except BaseException:
-        guarded.end()
-        if guarded.touched and transaction_status() != "gone":
+        try:
+            yield guarded
+        finally:
+            guarded.end()
+            if undo is not None:
+                undo()
+    except BaseException as exc:
+        if guarded.touched:
+            if transaction_status() == "gone":
+                raise TransactionEnded(_ENDED) from exc
             execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
             execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
         raise
-    guarded.end()
     if not guarded.touched:
         return
     status = transaction_status()
     if status == "gone":
-        raise TransactionControlRefused(
-            "the handler ended the claim's transaction (it sent transaction control the guard "
-            "could not see); the batch is rolled back and retried"
-        )
+        raise TransactionEnded(_ENDED)
     if status == "aborted":
         execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
         execute(f"RELEASE SAVEPOINT {SAVEPOINT}")

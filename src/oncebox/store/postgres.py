@@ -509,6 +509,12 @@ class PostgresConsumerTx:
         except pg_errors.LockNotAvailable:
             raise ClaimLockTimeout(", ".join(c.key for c in claims[:3])) from None
 
+    def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
+        if not keys:
+            return {}
+        rows = self._conn.execute(self._q["intent_owner_list"], {"keys": list(keys)})
+        return {row[0]: row[1] for row in rows}
+
     def intent_release(self, keys: Sequence[str]) -> None:
         if keys:
             self._conn.execute(self._q["intent_release"], {"keys": list(keys)})

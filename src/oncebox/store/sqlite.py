@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -296,6 +296,7 @@ class SqliteStore:
                 row = self._external(connection).execute(self._q["job_insert"], params).fetchone()
             else:
                 with self._write() as conn:
+                    params["now"] = self._now()  # read under the write lock, not before it
                     row = conn.execute(self._q["job_insert"], params).fetchone()
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
@@ -315,6 +316,7 @@ class SqliteStore:
         }
         created: list[tuple[int, str | None]] = []
         with self._write() as conn:
+            params["now"] = self._now()
             for chunk in chunked(jobs.rows, INSERT_CHUNK):
                 params["rows"] = json.dumps([list(row) for row in chunk])
                 created += [
@@ -345,8 +347,8 @@ class SqliteStore:
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
-        now = self._now()
         with self._write() as conn:
+            now = self._now()
             rows = conn.execute(
                 self._q["job_rescue_expired"], {"limit": limit, "now": now}
             ).fetchall()
@@ -375,8 +377,8 @@ class SqliteStore:
     # -- operator actions ----------------------------------------------------------------------
 
     def _action(self, name: str, action: OperatorAction) -> ActionResult | None:
-        now = self._now()
         with self._write() as conn:
+            now = self._now()
             row = conn.execute(self._q[name], {"id": action.job_id, "now": now}).fetchone()
             if row is None:
                 return None
@@ -505,6 +507,12 @@ class SqliteConsumerTx:
         ).fetchall()
         return {row[0] for row in rows}
 
+    def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
+        if not keys:
+            return {}
+        rows = self._conn.execute(self._q["intent_owner_list"], {"keys": json.dumps(list(keys))})
+        return {row[0]: row[1] for row in rows}
+
     def intent_release(self, keys: Sequence[str]) -> None:
         if keys:
             self._conn.execute(self._q["intent_release"], {"keys": json.dumps(list(keys))})
@@ -514,7 +522,20 @@ class SqliteConsumerTx:
             self._conn,
             execute=self._execute_raw,
             transaction_status=lambda: "ok" if self._conn.in_transaction else "gone",
+            protect=self._deny_transaction_statements,
         )
+
+    def _deny_transaction_statements(self) -> Callable[[], None]:
+        """While a handler runs, SQLite itself refuses BEGIN/COMMIT/ROLLBACK (savepoints pass),
+        however the statement reached it."""
+
+        def authorize(action: int, *_args: object) -> int:
+            return (
+                sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_TRANSACTION else sqlite3.SQLITE_OK
+            )
+
+        self._conn.set_authorizer(authorize)
+        return lambda: self._conn.set_authorizer(None)
 
     def _execute_raw(self, sql: str) -> None:
         self._conn.execute(sql)
@@ -551,7 +572,6 @@ class SqliteConsumerSession:
         self._q = store._q
 
     def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
-        now = self._store._now()
         values = {
             "tasks": json.dumps(list(params.tasks)),
             "queues": json.dumps(list(params.queues)),
@@ -559,9 +579,9 @@ class SqliteConsumerSession:
             "worker": params.worker,
             "token": params.token,
             "lease_us": _us(params.lease_for),
-            "now": now,
         }
         with self._store.metrics.timed("job_lease"), self._store._write(self._conn) as conn:
+            values["now"] = self._store._now()  # read under the write lock, not before it
             rows = conn.execute(self._q["job_lease"], values).fetchall()
         leased = [
             LeasedJob(
@@ -590,9 +610,9 @@ class SqliteConsumerSession:
             "ids": json.dumps(list(params.ids)),
             "token": params.token,
             "delay_us": _us(params.delay),
-            "now": self._store._now(),
         }
         with self._store.metrics.timed("job_release"), self._store._write(self._conn) as conn:
+            values["now"] = self._store._now()
             return len(conn.execute(self._q["job_release"], values).fetchall())
 
     @contextmanager

@@ -186,6 +186,11 @@ FROM unnest(%(keys)s::text[], %(tasks)s::text[], %(job_ids)s::bigint[]) AS c(key
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
+-- name: intent_owner_list
+-- Who claimed these keys: a job whose own earlier claim committed (and whose settlement did not)
+-- is completed, not a duplicate.
+SELECT key, job_id FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
+
 -- name: intent_release
 -- Undo claims made earlier in this same transaction (their handler failed or did not run).
 DELETE FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);

@@ -128,6 +128,9 @@ WHERE true
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
+-- name: intent_owner_list
+SELECT key, job_id FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
+
 -- name: intent_release
 DELETE FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
 
