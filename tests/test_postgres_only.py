@@ -234,3 +234,52 @@ def test_a_consumer_survives_its_connection_being_terminated(pg_url):
     finally:
         consumer.session.close()
         box.close()
+
+
+@pytest.mark.slow
+def test_the_server_ends_a_hung_handlers_transaction_and_releases_its_claim(pg_url):
+    from oncebox.watch import HandlerWatch
+
+    box = Box(pg_url)
+    create_effects(box)
+    inside, proceed = threading.Event(), threading.Event()
+
+    @box.task(key="hung/{n}", timeout=0.3)
+    def hung(ctx, n: int) -> None:
+        record_effect(ctx, "uncommitted")  # holds the intent and this row, uncommitted
+        inside.set()
+        proceed.wait(20)
+        ctx.connection.execute("SELECT 1")
+
+    box.enqueue(hung, n=1)
+    watch = HandlerWatch(grace=timedelta(seconds=0.2), exit_on_hang=False)
+    consumer = box.consumer(watch=watch, name="hung")
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            consumer.run_once()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'oncebox %:hung'"
+        deadline = time.monotonic() + 10
+        while sql(box, query) != [(0,)] and time.monotonic() < deadline:
+            threading.Event().wait(0.05)
+        assert sql(box, query) == [(0,)], "the server kept the hung transaction"
+        # its claim is gone with it: another transaction can take the key at once
+        assert box.store.intent_get("hung/1") is None
+    finally:
+        proceed.set()
+        thread.join(20)
+        consumer.session.close()
+    assert isinstance(outcome.get("error"), StoreUnavailable)
+    assert effects(box) == []
+    # not released for free: the lease runs out and the rescuer will count the attempt
+    assert box.find("hung/1")[0].state == "leased"
+    assert consumer.transport.held_tokens() == []
+    box.close()

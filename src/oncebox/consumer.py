@@ -45,6 +45,7 @@ from oncebox.errors import (
     HandlerTimeout,
     InvalidArguments,
     InvalidKey,
+    StoreUnavailable,
     TransactionControlRefused,
     TransactionEnded,
     UnknownTask,
@@ -196,9 +197,15 @@ class Consumer:
         pending = list(deliveries)
         try:
             self._process(pending, result)
+        except StoreUnavailable:
+            # The database went away mid-batch (or ended a hung handler's session): stop
+            # heartbeating; the leases expire and the rescuer counts the attempt, so a job that
+            # hangs every time still ends dead after its attempts.
+            self.transport.drop([d for d in pending if d.message_id not in result.settled_ids])
+            raise
         except BaseException:
-            # Whatever escaped (a lost connection, a bug), these leases must not be heartbeated
-            # forever: give them back if the store answers, else let them expire and be rescued.
+            # Anything else that escaped (a bug, an interrupt): give the leases back if the store
+            # answers, else let them expire and be rescued. Never heartbeat them forever.
             unsettled = [d for d in pending if d.message_id not in result.settled_ids]
             try:
                 self.transport.release(unsettled, timedelta(0))

@@ -178,7 +178,8 @@ def handler_scope(
 
     `execute` runs a statement on the raw connection; `transaction_status` says whether the
     connection is still in a healthy transaction: "ok", "aborted" (a statement failed and the
-    handler carried on) or "gone" (the transaction ended under the handler). `protect`, if
+    handler carried on), "gone" (the transaction ended under the handler) or "lost" (the
+    connection itself broke: the server ended it, or the network did). `protect`, if
     given, installs a driver-level refusal of transaction statements and returns its undo.
     Whatever the handler did, a "gone" transaction raises `TransactionEnded`.
     """
@@ -194,7 +195,10 @@ def handler_scope(
                 undo()
     except BaseException as exc:
         if guarded.touched:
-            if transaction_status() == "gone":
+            status = transaction_status()
+            if status == "lost":
+                raise  # the connection itself is gone: a store failure, not the handler's
+            if status == "gone":
                 raise TransactionEnded(_ENDED) from exc
             execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
             execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
@@ -202,6 +206,8 @@ def handler_scope(
     if not guarded.touched:
         return
     status = transaction_status()
+    if status == "lost":
+        return  # settling will report the lost connection
     if status == "gone":
         raise TransactionEnded(_ENDED)
     if status == "aborted":

@@ -530,6 +530,8 @@ class PostgresConsumerTx:
         self._conn.execute(sql.encode("ascii"))
 
     def _status(self) -> str:
+        if self._conn.closed or self._conn.broken:
+            return "lost"
         status = self._conn.info.transaction_status
         if status == pq.TransactionStatus.INTRANS:
             return "ok"
