@@ -274,8 +274,11 @@ class Consumer:
         for p in prepared:
             if p.key is not None and p.problem is None:
                 first_of_key.setdefault(p.key, p)
+        # claimed in key order: concurrent batches with overlapping keys then wait on each
+        # other instead of deadlocking
         claims = [
-            IntentClaim(k, p.delivery.task, p.delivery.job_id) for k, p in first_of_key.items()
+            IntentClaim(k, p.delivery.task, p.delivery.job_id)
+            for k, p in sorted(first_of_key.items())
         ]
         claimed = tx.intent_claim(claims)
         points.reach("consumer.after_claim_insert")

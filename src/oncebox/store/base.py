@@ -395,7 +395,8 @@ class ConsumerSettings:
 
 
 class ClaimLockTimeout(Exception):
-    """Internal: a claim waited `lock_timeout` on a key another live transaction holds."""
+    """Internal: a claim waited `lock_timeout` on a key another live transaction holds (or was
+    chosen as a deadlock victim); the consumer retries its batch one job per transaction."""
 
 
 def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -506,7 +506,7 @@ class PostgresConsumerTx:
         }
         try:
             return {row[0] for row in self._conn.execute(self._q["intent_claim"], params)}
-        except pg_errors.LockNotAvailable:
+        except (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected):
             raise ClaimLockTimeout(", ".join(c.key for c in claims[:3])) from None
 
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
