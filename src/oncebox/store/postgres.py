@@ -32,27 +32,23 @@ from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
-    AttemptRow,
-    AuditRow,
     ClaimLockTimeout,
     ConsumerSettings,
     EnqueueConflict,
     HandlerConnection,
     IntentClaim,
-    IntentRow,
     JobFinish,
     JobInsert,
     JobInsertMany,
     JobLeaseParams,
     JobReleaseParams,
-    JobRow,
     LeasedJob,
     OperatorAction,
     RescuedJob,
     SchemaStatus,
-    StateCounts,
     chunked,
 )
+from oncebox.store.reads import ReadOperations
 from oncebox.store.sqlfiles import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -70,31 +66,6 @@ def _required_utc(value: datetime) -> datetime:
 
 def _seconds(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
-
-
-def _job_row(row: Sequence[Any]) -> JobRow:
-    return JobRow(
-        id=row[0],
-        key=row[1],
-        task=row[2],
-        queue=row[3],
-        args_json=row[4],
-        state=row[5],
-        outcome=row[6],
-        priority=row[7],
-        group_key=row[8],
-        attempt=row[9],
-        max_attempts=row[10],
-        attempt_base=row[11],
-        run_at=_required_utc(row[12]),
-        expires_at=_utc(row[13]),
-        created_at=_required_utc(row[14]),
-        leased_by=row[15],
-        leased_at=_utc(row[16]),
-        lease_expires_at=_utc(row[17]),
-        finished_at=_utc(row[18]),
-        last_error=row[19],
-    )
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:
@@ -117,7 +88,7 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresStore:
+class PostgresStore(ReadOperations):
     """See the module docstring. Open with `open_store("postgresql://host/db")`."""
 
     dialect: Literal["postgres"] = "postgres"
@@ -192,7 +163,10 @@ class PostgresStore:
                 raise
             raise self._unavailable(exc) from None
 
-    def _fetch(self, name: str, params: dict[str, Any]) -> list[Any]:
+    def _instant(self, value: Any) -> datetime | None:
+        return _utc(value)
+
+    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
         with self._connection() as conn:
             return conn.execute(self._q[name], params).fetchall()
 
@@ -260,7 +234,7 @@ class PostgresStore:
     # -- clock ---------------------------------------------------------------------------------
 
     def clock_now(self) -> datetime:
-        return _required_utc(self._fetch("clock_now", {})[0][0])
+        return _required_utc(self._rows("clock_now", {})[0][0])
 
     def clock_set(self, setting: ClockSetting) -> None:
         if setting.is_real:
@@ -271,7 +245,7 @@ class PostgresStore:
             )
 
     def clock_get(self) -> ClockSetting:
-        rows = self._fetch("clock_read", {})
+        rows = self._rows("clock_read", {})
         if not rows:
             return ClockSetting()
         return ClockSetting(frozen_at=_utc(rows[0][0]), offset=rows[0][1])
@@ -341,7 +315,7 @@ class PostgresStore:
                 .fetchone()
             )
         else:
-            row = self._fetch("job_enqueue_conflict", {"key": key})[0]
+            row = self._rows("job_enqueue_conflict", {"key": key})[0]
         assert row is not None
         return EnqueueConflict(row[0], row[1], row[2], _utc(row[3]))
 
@@ -358,7 +332,7 @@ class PostgresStore:
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
-        rows = self._fetch("job_rescue_expired", {"limit": limit})
+        rows = self._rows("job_rescue_expired", {"limit": limit})
         if any(r[3] == "ready" for r in rows):
             self.notify_jobs()
         return [RescuedJob(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
@@ -373,7 +347,7 @@ class PostgresStore:
     # -- operator actions ----------------------------------------------------------------------
 
     def _action(self, name: LiteralString, action: OperatorAction) -> ActionResult | None:
-        rows = self._fetch(
+        rows = self._rows(
             name, {"id": action.job_id, "actor": action.actor, "reason": action.reason}
         )
         if not rows:
@@ -394,64 +368,19 @@ class PostgresStore:
     # -- reads ---------------------------------------------------------------------------------
 
     @operation
-    def job_get(self, job_id: int) -> JobRow | None:
-        rows = self._fetch("job_get", {"id": job_id})
-        return _job_row(rows[0]) if rows else None
-
-    @operation
-    def job_find_by_key(self, key: str) -> list[JobRow]:
-        return [_job_row(r) for r in self._fetch("job_find_by_key", {"key": key})]
-
-    @operation
-    def job_attempt_list(self, job_id: int) -> list[AttemptRow]:
-        return [
-            AttemptRow(r[0], r[1], r[2], _utc(r[3]), _required_utc(r[4]), r[5], r[6], r[7])
-            for r in self._fetch("job_attempt_list", {"id": job_id})
-        ]
-
-    @operation
-    def job_count_by_state(self) -> StateCounts:
-        counts: dict[str, int] = {}
-        for state, outcome, count in self._fetch("job_count_by_state", {}):
-            counts[state] = counts.get(state, 0) + count
-            if outcome:
-                counts[f"{state}:{outcome}"] = count
-        return StateCounts(counts)
-
-    @operation
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None:
-        rows = self._fetch("job_next_due", {"tasks": list(tasks), "queues": list(queues)})
+        rows = self._rows("job_next_due", {"tasks": list(tasks), "queues": list(queues)})
         return _utc(rows[0][0]) if rows else None
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
-        rows = self._fetch(
-            "job_prune", {"older_than_s": older_than.total_seconds(), "limit": limit}
-        )
+        rows = self._rows("job_prune", {"older_than_s": older_than.total_seconds(), "limit": limit})
         return len(rows)
-
-    @operation
-    def intent_get(self, key: str) -> IntentRow | None:
-        rows = self._fetch("intent_get", {"key": key})
-        if not rows:
-            return None
-        return IntentRow(rows[0][0], rows[0][1], rows[0][2], _required_utc(rows[0][3]))
-
-    @operation
-    def intent_count(self) -> int:
-        return int(self._fetch("intent_count", {})[0][0])
 
     @operation
     def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
         params = {"task": task, "older_than_s": older_than.total_seconds(), "limit": limit}
-        return len(self._fetch("intent_prune", params))
-
-    @operation
-    def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
-        return [
-            AuditRow(r[0], _required_utc(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-            for r in self._fetch("audit_list", {"target_id": target_id, "limit": limit})
-        ]
+        return len(self._rows("intent_prune", params))
 
     # -- lanes ---------------------------------------------------------------------------------
 

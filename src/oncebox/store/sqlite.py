@@ -30,27 +30,23 @@ from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
-    AttemptRow,
-    AuditRow,
     ConsumerSettings,
     EnqueueConflict,
     HandlerConnection,
     IntentClaim,
-    IntentRow,
     JobFinish,
     JobInsert,
     JobInsertMany,
     JobLeaseParams,
     JobReleaseParams,
-    JobRow,
     LeasedJob,
     OperatorAction,
     RescuedJob,
     SchemaStatus,
-    StateCounts,
     chunked,
 )
 from oncebox.store.migrations import split_sqlite_script
+from oncebox.store.reads import ReadOperations
 from oncebox.store.sqlfiles import load_migrations, load_queries
 
 _MICRO = timedelta(microseconds=1)
@@ -70,31 +66,6 @@ def _required_dt(micros: int) -> datetime:
     return from_micros(micros)
 
 
-def _job_row(row: Sequence[Any]) -> JobRow:
-    return JobRow(
-        id=row[0],
-        key=row[1],
-        task=row[2],
-        queue=row[3],
-        args_json=row[4],
-        state=row[5],
-        outcome=row[6] or None,
-        priority=row[7],
-        group_key=row[8],
-        attempt=row[9],
-        max_attempts=row[10],
-        attempt_base=row[11],
-        run_at=_required_dt(row[12]),
-        expires_at=_dt(row[13]),
-        created_at=_required_dt(row[14]),
-        leased_by=row[15],
-        leased_at=_dt(row[16]),
-        lease_expires_at=_dt(row[17]),
-        finished_at=_dt(row[18]),
-        last_error=row[19],
-    )
-
-
 def _translate(exc: sqlite3.Error, where: Path) -> Exception:
     text = str(exc)
     if "locked" in text or "busy" in text:
@@ -107,7 +78,7 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
     return exc
 
 
-class SqliteStore:
+class SqliteStore(ReadOperations):
     """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
 
     dialect: Literal["sqlite"] = "sqlite"
@@ -195,7 +166,10 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
             raise _translate(exc, self.path) from None
 
-    def _read(self, name: str, params: dict[str, Any]) -> list[Any]:
+    def _instant(self, value: Any) -> datetime | None:
+        return _dt(value)
+
+    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
         try:
             return self._conn().execute(self._q[name], params).fetchall()
         except sqlite3.Error as exc:
@@ -405,33 +379,8 @@ class SqliteStore:
     # -- reads ---------------------------------------------------------------------------------
 
     @operation
-    def job_get(self, job_id: int) -> JobRow | None:
-        rows = self._read("job_get", {"id": job_id})
-        return _job_row(rows[0]) if rows else None
-
-    @operation
-    def job_find_by_key(self, key: str) -> list[JobRow]:
-        return [_job_row(r) for r in self._read("job_find_by_key", {"key": key})]
-
-    @operation
-    def job_attempt_list(self, job_id: int) -> list[AttemptRow]:
-        return [
-            AttemptRow(r[0], r[1], r[2], _dt(r[3]), _required_dt(r[4]), r[5], r[6], r[7])
-            for r in self._read("job_attempt_list", {"id": job_id})
-        ]
-
-    @operation
-    def job_count_by_state(self) -> StateCounts:
-        counts: dict[str, int] = {}
-        for state, outcome, count in self._read("job_count_by_state", {}):
-            counts[state] = counts.get(state, 0) + count
-            if outcome:
-                counts[f"{state}:{outcome}"] = count
-        return StateCounts(counts)
-
-    @operation
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None:
-        rows = self._read(
+        rows = self._rows(
             "job_next_due", {"tasks": json.dumps(list(tasks)), "queues": json.dumps(list(queues))}
         )
         return _dt(rows[0][0]) if rows else None
@@ -451,17 +400,6 @@ class SqliteStore:
         return len(ids)
 
     @operation
-    def intent_get(self, key: str) -> IntentRow | None:
-        rows = self._read("intent_get", {"key": key})
-        return (
-            IntentRow(rows[0][0], rows[0][1], rows[0][2], from_micros(rows[0][3])) if rows else None
-        )
-
-    @operation
-    def intent_count(self) -> int:
-        return int(self._read("intent_count", {})[0][0])
-
-    @operation
     def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
         with self._write() as conn:
             params = {
@@ -471,13 +409,6 @@ class SqliteStore:
                 "now": self._now(),
             }
             return len(conn.execute(self._q["intent_prune"], params).fetchall())
-
-    @operation
-    def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
-        return [
-            AuditRow(r[0], from_micros(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-            for r in self._read("audit_list", {"target_id": target_id, "limit": limit})
-        ]
 
     # -- lanes ---------------------------------------------------------------------------------
 

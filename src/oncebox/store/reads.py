@@ -1,0 +1,108 @@
+"""The read operations both stores share: the same named queries, mapped to the same rows.
+
+A store supplies `_rows(name, params)` (run a named query, return its rows) and `_instant(value)`
+(its stored instant as an aware UTC datetime: microseconds on SQLite, timestamptz on
+PostgreSQL); everything else about reading jobs, attempts, intents and the audit log is here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from oncebox.metrics import Metrics, operation
+from oncebox.store.base import AttemptRow, AuditRow, IntentRow, JobRow, StateCounts
+
+
+class ReadOperations:
+    metrics: Metrics
+
+    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def _instant(self, value: Any) -> datetime | None:
+        raise NotImplementedError
+
+    def _required_instant(self, value: Any) -> datetime:
+        instant = self._instant(value)
+        assert instant is not None
+        return instant
+
+    def _job_row(self, row: Sequence[Any]) -> JobRow:
+        at, required = self._instant, self._required_instant
+        return JobRow(
+            id=row[0],
+            key=row[1],
+            task=row[2],
+            queue=row[3],
+            args_json=row[4],
+            state=row[5],
+            outcome=row[6] or None,
+            priority=row[7],
+            group_key=row[8],
+            attempt=row[9],
+            max_attempts=row[10],
+            attempt_base=row[11],
+            run_at=required(row[12]),
+            expires_at=at(row[13]),
+            created_at=required(row[14]),
+            leased_by=row[15],
+            leased_at=at(row[16]),
+            lease_expires_at=at(row[17]),
+            finished_at=at(row[18]),
+            last_error=row[19],
+        )
+
+    @operation
+    def job_get(self, job_id: int) -> JobRow | None:
+        rows = self._rows("job_get", {"id": job_id})
+        return self._job_row(rows[0]) if rows else None
+
+    @operation
+    def job_find_by_key(self, key: str) -> list[JobRow]:
+        return [self._job_row(r) for r in self._rows("job_find_by_key", {"key": key})]
+
+    @operation
+    def job_attempt_list(self, job_id: int) -> list[AttemptRow]:
+        return [
+            AttemptRow(
+                r[0],
+                r[1],
+                r[2],
+                self._instant(r[3]),
+                self._required_instant(r[4]),
+                r[5],
+                r[6],
+                r[7],
+            )
+            for r in self._rows("job_attempt_list", {"id": job_id})
+        ]
+
+    @operation
+    def job_count_by_state(self) -> StateCounts:
+        counts: dict[str, int] = {}
+        for state, outcome, count in self._rows("job_count_by_state", {}):
+            counts[state] = counts.get(state, 0) + count
+            if outcome:
+                counts[f"{state}:{outcome}"] = count
+        return StateCounts(counts)
+
+    @operation
+    def intent_get(self, key: str) -> IntentRow | None:
+        rows = self._rows("intent_get", {"key": key})
+        if not rows:
+            return None
+        key_, task, job_id, claimed_at = rows[0]
+        return IntentRow(key_, task, job_id, self._required_instant(claimed_at))
+
+    @operation
+    def intent_count(self) -> int:
+        return int(self._rows("intent_count", {})[0][0])
+
+    @operation
+    def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
+        return [
+            AuditRow(r[0], self._required_instant(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
+            for r in self._rows("audit_list", {"target_id": target_id, "limit": limit})
+        ]
