@@ -520,27 +520,7 @@ class PostgresConsumerSession:
         rows = self._run(
             "job_lease", lambda: self._conn.execute(self._q["job_lease"], values).fetchall()
         )
-        leased = [
-            LeasedJob(
-                id=r[0],
-                key=r[1],
-                task=r[2],
-                queue=r[3],
-                args_json=r[4],
-                attempt=r[5],
-                max_attempts=r[6],
-                attempt_base=r[7],
-                priority=r[8],
-                group_key=r[9],
-                run_at=_required_utc(r[10]),
-                created_at=_required_utc(r[11]),
-                expires_at=_utc(r[12]),
-                leased_at=_required_utc(r[13]),
-            )
-            for r in rows
-        ]
-        leased.sort(key=lambda j: (-j.priority, j.run_at, j.id))
-        return leased
+        return self._store._leased_jobs(rows)
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {

@@ -12,7 +12,14 @@ from datetime import datetime
 from typing import Any
 
 from oncebox.metrics import Metrics, operation
-from oncebox.store.base import AttemptRow, AuditRow, IntentRow, JobRow, StateCounts
+from oncebox.store.base import (
+    AttemptRow,
+    AuditRow,
+    IntentRow,
+    JobRow,
+    LeasedJob,
+    StateCounts,
+)
 
 
 class ReadOperations:
@@ -53,6 +60,31 @@ class ReadOperations:
             finished_at=at(row[18]),
             last_error=row[19],
         )
+
+    def _leased_jobs(self, rows: Sequence[Sequence[Any]]) -> list[LeasedJob]:
+        """Rows of `job_lease`, in claim order (RETURNING gives no order)."""
+        required = self._required_instant
+        leased = [
+            LeasedJob(
+                id=r[0],
+                key=r[1],
+                task=r[2],
+                queue=r[3],
+                args_json=r[4],
+                attempt=r[5],
+                max_attempts=r[6],
+                attempt_base=r[7],
+                priority=r[8],
+                group_key=r[9],
+                run_at=required(r[10]),
+                created_at=required(r[11]),
+                expires_at=self._instant(r[12]),
+                leased_at=required(r[13]),
+            )
+            for r in rows
+        ]
+        leased.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        return leased
 
     @operation
     def job_get(self, job_id: int) -> JobRow | None:
