@@ -26,18 +26,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar, overload
 
+from oncebox.assembly import build_consumer, worker_name
+from oncebox.channels import Channel, make_channel
 from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
 from oncebox.consumer import Consumer, ConsumerConfig
+from oncebox.dispatch import DispatcherConfig, OutboxDispatcher
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.keys import validate_key
 from oncebox.metrics import Metrics
+from oncebox.outbox import OutboxWriter
+from oncebox.providers import DEFAULT_EMAIL_URL, Provider
 from oncebox.retry import Retry
 from oncebox.store import open_store
-from oncebox.store.base import JobInsert, JobInsertMany, JobRow, OperatorAction, Store
+from oncebox.store.base import JobInsert, JobInsertMany, JobRow, OperatorAction, OutboxRow, Store
 from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
+from oncebox.tokens import SECRET_SETTING, check_secret, new_secret, secret_from_env
 from oncebox.transport import Transport
 from oncebox.watch import HandlerWatch
-from oncebox.worker import Worker, WorkerConfig, WorkerResult, build_consumer
+from oncebox.worker import Worker, WorkerConfig, WorkerResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
@@ -68,11 +74,13 @@ class EnqueueManyResult:
 
 @dataclass(frozen=True)
 class ActionOutcome:
-    """A replay or cancel that happened, and the audit row that records it."""
+    """A replay, cancel or resolution that happened, and the audit row that records it.
+    `kind` says whether `id` is a job's or an outbox row's ("delivery")."""
 
-    job_id: int
+    id: int
     key: str | None
     audit_id: int
+    kind: Literal["job", "delivery"] = "job"
 
 
 class Box:
@@ -85,6 +93,7 @@ class Box:
         store: Store | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         seed: int | None = None,
+        secret: str | None = None,
     ) -> None:
         url = url if url is not None else os.environ.get("ONCEBOX_DB")
         if store is None and not url:
@@ -101,6 +110,8 @@ class Box:
         self.registry = Registry()
         self.max_payload_bytes = max_payload_bytes
         self.rng = random.Random(seed)
+        self._channels: dict[str, Channel] = {}
+        self._secret = check_secret(secret, "Box(secret=...)") if secret else None
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
 
@@ -290,13 +301,32 @@ class Box:
         states = ", ".join(f"job {job.id} is {job.state}" for job in jobs)
         raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be")
 
-    def replay(self, key_or_id: str | int, *, reason: str, actor: str = "api") -> ActionOutcome:
-        """Move a dead job back to ready in place: same id, same key, history kept, audited.
+    def replay(
+        self,
+        key_or_id: str | int,
+        *,
+        reason: str,
+        actor: str = "api",
+        kind: Literal["job", "delivery"] | None = None,
+    ) -> ActionOutcome:
+        """Replay in place, audited: a dead job back to ready (same id, same key, history
+        kept), or a dead outbox row back to pending (same key, same frozen content).
 
-        There is no replay under a new key. A replayed job whose key was claimed meanwhile
-        completes as a duplicate.
+        By key, a dead job is looked for first, then a dead outbox row (by its key, or its
+        intent's key when that names exactly one dead row). By id, `kind` says which table
+        (default: jobs). There is no replay under a new key. A replayed job whose key was
+        claimed meanwhile completes as a duplicate.
         """
         reason = _reason(reason)
+        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
+        if kind == "delivery" or (kind is None and not is_id and not self._has_job(key_or_id)):
+            row = self._dead_delivery(key_or_id, is_id)
+            done = self.store.outbox_replay(OperatorAction(row.id, actor, reason))
+            if done is None:
+                raise InvalidState(f"outbox row {row.id} stopped being dead while replayed")
+            self.metrics.count("deliveries_replayed")
+            self._wake_local()
+            return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
         job = self._target(key_or_id, "dead", "replay")
         result = self.store.job_replay(OperatorAction(job.id, actor, reason))
         if result is None:
@@ -304,6 +334,124 @@ class Box:
         self.metrics.count("jobs_replayed")
         self._wake_local()
         return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    def _has_job(self, key: str | int) -> bool:
+        return bool(self.store.job_find_by_key(validate_key(str(key))))
+
+    def _outbox_rows(self, key_or_id: str | int, is_id: bool) -> list[OutboxRow]:
+        if is_id:
+            row = self.store.outbox_get(int(key_or_id))
+            return [row] if row is not None else []
+        text = str(key_or_id)
+        validate_key(text.replace("~", "-"))
+        return self.store.outbox_find_by_key(text)
+
+    def _dead_delivery(self, key_or_id: str | int, is_id: bool) -> OutboxRow:
+        return self._one_delivery(key_or_id, is_id, "dead", "replay")
+
+    def _one_delivery(self, key_or_id: str | int, is_id: bool, wanted: str, verb: str) -> OutboxRow:
+        rows = self._outbox_rows(key_or_id, is_id)
+        if not rows:
+            raise NotFound(f"no job or outbox row with id or key {key_or_id!r}")
+        matching = [row for row in rows if row.state == wanted]
+        exact = [row for row in matching if row.key == str(key_or_id) or is_id]
+        if len(exact) == 1 or len(matching) == 1:
+            return (exact or matching)[0]
+        if len(matching) > 1:
+            keys = ", ".join(row.key for row in matching)
+            raise InvalidState(
+                f"{key_or_id!r} names several {wanted} messages ({keys}); {verb} them one by one"
+            )
+        states = ", ".join(f"{row.key} is {row.state}" for row in rows)
+        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be")
+
+    def resolve(
+        self,
+        key_or_id: str | int,
+        resolution: Literal["sent", "resend"],
+        *,
+        reason: str,
+        actor: str = "api",
+        receipt: str | None = None,
+    ) -> ActionOutcome:
+        """Settle an ambiguous outbox row after checking with the provider or the recipient:
+        `sent` (it arrived; record it) or `resend` (it did not; send it again). Audited."""
+        if resolution not in ("sent", "resend"):
+            raise ConfigurationError("a resolution is 'sent' or 'resend'")
+        reason = _reason(reason)
+        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
+        row = self._one_delivery(key_or_id, is_id, "ambiguous", "resolve")
+        done = self.store.outbox_resolve(OperatorAction(row.id, actor, reason), resolution, receipt)
+        if done is None:
+            raise InvalidState(f"outbox row {row.id} stopped being ambiguous while resolved")
+        if resolution == "resend":
+            self._wake_local()
+        return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
+
+    # -- the outbox ----------------------------------------------------------------------------
+
+    def channel(
+        self,
+        name: str = "email",
+        provider: Provider | str | None = None,
+        **policies: Any,
+    ) -> Channel:
+        """Declare a channel (see `oncebox.channels`). Without a provider, `ONCEBOX_EMAIL` or
+        the embedded default (`file://oncebox-outbox`) is used."""
+        url = (
+            provider if provider is not None else os.environ.get("ONCEBOX_EMAIL", DEFAULT_EMAIL_URL)
+        )
+        channel = make_channel(name, url, **policies)
+        self._channels[name] = channel
+        return channel
+
+    @property
+    def channels(self) -> dict[str, Channel]:
+        """The declared channels; an `email` channel exists unless declared otherwise."""
+        if "email" not in self._channels:
+            self.channel("email")
+        return dict(self._channels)
+
+    def secret(self) -> str:
+        """The HMAC secret outbox tokens are derived with: `Box(secret=...)`, else
+        `ONCEBOX_SECRET`, else one stored in the database (`init_secret`)."""
+        if self._secret is None:
+            self._secret = secret_from_env() or self.store.setting_get(SECRET_SETTING)
+        if self._secret is None:
+            raise ConfigurationError(
+                "no HMAC secret for outbox tokens: set ONCEBOX_SECRET (16+ random characters) "
+                "on every worker, or store one in the database with box.init_secret()"
+            )
+        return self._secret
+
+    def init_secret(self) -> str:
+        """Store a random secret in the database unless one is there (every worker then agrees);
+        an explicit or environment secret still wins."""
+        stored = self.store.setting_put_if_absent(SECRET_SETTING, new_secret())
+        self._secret = self._secret or secret_from_env() or stored
+        return self._secret
+
+    def outbox_writer(self, intent_key: str | None, job_id: int | None) -> OutboxWriter:
+        return OutboxWriter(
+            intent_key=intent_key,
+            job_id=job_id,
+            channels=self.channels,
+            secret=self.secret,
+            now=self.store.clock_now,
+        )
+
+    def dispatcher(
+        self, config: DispatcherConfig | None = None, *, name: str = "d0"
+    ) -> OutboxDispatcher:
+        """A dispatcher lane for `run_once()` in tests and tools."""
+        return OutboxDispatcher(
+            self.store,
+            self.channels,
+            config or DispatcherConfig(),
+            self.metrics,
+            worker=worker_name(name),
+            rng=self.rng,
+        )
 
     def cancel(
         self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"

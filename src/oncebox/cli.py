@@ -177,7 +177,7 @@ def dlq_replay(key_or_id: str, reason: str, actor: str, app: str | None, db: str
     with reported():
         box = _box_for_admin(app, db)
         outcome = box.replay(key_or_id, reason=reason, actor=actor)
-    click.echo(f"job {outcome.job_id} ({outcome.key}) is ready again; audit #{outcome.audit_id}")
+    click.echo(f"job {outcome.id} ({outcome.key}) is ready again; audit #{outcome.audit_id}")
 
 
 @main.group()

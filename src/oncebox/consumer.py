@@ -51,7 +51,14 @@ from oncebox.errors import (
     UnknownTask,
 )
 from oncebox.metrics import Metrics
-from oncebox.store.base import ClaimLockTimeout, ConsumerSession, ConsumerTx, IntentClaim
+from oncebox.outbox import OutboxWriter
+from oncebox.store.base import (
+    ClaimLockTimeout,
+    ConsumerSession,
+    ConsumerTx,
+    IntentClaim,
+    OutboxInsert,
+)
 from oncebox.tasks import Registry, Task
 from oncebox.transport import Delivery, Settlement, Transport
 from oncebox.watch import HandlerWatch
@@ -167,6 +174,7 @@ class Consumer:
         rng: random.Random,
         worker: str,
         note_superseded: Callable[[Delivery, str], None],
+        outbox: Callable[[str | None, int | None], OutboxWriter],
     ) -> None:
         self.registry = registry
         self.session = session
@@ -178,6 +186,8 @@ class Consumer:
         self.rng = rng
         self.worker = worker
         self.note_superseded = note_superseded
+        self.outbox = outbox
+        self.outbox_written: Callable[[int], None] = lambda _count: None
         self.stopping: Callable[[], bool] = lambda: False
 
     # -- the lane ------------------------------------------------------------------------------
@@ -249,7 +259,8 @@ class Consumer:
         outcome = ConsumerResult()
         try:
             with self.session.transaction() as tx:
-                settlements, leftover = self._run_in(tx, prepared, outcome)
+                settlements, leftover, messages = self._run_in(tx, prepared, outcome)
+                tx.outbox_insert(messages)
                 expected = {s.delivery.message_id for s in settlements}
                 settled = self.transport.settle_in_transaction(tx, settlements)
                 if settled != expected:
@@ -263,13 +274,15 @@ class Consumer:
         self.transport.after_commit(settlements)
         points.reach("consumer.committed")
         outcome.settled_ids = {s.delivery.message_id for s in settlements}
+        if messages:
+            self.outbox_written(len(messages))
         result.add(outcome)
         self._count(outcome)
         return leftover
 
     def _run_in(
         self, tx: ConsumerTx, prepared: list[_Prepared], outcome: ConsumerResult
-    ) -> tuple[list[Settlement], list[Delivery]]:
+    ) -> tuple[list[Settlement], list[Delivery], list[OutboxInsert]]:
         first_of_key: dict[str, _Prepared] = {}
         for p in prepared:
             if p.key is not None and p.problem is None:
@@ -287,6 +300,7 @@ class Consumer:
         unclaimed: list[str] = []
         leftover: list[Delivery] = []
         owners: dict[str, int | None] | None = None
+        messages: list[OutboxInsert] = []
         started = clock.monotonic()
         for index, p in enumerate(prepared):
             if (
@@ -315,18 +329,23 @@ class Consumer:
                     settlements.append(Settlement(p.delivery, "done", "duplicate"))
                     outcome.duplicates += 1
             else:
-                settlement = self._run_handler(tx, p, outcome)
+                settlement, written = self._run_handler(tx, p, outcome)
                 if settlement.outcome != "completed" and p.key is not None:
                     unclaimed.append(p.key)
                 settlements.append(settlement)
+                messages += written
         tx.intent_release(unclaimed)
-        return settlements, leftover
+        return settlements, leftover, messages
 
-    def _run_handler(self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult) -> Settlement:
+    def _run_handler(
+        self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult
+    ) -> tuple[Settlement, list[OutboxInsert]]:
+        """Run one handler; its outbox rows count only if it succeeds."""
         assert p.task is not None
         task, delivery = p.task, p.delivery
         points.reach("consumer.before_handler")
         began = clock.monotonic()
+        outbox = self.outbox(p.key, delivery.job_id)
         try:
             with tx.handler_scope() as connection:
                 ctx = JobContext(
@@ -336,6 +355,7 @@ class Consumer:
                     job_id=delivery.job_id,
                     attempt=delivery.attempt,
                     connection=connection,
+                    outbox=outbox,
                     _now=self.now,
                 )
                 with self.watch.running(task.name, p.key, task.timeout, delivery.lease_token):
@@ -349,9 +369,9 @@ class Consumer:
         except TransactionEnded as error:
             raise _BatchBroken(p, error) from None
         except Exception as error:
-            return self._failed(p, error, began, outcome)
+            return self._failed(p, error, began, outcome), []
         outcome.completed += 1
-        return Settlement(delivery, "done", "completed")
+        return Settlement(delivery, "done", "completed"), outbox.rows
 
     def _failed(
         self, p: _Prepared, error: BaseException, began: float, outcome: ConsumerResult

@@ -6,19 +6,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from oncebox.outbox import OutboxWriter
 from oncebox.store.base import HandlerConnection
 
 
 @dataclass(frozen=True, slots=True)
 class JobContext:
-    """The job being run and the claim's transaction.
+    """The job being run, the claim's transaction, and its outbox.
 
-        `connection` is the claim's own connection (sqlite3 or psycopg API), inside the transaction
-        that inserted this job's intent and will mark it done: write business rows with it and they
-        commit with the claim, or not at all. It refuses commit and rollback. `key` is the business
-        key (None for a task without a key template); `attempt` counts from 1 and keeps counting
-        across replays; `dialect` ("sqlite" or "postgres") tells portable handlers which SQL and
-    parameter style the connection speaks; `job_id` is None for deliveries from a broker transport.
+    - `connection`: the claim's own connection (sqlite3 or psycopg API), inside the transaction
+      that inserted this job's intent and will mark it done — rows written with it commit with
+      the claim, or not at all. It refuses commit and rollback.
+    - `outbox`: messages for the dispatcher (`ctx.outbox.email(...)`); they commit with the claim
+      too, and are sent later, exactly as written.
+    - `key`: the business key (None for a task without a key template).
+    - `attempt`: counts from 1 and keeps counting across replays.
+    - `dialect`: "sqlite" or "postgres", for handlers that must speak both.
+    - `job_id`: None for deliveries from a broker transport.
     """
 
     task: str
@@ -27,6 +31,7 @@ class JobContext:
     job_id: int | None
     attempt: int
     connection: HandlerConnection
+    outbox: OutboxWriter
     _now: Callable[[], datetime]
 
     def now(self) -> datetime:

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
+from oncebox.delivery_rescuer import DeliveryRescuer
 from oncebox.lane import run_forever
 from oncebox.metrics import Metrics
 from oncebox.store.base import RescuedJob, Store
@@ -41,12 +42,23 @@ class LeaseRescuerResult:
 
 
 class LeaseRescuer:
-    def __init__(self, store: Store, config: LeaseRescuerConfig, metrics: Metrics) -> None:
+    """Expired job leases; with `deliveries`, expired outbox leases too, in the same round."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: LeaseRescuerConfig,
+        metrics: Metrics,
+        deliveries: DeliveryRescuer | None = None,
+    ) -> None:
         self.store = store
         self.config = config
         self.metrics = metrics
+        self.deliveries = deliveries
 
     def run_once(self) -> LeaseRescuerResult:
+        if self.deliveries is not None and self.deliveries.channels:
+            self.deliveries.run_once()
         result = LeaseRescuerResult(self.store.job_rescue_expired(self.config.batch_size))
         for job in result.rescued:
             log.warning(

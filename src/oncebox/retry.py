@@ -5,7 +5,8 @@ exponential), so a burst of failures does not come back as a synchronised burst 
 delay is persisted as the job's `run_at`; no process sleeps on a retry.
 
 Classification, first match wins:
-1. `oncebox.Permanent` raised by the handler → dead now;
+1. `oncebox.Permanent` raised by the handler, or a configuration or argument error
+   (`ConfigurationError`, `InvalidArguments`: retrying cannot fix them) → dead now;
 2. `oncebox.RetryLater(delay=…)` → retry after that delay (or the backoff);
 3. an instance of `permanent_on` → dead now;
 4. `retry_on` given and the exception is not an instance of it → dead now;
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from oncebox.errors import ConfigurationError, Permanent, RetryLater
+from oncebox.errors import ConfigurationError, EnqueueError, Permanent, RetryLater
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Retry:
         """Classify a failure of attempt `attempt`, with `attempts_left` allowed after it."""
         if isinstance(error, Permanent):
             return Decision(False, reason="the handler raised Permanent")
+        if isinstance(error, (ConfigurationError, EnqueueError)):
+            return Decision(False, reason=f"{type(error).__name__} will not go away by retrying")
         if isinstance(error, self.permanent_on):
             return Decision(False, reason=f"{type(error).__name__} is declared permanent")
         if (

@@ -1,11 +1,14 @@
-"""The worker process: consumer threads plus the lanes that keep leases honest.
+"""The worker process: consumer and dispatcher threads, plus the lanes that keep leases honest.
 
 Lanes, each in its own thread:
 - consumers (`concurrency` of them): lease a batch, run consumer transactions (`consumer.py`);
   idle, they wait for a wake-up — a NOTIFY on PostgreSQL, an enqueue in this process, the next
   due job, or the poll interval, whichever comes first;
+- a dispatcher (when the box has channels): delivers outbox rows (`dispatch.py`); woken by
+  consumers of this process that wrote outbox rows, by NOTIFY, or the poll interval;
+- the resolver (when a channel's provider can look messages up): settles ambiguous sends;
 - the lease keeper: heartbeats held leases; the watchdog for hung handlers (`heartbeat.py`);
-- the lease rescuer: expired leases back to ready or dead (`rescuer.py`);
+- the lease rescuer: expired job and outbox leases (`rescuer.py`, `delivery_rescuer.py`);
 - the pruner: finished-job retention and explicit intent policies (`pruner.py`);
 - the listener (PostgreSQL only): LISTEN for new jobs.
 
@@ -16,11 +19,11 @@ at once (the leases then expire and are rescued).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import signal
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,14 +31,18 @@ from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from oncebox.assembly import build_consumer, worker_name
+from oncebox.channels import Channel
 from oncebox.consumer import Consumer, ConsumerConfig, ConsumerResult
+from oncebox.delivery_rescuer import DeliveryRescuer
+from oncebox.dispatch import DispatcherConfig, DispatcherResult, OutboxDispatcher
 from oncebox.errors import ConfigurationError, StoreUnavailable
 from oncebox.heartbeat import LeaseKeeper, LeaseKeeperConfig
 from oncebox.pruner import Pruner, PrunerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
-from oncebox.store.base import ConsumerSettings
+from oncebox.resolver import AmbiguityResolver
 from oncebox.store.migrations import check_runnable
-from oncebox.transport import Delivery, TableTransport, Transport
+from oncebox.transport import Transport
 from oncebox.watch import HandlerWatch
 
 if TYPE_CHECKING:
@@ -55,7 +62,10 @@ class WorkerConfig:
     poll_interval: timedelta | None = None
     handler_grace: timedelta = timedelta(seconds=10)
     exit_on_hung_handler: bool = True
+    consume: bool = True
+    dispatch: bool = True
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
     rescuer: LeaseRescuerConfig = field(default_factory=LeaseRescuerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
 
@@ -66,72 +76,10 @@ class WorkerConfig:
             raise ConfigurationError("poll_interval must be positive")
 
 
-def worker_name(index: int | str) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{index}"
-
-
-def build_consumer(
-    box: Box,
-    config: ConsumerConfig,
-    watch: HandlerWatch,
-    *,
-    queues: tuple[str, ...] | None = None,
-    name: str = "c0",
-    rng: random.Random | None = None,
-    transport: Transport | None = None,
-) -> tuple[Consumer, Transport]:
-    """A consumer with its own dedicated connection, on the built-in table queue unless another
-    transport is given."""
-    tasks = box.registry.all()
-    if not tasks:
-        raise ConfigurationError("this box has no tasks registered; there is nothing to work on")
-    longest = max(task.timeout for task in tasks)
-    # A hung handler's transaction is ended by the server after its timeout plus grace.
-    worker = worker_name(name)
-    session = box.store.consumer_session(
-        ConsumerSettings(
-            lock_timeout=config.lock_timeout,
-            transaction_timeout=longest + watch.grace_delta,
-            application_name=f"oncebox {worker}"[:63],
-        )
-    )
-    lease = config.lease
-    if box.store.dialect == "sqlite":
-        # Heartbeats cannot run while a SQLite transaction holds the write lock: the lease must
-        # outlast one transaction on its own.
-        lease = max(lease, longest + watch.grace_delta + config.transaction_budget)
-    transport = transport or TableTransport(
-        session,
-        tasks=[task.name for task in tasks],
-        queues=list(queues or sorted({task.queue for task in tasks})),
-        worker=worker,
-        lease_for=lease,
-        next_due=box.store.job_next_due,
-    )
-
-    def note(delivery: Delivery, text: str) -> None:
-        if delivery.job_id is not None:
-            box.store.job_attempt_note(delivery.job_id, delivery.attempt, worker, text)
-        log.warning("job %s: %s", delivery.job_id, text)
-
-    consumer = Consumer(
-        registry=box.registry,
-        session=session,
-        transport=transport,
-        config=config,
-        metrics=box.metrics,
-        watch=watch,
-        now=box.store.clock_now,
-        rng=rng or box.rng,
-        worker=worker,
-        note_superseded=note,
-    )
-    return consumer, transport
-
-
 @dataclass
 class WorkerResult:
     consumed: ConsumerResult = field(default_factory=ConsumerResult)
+    dispatched: DispatcherResult = field(default_factory=DispatcherResult)
 
 
 class Worker:
@@ -141,6 +89,7 @@ class Worker:
         self.stop_event = threading.Event()
         self._wakes: list[threading.Event] = []
         self._idle: set[int] = set()
+        self._pollers = 0
         self._idle_lock = threading.Lock()
         self._result = WorkerResult()
         self._result_lock = threading.Lock()
@@ -155,7 +104,7 @@ class Worker:
         return 5.0 if self.box.store.supports_notifications else 1.0
 
     def wake(self) -> None:
-        """New work may exist (an enqueue in this process, a NOTIFY): wake idle consumers."""
+        """New work may exist (an enqueue or an outbox row in this process, a NOTIFY)."""
         for event in self._wakes:
             event.set()
 
@@ -172,7 +121,6 @@ class Worker:
                 self.box.where,
                 self.box.store.clock_get(),
             )
-        restore = self._install_signal_handlers()
         consumers = [
             build_consumer(
                 self.box,
@@ -182,59 +130,17 @@ class Worker:
                 name=f"c{i}",
                 rng=random.Random(self.box.rng.random()),
             )
-            for i in range(self.config.concurrency)
+            for i in range(self.config.concurrency if self.config.consume else 0)
         ]
-
-        def tokens() -> list[str]:
-            return [token for _c, transport in consumers for token in transport.held_tokens()]
-
-        keeper = LeaseKeeper(
-            self.box.store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens
-        )
-        rescuer = LeaseRescuer(self.box.store, self.config.rescuer, self.box.metrics)
-        pruner = Pruner(self.box.store, self.config.pruner, self.box.registry.all())
-        rescuer.run_once()
-        threads = [
-            threading.Thread(
-                target=keeper.run_forever,
-                args=(self.stop_event,),
-                name="oncebox-lease-keeper",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=rescuer.run_forever,
-                args=(self.stop_event,),
-                name="oncebox-rescuer",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=pruner.run_forever,
-                args=(self.stop_event,),
-                name="oncebox-pruner",
-                daemon=True,
-            ),
-        ]
-        if self.box.store.supports_notifications:
-            threads.append(
-                threading.Thread(target=self._listen, name="oncebox-listener", daemon=True)
-            )
-        workers = []
-        for index, (consumer, _transport) in enumerate(consumers):
-            wake = threading.Event()
-            self._wakes.append(wake)
-            consumer.stopping = self.stop_event.is_set
-            workers.append(
-                threading.Thread(
-                    target=self._consume,
-                    args=(index, consumer, wake),
-                    name=f"oncebox-consumer-{index}",
-                )
-            )
+        channels = self.box.channels if self.config.dispatch else {}
+        pollers = self._polling_lanes([c for c, _t in consumers], channels)
+        threads = self._background_lanes(consumers, channels)
+        restore = self._install_signal_handlers()
         self.box.attach_worker(self)
         try:
-            for thread in threads + workers:
+            for thread in threads + pollers:
                 thread.start()
-            for thread in workers:
+            for thread in pollers:
                 while thread.is_alive():
                     thread.join(0.5)
         finally:
@@ -249,19 +155,119 @@ class Worker:
             raise self._error
         return self._result
 
-    # -- consumer threads ----------------------------------------------------------------------
+    def _polling_lanes(
+        self, consumers: list[Consumer], channels: dict[str, Channel]
+    ) -> list[threading.Thread]:
+        pollers: list[threading.Thread] = []
+        for consumer in consumers:
+            consumer.stopping = self.stop_event.is_set
+            consumer.outbox_written = lambda _count: self.wake()
+            pollers.append(
+                self._poller(
+                    f"consumer-{len(pollers)}",
+                    self._consumer_round(consumer),
+                    functools.partial(self._idle_wait, consumer),
+                )
+            )
+        if channels:
+            dispatcher = OutboxDispatcher(
+                self.box.store,
+                channels,
+                self.config.dispatcher,
+                self.box.metrics,
+                worker=worker_name("d0"),
+                rng=random.Random(self.box.rng.random()),
+            )
+            pollers.append(
+                self._poller(
+                    "dispatcher", self._dispatcher_round(dispatcher), lambda: self.poll_interval
+                )
+            )
+        if not pollers:
+            raise ConfigurationError("this worker has no lane to run: enable consume or dispatch")
+        return pollers
 
-    def _consume(self, index: int, consumer: Consumer, wake: threading.Event) -> None:
+    def _background_lanes(
+        self, consumers: list[tuple[Consumer, Transport]], channels: dict[str, Channel]
+    ) -> list[threading.Thread]:
+        def tokens() -> list[str]:
+            return [token for _c, transport in consumers for token in transport.held_tokens()]
+
+        store, metrics = self.box.store, self.box.metrics
+        keeper = LeaseKeeper(
+            store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens
+        )
+        rescuer = LeaseRescuer(
+            store, self.config.rescuer, metrics, DeliveryRescuer(store, channels, metrics)
+        )
+        pruner = Pruner(store, self.config.pruner, self.box.registry.all())
+        resolver = AmbiguityResolver(store, channels)
+        rescuer.run_once()
+        lanes: list[tuple[str, Callable[[threading.Event], None]]] = [
+            ("lease-keeper", keeper.run_forever),
+            ("rescuer", rescuer.run_forever),
+            ("pruner", pruner.run_forever),
+        ]
+        if resolver.active:
+            lanes.append(("resolver", resolver.run_forever))
+        if store.supports_notifications:
+            lanes.append(("listener", lambda _stop: self._listen()))
+        return [
+            threading.Thread(
+                target=run, args=(self.stop_event,), name=f"oncebox-{name}", daemon=True
+            )
+            for name, run in lanes
+        ]
+
+    # -- polling lanes (consumers, dispatchers) ------------------------------------------------
+
+    def _consumer_round(self, consumer: Consumer) -> Callable[[], int]:
+        def round_() -> int:
+            result = consumer.run_once()
+            with self._result_lock:
+                self._result.consumed.add(result)
+            return result.leased
+
+        return round_
+
+    def _dispatcher_round(self, dispatcher: OutboxDispatcher) -> Callable[[], int]:
+        def round_() -> int:
+            result = dispatcher.run_once()
+            with self._result_lock:
+                self._result.dispatched.add(result)
+            return result.leased
+
+        return round_
+
+    def _poller(
+        self, name: str, round_: Callable[[], int], idle_wait: Callable[[], float]
+    ) -> threading.Thread:
+        index = self._pollers
+        self._pollers += 1
+        wake = threading.Event()
+        self._wakes.append(wake)
+        return threading.Thread(
+            target=self._poll, args=(index, name, round_, idle_wait, wake), name=f"oncebox-{name}"
+        )
+
+    def _poll(
+        self,
+        index: int,
+        name: str,
+        round_: Callable[[], int],
+        idle_wait: Callable[[], float],
+        wake: threading.Event,
+    ) -> None:
         backoff = 0.0
         while not self.stop_event.is_set():
             wake.clear()
             self._set_idle(index, False)  # busy until a round of its own finds nothing
             try:
-                result = consumer.run_once()
+                leased = round_()
                 backoff = 0.0
             except StoreUnavailable as exc:
                 backoff = min(max(backoff * 2, 0.5), 30.0)
-                log.warning("consumer %s: %s; retrying in %.1fs", index, exc, backoff)
+                log.warning("%s: %s; retrying in %.1fs", name, exc, backoff)
                 self.stop_event.wait(backoff)
                 continue
             except Exception as exc:
@@ -270,26 +276,24 @@ class Worker:
                     self.stop()
                     return
                 backoff = min(max(backoff * 2, 0.5), 30.0)
-                log.exception("consumer %s failed a round; retrying in %.1fs", index, backoff)
+                log.exception("%s failed a round; retrying in %.1fs", name, backoff)
                 self.stop_event.wait(backoff)
                 continue
-            with self._result_lock:
-                self._result.consumed.add(result)
-            if result.leased:
+            if leased:
                 continue
             if self.config.until_idle and self._set_idle(index, True):
                 self.stop()
                 return
-            wake.wait(self._idle_wait(consumer))
+            wake.wait(idle_wait())
 
     def _set_idle(self, index: int, idle: bool) -> bool:
-        """Mark a consumer idle or busy; True when every consumer is idle."""
+        """Mark a polling lane idle or busy; True when every one is idle."""
         with self._idle_lock:
             if idle:
                 self._idle.add(index)
             else:
                 self._idle.discard(index)
-            return len(self._idle) == self.config.concurrency
+            return len(self._idle) == self._pollers
 
     def _idle_wait(self, consumer: Consumer) -> float:
         wait = self.poll_interval

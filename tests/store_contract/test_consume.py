@@ -268,7 +268,7 @@ def test_replay_keeps_key_and_id_appends_history_and_is_audited(box: Box):
         outcome = box.replay(
             "weekly-digest/customer-4/2026-W33", reason="provider fixed", actor="ops"
         )
-        assert outcome.job_id == job
+        assert outcome.id == job
         assert drain(box).completed == 1
     row = box.store.job_get(job)
     assert (row.id, row.key, row.state, row.outcome, row.attempt) == (

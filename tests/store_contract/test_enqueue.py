@@ -172,7 +172,7 @@ def test_cancel_withdraws_a_ready_timer_and_is_audited(box: Box):
     with FrozenClock(box, at=T0) as clock:
         job = box.enqueue(expire, hold_id=9, delay=timedelta(hours=1))
         outcome = box.cancel("hold-expired/hold-9", reason="hold confirmed")
-        assert outcome.job_id == job.job_id
+        assert outcome.id == job.job_id
         refute_enqueued(box, key="hold-expired/hold-9")
         clock.advance(timedelta(hours=2))
         assert drain(box).completed == 0

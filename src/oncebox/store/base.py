@@ -13,13 +13,16 @@ transaction, in which the handler runs on the same connection as the claim.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from oncebox.clock import ClockSetting
+from oncebox.ratelimit import BucketState
+
+T = TypeVar("T")
 
 JobState = Literal["ready", "leased", "done", "dead", "cancelled"]
 FinishState = Literal["done", "ready", "dead"]
@@ -104,6 +107,60 @@ class OperatorAction:
     job_id: int
     actor: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxInsert:
+    """One outbox row a handler wrote; inserted with the claim, in the same transaction."""
+
+    key: str
+    intent_key: str
+    channel: str
+    payload_json: str
+    token: str
+    job_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxLeaseParams:
+    channels: Sequence[str]
+    limit: int
+    worker: str
+    token: str
+    lease_for: timedelta
+
+
+OutboxState = Literal["pending", "leased", "sending", "sent", "dead", "ambiguous"]
+OutboxFinishState = Literal["sent", "pending", "dead", "ambiguous"]
+DeliveryOutcome = Literal[
+    "sent", "failed", "throttled", "dead", "ambiguous", "resent", "lease_expired"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxFinish:
+    """How one leased outbox row ends this round.
+
+    `outcome` is the delivery-attempt record to write (None: no send was attempted, e.g. a row
+    given back for a rate-limit wait); `counts_attempt` spends one of the channel's attempts;
+    `possible_duplicate` counts a resend after an unknown outcome.
+    """
+
+    id: int
+    state: OutboxFinishState
+    outcome: DeliveryOutcome | None
+    counts_attempt: bool
+    delay: timedelta = timedelta(0)
+    error: str | None = None
+    receipt: str | None = None
+    possible_duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    name: str
+    capacity: float
+    refill_per_s: float
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,6 +277,58 @@ class ActionResult:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxLeased:
+    id: int
+    key: str
+    intent_key: str
+    channel: str
+    payload_json: str
+    token: str
+    attempt: int
+    attempt_base: int
+    possible_duplicates: int
+    first_leased_at: datetime
+    leased_at: datetime
+    lease_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    key: str
+    intent_key: str
+    channel: str
+    payload_json: str
+    token: str
+    job_id: int | None
+    state: OutboxState
+    attempt: int
+    attempt_base: int
+    possible_duplicates: int
+    next_attempt_at: datetime
+    created_at: datetime
+    first_leased_at: datetime | None
+    leased_by: str | None
+    lease_token: str | None
+    lease_expires_at: datetime | None
+    sent_at: datetime | None
+    receipt: str | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryAttemptRow:
+    outbox_id: int
+    attempt: int
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: str
+    error: str | None
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaStatus:
     """Which migrations are applied, against which this code knows."""
 
@@ -292,6 +401,10 @@ class ConsumerTx(Protocol):
 
     def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
         """A guarded connection for one handler; its writes are undone if the block raises."""
+        ...
+
+    def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
+        """Insert the handlers' buffered outbox rows as one set, in this transaction."""
         ...
 
     def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
@@ -368,6 +481,60 @@ class Store(Protocol):
 
     # audit
     def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]: ...
+
+    # outbox
+    def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]: ...
+    def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
+        """The durable marker written right before a non-idempotent send; False if the lease
+        was superseded."""
+        ...
+
+    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+        """Settle rows leased under `token`, fenced; record delivery attempts; return ids."""
+        ...
+
+    def outbox_rescue_expired(
+        self, limit: int, decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+    ) -> list[OutboxFinish]:
+        """Lock rows whose lease expired, let `decide` settle them (fenced on their own
+        tokens), in one transaction; returns what was applied."""
+        ...
+
+    def outbox_resolve(
+        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
+    ) -> ActionResult | None: ...
+    def outbox_replay(self, action: OperatorAction) -> ActionResult | None: ...
+    def outbox_get(self, outbox_id: int) -> OutboxRow | None: ...
+    def outbox_find_by_key(self, key: str) -> list[OutboxRow]:
+        """Rows whose key, or whose intent's key, is `key`."""
+        ...
+
+    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]: ...
+    def outbox_count_by_state(self) -> StateCounts: ...
+    def delivery_attempt_list(self, outbox_id: int) -> list[DeliveryAttemptRow]: ...
+
+    # rate limits and channel pauses
+    def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None: ...
+    def rate_bucket_apply(
+        self,
+        channel: str,
+        names: Sequence[str],
+        decide: Callable[
+            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
+        ],
+    ) -> T:
+        """Lock the channel's buckets, read its pause, let `decide` compute, write back."""
+        ...
+
+    def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
+        """Pause a channel for every dispatcher (never shortens a longer pause)."""
+        ...
+
+    # settings
+    def setting_get(self, name: str) -> str | None: ...
+    def setting_put_if_absent(self, name: str, value: str) -> str:
+        """Store `value` unless a value exists; return the value in effect."""
+        ...
 
     # lanes
     def consumer_session(self, settings: ConsumerSettings) -> ConsumerSession: ...

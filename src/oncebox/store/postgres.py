@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, LiteralString, TypeVar
+from typing import Any, Literal, LiteralString
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -29,9 +29,11 @@ from psycopg import pq
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
 from oncebox.metrics import Metrics, operation
+from oncebox.ratelimit import BucketState
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
+    BucketSpec,
     ClaimLockTimeout,
     ConsumerSettings,
     EnqueueConflict,
@@ -44,14 +46,19 @@ from oncebox.store.base import (
     JobReleaseParams,
     LeasedJob,
     OperatorAction,
+    OutboxFinish,
+    OutboxInsert,
+    OutboxLeased,
+    OutboxLeaseParams,
+    OutboxRow,
     RescuedJob,
     SchemaStatus,
+    T,
     chunked,
 )
 from oncebox.store.reads import ReadOperations
 from oncebox.store.sqlfiles import load_migrations, load_queries
 
-T = TypeVar("T")
 INSERT_CHUNK = 5000
 _OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout"}
 
@@ -238,9 +245,9 @@ class PostgresStore(ReadOperations):
 
     def clock_set(self, setting: ClockSetting) -> None:
         if setting.is_real:
-            self._fetch_none("clock_reset", {})
+            self._execute("clock_reset", {})
         else:
-            self._fetch_none(
+            self._execute(
                 "clock_write", {"frozen_at": setting.frozen_at, "offset_by": setting.offset}
             )
 
@@ -250,7 +257,7 @@ class PostgresStore(ReadOperations):
             return ClockSetting()
         return ClockSetting(frozen_at=_utc(rows[0][0]), offset=rows[0][1])
 
-    def _fetch_none(self, name: str, params: dict[str, Any]) -> None:
+    def _execute(self, name: str, params: dict[str, Any]) -> None:
         with self._connection() as conn:
             conn.execute(self._q[name], params)
 
@@ -339,7 +346,7 @@ class PostgresStore(ReadOperations):
 
     @operation
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
-        self._fetch_none(
+        self._execute(
             "job_attempt_note",
             {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note},
         )
@@ -382,6 +389,155 @@ class PostgresStore(ReadOperations):
         params = {"task": task, "older_than_s": older_than.total_seconds(), "limit": limit}
         return len(self._rows("intent_prune", params))
 
+    # -- the outbox ----------------------------------------------------------------------------
+
+    @operation
+    def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]:
+        rows = self._rows(
+            "outbox_lease",
+            {
+                "channels": list(params.channels),
+                "limit": params.limit,
+                "worker": params.worker,
+                "token": params.token,
+                "lease_s": params.lease_for.total_seconds(),
+            },
+        )
+        return self._leased_outbox(rows, params.token)
+
+    @operation
+    def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
+        return bool(self._rows("outbox_mark_sending", {"id": outbox_id, "token": token}))
+
+    @operation
+    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+        if not finishes:
+            return set()
+        with self._connection() as conn:
+            return self._outbox_finish_in(conn, token, finishes)
+
+    def _outbox_finish_in(
+        self, conn: psycopg.Connection[Any], token: str, finishes: Sequence[OutboxFinish]
+    ) -> set[int]:
+        params = {
+            "token": token,
+            "ids": [f.id for f in finishes],
+            "states": [f.state for f in finishes],
+            "outcomes": [f.outcome for f in finishes],
+            "counts": [f.counts_attempt for f in finishes],
+            "delays_s": [f.delay.total_seconds() for f in finishes],
+            "errors": [f.error for f in finishes],
+            "receipts": [f.receipt for f in finishes],
+            "dups": [f.possible_duplicate for f in finishes],
+        }
+        return {row[0] for row in conn.execute(self._q["outbox_finish"], params)}
+
+    @operation
+    def outbox_rescue_expired(
+        self, limit: int, decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+    ) -> list[OutboxFinish]:
+        applied: list[OutboxFinish] = []
+        with self._connection() as conn, conn.transaction():
+            now = _required_utc(conn.execute(self._q["clock_now"]).fetchall()[0][0])
+            rows = [
+                self._outbox_row(r)
+                for r in conn.execute(self._q["outbox_rescue_select"], {"limit": limit})
+            ]
+            tokens = {row.id: row.lease_token for row in rows}
+            for finish in decide(rows, now):
+                token = tokens.get(finish.id)
+                if token is not None and self._outbox_finish_in(conn, token, [finish]):
+                    applied.append(finish)
+        return applied
+
+    @operation
+    def outbox_resolve(
+        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
+    ) -> ActionResult | None:
+        rows = self._rows(
+            "outbox_resolve",
+            {
+                "id": action.job_id,
+                "actor": action.actor,
+                "reason": action.reason,
+                "resolution": resolution,
+                "receipt": receipt,
+            },
+        )
+        return ActionResult(rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    @operation
+    def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
+        rows = self._rows(
+            "outbox_replay", {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+        )
+        if not rows:
+            return None
+        self.notify_jobs()
+        return ActionResult(rows[0][0], rows[0][1], rows[0][2])
+
+    @operation
+    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]:
+        rows = self._rows("outbox_ambiguous_list", {"channels": list(channels), "limit": limit})
+        return [self._outbox_row(r) for r in rows]
+
+    @operation
+    def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
+        self._execute(
+            "rate_bucket_configure",
+            {
+                "channel": channel,
+                "names": [b.name for b in specs],
+                "capacities": [b.capacity for b in specs],
+                "refills": [b.refill_per_s for b in specs],
+            },
+        )
+
+    @operation
+    def rate_bucket_apply(
+        self,
+        channel: str,
+        names: Sequence[str],
+        decide: Callable[
+            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
+        ],
+    ) -> T:
+        params = {"channel": channel, "names": list(names)}
+        with self._connection() as conn, conn.transaction():
+            rows = conn.execute(self._q["rate_bucket_select"], params).fetchall()
+            if rows:
+                now, paused = rows[0][5], rows[0][6]
+            else:
+                now, paused = conn.execute(self._q["channel_pause_read"], params).fetchall()[0]
+            buckets = [BucketState(r[0], r[1], r[2], r[3], _required_utc(r[4])) for r in rows]
+            after, result = decide(buckets, _required_utc(now), _utc(paused))
+            if after:
+                conn.execute(
+                    self._q["rate_bucket_update"],
+                    {
+                        "channel": channel,
+                        "names": [b.name for b in after],
+                        "tokens": [b.tokens for b in after],
+                        "updated": [b.updated_at for b in after],
+                    },
+                )
+        return result
+
+    @operation
+    def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
+        rows = self._rows(
+            "channel_pause",
+            {"channel": channel, "pause_s": pause_for.total_seconds(), "reason": reason},
+        )
+        return _required_utc(rows[0][0])
+
+    @operation
+    def setting_put_if_absent(self, name: str, value: str) -> str:
+        self._execute("setting_put_if_absent", {"name": name, "value": value})
+        stored = self.setting_get(name)
+        assert stored is not None
+        return stored
+
     # -- lanes ---------------------------------------------------------------------------------
 
     def consumer_session(self, settings: ConsumerSettings) -> PostgresConsumerSession:
@@ -416,7 +572,7 @@ class PostgresStore(ReadOperations):
             return True  # we may have missed a notification: look
 
     def notify_jobs(self) -> None:
-        self._fetch_none("job_notify", {"schema": self.schema})
+        self._execute("job_notify", {"schema": self.schema})
 
 
 class PostgresConsumerTx:
@@ -437,6 +593,20 @@ class PostgresConsumerTx:
             return {row[0] for row in self._conn.execute(self._q["intent_claim"], params)}
         except (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected):
             raise ClaimLockTimeout(", ".join(c.key for c in claims[:3])) from None
+
+    def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
+        if rows:
+            self._conn.execute(
+                self._q["outbox_insert"],
+                {
+                    "keys": [r.key for r in rows],
+                    "intent_keys": [r.intent_key for r in rows],
+                    "channels": [r.channel for r in rows],
+                    "payloads": [r.payload_json for r in rows],
+                    "tokens": [r.token for r in rows],
+                    "job_ids": [r.job_id for r in rows],
+                },
+            )
 
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
         if not keys:

@@ -15,9 +15,12 @@ from oncebox.metrics import Metrics, operation
 from oncebox.store.base import (
     AttemptRow,
     AuditRow,
+    DeliveryAttemptRow,
     IntentRow,
     JobRow,
     LeasedJob,
+    OutboxLeased,
+    OutboxRow,
     StateCounts,
 )
 
@@ -138,3 +141,88 @@ class ReadOperations:
             AuditRow(r[0], self._required_instant(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
             for r in self._rows("audit_list", {"target_id": target_id, "limit": limit})
         ]
+
+    # -- the outbox --------------------------------------------------------------------------
+
+    def _outbox_row(self, r: Sequence[Any]) -> OutboxRow:
+        at, required = self._instant, self._required_instant
+        return OutboxRow(
+            id=r[0],
+            key=r[1],
+            intent_key=r[2],
+            channel=r[3],
+            payload_json=r[4],
+            token=r[5],
+            job_id=r[6],
+            state=r[7],
+            attempt=r[8],
+            attempt_base=r[9],
+            possible_duplicates=r[10],
+            next_attempt_at=required(r[11]),
+            created_at=required(r[12]),
+            first_leased_at=at(r[13]),
+            leased_by=r[14],
+            lease_token=r[15],
+            lease_expires_at=at(r[16]),
+            sent_at=at(r[17]),
+            receipt=r[18],
+            last_error=r[19],
+        )
+
+    def _leased_outbox(self, rows: Sequence[Sequence[Any]], token: str) -> list[OutboxLeased]:
+        required = self._required_instant
+        leased = [
+            OutboxLeased(
+                id=r[0],
+                key=r[1],
+                intent_key=r[2],
+                channel=r[3],
+                payload_json=r[4],
+                token=r[5],
+                attempt=r[6],
+                attempt_base=r[7],
+                possible_duplicates=r[8],
+                first_leased_at=required(r[9]),
+                leased_at=required(r[10]),
+                lease_token=token,
+            )
+            for r in rows
+        ]
+        leased.sort(key=lambda row: row.id)
+        return leased
+
+    @operation
+    def outbox_get(self, outbox_id: int) -> OutboxRow | None:
+        rows = self._rows("outbox_get", {"id": outbox_id})
+        return self._outbox_row(rows[0]) if rows else None
+
+    @operation
+    def outbox_find_by_key(self, key: str) -> list[OutboxRow]:
+        return [self._outbox_row(r) for r in self._rows("outbox_find_by_key", {"key": key})]
+
+    @operation
+    def outbox_count_by_state(self) -> StateCounts:
+        return StateCounts(
+            {state: count for state, count in self._rows("outbox_count_by_state", {})}
+        )
+
+    @operation
+    def delivery_attempt_list(self, outbox_id: int) -> list[DeliveryAttemptRow]:
+        return [
+            DeliveryAttemptRow(
+                r[0],
+                r[1],
+                r[2],
+                self._instant(r[3]),
+                self._required_instant(r[4]),
+                r[5],
+                r[6],
+                r[7],
+            )
+            for r in self._rows("delivery_attempt_list", {"id": outbox_id})
+        ]
+
+    @operation
+    def setting_get(self, name: str) -> str | None:
+        rows = self._rows("setting_get", {"name": name})
+        return str(rows[0][0]) if rows else None

@@ -27,9 +27,11 @@ from oncebox import clock
 from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
 from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
 from oncebox.metrics import Metrics, operation
+from oncebox.ratelimit import BucketState
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
+    BucketSpec,
     ConsumerSettings,
     EnqueueConflict,
     HandlerConnection,
@@ -41,8 +43,14 @@ from oncebox.store.base import (
     JobReleaseParams,
     LeasedJob,
     OperatorAction,
+    OutboxFinish,
+    OutboxInsert,
+    OutboxLeased,
+    OutboxLeaseParams,
+    OutboxRow,
     RescuedJob,
     SchemaStatus,
+    T,
     chunked,
 )
 from oncebox.store.migrations import split_sqlite_script
@@ -410,6 +418,186 @@ class SqliteStore(ReadOperations):
             }
             return len(conn.execute(self._q["intent_prune"], params).fetchall())
 
+    # -- the outbox ----------------------------------------------------------------------------
+
+    @operation
+    def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]:
+        values: dict[str, Any] = {
+            "channels": json.dumps(list(params.channels)),
+            "limit": params.limit,
+            "worker": params.worker,
+            "token": params.token,
+            "lease_us": _us(params.lease_for),
+        }
+        with self._write() as conn:
+            values["now"] = self._now()
+            rows = conn.execute(self._q["outbox_lease"], values).fetchall()
+        return self._leased_outbox(rows, params.token)
+
+    @operation
+    def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
+        with self._write() as conn:
+            params = {"id": outbox_id, "token": token}
+            return conn.execute(self._q["outbox_mark_sending"], params).fetchone() is not None
+
+    @operation
+    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+        if not finishes:
+            return set()
+        with self._write() as conn:
+            return self._outbox_finish_in(conn, token, finishes)
+
+    def _outbox_finish_in(
+        self, conn: sqlite3.Connection, token: str, finishes: Sequence[OutboxFinish]
+    ) -> set[int]:
+        now = self._now()
+        payload = json.dumps(
+            [
+                [
+                    f.id,
+                    f.state,
+                    f.outcome,
+                    int(f.counts_attempt),
+                    _us(f.delay),
+                    f.error,
+                    f.receipt,
+                    int(f.possible_duplicate),
+                ]
+                for f in finishes
+            ]
+        )
+        rows = conn.execute(
+            self._q["outbox_finish"], {"rows": payload, "token": token, "now": now}
+        ).fetchall()
+        by_id = {f.id: f for f in finishes}
+        records = [
+            [r[0], r[1], r[2], r[3], by_id[r[0]].outcome, by_id[r[0]].error, by_id[r[0]].receipt]
+            for r in rows
+            if by_id[r[0]].outcome is not None
+        ]
+        if records:
+            conn.execute(
+                self._q["outbox_finish__record"], {"rows": json.dumps(records), "now": now}
+            )
+        return {row[0] for row in rows}
+
+    @operation
+    def outbox_rescue_expired(
+        self, limit: int, decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+    ) -> list[OutboxFinish]:
+        applied: list[OutboxFinish] = []
+        with self._write() as conn:
+            now = self._now()
+            rows = [
+                self._outbox_row(r)
+                for r in conn.execute(self._q["outbox_rescue_select"], {"limit": limit, "now": now})
+            ]
+            tokens = {row.id: row.lease_token for row in rows}
+            for finish in decide(rows, from_micros(now)):
+                token = tokens.get(finish.id)
+                if token is not None and self._outbox_finish_in(conn, token, [finish]):
+                    applied.append(finish)
+        return applied
+
+    def _audited(
+        self, name: str, params: dict[str, Any], returned: Sequence[str]
+    ) -> ActionResult | None:
+        """An operator action and its audit row, in one transaction (`name`, `name__audit`)."""
+        with self._write() as conn:
+            now = self._now()
+            row = conn.execute(self._q[name], {**params, "now": now}).fetchone()
+            if row is None:
+                return None
+            values = {**params, **dict(zip(returned, row, strict=True)), "now": now}
+            audit = conn.execute(self._q[f"{name}__audit"], values).fetchone()
+        return ActionResult(job_id=row[0], key=row[1], audit_id=audit[0])
+
+    @operation
+    def outbox_resolve(
+        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
+    ) -> ActionResult | None:
+        params = {
+            "id": action.job_id,
+            "actor": action.actor,
+            "reason": action.reason,
+            "resolution": resolution,
+            "receipt": receipt,
+        }
+        return self._audited("outbox_resolve", params, ("id", "key", "channel"))
+
+    @operation
+    def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
+        params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+        return self._audited("outbox_replay", params, ("id", "key", "channel", "attempt"))
+
+    @operation
+    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]:
+        rows = self._rows(
+            "outbox_ambiguous_list", {"channels": json.dumps(list(channels)), "limit": limit}
+        )
+        return [self._outbox_row(r) for r in rows]
+
+    @operation
+    def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
+        buckets = json.dumps([[b.name, b.capacity, b.refill_per_s] for b in specs])
+        with self._write() as conn:
+            conn.execute(
+                self._q["rate_bucket_configure"],
+                {"channel": channel, "buckets": buckets, "now": self._now()},
+            )
+
+    @operation
+    def rate_bucket_apply(
+        self,
+        channel: str,
+        names: Sequence[str],
+        decide: Callable[
+            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
+        ],
+    ) -> T:
+        with self._write() as conn:
+            now = self._now()
+            params = {"channel": channel, "names": json.dumps(list(names)), "now": now}
+            rows = conn.execute(self._q["rate_bucket_select"], params).fetchall()
+            if rows:
+                paused = rows[0][6]
+            else:
+                paused = conn.execute(self._q["channel_pause_read"], params).fetchone()[1]
+            buckets = [BucketState(r[0], r[1], r[2], r[3], from_micros(r[4])) for r in rows]
+            after, result = decide(buckets, from_micros(now), _dt(paused))
+            if after:
+                conn.execute(
+                    self._q["rate_bucket_update"],
+                    {
+                        "channel": channel,
+                        "buckets": json.dumps(
+                            [[b.name, b.tokens, to_micros(b.updated_at)] for b in after]
+                        ),
+                    },
+                )
+        return result
+
+    @operation
+    def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
+        with self._write() as conn:
+            row = conn.execute(
+                self._q["channel_pause"],
+                {
+                    "channel": channel,
+                    "pause_us": _us(pause_for),
+                    "reason": reason,
+                    "now": self._now(),
+                },
+            ).fetchone()
+        return from_micros(row[0])
+
+    @operation
+    def setting_put_if_absent(self, name: str, value: str) -> str:
+        with self._write() as conn:
+            conn.execute(self._q["setting_put_if_absent"], {"name": name, "value": value})
+            row = conn.execute(self._q["setting_get"], {"name": name}).fetchone()
+        return str(row[0])
+
     # -- lanes ---------------------------------------------------------------------------------
 
     def consumer_session(self, settings: ConsumerSettings) -> SqliteConsumerSession:
@@ -470,6 +658,15 @@ class SqliteConsumerTx:
 
     def _execute_raw(self, sql: str) -> None:
         self._conn.execute(sql)
+
+    def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
+        if rows:
+            payload = json.dumps(
+                [[r.key, r.intent_key, r.channel, r.payload_json, r.token, r.job_id] for r in rows]
+            )
+            self._conn.execute(
+                self._q["outbox_insert"], {"rows": payload, "now": self._store._now()}
+            )
 
     def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
         if not finishes:

@@ -348,3 +348,221 @@ FROM __S__.oncebox_audit
 WHERE (%(target_id)s::bigint IS NULL OR target_id = %(target_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- ============================================================================================
+-- The outbox
+-- ============================================================================================
+
+-- name: outbox_insert
+-- The handlers' buffered rows of one consumer transaction, as one set. A key already in the
+-- outbox (its intent pruned by policy, then claimed again) is not re-sent.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_outbox
+    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at)
+SELECT r.key, r.intent_key, r.channel, r.payload::jsonb, r.token, r.job_id, clock.now, clock.now
+FROM unnest(%(keys)s::text[], %(intent_keys)s::text[], %(channels)s::text[],
+            %(payloads)s::text[], %(tokens)s::text[], %(job_ids)s::bigint[])
+    AS r(key, intent_key, channel, payload, token, job_id),
+     clock
+ON CONFLICT (key) DO NOTHING;
+
+-- name: outbox_lease
+-- Lease due pending rows of the given channels; first_leased_at is set once, here.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+picked AS (
+    SELECT id FROM __S__.oncebox_outbox
+    WHERE state = 'pending'
+      AND channel = ANY(%(channels)s::text[])
+      AND next_attempt_at <= (SELECT now FROM clock)
+    ORDER BY next_attempt_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE __S__.oncebox_outbox o
+SET state = 'leased',
+    leased_by = %(worker)s,
+    leased_at = clock.now,
+    lease_token = %(token)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+    first_leased_at = COALESCE(o.first_leased_at, clock.now)
+FROM picked, clock
+WHERE o.id = picked.id
+RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text, o.token, o.attempt,
+          o.attempt_base, o.possible_duplicates, o.first_leased_at, clock.now;
+
+-- name: outbox_mark_sending
+-- The one durable write before a send through a channel without provider idempotency.
+UPDATE __S__.oncebox_outbox SET state = 'sending'
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'leased'
+RETURNING id;
+
+-- name: outbox_finish
+-- Settle rows of one lease, fenced on its token, and record the delivery attempts.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(outcomes)s::text[],
+                         %(counts)s::bool[], %(delays_s)s::float8[], %(errors)s::text[],
+                         %(receipts)s::text[], %(dups)s::bool[])
+        AS i(id, state, outcome, counts, delay_s, error, receipt, dup)
+),
+settled AS (
+    UPDATE __S__.oncebox_outbox o
+    SET state = i.state,
+        attempt = o.attempt + CASE WHEN i.counts THEN 1 ELSE 0 END,
+        possible_duplicates = o.possible_duplicates + CASE WHEN i.dup THEN 1 ELSE 0 END,
+        next_attempt_at = CASE WHEN i.state = 'pending'
+                               THEN clock.now + make_interval(secs => i.delay_s)
+                               ELSE o.next_attempt_at END,
+        sent_at = CASE WHEN i.state = 'sent' THEN clock.now ELSE o.sent_at END,
+        receipt = COALESCE(i.receipt, o.receipt),
+        last_error = CASE WHEN i.state = 'sent' THEN o.last_error
+                          ELSE COALESCE(i.error, o.last_error) END,
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM input i, clock
+    WHERE o.id = i.id AND o.lease_token = %(token)s AND o.state IN ('leased', 'sending')
+    RETURNING o.id, o.attempt, o.leased_by, o.leased_at, i.outcome, i.error, i.receipt,
+              clock.now
+),
+recorded AS (
+    INSERT INTO __S__.oncebox_delivery_attempts
+        (outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt)
+    SELECT id, attempt, leased_by, leased_at, now, outcome, error, receipt
+    FROM settled WHERE outcome IS NOT NULL
+)
+SELECT id FROM settled;
+
+-- name: outbox_rescue_select
+-- Rows whose lease expired, locked for the rescue's decision (the caller's transaction).
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+FROM __S__.oncebox_outbox
+WHERE state IN ('leased', 'sending') AND lease_expires_at < (SELECT __S__.oncebox_now())
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_resolve
+-- Ambiguous → sent (the provider has it) or pending (resend now), audited in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+resolved AS (
+    UPDATE __S__.oncebox_outbox o
+    SET state = CASE WHEN %(resolution)s = 'sent' THEN 'sent' ELSE 'pending' END,
+        sent_at = CASE WHEN %(resolution)s = 'sent' THEN clock.now ELSE o.sent_at END,
+        receipt = COALESCE(%(receipt)s, o.receipt),
+        next_attempt_at = clock.now
+    FROM clock
+    WHERE o.id = %(id)s AND o.state = 'ambiguous'
+    RETURNING o.id, o.key, o.channel, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'resolve-' || %(resolution)s, 'delivery', id, key, %(reason)s,
+           jsonb_build_object('channel', channel)
+    FROM resolved
+    RETURNING id
+)
+SELECT r.id, r.key, a.id FROM resolved r, audited a;
+
+-- name: outbox_replay
+-- Dead → pending in place: same key, same frozen content; audited in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+replayed AS (
+    UPDATE __S__.oncebox_outbox o
+    SET state = 'pending', next_attempt_at = clock.now, attempt_base = o.attempt
+    FROM clock
+    WHERE o.id = %(id)s AND o.state = 'dead'
+    RETURNING o.id, o.key, o.channel, o.attempt, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'replay', 'delivery', id, key, %(reason)s,
+           jsonb_build_object('channel', channel, 'attempts_before', attempt)
+    FROM replayed
+    RETURNING id
+)
+SELECT r.id, r.key, a.id FROM replayed r, audited a;
+
+-- name: outbox_get
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+FROM __S__.oncebox_outbox WHERE id = %(id)s;
+
+-- name: outbox_find_by_key
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+FROM __S__.oncebox_outbox WHERE key = %(key)s OR intent_key = %(key)s ORDER BY id;
+
+-- name: outbox_ambiguous_list
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+FROM __S__.oncebox_outbox
+WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
+ORDER BY id LIMIT %(limit)s;
+
+-- name: outbox_count_by_state
+SELECT state, count(*) FROM __S__.oncebox_outbox GROUP BY state;
+
+-- name: delivery_attempt_list
+SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
+FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
+
+-- ============================================================================================
+-- Rate limits, channel pauses, settings
+-- ============================================================================================
+
+-- name: rate_bucket_configure
+-- Create missing buckets full; follow configuration changes of capacity and refill rate.
+INSERT INTO __S__.oncebox_rate_buckets AS rb
+    (channel, name, capacity, refill_per_s, tokens, updated_at)
+SELECT %(channel)s, b.name, b.capacity, b.refill, b.capacity, (SELECT __S__.oncebox_now())
+FROM unnest(%(names)s::text[], %(capacities)s::float8[], %(refills)s::float8[])
+    AS b(name, capacity, refill)
+ON CONFLICT (channel, name) DO UPDATE
+SET capacity = excluded.capacity, refill_per_s = excluded.refill_per_s,
+    tokens = LEAST(rb.tokens, excluded.capacity);
+
+-- name: rate_bucket_select
+-- The channel's buckets, locked until the caller's transaction ends, with the clock and pause.
+SELECT b.name, b.capacity, b.refill_per_s, b.tokens, b.updated_at,
+       (SELECT __S__.oncebox_now()),
+       (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s)
+FROM __S__.oncebox_rate_buckets b
+WHERE b.channel = %(channel)s AND b.name = ANY(%(names)s::text[])
+ORDER BY b.name
+FOR UPDATE OF b;
+
+-- name: rate_bucket_update
+UPDATE __S__.oncebox_rate_buckets b
+SET tokens = u.tokens, updated_at = u.updated_at
+FROM unnest(%(names)s::text[], %(tokens)s::float8[], %(updated)s::timestamptz[])
+    AS u(name, tokens, updated_at)
+WHERE b.channel = %(channel)s AND b.name = u.name;
+
+-- name: channel_pause_read
+SELECT (SELECT __S__.oncebox_now()),
+       (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s);
+
+-- name: channel_pause
+-- Pause a channel for everyone until now + pause_s; a longer pause already in place stays.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_channel_pauses AS p (channel, paused_until, reason)
+SELECT %(channel)s, clock.now + make_interval(secs => %(pause_s)s), %(reason)s FROM clock
+ON CONFLICT (channel) DO UPDATE
+SET paused_until = GREATEST(p.paused_until, excluded.paused_until),
+    reason = CASE WHEN excluded.paused_until > p.paused_until THEN excluded.reason
+                  ELSE p.reason END
+RETURNING paused_until;
+
+-- name: setting_get
+SELECT value FROM __S__.oncebox_settings WHERE name = %(name)s;
+
+-- name: setting_put_if_absent
+INSERT INTO __S__.oncebox_settings (name, value) VALUES (%(name)s, %(value)s)
+ON CONFLICT (name) DO NOTHING;

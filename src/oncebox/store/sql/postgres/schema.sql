@@ -12,6 +12,12 @@ TABLE oncebox_audit
   details jsonb
   CONSTRAINT PRIMARY KEY (id)
 
+TABLE oncebox_channel_pauses
+  channel text NOT NULL
+  paused_until timestamp with time zone NOT NULL
+  reason text NOT NULL
+  CONSTRAINT PRIMARY KEY (channel)
+
 TABLE oncebox_clock
   singleton boolean NOT NULL DEFAULT true
   frozen_at timestamp with time zone
@@ -19,6 +25,19 @@ TABLE oncebox_clock
   CONSTRAINT CHECK (((frozen_at IS NULL) OR (offset_by IS NULL)))
   CONSTRAINT CHECK (singleton)
   CONSTRAINT PRIMARY KEY (singleton)
+
+TABLE oncebox_delivery_attempts
+  id bigint NOT NULL
+  outbox_id bigint NOT NULL
+  attempt integer NOT NULL
+  worker text
+  started_at timestamp with time zone
+  finished_at timestamp with time zone NOT NULL
+  outcome text NOT NULL
+  error text
+  receipt text
+  CONSTRAINT CHECK ((outcome = ANY (ARRAY['sent'::text, 'failed'::text, 'throttled'::text, 'dead'::text, 'ambiguous'::text, 'resent'::text, 'lease_expired'::text])))
+  CONSTRAINT PRIMARY KEY (id)
 
 TABLE oncebox_intents
   key text NOT NULL
@@ -76,11 +95,61 @@ TABLE oncebox_migrations
   applied_at timestamp with time zone NOT NULL DEFAULT now()
   CONSTRAINT PRIMARY KEY (version)
 
+TABLE oncebox_outbox
+  id bigint NOT NULL
+  key text NOT NULL
+  intent_key text NOT NULL
+  channel text NOT NULL
+  payload jsonb NOT NULL
+  token text NOT NULL
+  job_id bigint
+  state text NOT NULL DEFAULT 'pending'::text
+  attempt integer NOT NULL DEFAULT 0
+  attempt_base integer NOT NULL DEFAULT 0
+  possible_duplicates integer NOT NULL DEFAULT 0
+  next_attempt_at timestamp with time zone NOT NULL
+  created_at timestamp with time zone NOT NULL
+  first_leased_at timestamp with time zone
+  leased_by text
+  leased_at timestamp with time zone
+  lease_token uuid
+  lease_expires_at timestamp with time zone
+  sent_at timestamp with time zone
+  receipt text
+  last_error text
+  CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
+  CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
+  CONSTRAINT PRIMARY KEY (id)
+  CONSTRAINT UNIQUE (key)
+  WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=1000)
+
+TABLE oncebox_rate_buckets
+  channel text NOT NULL
+  name text NOT NULL
+  capacity double precision NOT NULL
+  refill_per_s double precision NOT NULL
+  tokens double precision NOT NULL
+  updated_at timestamp with time zone NOT NULL
+  CONSTRAINT CHECK ((capacity >= (1)::double precision))
+  CONSTRAINT CHECK ((refill_per_s > (0)::double precision))
+  CONSTRAINT PRIMARY KEY (channel, name)
+
+TABLE oncebox_settings
+  name text NOT NULL
+  value text NOT NULL
+  CONSTRAINT PRIMARY KEY (name)
+
 CREATE UNIQUE INDEX oncebox_audit_pkey ON __S__.oncebox_audit USING btree (id)
 
 CREATE INDEX oncebox_audit_target ON __S__.oncebox_audit USING btree (target_kind, target_id)
 
+CREATE UNIQUE INDEX oncebox_channel_pauses_pkey ON __S__.oncebox_channel_pauses USING btree (channel)
+
 CREATE UNIQUE INDEX oncebox_clock_pkey ON __S__.oncebox_clock USING btree (singleton)
+
+CREATE UNIQUE INDEX oncebox_delivery_attempts_pkey ON __S__.oncebox_delivery_attempts USING btree (id)
+
+CREATE INDEX oncebox_delivery_attempts_row ON __S__.oncebox_delivery_attempts USING btree (outbox_id, id)
 
 CREATE UNIQUE INDEX oncebox_intents_pkey ON __S__.oncebox_intents USING btree (key)
 
@@ -103,6 +172,22 @@ CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON __S__.oncebox_jobs USING btree (
 CREATE UNIQUE INDEX oncebox_jobs_pkey ON __S__.oncebox_jobs USING btree (id)
 
 CREATE UNIQUE INDEX oncebox_migrations_pkey ON __S__.oncebox_migrations USING btree (version)
+
+CREATE INDEX oncebox_outbox_attention ON __S__.oncebox_outbox USING btree (id) WHERE (state = ANY (ARRAY['dead'::text, 'ambiguous'::text]))
+
+CREATE INDEX oncebox_outbox_due ON __S__.oncebox_outbox USING btree (channel, next_attempt_at, id) WHERE (state = 'pending'::text)
+
+CREATE INDEX oncebox_outbox_intent ON __S__.oncebox_outbox USING btree (intent_key)
+
+CREATE UNIQUE INDEX oncebox_outbox_key_key ON __S__.oncebox_outbox USING btree (key)
+
+CREATE INDEX oncebox_outbox_leased ON __S__.oncebox_outbox USING btree (lease_expires_at) WHERE (state = ANY (ARRAY['leased'::text, 'sending'::text]))
+
+CREATE UNIQUE INDEX oncebox_outbox_pkey ON __S__.oncebox_outbox USING btree (id)
+
+CREATE UNIQUE INDEX oncebox_rate_buckets_pkey ON __S__.oncebox_rate_buckets USING btree (channel, name)
+
+CREATE UNIQUE INDEX oncebox_settings_pkey ON __S__.oncebox_settings USING btree (name)
 
 FUNCTION oncebox_jobs_notify
 BEGIN

@@ -1,0 +1,85 @@
+"""How a box's lanes are built: a consumer on its own connection, a dispatcher over the box's
+channels. Used by the worker, and by `Box.consumer()` / `Box.dispatcher()` for tests and tools."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+from typing import TYPE_CHECKING
+
+from oncebox.consumer import Consumer, ConsumerConfig
+from oncebox.errors import ConfigurationError
+from oncebox.store.base import ConsumerSettings
+from oncebox.transport import Delivery, TableTransport, Transport
+from oncebox.watch import HandlerWatch
+
+if TYPE_CHECKING:
+    from oncebox.box import Box
+
+log = logging.getLogger("oncebox.worker")
+
+
+def worker_name(index: int | str) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{index}"
+
+
+def build_consumer(
+    box: Box,
+    config: ConsumerConfig,
+    watch: HandlerWatch,
+    *,
+    queues: tuple[str, ...] | None = None,
+    name: str = "c0",
+    rng: random.Random | None = None,
+    transport: Transport | None = None,
+) -> tuple[Consumer, Transport]:
+    """A consumer with its own dedicated connection, on the built-in table queue unless another
+    transport is given."""
+    tasks = box.registry.all()
+    if not tasks:
+        raise ConfigurationError("this box has no tasks registered; there is nothing to work on")
+    longest = max(task.timeout for task in tasks)
+    # A hung handler's transaction is ended by the server after its timeout plus grace.
+    worker = worker_name(name)
+    session = box.store.consumer_session(
+        ConsumerSettings(
+            lock_timeout=config.lock_timeout,
+            transaction_timeout=longest + watch.grace_delta,
+            application_name=f"oncebox {worker}"[:63],
+        )
+    )
+    lease = config.lease
+    if box.store.dialect == "sqlite":
+        # Heartbeats cannot run while a SQLite transaction holds the write lock: the lease must
+        # outlast one transaction on its own.
+        lease = max(lease, longest + watch.grace_delta + config.transaction_budget)
+    transport = transport or TableTransport(
+        session,
+        tasks=[task.name for task in tasks],
+        queues=list(queues or sorted({task.queue for task in tasks})),
+        worker=worker,
+        lease_for=lease,
+        next_due=box.store.job_next_due,
+    )
+
+    def note(delivery: Delivery, text: str) -> None:
+        if delivery.job_id is not None:
+            box.store.job_attempt_note(delivery.job_id, delivery.attempt, worker, text)
+        log.warning("job %s: %s", delivery.job_id, text)
+
+    consumer = Consumer(
+        outbox=box.outbox_writer,
+        registry=box.registry,
+        session=session,
+        transport=transport,
+        config=config,
+        metrics=box.metrics,
+        watch=watch,
+        now=box.store.clock_now,
+        rng=rng or box.rng,
+        worker=worker,
+        note_superseded=note,
+    )
+    return consumer, transport

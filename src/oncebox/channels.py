@@ -1,0 +1,104 @@
+"""Channels: a name handlers write to (`"email"`), the provider that delivers it, and its policies.
+
+    box.channel("email", provider="smtp://127.0.0.1:2525", limits=["14/s", "50000/day"],
+                ambiguity="hold", retry=oncebox.Retry(max_attempts=8))
+
+- `limits`: token buckets shared by every dispatcher (see `ratelimit.py`).
+- `ambiguity`: what an unknown send outcome means on a provider **without** idempotency keys
+  (plain SMTP): `hold` (default) — the row becomes `ambiguous`, visible, and nothing is sent
+  again until it is resolved (`box.resolve`, or the provider's status lookup); `retry` — it is
+  sent again and counted as a possible duplicate. On a provider **with** idempotency keys an
+  unknown outcome is simply resent with the same key, until the provider's window has passed
+  since the row was first leased; then it is `ambiguous` too.
+- `retry`: attempts and backoff for retryable failures (5xx, SMTP 4xx, connection refused).
+- `pause_on_421`: how long an SMTP 421 pauses the channel (SMTP has no Retry-After).
+- `default_throttle` / `max_pause`: the pause for a 429 without a usable Retry-After, and the cap
+  on any pause (absurd Retry-After values are capped and logged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from oncebox.errors import ConfigurationError
+from oncebox.providers import Provider, from_url
+from oncebox.ratelimit import Limit
+from oncebox.retry import Retry
+from oncebox.store.base import BucketSpec
+from oncebox.tasks import check_name
+
+Ambiguity = Literal["hold", "retry"]
+DEFAULT_CHANNEL_RETRY = Retry(
+    max_attempts=8, base_delay=timedelta(seconds=5), max_delay=timedelta(hours=1)
+)
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    provider: Provider
+    limits: tuple[Limit, ...] = ()
+    ambiguity: Ambiguity = "hold"
+    retry: Retry = DEFAULT_CHANNEL_RETRY
+    pause_on_421: timedelta = timedelta(minutes=5)
+    default_throttle: timedelta = timedelta(seconds=60)
+    max_pause: timedelta = timedelta(hours=1)
+    sender: str | None = None
+    batch_size: int = 100
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def idempotent(self) -> bool:
+        return bool(self.provider.idempotent)
+
+    @property
+    def window(self) -> timedelta | None:
+        return self.provider.idempotency_window if self.idempotent else None
+
+    def bucket_specs(self) -> list[BucketSpec]:
+        return [BucketSpec(lim.name, float(lim.count), lim.refill_per_s) for lim in self.limits]
+
+
+def make_channel(
+    name: str,
+    provider: Provider | str,
+    *,
+    limits: Sequence[str] = (),
+    ambiguity: Ambiguity = "hold",
+    retry: Retry | None = None,
+    pause_on_421: timedelta = timedelta(minutes=5),
+    default_throttle: timedelta = timedelta(seconds=60),
+    max_pause: timedelta = timedelta(hours=1),
+    sender: str | None = None,
+    batch_size: int = 100,
+) -> Channel:
+    check_name("channel", name)
+    if ambiguity not in ("hold", "retry"):
+        raise ConfigurationError(f"channel {name!r}: ambiguity must be 'hold' or 'retry'")
+    if not 1 <= batch_size <= 1000:
+        raise ConfigurationError(f"channel {name!r}: batch_size must be within 1..1000")
+    for value, label in (
+        (pause_on_421, "pause_on_421"),
+        (default_throttle, "default_throttle"),
+        (max_pause, "max_pause"),
+    ):
+        if value <= timedelta(0):
+            raise ConfigurationError(f"channel {name!r}: {label} must be positive")
+    parsed = tuple(Limit.parse(text) for text in limits)
+    if len({lim.name for lim in parsed}) != len(parsed):
+        raise ConfigurationError(f"channel {name!r}: a limit is listed twice")
+    return Channel(
+        name=name,
+        provider=from_url(provider) if isinstance(provider, str) else provider,
+        limits=parsed,
+        ambiguity=ambiguity,
+        retry=retry or DEFAULT_CHANNEL_RETRY,
+        pause_on_421=pause_on_421,
+        default_throttle=default_throttle,
+        max_pause=max_pause,
+        sender=sender,
+        batch_size=batch_size,
+    )

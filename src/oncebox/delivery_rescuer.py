@@ -1,0 +1,104 @@
+"""`DeliveryRescuer`: outbox rows whose dispatcher lease expired.
+
+What an expired lease means depends on how far the dispatcher got, which the row's state tells:
+
+- `leased` on a channel **without** provider idempotency: the `sending` marker was never written,
+  so no send was attempted — back to `pending`, no attempt spent;
+- `leased` on a channel **with** provider idempotency: a send may have happened (there is no
+  marker) — back to `pending` to be resent with the same key, unless the row was first leased
+  longer ago than the provider's idempotency window: then a resend could duplicate, and the row is
+  `ambiguous`;
+- `sending` (no provider idempotency): the dispatcher died between marking and recording — the
+  message may have been sent. Policy `hold`: `ambiguous`, visible, awaiting reconciliation;
+  policy `retry`: resent, counted as a possible duplicate.
+Rows of channels this process does not know are left for a worker that knows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from oncebox.channels import Channel
+from oncebox.metrics import Metrics
+from oncebox.store.base import OutboxFinish, OutboxRow, Store
+
+
+@dataclass(frozen=True)
+class DeliveryRescuerResult:
+    settled: list[OutboxFinish]
+
+    def count(self, state: str) -> int:
+        return sum(1 for finish in self.settled if finish.state == state)
+
+
+def decide_expired(channel: Channel, row: OutboxRow, now: datetime) -> OutboxFinish:
+    worker = row.leased_by or "a dispatcher"
+    if row.state == "sending":
+        if channel.ambiguity == "retry":
+            return OutboxFinish(
+                row.id,
+                "pending",
+                "lease_expired",
+                True,
+                possible_duplicate=True,
+                error=f"{worker} stopped after marking the message sending; "
+                "resent under policy retry (a possible duplicate)",
+            )
+        return OutboxFinish(
+            row.id,
+            "ambiguous",
+            "ambiguous",
+            True,
+            error=f"{worker} stopped after marking the message sending; it may "
+            "have been sent (policy hold: not resent)",
+        )
+    if not channel.idempotent:
+        return OutboxFinish(row.id, "pending", None, False)  # nothing was sent: no marker
+    window = channel.window
+    if (
+        window is not None
+        and row.first_leased_at is not None
+        and row.first_leased_at + window <= now
+    ):
+        return OutboxFinish(
+            row.id,
+            "ambiguous",
+            "ambiguous",
+            False,
+            error=f"{worker}'s lease expired and the row was first leased at "
+            f"{row.first_leased_at.isoformat()}, past the provider's "
+            f"idempotency window of {window}: a resend could duplicate",
+        )
+    return OutboxFinish(
+        row.id,
+        "pending",
+        "lease_expired",
+        False,
+        error=f"{worker}'s lease expired; resent with the same idempotency key",
+    )
+
+
+class DeliveryRescuer:
+    def __init__(
+        self, store: Store, channels: Mapping[str, Channel], metrics: Metrics, batch_size: int = 500
+    ) -> None:
+        self.store = store
+        self.channels = dict(channels)
+        self.metrics = metrics
+        self.batch_size = batch_size
+
+    def run_once(self) -> DeliveryRescuerResult:
+        def decide(rows: list[OutboxRow], now: datetime) -> list[OutboxFinish]:
+            return [
+                decide_expired(self.channels[row.channel], row, now)
+                for row in rows
+                if row.channel in self.channels
+            ]
+
+        settled = self.store.outbox_rescue_expired(self.batch_size, decide)
+        result = DeliveryRescuerResult(settled)
+        self.metrics.count("deliveries_lease_expired", len(settled))
+        self.metrics.count("deliveries_ambiguous", result.count("ambiguous"))
+        return result

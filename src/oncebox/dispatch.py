@@ -1,0 +1,329 @@
+"""`OutboxDispatcher`: the lane that delivers outbox rows to providers.
+
+One round (`run_once`):
+1. lease a batch of due rows (owner token + deadline; the statement records `first_leased_at`
+   once);
+2. per channel, take tokens from the shared buckets; rows beyond the grant, and every row while
+   the channel is paused, go back to `pending` for when tokens return — a wait, not an attempt;
+3. send each granted row:
+   - a channel **without** provider idempotency (plain SMTP) first marks the row `sending` (one
+     durable write), sends, and records the outcome at once;
+   - a channel **with** provider idempotency sends with the row's idempotency key and records the
+     batch's outcomes together (a crash before recording means a resend with the same key, which
+     the provider answers with its first reply);
+4. classify each outcome (providers/base.py): sent; retryable (backoff, an attempt spent, dead
+   when spent out); throttled (the whole channel pauses for every dispatcher, no attempt spent);
+   permanent (dead at once, the reply recorded; an alarm if the provider saw the key with
+   another body); ambiguous (see channels.py for the policies).
+Every settlement is fenced on the lease token: a dispatcher whose lease was rescued records
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from oncebox import clock, points
+from oncebox.channels import Channel
+from oncebox.lane import run_forever
+from oncebox.metrics import Metrics
+from oncebox.providers import (
+    Outgoing,
+    SendAmbiguous,
+    SendPermanent,
+    SendRetryable,
+    SendThrottled,
+)
+from oncebox.ratelimit import Grant, take
+from oncebox.store.base import OutboxFinish, OutboxLeased, OutboxLeaseParams, Store
+from oncebox.tokens import idempotency_key
+
+log = logging.getLogger("oncebox.dispatcher")
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    batch_size: int = 100
+    lease: timedelta = timedelta(minutes=5)
+    poll_interval: timedelta = timedelta(seconds=5)
+
+
+@dataclass
+class DispatcherResult:
+    leased: int = 0
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    ambiguous: int = 0
+    throttled: int = 0
+    waited: int = 0
+    possible_duplicates: int = 0
+    lease_lost: int = 0
+    alarms: int = 0
+
+    def add(self, other: DispatcherResult) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+class OutboxDispatcher:
+    def __init__(
+        self,
+        store: Store,
+        channels: Mapping[str, Channel],
+        config: DispatcherConfig,
+        metrics: Metrics,
+        *,
+        worker: str,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.channels = dict(channels)
+        self.config = config
+        self.metrics = metrics
+        self.worker = worker
+        self.rng = rng or random.Random()
+        for channel in self.channels.values():
+            if channel.limits:
+                store.rate_bucket_configure(channel.name, channel.bucket_specs())
+
+    def run_once(self) -> DispatcherResult:
+        result = DispatcherResult()
+        token = str(uuid.uuid4())
+        rows = self.store.outbox_lease(
+            OutboxLeaseParams(
+                channels=sorted(self.channels),
+                limit=self.config.batch_size,
+                worker=self.worker,
+                token=token,
+                lease_for=self.config.lease,
+            )
+        )
+        result.leased = len(rows)
+        if not rows:
+            return result
+        points.reach("dispatcher.after_lease")
+        started = clock.monotonic()
+        for name in sorted({row.channel for row in rows}):
+            batch = [row for row in rows if row.channel == name]
+            self._channel_round(self.channels[name], batch, token, started, result)
+        self._count(result)
+        return result
+
+    # -- one channel's share of a batch --------------------------------------------------------
+
+    def _take(self, channel: Channel, want: int) -> Grant:
+        names = [limit.name for limit in channel.limits]
+        return self.store.rate_bucket_apply(
+            channel.name, names, lambda buckets, now, paused: take(buckets, want, now, paused)
+        )
+
+    def _channel_round(
+        self,
+        channel: Channel,
+        rows: list[OutboxLeased],
+        token: str,
+        started: float,
+        result: DispatcherResult,
+    ) -> None:
+        grant = self._take(channel, len(rows))
+        granted, waiting = rows[: grant.granted], rows[grant.granted :]
+        if waiting:
+            self._give_back(token, waiting, grant.retry_in, result)
+        pending: list[OutboxFinish] = []  # idempotent channels record the batch together
+        for index, row in enumerate(granted):
+            if clock.monotonic() - started > self.config.lease.total_seconds() * 0.8:
+                self._give_back(token, granted[index:], timedelta(0), result)  # lease running out
+                break
+            finish = self._send(channel, row, token, started, result)
+            if finish is None:
+                continue
+            if finish.outcome == "throttled":
+                self._record(token, [*pending, finish], result)
+                pending = []
+                self._give_back(token, granted[index + 1 :], finish.delay, result)
+                break
+            if channel.idempotent:
+                pending.append(finish)
+            else:
+                self._record(token, [finish], result)
+        self._record(token, pending, result)
+
+    def _give_back(
+        self, token: str, rows: Sequence[OutboxLeased], delay: timedelta, result: DispatcherResult
+    ) -> None:
+        """Unsent rows back to pending, due after `delay`, without spending an attempt."""
+        if not rows:
+            return
+        finishes = [OutboxFinish(row.id, "pending", None, False, delay) for row in rows]
+        result.waited += len(self.store.outbox_finish(token, finishes))
+
+    def _record(self, token: str, finishes: list[OutboxFinish], result: DispatcherResult) -> None:
+        if not finishes:
+            return
+        settled = self.store.outbox_finish(token, finishes)
+        lost = [f for f in finishes if f.id not in settled]
+        if lost:
+            result.lease_lost += len(lost)
+            log.warning(
+                "dispatcher %s: lease lost for outbox rows %s; outcome not recorded "
+                "by this dispatcher",
+                self.worker,
+                [f.id for f in lost],
+            )
+        for finish in finishes:
+            if finish.id not in settled:
+                continue
+            if finish.state == "sent":
+                result.sent += 1
+            elif finish.state == "dead":
+                result.dead += 1
+            elif finish.state == "ambiguous":
+                result.ambiguous += 1
+            elif finish.outcome == "throttled":
+                result.throttled += 1
+            else:
+                result.retried += 1
+            result.possible_duplicates += int(finish.possible_duplicate)
+
+    # -- one send ------------------------------------------------------------------------------
+
+    def _send(
+        self,
+        channel: Channel,
+        row: OutboxLeased,
+        token: str,
+        started: float,
+        result: DispatcherResult,
+    ) -> OutboxFinish | None:
+        outgoing = Outgoing(
+            row.id, channel.name, row.token, json.loads(row.payload_json), row.attempt + 1
+        )
+        if not channel.idempotent:
+            if not self.store.outbox_mark_sending(row.id, token):
+                result.lease_lost += 1
+                return None
+            points.reach("dispatcher.after_sending_marker")
+        try:
+            receipt = channel.provider.send(outgoing, idempotency_key(row.token))
+        except SendThrottled as exc:
+            return self._throttled(channel, row, exc)
+        except SendRetryable as exc:
+            return self._failed(channel, row, exc, exc.retry_after)
+        except SendPermanent as exc:
+            if exc.alarm:
+                result.alarms += 1
+                self.metrics.count("delivery_alarms")
+                log.error("ALARM outbox row %s (%s): %s", row.id, row.key, exc.reason)
+            return OutboxFinish(row.id, "dead", "dead", True, error=exc.reason[:MAX_ERROR_CHARS])
+        except SendAmbiguous as exc:
+            return self._ambiguous(channel, row, exc.reason, started)
+        except Exception as exc:  # a provider bug: assume the worst about what was sent
+            log.exception(
+                "provider %s failed unexpectedly on outbox row %s", channel.provider.name, row.id
+            )
+            return self._ambiguous(channel, row, f"{type(exc).__name__}: {exc}", started)
+        points.reach("dispatcher.after_provider_accept_before_record")
+        return OutboxFinish(
+            row.id, "sent", "sent", True, receipt=receipt.provider_id or receipt.detail or None
+        )
+
+    def _attempts_left(self, channel: Channel, row: OutboxLeased) -> int:
+        return channel.retry.max_attempts - (row.attempt + 1 - row.attempt_base)
+
+    def _failed(
+        self,
+        channel: Channel,
+        row: OutboxLeased,
+        exc: Exception,
+        retry_after: timedelta | None,
+    ) -> OutboxFinish:
+        decision = channel.retry.decide(
+            exc, row.attempt + 1, self._attempts_left(channel, row), self.rng
+        )
+        reason = str(exc)[:MAX_ERROR_CHARS]
+        if not decision.retry:
+            return OutboxFinish(
+                row.id, "dead", "dead", True, error=f"{reason} (final: {decision.reason})"
+            )
+        delay = max(retry_after or timedelta(0), decision.delay)
+        return OutboxFinish(row.id, "pending", "failed", True, delay, error=reason)
+
+    def _throttled(self, channel: Channel, row: OutboxLeased, exc: SendThrottled) -> OutboxFinish:
+        wanted = exc.retry_after
+        if wanted is None:
+            wanted = channel.pause_on_421 if exc.smtp_421 else channel.default_throttle
+        pause = min(wanted, channel.max_pause)
+        if wanted > channel.max_pause:
+            log.warning(
+                "channel %s: provider asked for a %s pause; capped at %s",
+                channel.name,
+                wanted,
+                channel.max_pause,
+            )
+        until = self.store.channel_pause(channel.name, pause, exc.reason[:500])
+        self.metrics.count("channel_pauses")
+        log.warning("channel %s paused until %s: %s", channel.name, until.isoformat(), exc.reason)
+        return OutboxFinish(
+            row.id, "pending", "throttled", False, pause, error=exc.reason[:MAX_ERROR_CHARS]
+        )
+
+    def _ambiguous(
+        self, channel: Channel, row: OutboxLeased, reason: str, started: float
+    ) -> OutboxFinish:
+        reason = reason[:MAX_ERROR_CHARS]
+        left = self._attempts_left(channel, row)
+        if channel.idempotent:
+            now = row.leased_at + timedelta(seconds=clock.monotonic() - started)
+            window = channel.window
+            if (window is not None and row.first_leased_at + window <= now) or left <= 0:
+                why = "past the provider's idempotency window" if left > 0 else "attempts spent"
+                return OutboxFinish(
+                    row.id,
+                    "ambiguous",
+                    "ambiguous",
+                    True,
+                    error=f"{reason} ({why}: a resend could duplicate)",
+                )
+            # resend with the same key: the provider deduplicates within its window
+            delay = channel.retry.backoff(row.attempt + 1, self.rng)
+            return OutboxFinish(row.id, "pending", "ambiguous", True, delay, error=reason)
+        if channel.ambiguity == "retry" and left > 0:
+            delay = channel.retry.backoff(row.attempt + 1, self.rng)
+            return OutboxFinish(
+                row.id, "pending", "ambiguous", True, delay, error=reason, possible_duplicate=True
+            )
+        return OutboxFinish(
+            row.id,
+            "ambiguous",
+            "ambiguous",
+            True,
+            error=f"{reason} (held for reconciliation: no resend)",
+        )
+
+    def _count(self, result: DispatcherResult) -> None:
+        for name in (
+            "sent",
+            "retried",
+            "dead",
+            "ambiguous",
+            "throttled",
+            "waited",
+            "possible_duplicates",
+            "lease_lost",
+        ):
+            self.metrics.count(f"deliveries_{name}", getattr(result, name))
+
+    def run_forever(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
+        def once() -> bool:
+            return self.run_once().leased >= self.config.batch_size
+
+        run_forever("dispatcher", once, stop, self.config.poll_interval.total_seconds())

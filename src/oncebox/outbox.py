@@ -1,0 +1,115 @@
+"""Writing to the outbox from a handler: `ctx.outbox.email(...)`, `ctx.outbox.add(...)`.
+
+A handler never calls a provider. It writes outbox rows, and they commit with its claim — or not
+at all. Rows are buffered in memory and inserted as one set with the rest of the batch, so a
+handler that only writes outbox rows costs no extra round trip.
+
+Keys: the first message of an intent has the intent's key; further messages of the same intent
+need a `suffix` (the row's key is then `intent-key~suffix`). Suffixes are explicit, not counted,
+so a retry of the handler writes the same keys whatever order it sends in.
+
+Content freeze: the row stores the complete rendered message. Every retry and replay sends exactly
+that; nothing changes a message under its key. Sending different content is a new business
+operation with a new key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from oncebox.channels import Channel
+from oncebox.errors import ConfigurationError, InvalidArguments
+from oncebox.keys import validate_key
+from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
+from oncebox.store.base import OutboxInsert
+from oncebox.tokens import derive_token
+
+MAX_PAYLOAD_BYTES = MAX_EMAIL_BYTES
+SUFFIX_SEPARATOR = "~"
+
+
+class OutboxWriter:
+    """`ctx.outbox` for one handler run; its rows are inserted only if the handler succeeds."""
+
+    def __init__(
+        self,
+        *,
+        intent_key: str | None,
+        job_id: int | None,
+        channels: Mapping[str, Channel],
+        secret: Callable[[], str],
+        now: Callable[[], datetime],
+    ) -> None:
+        self._intent_key = intent_key
+        self._job_id = job_id
+        self._channels = channels
+        self._secret = secret
+        self._now = now
+        self.rows: list[OutboxInsert] = []
+
+    def _key(self, suffix: str | None) -> str:
+        if self._intent_key is None:
+            raise ConfigurationError(
+                "the outbox needs a task with a key template: a keyless (at-least-once) task has "
+                "no intent to tie its messages to"
+            )
+        key = (
+            self._intent_key if suffix is None else f"{self._intent_key}{SUFFIX_SEPARATOR}{suffix}"
+        )
+        if suffix is not None and ("/" in suffix or SUFFIX_SEPARATOR in suffix):
+            raise InvalidArguments(f"outbox suffix {suffix!r} may not contain '/' or '~'")
+        validate_key(key.replace(SUFFIX_SEPARATOR, "-"))  # the same character rules as keys
+        if any(row.key == key for row in self.rows):
+            raise InvalidArguments(
+                f"this handler already wrote a message with key {key!r}; give each further "
+                "message of one intent its own suffix="
+            )
+        return key
+
+    def add(self, channel: str, payload: Mapping[str, Any], *, suffix: str | None = None) -> str:
+        """Write a message for `channel` (its payload is frozen as given); returns its key."""
+        if channel not in self._channels:
+            known = ", ".join(sorted(self._channels)) or "none"
+            raise ConfigurationError(f"no channel named {channel!r} (declared: {known})")
+        key = self._key(suffix)
+        try:
+            text = json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArguments(f"outbox payload for {key!r} is not JSON: {exc}") from None
+        if len(text.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+            raise InvalidArguments(f"outbox payload for {key!r} exceeds {MAX_PAYLOAD_BYTES} bytes")
+        token = derive_token(self._secret(), key)
+        self.rows.append(
+            OutboxInsert(key, self._intent_key or key, channel, text, token, self._job_id)
+        )
+        return key
+
+    def email(
+        self,
+        *,
+        to: str | Sequence[str],
+        subject: str,
+        text: str | None = None,
+        html: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        sender: str | None = None,
+        reply_to: str | None = None,
+        suffix: str | None = None,
+        channel: str = "email",
+    ) -> str:
+        """Write an email; it is rendered now (Date included) and sent later, exactly as is."""
+        configured = self._channels.get(channel)
+        payload = email_payload(
+            to=to,
+            subject=subject,
+            text=text,
+            html=html,
+            headers=headers,
+            sender=sender or (configured.sender if configured else None),
+            reply_to=reply_to,
+            date=self._now(),
+        )
+        return self.add(channel, payload, suffix=suffix)

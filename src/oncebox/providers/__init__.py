@@ -1,0 +1,73 @@
+"""Providers: where outbox messages leave the system. `from_url` picks one.
+
+file://DIR            one .eml per message (the embedded default; idempotent forever)
+console:              print each message (development)
+null:                 accept everything (benchmarks)
+smtp://host:port      SMTP, optional STARTTLS and auth; smtps:// for implicit TLS
+resend://             an HTTP email API with idempotency keys (resend+http://host for others)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from oncebox.errors import ConfigurationError
+from oncebox.providers.base import (
+    Outgoing,
+    Provider,
+    Receipt,
+    SendAmbiguous,
+    SendError,
+    SendPermanent,
+    SendRetryable,
+    SendThrottled,
+    StatusLookup,
+)
+
+DEFAULT_EMAIL_URL = "file://oncebox-outbox"
+
+__all__ = [
+    "DEFAULT_EMAIL_URL",
+    "Outgoing",
+    "Provider",
+    "Receipt",
+    "SendAmbiguous",
+    "SendError",
+    "SendPermanent",
+    "SendRetryable",
+    "SendThrottled",
+    "StatusLookup",
+    "from_url",
+]
+
+
+def from_url(url: str) -> Provider:
+    """The provider an `ONCEBOX_EMAIL`-style URL names; a clear error for anything else."""
+    if not isinstance(url, str) or ":" not in url:
+        raise ConfigurationError(f"email URL {url!r} is not a URL (e.g. smtp://127.0.0.1:2525)")
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "file":
+        parts = urlsplit(url)
+        path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
+        if not path:
+            raise ConfigurationError(f"email URL {url!r} names no directory")
+        from oncebox.providers.local import FileProvider  # noqa: PLC0415 (light start-up)
+
+        return FileProvider(Path(path))
+    if scheme in {"console", "null"}:
+        from oncebox.providers.local import ConsoleProvider, NullProvider  # noqa: PLC0415
+
+        return ConsoleProvider() if scheme == "console" else NullProvider()
+    if scheme in {"smtp", "smtps"}:
+        from oncebox.providers.smtp import SmtpProvider  # noqa: PLC0415
+
+        return SmtpProvider(url)
+    if scheme in {"resend", "resend+http", "resend+https"}:
+        from oncebox.providers.http import HttpEmailProvider  # noqa: PLC0415 (httpx2 on demand)
+
+        return HttpEmailProvider(url)
+    raise ConfigurationError(
+        f"email URL scheme {scheme!r} is not supported: use file://, console:, null:, smtp://, "
+        "smtps:// or resend://"
+    )

@@ -1,0 +1,99 @@
+"""Email payloads: validated when a handler writes them, rendered the same way on every attempt.
+
+The outbox row stores the payload (recipients, subject, bodies, headers, the Date it was written
+at); rendering it to MIME adds only what derives from the row's token — `Message-ID` and
+`X-Oncebox-Token` — so every attempt sends the same bytes apart from transport framing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.policy import SMTP
+from email.utils import format_datetime, parseaddr
+from typing import Any
+
+from oncebox.errors import InvalidArguments
+from oncebox.providers.base import Outgoing
+
+RESERVED_HEADERS = frozenset({"message-id", "x-oncebox-token", "from", "to", "subject", "date"})
+MAX_EMAIL_BYTES = 10 * 1024 * 1024
+
+
+def _address(value: str, field: str) -> str:
+    if not isinstance(value, str) or "\r" in value or "\n" in value:
+        raise InvalidArguments(f"email {field} {value!r} is not an address")
+    _name, address = parseaddr(value)
+    if "@" not in address or address.startswith("@") or address.endswith("@"):
+        raise InvalidArguments(f"email {field} {value!r} is not an address")
+    try:
+        Address(addr_spec=address)
+    except (ValueError, IndexError) as exc:
+        raise InvalidArguments(f"email {field} {value!r} is not an address: {exc}") from None
+    return value
+
+
+def email_payload(
+    *,
+    to: str | Sequence[str],
+    subject: str,
+    text: str | None,
+    html: str | None,
+    headers: Mapping[str, str] | None,
+    sender: str | None,
+    reply_to: str | None,
+    date: datetime,
+) -> dict[str, Any]:
+    """A checked email payload; raises `InvalidArguments` naming what is wrong."""
+    recipients = [to] if isinstance(to, str) else list(to)
+    if not recipients:
+        raise InvalidArguments("an email needs at least one recipient")
+    if not isinstance(subject, str) or "\r" in subject or "\n" in subject:
+        raise InvalidArguments("the email subject must be one line of text")
+    if text is None and html is None:
+        raise InvalidArguments("an email needs a text or an html body")
+    clean_headers: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not name.isascii() or not name.replace("-", "").isalnum():
+            raise InvalidArguments(f"email header name {name!r} is not a header name")
+        if name.lower() in RESERVED_HEADERS:
+            raise InvalidArguments(f"email header {name!r} is set by oncebox or by a parameter")
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise InvalidArguments(f"email header {name!r} must be one line of text")
+        clean_headers[name] = value
+    payload: dict[str, Any] = {
+        "to": [_address(r, "recipient") for r in recipients],
+        "subject": subject,
+        "text": text,
+        "html": html,
+        "headers": clean_headers,
+        "from": _address(sender, "sender") if sender else None,
+        "reply_to": _address(reply_to, "reply-to") if reply_to else None,
+        "date": format_datetime(date),
+    }
+    return payload
+
+
+def render(outgoing: Outgoing) -> EmailMessage:
+    """The MIME message for an outbox row (same bytes on every attempt but transport framing)."""
+    payload = outgoing.payload
+    message = EmailMessage(policy=SMTP)
+    message["From"] = payload.get("from") or "oncebox@localhost"
+    message["To"] = ", ".join(payload["to"])
+    message["Subject"] = payload["subject"]
+    message["Date"] = payload["date"]
+    message["Message-ID"] = outgoing.message_id
+    message["X-Oncebox-Token"] = outgoing.token
+    if payload.get("reply_to"):
+        message["Reply-To"] = payload["reply_to"]
+    for name, value in payload.get("headers", {}).items():
+        message[name] = value
+    if payload.get("text") is not None:
+        message.set_content(payload["text"])
+        if payload.get("html") is not None:
+            message.add_alternative(payload["html"], subtype="html")
+    else:
+        message.set_content(payload["html"], subtype="html")
+    return message

@@ -1,0 +1,173 @@
+"""An HTTP email API that honours idempotency keys, modelled on Resend (`POST /emails`,
+`Idempotency-Key`, a 24-hour window; SparkPost's API is similar and its 409 codes are understood
+too).
+
+URLs: `resend://` (https://api.resend.com) or `resend+http://host:port` / `resend+https://…` for
+another base URL (a local fake, a proxy). The API key comes from the environment —
+`ONCEBOX_EMAIL_API_KEY`, or the variable named by `?api_key_env=NAME` — never from the URL, and
+is never logged. Options: `?timeout=SECONDS&window_hours=24`.
+
+Classification (see providers/base.py): 2xx sent (the receipt is the body's `id`); connection
+refused or connect timeout → retryable (nothing was sent); a timeout or a broken connection after
+the request was written → ambiguous (resent with the same key: the provider replays the first
+answer); 408 and 5xx → retryable; 429 → the whole channel pauses until `Retry-After`; 409 "a
+request with this key is in progress" → retryable soon; 409 "this key was used with a different
+body" → permanent, and an alarm (content changed under a key); other 4xx → permanent. Redirects
+are never followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from datetime import UTC, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import httpx2
+
+from oncebox import clock
+from oncebox.errors import ConfigurationError
+from oncebox.providers.base import (
+    Outgoing,
+    Receipt,
+    SendAmbiguous,
+    SendPermanent,
+    SendRetryable,
+    SendThrottled,
+)
+from oncebox.providers.email import render
+
+IN_PROGRESS = {"concurrent_idempotent_requests", "1601"}
+KEY_REUSED = {"invalid_idempotent_request", "1600"}
+
+
+def parse_retry_after(value: str | None, date_header: str | None = None) -> timedelta | None:
+    """`Retry-After` as seconds or an HTTP-date; None when absent or unusable (the caller then
+    applies its default pause). Negative values and dates in the past mean "now"."""
+    if value is None or not value.strip():
+        return None
+    text = value.split(",")[0].strip()  # duplicated headers arrive joined by commas
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        reference = clock.real_now()
+        if date_header:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                reference = parsedate_to_datetime(date_header)
+        return max(when - reference, timedelta(0))
+    if not math.isfinite(seconds):
+        return None
+    return timedelta(seconds=max(seconds, 0.0)) if seconds < 1e9 else timedelta(days=36500)
+
+
+def _error_code(body: Any) -> str:
+    if isinstance(body, dict):
+        if isinstance(body.get("name"), str):
+            return str(body["name"])
+        errors = body.get("errors")
+        if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+            return str(errors[0].get("code", ""))
+    return ""
+
+
+class HttpEmailProvider:
+    name = "http"
+    idempotent = True
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        options = dict(parse_qsl(parts.query))
+        if parts.scheme == "resend":
+            self.base_url = "https://api.resend.com"
+        else:
+            scheme = parts.scheme.split("+", 1)[1]
+            self.base_url = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        env = options.get("api_key_env", "ONCEBOX_EMAIL_API_KEY")
+        self._api_key = os.environ.get(env, "")
+        try:
+            self.timeout = float(options.get("timeout", "30"))
+            window = timedelta(hours=float(options.get("window_hours", "24")))
+        except ValueError:
+            raise ConfigurationError("timeout and window_hours must be numbers") from None
+        self.idempotency_window: timedelta | None = window
+        self.where = self.base_url
+        self._client = httpx2.Client(
+            base_url=self.base_url,
+            timeout=httpx2.Timeout(self.timeout),
+            follow_redirects=False,
+        )
+
+    def _body(self, outgoing: Outgoing) -> dict[str, Any]:
+        payload = outgoing.payload
+        message = render(outgoing)
+        body: dict[str, Any] = {
+            "from": message["From"],
+            "to": payload["to"],
+            "subject": payload["subject"],
+            "headers": {
+                **payload.get("headers", {}),
+                "Message-ID": outgoing.message_id,
+                "X-Oncebox-Token": outgoing.token,
+            },
+        }
+        for field in ("text", "html", "reply_to"):
+            if payload.get(field) is not None:
+                body[field] = payload[field]
+        return body
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        headers = {"Idempotency-Key": idempotency_key}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        try:
+            response = self._client.post("/emails", json=self._body(outgoing), headers=headers)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
+            raise SendRetryable(f"{self.where}: not sent ({type(exc).__name__}: {exc})") from None
+        except httpx2.TransportError as exc:
+            raise SendAmbiguous(
+                f"{self.where}: {type(exc).__name__} after the request was sent ({exc}); "
+                "it may have been accepted"
+            ) from None
+        return self._classify(response)
+
+    def _classify(self, response: httpx2.Response) -> Receipt:
+        status = response.status_code
+        text = response.text[:500]
+        try:
+            body = response.json()
+        except (json.JSONDecodeError, ValueError):
+            body = None
+        reason = f"{self.where}: HTTP {status} {text}".strip()
+        if 200 <= status < 300:
+            if isinstance(body, dict) and isinstance(body.get("id"), str):
+                return Receipt(body["id"], f"HTTP {status}")
+            return Receipt(None, f"HTTP {status} without a message id: {text!r}")
+        if status == 429:
+            wait = parse_retry_after(
+                response.headers.get("retry-after"), response.headers.get("date")
+            )
+            raise SendThrottled(reason, wait)
+        if status == 409:
+            code = _error_code(body)
+            if code in KEY_REUSED:
+                raise SendPermanent(
+                    f"{reason} (this key was used with a different body)", alarm=True
+                )
+            wait = parse_retry_after(response.headers.get("retry-after"))
+            raise SendRetryable(f"{reason} (a request with this key is in progress)", wait)
+        if status == 408 or status >= 500:
+            raise SendRetryable(reason, parse_retry_after(response.headers.get("retry-after")))
+        raise SendPermanent(reason)
+
+    def close(self) -> None:
+        self._client.close()

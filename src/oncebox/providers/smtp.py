@@ -1,0 +1,150 @@
+"""SMTP (`smtp://` with optional STARTTLS, `smtps://`), with the standard library.
+
+SMTP has no idempotency key, so the dispatcher marks a row `sending` before each call and the
+channel's ambiguity policy decides what an unknown outcome means. This provider's job is to say
+*which* outcome it was, by the phase the failure happened in (RFC 1047's duplicate window):
+
+- before the message content was completely written (connect, EHLO, MAIL, RCPT, the DATA command,
+  writing the content): nothing was delivered — retryable, or the reply's class;
+- after the final `.` was written and before the server's reply arrived (timeout, connection
+  lost): the server may have queued it — ambiguous.
+
+Replies: 421 pauses the channel (SMTP has no Retry-After); other 4xx (451 greylisting, 452) are
+retried per message; 5xx (550 no such user) are permanent.
+
+URL: `smtp://[user:password@]host[:port][?starttls=1&timeout=30]`, `smtps://…` (implicit TLS).
+The password may be given as `?password_env=NAME` instead, and is never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import smtplib
+import ssl
+from datetime import timedelta
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from oncebox.errors import ConfigurationError
+from oncebox.providers.base import (
+    Outgoing,
+    Receipt,
+    SendAmbiguous,
+    SendError,
+    SendPermanent,
+    SendRetryable,
+    SendThrottled,
+)
+from oncebox.providers.email import render
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+def _reply_error(code: int, text: bytes | str, phase: str) -> SendError:
+    message = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+    reason = f"SMTP {code} at {phase}: {message.strip()}"
+    if code == 421:
+        return SendThrottled(reason, smtp_421=True)
+    if 400 <= code < 500:
+        return SendRetryable(reason)
+    if 500 <= code < 600:
+        return SendPermanent(reason)
+    return SendRetryable(reason)
+
+
+def dot_stuffed(message: bytes) -> bytes:
+    """The DATA payload: CRLF line ends, leading dots doubled, ending with CRLF.CRLF."""
+    lines = _EOL.split(message)
+    if lines and lines[-1] == b"":
+        lines.pop()
+    body = b"\r\n".join(b"." + line if line.startswith(b".") else line for line in lines)
+    return body + b"\r\n.\r\n"
+
+
+class SmtpProvider:
+    name = "smtp"
+    idempotent = False
+    idempotency_window: timedelta | None = None
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        options = dict(parse_qsl(parts.query))
+        self.implicit_tls = parts.scheme == "smtps"
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (465 if self.implicit_tls else 25)
+        self.user = unquote(parts.username) if parts.username else None
+        password_env = options.get("password_env")
+        self._password = (
+            os.environ.get(password_env)
+            if password_env
+            else (unquote(parts.password) if parts.password else None)
+        )
+        self.starttls = options.get("starttls", "0") in {"1", "true", "yes"}
+        try:
+            self.timeout = float(options.get("timeout", "30"))
+        except ValueError:
+            raise ConfigurationError("smtp timeout must be a number of seconds") from None
+        self.where = f"{parts.scheme}://{self.host}:{self.port}"
+
+    def _connect(self) -> smtplib.SMTP:
+        context = ssl.create_default_context()
+        smtp: smtplib.SMTP
+        if self.implicit_tls:
+            smtp = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout, context=context)
+        else:
+            smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
+        smtp.ehlo()
+        if self.starttls:
+            smtp.starttls(context=context)
+            smtp.ehlo()
+        if self.user and self._password is not None:
+            smtp.login(self.user, self._password)
+        return smtp
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        message = render(outgoing)
+        sender = message["From"]
+        recipients = list(outgoing.payload["to"])
+        content = dot_stuffed(bytes(message))
+        phase = "connect"
+        smtp: smtplib.SMTP | None = None
+        try:
+            smtp = self._connect()
+            phase = "MAIL"
+            code, text = smtp.mail(sender)
+            if code != 250:
+                raise _reply_error(code, text, phase)
+            phase = "RCPT"
+            for recipient in recipients:
+                code, text = smtp.rcpt(recipient)
+                if code not in (250, 251):
+                    raise _reply_error(code, text, f"RCPT {recipient}")
+            phase = "DATA"
+            code, text = smtp.docmd("DATA")
+            if code != 354:
+                raise _reply_error(code, text, phase)
+            phase = "content"
+            smtp.send(content)
+            phase = "end of data"  # from here on, the server may have the message
+            code, text = smtp.getreply()
+        except SendError:
+            raise
+        except smtplib.SMTPResponseException as exc:
+            raise _reply_error(exc.smtp_code, exc.smtp_error, phase) from None
+        except (OSError, smtplib.SMTPException) as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if phase == "end of data":
+                raise SendAmbiguous(
+                    f"{self.where}: the connection failed after the message was sent, before the "
+                    f"server's reply ({detail}); it may have been accepted"
+                ) from None
+            raise SendRetryable(f"{self.where}: {detail} during {phase}") from None
+        finally:
+            if smtp is not None:
+                try:
+                    smtp.quit()
+                except (OSError, smtplib.SMTPException):
+                    smtp.close()
+        if code != 250:
+            raise _reply_error(code, text, phase)
+        return Receipt(outgoing.message_id, f"{code} {text.decode('utf-8', 'replace')}".strip())

@@ -1,0 +1,100 @@
+"""Rate limits shared by every dispatcher on every host: token buckets kept in the store.
+
+A channel's limits (`"14/s"`, `"50000/day"`) are one bucket each, holding at most `count`
+tokens and refilling at `count / period`. Taking tokens happens under the store's lock on the
+channel's buckets, with the database's clock, so three dispatchers sharing `10/s` together never
+send more than the bucket allows — however their hosts' clocks drift. A channel paused by its
+provider (HTTP 429 `Retry-After`, SMTP 421) grants nothing until the pause ends.
+
+Waiting is not sleeping: a dispatcher that gets fewer tokens than it leased rows gives the rest
+back (due again when the bucket will have refilled), so a wait never spends an attempt.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from oncebox.errors import ConfigurationError
+
+_PERIODS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "h": 3600,
+    "hour": 3600,
+    "d": 86_400,
+    "day": 86_400,
+}
+_LIMIT_RE = re.compile(r"\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """At most `count` sends per `period`, with bursts up to `count`."""
+
+    count: int
+    period: timedelta
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> Limit:
+        match = _LIMIT_RE.fullmatch(text.lower())
+        unit = match.group(3) if match else ""
+        if not match or (unit.rstrip("s") not in _PERIODS and unit not in _PERIODS):
+            raise ConfigurationError(
+                f"rate limit {text!r} is not COUNT/PERIOD, e.g. '14/s', '600/min', '50000/day'"
+            )
+        count = int(match.group(1))
+        seconds = _PERIODS.get(unit, _PERIODS.get(unit.rstrip("s"), 0)) * int(match.group(2) or 1)
+        if count < 1:
+            raise ConfigurationError(f"rate limit {text!r} must allow at least one send")
+        return cls(count, timedelta(seconds=seconds), text.strip().replace(" ", ""))
+
+    @property
+    def refill_per_s(self) -> float:
+        return self.count / self.period.total_seconds()
+
+
+@dataclass(frozen=True)
+class BucketState:
+    name: str
+    capacity: float
+    refill_per_s: float
+    tokens: float
+    updated_at: datetime
+
+    def level(self, now: datetime) -> float:
+        elapsed = max((now - self.updated_at).total_seconds(), 0.0)
+        return min(self.capacity, self.tokens + elapsed * self.refill_per_s)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """How many sends may start now; when to look again for the rest."""
+
+    granted: int
+    retry_in: timedelta
+    paused_until: datetime | None = None
+
+
+def take(
+    buckets: list[BucketState], want: int, now: datetime, paused_until: datetime | None
+) -> tuple[list[BucketState], Grant]:
+    """Take up to `want` tokens from every bucket at once (the same number from each)."""
+    if paused_until is not None and paused_until > now:
+        return buckets, Grant(0, paused_until - now, paused_until)
+    levels = [bucket.level(now) for bucket in buckets]
+    granted = min([want, *(math.floor(level) for level in levels)])
+    granted = max(granted, 0)
+    after = [
+        replace(bucket, tokens=level - granted, updated_at=now)
+        for bucket, level in zip(buckets, levels, strict=True)
+    ]
+    waits = [(1.0 - bucket.tokens) / bucket.refill_per_s for bucket in after if bucket.tokens < 1.0]
+    return after, Grant(granted, timedelta(seconds=max(waits, default=0.0)))

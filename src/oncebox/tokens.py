@@ -1,0 +1,50 @@
+"""What leaves the system in place of a business key.
+
+A key may expose internal ids (`weekly-digest/customer-42/…`), so nothing sent to a provider or a
+recipient carries it. Each outbox row gets a *token*: an HMAC-SHA256 of its key under the box's
+secret (`ONCEBOX_SECRET`). The token is computed once, when the row is written, and stored with it
+— so every attempt of one key, from any worker, before or after a secret rotation, sends the same
+`Message-ID`, `X-Oncebox-Token` and provider idempotency key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+from oncebox.errors import ConfigurationError
+
+SECRET_ENV = "ONCEBOX_SECRET"  # noqa: S105 (the variable's name, not a secret)
+SECRET_SETTING = "secret"  # noqa: S105 (a settings row name)
+MIN_SECRET_CHARS = 16
+
+
+def derive_token(secret: str, key: str) -> str:
+    """128 bits of HMAC-SHA256(secret, key), hex: unguessable without the secret, stable."""
+    digest = hmac.new(secret.encode("utf-8"), key.encode("utf-8"), hashlib.sha256)
+    return digest.hexdigest()[:32]
+
+
+def idempotency_key(token: str) -> str:
+    """The provider idempotency key: short (≤ 255, SparkPost's `[A-Za-z0-9._-]`), no raw key."""
+    return f"oncebox-{token}"
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def check_secret(secret: str, where: str) -> str:
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ConfigurationError(
+            f"the HMAC secret from {where} is {len(secret)} characters; use at least "
+            f"{MIN_SECRET_CHARS} random characters"
+        )
+    return secret
+
+
+def secret_from_env() -> str | None:
+    value = os.environ.get(SECRET_ENV)
+    return check_secret(value, SECRET_ENV) if value else None
