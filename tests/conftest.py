@@ -22,6 +22,7 @@ from oncebox import Box
 from oncebox.store import open_store
 
 PG_URL = os.environ.get("ONCEBOX_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
+TEST_SECRET = "test-secret-not-for-production"
 REQUIRE_PG = os.environ.get("CI", "").lower() == "true" or os.environ.get(
     "ONCEBOX_REQUIRE_POSTGRES"
 ) in {"1", "true", "yes"}
@@ -87,7 +88,7 @@ def store_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def box(store_url: str) -> Iterator[Box]:
-    box = Box(store_url, seed=1234)
+    box = Box(store_url, seed=1234, secret=TEST_SECRET)
     try:
         yield box
     finally:

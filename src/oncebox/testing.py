@@ -17,6 +17,7 @@ out of order, to several consumers at once — for exercising the claim-conflict
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Sequence
@@ -29,7 +30,10 @@ from oncebox.box import Box
 from oncebox.clock import EPOCH, ClockSetting
 from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
 from oncebox.consumer import ConsumerResult, FailedAttempt
+from oncebox.delivery_rescuer import DeliveryRescuer
+from oncebox.dispatch import DispatcherResult
 from oncebox.errors import DrainFailed
+from oncebox.providers import Outgoing, Receipt
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.store.base import ConsumerTx, JobRow
 from oncebox.transport import Delivery, Settlement
@@ -38,33 +42,86 @@ from oncebox.transport import Delivery, Settlement
 @dataclass
 class DrainResult(ConsumerResult):
     rounds: int = 0
+    dispatched: DispatcherResult = field(default_factory=DispatcherResult)
 
 
-def drain(box: Box, *, raise_on_failure: bool = True, max_rounds: int = 10_000) -> DrainResult:
-    """Run every due job through the real consumer until none is left.
+def drain(
+    box: Box, *, raise_on_failure: bool = True, dispatch: bool = True, max_rounds: int = 10_000
+) -> DrainResult:
+    """Run every due job through the real consumer, then (with `dispatch`) every due outbox row
+    through the real dispatcher, until nothing due is left.
 
-    Jobs retried with a delay in the future are not due and stay queued (advance the frozen
-    clock to run them). Raises `DrainFailed`, listing each failed attempt, if any attempt failed.
+    Jobs and messages retried with a delay in the future are not due and stay queued (advance the
+    frozen clock to run them). Raises `DrainFailed`, listing each failed job attempt and counting
+    dead or ambiguous deliveries, if anything failed.
     """
     result = DrainResult()
-    LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
+    LeaseRescuer(
+        box.store,
+        LeaseRescuerConfig(),
+        box.metrics,
+        DeliveryRescuer(box.store, box.channels, box.metrics),
+    ).run_once()
     consumer = box.consumer()
+    dispatcher = box.dispatcher() if dispatch else None
     try:
         while result.rounds < max_rounds:
             round_result = consumer.run_once()
             result.rounds += 1
-            if not round_result.leased:
-                break
             result.add(round_result)
+            sent = dispatcher.run_once() if dispatcher is not None else None
+            if sent is not None:
+                result.dispatched.add(sent)
+            if not round_result.leased and (sent is None or not sent.leased):
+                break
     finally:
         consumer.session.close()
-    if raise_on_failure and result.failures:
-        raise DrainFailed(_describe_failures(result.failures))
+    problems = result.dispatched.dead + result.dispatched.ambiguous
+    if raise_on_failure and (result.failures or problems):
+        raise DrainFailed(_describe_failures(result.failures, result.dispatched))
     return result
 
 
-def _describe_failures(failures: Sequence[FailedAttempt]) -> str:
+def outbox_sent(box: Box, key: str) -> list[dict[str, Any]]:
+    """The payloads of the sent outbox rows of a key (its own, or its intent's)."""
+    return [
+        json.loads(row.payload_json)
+        for row in box.store.outbox_find_by_key(key)
+        if row.state == "sent"
+    ]
+
+
+class MemoryProvider:
+    """A provider for users' tests: keeps what it was sent, deduplicates by idempotency key like
+    an idempotent API would (forever), and can be told to fail the next sends."""
+
+    name = "memory"
+    idempotent = True
+    idempotency_window: timedelta | None = None
+
+    def __init__(self) -> None:
+        self.sent: dict[str, Outgoing] = {}
+        self.failures: list[Exception] = []
+        self._lock = threading.Lock()
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        with self._lock:
+            if self.failures:
+                raise self.failures.pop(0)
+            self.sent.setdefault(idempotency_key, outgoing)
+            return Receipt(f"memory-{len(self.sent)}")
+
+    def messages(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [outgoing.payload for outgoing in self.sent.values()]
+
+
+def _describe_failures(
+    failures: Sequence[FailedAttempt], dispatched: DispatcherResult | None = None
+) -> str:
     lines = [f"{len(failures)} attempt(s) failed:"]
+    if dispatched is not None and (dispatched.dead or dispatched.ambiguous):
+        lines.append(f"  deliveries: {dispatched.dead} dead, {dispatched.ambiguous} ambiguous")
     for failure in failures:
         first_line = failure.error.splitlines()[0] if failure.error else ""
         lines.append(
@@ -223,9 +280,11 @@ class RedeliveringTransport:
 __all__ = [
     "DrainResult",
     "FrozenClock",
+    "MemoryProvider",
     "RedeliveringTransport",
     "assert_enqueued",
     "drain",
     "enqueued",
+    "outbox_sent",
     "refute_enqueued",
 ]

@@ -202,3 +202,5 @@ SELECT COALESCE(
         now())
 
 CREATE TRIGGER oncebox_jobs_notify AFTER INSERT ON __S__.oncebox_jobs FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()
+
+CREATE TRIGGER oncebox_outbox_notify AFTER INSERT ON __S__.oncebox_outbox FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()

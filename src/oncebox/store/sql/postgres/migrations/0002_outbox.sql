@@ -78,3 +78,7 @@ CREATE TABLE __S__.oncebox_settings (
     name text PRIMARY KEY,
     value text NOT NULL
 );
+
+-- Idle dispatchers LISTEN on the same channel as consumers: a new outbox row wakes them.
+CREATE TRIGGER oncebox_outbox_notify AFTER INSERT ON __S__.oncebox_outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify();

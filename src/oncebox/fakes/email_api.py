@@ -1,0 +1,204 @@
+"""`FakeEmailApi`: an idempotent HTTP email API on loopback; see the package docstring.
+
+Modelled on Resend: `POST /emails` with `Idempotency-Key`; the first response per key is stored
+and replayed (`Idempotency-Replayed: true`) for 24 hours; a key whose request is still in flight
+gets `409 concurrent_idempotent_requests`; a key reused with a different body gets
+`409 invalid_idempotent_request`. Scripted actions apply to the next requests, in order:
+
+    "ok"                    accept (the default)
+    "500", "503", "400", "422", "408"   that status, nothing delivered
+    "429:SECONDS" / "429:date:SECONDS"  throttle, Retry-After in seconds / as an HTTP-date
+    "accept-then-timeout:SECONDS"       deliver, then answer only after SECONDS (past the client
+                                        timeout: the client does not know it was accepted)
+    "accept-then-reset"                 deliver, then close the connection without answering
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from oncebox import clock
+
+
+@dataclass(frozen=True)
+class Delivered:
+    idempotency_key: str | None
+    token: str | None
+    body: dict[str, Any]
+    message_id: str
+
+
+@dataclass
+class _Stored:
+    body_hash: str
+    status: int = 0
+    response: bytes = b""
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class FakeEmailApi:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.delivered: list[Delivered] = []
+        self.requests = 0
+        self._script: deque[str] = deque()
+        self._keys: dict[str, _Stored] = {}
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        handler = type("Handler", (_Handler,), {"api": self})
+        self._server = ThreadingHTTPServer((host, 0), handler)
+        self._server.daemon_threads = True
+        self.host = str(self._server.server_address[0])
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"resend+http://{self.host}:{self.port}"
+
+    def script(self, *actions: str) -> None:
+        with self._lock:
+            self._script.extend(actions)
+
+    def next_action(self) -> str:
+        with self._lock:
+            self.requests += 1
+            return self._script.popleft() if self._script else "ok"
+
+    def tokens(self) -> list[str | None]:
+        with self._lock:
+            return [d.token for d in self.delivered]
+
+    def start(self) -> FakeEmailApi:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FakeEmailApi:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: FakeEmailApi
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: tests read `delivered`, not stderr."""
+
+    def _reply(
+        self,
+        status: int,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        replayed: bool = False,
+    ) -> bytes:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if replayed:
+            self.send_header("Idempotency-Replayed", "true")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+        return payload
+
+    def do_POST(self) -> None:
+        api = self.api
+        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path != "/emails":
+            self._reply(404, {"name": "not_found"})
+            return
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError:
+            self._reply(422, {"name": "validation_error", "message": "body is not JSON"})
+            return
+        key = self.headers.get("Idempotency-Key")
+        body_hash = hashlib.sha256(raw).hexdigest()
+        action = api.next_action()
+        with api._lock:
+            stored = api._keys.get(key) if key else None
+            if stored is not None and stored.body_hash != body_hash:
+                conflict = "invalid_idempotent_request"
+            elif stored is not None and not stored.done.is_set():
+                conflict = "concurrent_idempotent_requests"
+            else:
+                conflict = ""
+            if stored is None and key:
+                stored = api._keys[key] = _Stored(body_hash)
+        if conflict:
+            self._reply(409, {"statusCode": 409, "name": conflict})
+            return
+        if stored is not None and stored.done.is_set() and stored.status:
+            self._replay(stored)
+            return
+        self._act(action, key, body, stored)
+
+    def _replay(self, stored: _Stored) -> None:
+        self.send_response(stored.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(stored.response)))
+        self.send_header("Idempotency-Replayed", "true")
+        self.end_headers()
+        self.wfile.write(stored.response)
+
+    def _forget(self, key: str | None) -> None:
+        """Failures are not stored: a retry with the same key is processed afresh."""
+        if key:
+            with self.api._lock:
+                self.api._keys.pop(key, None)
+
+    def _act(
+        self, action: str, key: str | None, body: dict[str, Any], stored: _Stored | None
+    ) -> None:
+        kind, _, argument = action.partition(":")
+        if kind == "429":
+            self._forget(key)
+            if argument.startswith("date:"):
+                seconds = float(argument.removeprefix("date:"))
+                now = clock.real_now()
+                retry_after = format_datetime(now + timedelta(seconds=seconds), usegmt=True)
+                headers = {"Retry-After": retry_after, "Date": format_datetime(now, usegmt=True)}
+            else:
+                headers = {"Retry-After": argument or "1"}
+            self._reply(429, {"name": "rate_limit_exceeded"}, headers)
+            return
+        if kind.isdigit() and kind not in ("200",):
+            self._forget(key)
+            self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)})
+            return
+        message_id = f"fake-{len(self.api.delivered) + 1}"
+        headers = body.get("headers") or {}
+        with self.api._lock:
+            self.api.delivered.append(
+                Delivered(key, headers.get("X-Oncebox-Token"), body, message_id)
+            )
+        response = json.dumps({"id": message_id}).encode()
+        if stored is not None:
+            stored.status, stored.response = 200, response
+            stored.done.set()
+        if kind == "accept-then-timeout":
+            self.api._release.wait(float(argument or "2"))
+        elif kind == "accept-then-reset":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.connection.close()
+            self.close_connection = True
+            return
+        self._reply(200, {"id": message_id})
