@@ -319,7 +319,7 @@ class Box:
         """
         reason = _reason(reason)
         is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
-        if kind == "delivery" or (kind is None and not is_id and not self._has_job(key_or_id)):
+        if kind == "delivery" or (kind is None and not is_id and self._prefers_delivery(key_or_id)):
             row = self._dead_delivery(key_or_id, is_id)
             done = self.store.outbox_replay(OperatorAction(row.id, actor, reason))
             if done is None:
@@ -335,8 +335,15 @@ class Box:
         self._wake_local()
         return ActionOutcome(result.job_id, result.key, result.audit_id)
 
-    def _has_job(self, key: str | int) -> bool:
-        return bool(self.store.job_find_by_key(validate_key(str(key))))
+    def _prefers_delivery(self, key: str | int) -> bool:
+        """A key names a dead job, else a dead outbox row (a job's key may have both a done
+        job and a dead message: the message is what needs replaying)."""
+        text = str(key)
+        if "~" not in text and any(
+            job.state == "dead" for job in self.store.job_find_by_key(validate_key(text))
+        ):
+            return False
+        return any(row.state == "dead" for row in self._outbox_rows(text, False))
 
     def _outbox_rows(self, key_or_id: str | int, is_id: bool) -> list[OutboxRow]:
         if is_id:

@@ -1,0 +1,144 @@
+"""Delivery through a real SMTP server (aiosmtpd on loopback), told how to answer."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.testing import FrozenClock, drain
+from oncebox.tokens import derive_token
+from support.outbox import SECRET, enqueue_customers, mail_box
+
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
+
+
+def key(customer: int) -> str:
+    return f"weekly-digest/customer-{customer}/2026-W33"
+
+
+def token(customer: int) -> str:
+    return derive_token(SECRET, key(customer))
+
+
+def row(box, customer: int):
+    [found] = box.store.outbox_find_by_key(key(customer))
+    return found
+
+
+@pytest.fixture
+def sink():
+    with SmtpSink() as server:
+        yield server
+
+
+def test_each_message_arrives_once_with_a_stable_token_and_no_raw_key(sink, store_url):
+    box = mail_box(store_url, sink.url)
+    enqueue_customers(box, [1, 2, 3])
+    assert drain(box).dispatched.sent == 3
+    assert sorted(sink.tokens()) == sorted(token(c) for c in (1, 2, 3))
+    mail = next(m for m in sink.received if m.token == token(1))
+    assert mail.message_id == f"<{token(1)}@oncebox.example>"
+    assert mail.rcpt_tos == ("customer-1@freight.example",)
+    assert key(1) not in mail.message.as_string()
+    assert row(box, 1).state == "sent"
+    box.close()
+
+
+def test_a_451_is_retried_for_that_message_while_the_channel_keeps_sending(sink, store_url):
+    box = mail_box(store_url, sink.url)
+    sink.script("451 4.7.1 greylisted, try later", token=token(2))
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1, 2, 3])
+        first = drain(box)
+        assert (first.dispatched.sent, first.dispatched.retried) == (2, 1)
+        greylisted = row(box, 2)
+        assert (greylisted.state, greylisted.attempt) == ("pending", 1)
+        assert "451" in greylisted.last_error
+        clock.set(greylisted.next_attempt_at)
+        assert drain(box).dispatched.sent == 1
+    assert sorted(sink.tokens()) == sorted(token(c) for c in (1, 2, 3))  # each once
+    box.close()
+
+
+def test_a_421_pauses_the_channel_without_spending_attempts(sink, store_url):
+    box = mail_box(store_url, sink.url, pause_on_421=timedelta(minutes=5))
+    sink.script("421 4.3.2 too many connections")
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1, 2, 3])
+        first = drain(box)
+        assert (first.dispatched.sent, first.dispatched.throttled) == (0, 1)
+        assert first.dispatched.waited == 2  # the rest of the batch, given back untouched
+        assert [row(box, c).attempt for c in (1, 2, 3)] == [0, 0, 0]
+        clock.advance(timedelta(minutes=4, seconds=59))
+        assert drain(box).dispatched.sent == 0  # still paused, for every dispatcher
+        clock.advance(timedelta(seconds=1))
+        assert drain(box).dispatched.sent == 3
+    assert sorted(sink.tokens()) == sorted(token(c) for c in (1, 2, 3))
+    box.close()
+
+
+def test_a_550_is_dead_with_the_reply_and_a_replay_resends_the_same_message(sink, store_url):
+    box = mail_box(store_url, sink.url)
+    sink.script("550 5.1.1 no such user", token=token(1))
+    enqueue_customers(box, [1])
+    result = drain(box, raise_on_failure=False)
+    dead = row(box, 1)
+    assert (result.dispatched.dead, dead.state, dead.attempt) == (1, "dead", 1)
+    assert "550 at end of data: 5.1.1 no such user" in dead.last_error
+    attempts = box.store.delivery_attempt_list(dead.id)
+    assert [(a.attempt, a.outcome) for a in attempts] == [(1, "dead")]
+    assert sink.received == []
+    replayed = box.replay(key(1), reason="the address was fixed at the provider", actor="ops")
+    assert (replayed.kind, replayed.id) == ("delivery", dead.id)
+    assert drain(box).dispatched.sent == 1
+    assert sink.tokens() == [token(1)]
+    assert sink.received[0].message["Subject"] == "Your shipments, 2026-W33"
+    history = [(a.attempt, a.outcome) for a in box.store.delivery_attempt_list(dead.id)]
+    assert history == [(1, "dead"), (2, "sent")]
+    assert [a.action for a in box.store.audit_list(target_id=dead.id)] == ["replay"]
+    box.close()
+
+
+def test_a_lost_acknowledgement_under_hold_is_ambiguous_and_never_resent(sink, store_url):
+    box = mail_box(store_url, sink.url)  # ambiguity="hold" is the default
+    sink.script("drop", token=token(1))
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1])
+        result = drain(box, raise_on_failure=False)
+        assert result.dispatched.ambiguous == 1
+        held = row(box, 1)
+        assert held.state == "ambiguous" and "may have been accepted" in held.last_error
+        clock.advance(timedelta(days=2))
+        assert drain(box, raise_on_failure=False).dispatched.leased == 0  # nothing resent
+        assert sink.tokens() == [token(1)]  # delivered once, by the server's own record
+        box.resolve(key(1), "sent", reason="the recipient confirmed", actor="ops")
+    assert row(box, 1).state == "sent"
+    assert [a.action for a in box.store.audit_list(target_id=held.id)] == ["resolve-sent"]
+    box.close()
+
+
+def test_a_lost_acknowledgement_under_retry_resends_once_and_reports_it(sink, store_url):
+    box = mail_box(store_url, sink.url, ambiguity="retry")
+    sink.script("drop", token=token(1))
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1])
+        first = drain(box)
+        assert (first.dispatched.retried, first.dispatched.possible_duplicates) == (1, 1)
+        clock.set(row(box, 1).next_attempt_at)
+        assert drain(box).dispatched.sent == 1
+    assert sink.tokens() == [token(1), token(1)]  # one extra delivery, at most
+    final = row(box, 1)
+    assert (final.state, final.possible_duplicates) == ("sent", 1)
+    box.close()
+
+
+def test_an_unreachable_server_is_retried_not_ambiguous(store_url):
+    box = mail_box(store_url, "smtp://127.0.0.1:1?timeout=2")
+    with FrozenClock(box, at=T0):
+        enqueue_customers(box, [1])
+        result = drain(box)
+    assert result.dispatched.retried == 1
+    assert row(box, 1).state == "pending"
+    box.close()
