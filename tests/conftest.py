@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -92,4 +93,37 @@ def box(store_url: str) -> Iterator[Box]:
     try:
         yield box
     finally:
+        box.close()
+
+
+@pytest.fixture
+def mail_box() -> Iterator[Callable[..., Box]]:
+    """Builds boxes whose task writes one email per customer (support/outbox.py); closes them
+    at teardown even when the test fails, so no provider connection outlives its test."""
+    from support.outbox import mail_box as build
+
+    built: list[Box] = []
+
+    def make(url: str, provider: Any, **channel: Any) -> Box:
+        box = build(url, provider, **channel)
+        built.append(box)
+        return box
+
+    yield make
+    for box in built:
+        box.close()
+
+
+@pytest.fixture
+def open_box() -> Iterator[Callable[..., Box]]:
+    """`Box(...)`, closed at teardown even when the test fails."""
+    built: list[Box] = []
+
+    def make(*args: Any, **kwargs: Any) -> Box:
+        box = Box(*args, **kwargs)
+        built.append(box)
+        return box
+
+    yield make
+    for box in built:
         box.close()

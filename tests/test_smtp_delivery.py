@@ -9,7 +9,7 @@ import pytest
 from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.testing import FrozenClock, drain
 from oncebox.tokens import derive_token
-from support.outbox import SECRET, enqueue_customers, mail_box
+from support.outbox import SECRET, enqueue_customers
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 
@@ -33,7 +33,7 @@ def sink():
         yield server
 
 
-def test_each_message_arrives_once_with_a_stable_token_and_no_raw_key(sink, store_url):
+def test_each_message_arrives_once_with_a_stable_token_and_no_raw_key(sink, store_url, mail_box):
     box = mail_box(store_url, sink.url)
     enqueue_customers(box, [1, 2, 3])
     assert drain(box).dispatched.sent == 3
@@ -43,10 +43,11 @@ def test_each_message_arrives_once_with_a_stable_token_and_no_raw_key(sink, stor
     assert mail.rcpt_tos == ("customer-1@freight.example",)
     assert key(1) not in mail.message.as_string()
     assert row(box, 1).state == "sent"
-    box.close()
 
 
-def test_a_451_is_retried_for_that_message_while_the_channel_keeps_sending(sink, store_url):
+def test_a_451_is_retried_for_that_message_while_the_channel_keeps_sending(
+    sink, store_url, mail_box
+):
     box = mail_box(store_url, sink.url)
     sink.script("451 4.7.1 greylisted, try later", token=token(2))
     with FrozenClock(box, at=T0) as clock:
@@ -59,10 +60,9 @@ def test_a_451_is_retried_for_that_message_while_the_channel_keeps_sending(sink,
         clock.set(greylisted.next_attempt_at)
         assert drain(box).dispatched.sent == 1
     assert sorted(sink.tokens()) == sorted(token(c) for c in (1, 2, 3))  # each once
-    box.close()
 
 
-def test_a_421_pauses_the_channel_without_spending_attempts(sink, store_url):
+def test_a_421_pauses_the_channel_without_spending_attempts(sink, store_url, mail_box):
     box = mail_box(store_url, sink.url, pause_on_421=timedelta(minutes=5))
     sink.script("421 4.3.2 too many connections")
     with FrozenClock(box, at=T0) as clock:
@@ -76,10 +76,11 @@ def test_a_421_pauses_the_channel_without_spending_attempts(sink, store_url):
         clock.advance(timedelta(seconds=1))
         assert drain(box).dispatched.sent == 3
     assert sorted(sink.tokens()) == sorted(token(c) for c in (1, 2, 3))
-    box.close()
 
 
-def test_a_550_is_dead_with_the_reply_and_a_replay_resends_the_same_message(sink, store_url):
+def test_a_550_is_dead_with_the_reply_and_a_replay_resends_the_same_message(
+    sink, store_url, mail_box
+):
     box = mail_box(store_url, sink.url)
     sink.script("550 5.1.1 no such user", token=token(1))
     enqueue_customers(box, [1])
@@ -98,10 +99,9 @@ def test_a_550_is_dead_with_the_reply_and_a_replay_resends_the_same_message(sink
     history = [(a.attempt, a.outcome) for a in box.store.delivery_attempt_list(dead.id)]
     assert history == [(1, "dead"), (2, "sent")]
     assert [a.action for a in box.store.audit_list(target_id=dead.id)] == ["replay"]
-    box.close()
 
 
-def test_a_lost_acknowledgement_under_hold_is_ambiguous_and_never_resent(sink, store_url):
+def test_a_lost_acknowledgement_under_hold_is_ambiguous_and_never_resent(sink, store_url, mail_box):
     box = mail_box(store_url, sink.url)  # ambiguity="hold" is the default
     sink.script("drop", token=token(1))
     with FrozenClock(box, at=T0) as clock:
@@ -116,10 +116,9 @@ def test_a_lost_acknowledgement_under_hold_is_ambiguous_and_never_resent(sink, s
         box.resolve(key(1), "sent", reason="the recipient confirmed", actor="ops")
     assert row(box, 1).state == "sent"
     assert [a.action for a in box.store.audit_list(target_id=held.id)] == ["resolve-sent"]
-    box.close()
 
 
-def test_a_lost_acknowledgement_under_retry_resends_once_and_reports_it(sink, store_url):
+def test_a_lost_acknowledgement_under_retry_resends_once_and_reports_it(sink, store_url, mail_box):
     box = mail_box(store_url, sink.url, ambiguity="retry")
     sink.script("drop", token=token(1))
     with FrozenClock(box, at=T0) as clock:
@@ -131,14 +130,12 @@ def test_a_lost_acknowledgement_under_retry_resends_once_and_reports_it(sink, st
     assert sink.tokens() == [token(1), token(1)]  # one extra delivery, at most
     final = row(box, 1)
     assert (final.state, final.possible_duplicates) == ("sent", 1)
-    box.close()
 
 
-def test_an_unreachable_server_is_retried_not_ambiguous(store_url):
+def test_an_unreachable_server_is_retried_not_ambiguous(store_url, mail_box):
     box = mail_box(store_url, "smtp://127.0.0.1:1?timeout=2")
     with FrozenClock(box, at=T0):
         enqueue_customers(box, [1])
         result = drain(box)
     assert result.dispatched.retried == 1
     assert row(box, 1).state == "pending"
-    box.close()

@@ -526,6 +526,10 @@ class Box:
             worker.wake()
 
     def close(self) -> None:
+        for channel in self._channels.values():
+            closer = getattr(channel.provider, "close", None)
+            if callable(closer):
+                closer()
         self.store.close()
 
     def __enter__(self) -> Box:

@@ -11,13 +11,13 @@ from oncebox import Box, Retry
 from oncebox.testing import FrozenClock, MemoryProvider, drain, outbox_sent
 from oncebox.tokens import derive_token
 from support.db import create_effects, effects, record_effect
-from support.outbox import SECRET, enqueue_customers, mail_box
+from support.outbox import SECRET, enqueue_customers
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 KEY = "weekly-digest/customer-1/2026-W33"
 
 
-def test_a_handlers_email_commits_with_its_claim_and_is_sent_once(store_url):
+def test_a_handlers_email_commits_with_its_claim_and_is_sent_once(store_url, mail_box):
     memory = MemoryProvider()
     box = mail_box(store_url, memory)
     enqueue_customers(box, [1, 2])
@@ -31,11 +31,10 @@ def test_a_handlers_email_commits_with_its_claim_and_is_sent_once(store_url):
     assert KEY not in json.dumps([m for m in memory.messages()])
     again = drain(box)
     assert again.dispatched.leased == 0
-    box.close()
 
 
-def test_a_failing_handler_writes_no_outbox_row(store_url):
-    box = Box(store_url, secret=SECRET)
+def test_a_failing_handler_writes_no_outbox_row(store_url, open_box):
+    box = open_box(store_url, secret=SECRET)
     box.channel("email", provider=MemoryProvider())
 
     @box.task(key="k/{n}", retry=Retry(max_attempts=1))
@@ -52,11 +51,10 @@ def test_a_failing_handler_writes_no_outbox_row(store_url):
         "k/1",
         "k/3",
     ]
-    box.close()
 
 
-def test_several_messages_of_one_intent_need_their_own_suffix(store_url):
-    box = Box(store_url, secret=SECRET)
+def test_several_messages_of_one_intent_need_their_own_suffix(store_url, open_box):
+    box = open_box(store_url, secret=SECRET)
     box.channel("email", provider=MemoryProvider())
     box.channel("ops", provider=MemoryProvider())
 
@@ -84,7 +82,6 @@ def test_several_messages_of_one_intent_need_their_own_suffix(store_url):
     assert result.failures[0].key == "twice/1"
     assert "give each further message of one intent its own suffix" in result.failures[0].error
     assert result.failures[0].final  # an outbox misuse is not retried
-    box.close()
 
 
 @pytest.mark.parametrize(
@@ -134,7 +131,7 @@ def test_a_keyless_task_cannot_write_to_the_outbox(box: Box):
     assert "needs a task with a key template" in result.failures[0].error
 
 
-def test_the_message_is_frozen_when_written(store_url):
+def test_the_message_is_frozen_when_written(store_url, mail_box):
     """Every retry sends what the handler rendered, even if the data changed since."""
     memory = MemoryProvider()
     box = mail_box(store_url, memory)
@@ -149,12 +146,11 @@ def test_the_message_is_frozen_when_written(store_url):
         assert second.dispatched.sent == 1
     assert json.loads(written)["date"] == "Mon, 17 Aug 2026 09:00:00 +0000"
     assert [m["date"] for m in memory.messages()] == ["Mon, 17 Aug 2026 09:00:00 +0000"]
-    box.close()
 
 
-def test_no_secret_means_no_outbox_row_and_a_clear_error(store_url, monkeypatch):
+def test_no_secret_means_no_outbox_row_and_a_clear_error(store_url, monkeypatch, open_box):
     monkeypatch.delenv("ONCEBOX_SECRET", raising=False)
-    box = Box(store_url)
+    box = open_box(store_url)
     box.channel("email", provider=MemoryProvider())
 
     @box.task(key="k/{n}", retry=Retry(max_attempts=1))
@@ -165,12 +161,11 @@ def test_no_secret_means_no_outbox_row_and_a_clear_error(store_url, monkeypatch)
     result = drain(box, raise_on_failure=False)
     assert "set ONCEBOX_SECRET" in result.failures[0].error
     stored = box.init_secret()
-    assert Box(store_url).secret() == stored  # every worker on this database agrees
-    box.close()
+    assert open_box(store_url).secret() == stored  # every worker on this database agrees
 
 
-def test_writes_and_messages_of_one_handler_share_its_fate(store_url):
-    box = Box(store_url, secret=SECRET)
+def test_writes_and_messages_of_one_handler_share_its_fate(store_url, open_box):
+    box = open_box(store_url, secret=SECRET)
     box.channel("email", provider=MemoryProvider())
     create_effects(box)
 
@@ -183,4 +178,3 @@ def test_writes_and_messages_of_one_handler_share_its_fate(store_url):
     drain(box)
     assert effects(box) == [("k/1", "row")]
     assert [r.state for r in box.store.outbox_find_by_key("k/1")] == ["sent"]
-    box.close()

@@ -11,6 +11,10 @@ gets `409 concurrent_idempotent_requests`; a key reused with a different body ge
     "accept-then-timeout:SECONDS"       deliver, then answer only after SECONDS (past the client
                                         timeout: the client does not know it was accepted)
     "accept-then-reset"                 deliver, then close the connection without answering
+    "reset"                             close the connection at once (nothing delivered; the
+                                        client cannot tell)
+    "409-in-progress" / "409-mismatch"  answer as if the key were in flight / reused with
+                                        another body (for deterministic classification tests)
 """
 
 from __future__ import annotations
@@ -133,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
         key = self.headers.get("Idempotency-Key")
         body_hash = hashlib.sha256(raw).hexdigest()
         action = api.next_action()
+        if action == "reset":
+            self._reset()
+            return
         with api._lock:
             stored = api._keys.get(key) if key else None
             if stored is not None and stored.body_hash != body_hash:
@@ -150,6 +157,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._replay(stored)
             return
         self._act(action, key, body, stored)
+
+    def _reset(self) -> None:
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.connection.close()
+        self.close_connection = True
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """One instant per response, for `Date` and an HTTP-date `Retry-After` alike."""
+        return format_datetime(getattr(self, "_instant", None) or clock.real_now(), usegmt=True)
 
     def _replay(self, stored: _Stored) -> None:
         self.send_response(stored.status)
@@ -169,13 +185,22 @@ class _Handler(BaseHTTPRequestHandler):
         self, action: str, key: str | None, body: dict[str, Any], stored: _Stored | None
     ) -> None:
         kind, _, argument = action.partition(":")
+        if kind in ("409-in-progress", "409-mismatch"):
+            self._forget(key)
+            name = (
+                "concurrent_idempotent_requests"
+                if kind == "409-in-progress"
+                else "invalid_idempotent_request"
+            )
+            self._reply(409, {"statusCode": 409, "name": name})
+            return
         if kind == "429":
             self._forget(key)
             if argument.startswith("date:"):
                 seconds = float(argument.removeprefix("date:"))
-                now = clock.real_now()
-                retry_after = format_datetime(now + timedelta(seconds=seconds), usegmt=True)
-                headers = {"Retry-After": retry_after, "Date": format_datetime(now, usegmt=True)}
+                self._instant = clock.real_now().replace(microsecond=0)
+                retry_after = self._instant + timedelta(seconds=seconds)
+                headers = {"Retry-After": format_datetime(retry_after, usegmt=True)}
             else:
                 headers = {"Retry-After": argument or "1"}
             self._reply(429, {"name": "rate_limit_exceeded"}, headers)
@@ -197,8 +222,6 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "accept-then-timeout":
             self.api._release.wait(float(argument or "2"))
         elif kind == "accept-then-reset":
-            self.connection.shutdown(socket.SHUT_RDWR)
-            self.connection.close()
-            self.close_connection = True
+            self._reset()
             return
         self._reply(200, {"id": message_id})

@@ -50,10 +50,12 @@ def parse_retry_after(value: str | None, date_header: str | None = None) -> time
     applies its default pause). Negative values and dates in the past mean "now"."""
     if value is None or not value.strip():
         return None
-    text = value.split(",")[0].strip()  # duplicated headers arrive joined by commas
+    text = value.strip()
     try:
-        seconds = float(text)
+        seconds = float(text.split(",")[0])  # duplicated headers arrive joined: "30, 30"
     except ValueError:
+        if text.count("GMT,") >= 1:  # two HTTP-dates joined: the first one counts
+            text = text.split("GMT,")[0] + "GMT"
         try:
             when = parsedate_to_datetime(text)
         except (TypeError, ValueError, IndexError):
