@@ -139,3 +139,14 @@ def test_an_unreachable_server_is_retried_not_ambiguous(store_url, mail_box):
         result = drain(box)
     assert result.dispatched.retried == 1
     assert row(box, 1).state == "pending"
+
+
+def test_a_worker_runs_consumers_and_the_dispatcher_together(sink, store_url, mail_box):
+    from oncebox import WorkerConfig
+
+    box = mail_box(store_url, sink.url)
+    enqueue_customers(box, range(25))
+    result = box.work(config=WorkerConfig(concurrency=2, until_idle=True))
+    assert result.consumed.completed == 25
+    assert result.dispatched.sent == 25
+    assert len(set(sink.tokens())) == 25 == len(sink.tokens())

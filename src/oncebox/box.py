@@ -294,7 +294,8 @@ class Box:
     def _target(self, key_or_id: str | int, wanted: str, verb: str) -> JobRow:
         jobs = self.find(key_or_id)
         if not jobs:
-            raise NotFound(f"no job with id or key {key_or_id!r}")
+            what = "job or outbox row" if verb == "replay" else "job"
+            raise NotFound(f"no {what} with id or key {key_or_id!r}")
         for job in jobs:
             if job.state == wanted:
                 return job

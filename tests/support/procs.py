@@ -124,3 +124,14 @@ def crash_in_handler(url: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     box.work(until_idle=True)
+
+
+def dispatch_and_die(url: str, provider: str, point: str) -> None:
+    """A dispatcher killed (SIGKILL) at a named point of its first send."""
+    from oncebox import points
+    from support.outbox import mail_box
+
+    box = mail_box(url, provider)
+    points.install(point, points.kill)
+    box.dispatcher().run_once()
+    os._exit(3)  # not reached when the point fires

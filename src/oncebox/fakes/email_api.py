@@ -62,7 +62,9 @@ class FakeEmailApi:
         self._server.daemon_threads = True
         self.host = str(self._server.server_address[0])
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:

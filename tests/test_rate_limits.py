@@ -1,0 +1,122 @@
+"""Shared rate limits: every dispatcher on every host draws from the same buckets, on the
+database's clock; waits spend no attempts; a provider's 429 pauses all of them."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from oncebox import ConfigurationError
+from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.ratelimit import BucketState, Limit, take
+from oncebox.testing import FrozenClock, MemoryProvider, drain
+from support.outbox import enqueue_customers
+
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
+
+
+def run_concurrently(dispatchers) -> int:
+    sent: list[int] = []
+    lock = threading.Lock()
+
+    def one(dispatcher) -> None:
+        result = dispatcher.run_once()
+        with lock:
+            sent.append(result.sent)
+
+    threads = [threading.Thread(target=one, args=(d,)) for d in dispatchers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return sum(sent)
+
+
+def test_three_dispatchers_sharing_ten_per_second_never_exceed_the_bucket(store_url, mail_box):
+    memory = MemoryProvider()
+    box = mail_box(store_url, memory, limits=["10/s"], batch_size=8)
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, range(60))
+        drain(box, dispatch=False)
+        dispatchers = [box.dispatcher(name=f"d{i}") for i in range(3)]
+        timeline = []
+        for step in range(8):
+            timeline.append(run_concurrently(dispatchers))
+            if step % 2 == 0:
+                timeline.append(run_concurrently(dispatchers))  # again at the same instant
+            clock.advance(timedelta(milliseconds=500))
+    # a full bucket of 10 at once, then 5 per half second, never more
+    assert timeline[:3] == [10, 0, 5]
+    assert all(sent <= 5 for sent in timeline[2:])
+    assert sum(timeline) == 10 + 5 * 7
+    rows = [
+        r
+        for c in range(60)
+        for r in box.store.outbox_find_by_key(f"weekly-digest/customer-{c}/2026-W33")
+    ]
+    assert sum(r.state == "sent" for r in rows) == len(memory.sent) == 45
+    assert {r.attempt for r in rows if r.state == "pending"} == {0}  # waiting spent nothing
+
+
+def test_a_daily_limit_holds_across_the_per_second_refills(store_url, mail_box):
+    box = mail_box(store_url, MemoryProvider(), limits=["100/s", "12/day"])
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, range(20))
+        assert drain(box).dispatched.sent == 12
+        clock.advance(timedelta(hours=1))
+        assert drain(box).dispatched.sent == 0
+        clock.advance(timedelta(hours=2))  # 12/day refills one every two hours
+        assert drain(box).dispatched.sent == 1
+
+
+def test_a_429_stops_every_dispatcher_until_retry_after(store_url, mail_box):
+    with FakeEmailApi() as api:
+        box = mail_box(store_url, api.url, batch_size=2)
+        api.script("429:30")
+        with FrozenClock(box, at=T0) as clock:
+            enqueue_customers(box, range(6))
+            drain(box, dispatch=False)
+            dispatchers = [box.dispatcher(name=f"d{i}") for i in range(3)]
+            throttled = dispatchers[0].run_once()
+            assert throttled.throttled == 1
+            calls = api.requests
+            assert run_concurrently(dispatchers) == 0
+            assert api.requests == calls  # nobody asked the provider during the pause
+            clock.advance(timedelta(seconds=30))
+            assert sum(run_concurrently(dispatchers) for _ in range(3)) == 6
+        assert len(set(api.tokens())) == 6 == len(api.tokens())
+
+
+def test_the_bucket_arithmetic():
+    bucket = BucketState("10/s", 10.0, 10.0, 10.0, T0)
+    after, grant = take([bucket], 25, T0, None)
+    assert grant.granted == 10 and after[0].tokens == 0.0
+    assert grant.retry_in == timedelta(seconds=0.1)
+    after, grant = take(after, 25, T0 + timedelta(seconds=0.35), None)
+    assert grant.granted == 3
+    paused, grant = take(after, 5, T0 + timedelta(seconds=1), T0 + timedelta(seconds=31))
+    assert (grant.granted, grant.retry_in) == (0, timedelta(seconds=30))
+    assert paused == after  # a paused channel takes nothing
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "seconds"),
+    [
+        ("14/s", 14, 1),
+        ("600/min", 600, 60),
+        ("50000/day", 50000, 86400),
+        ("3/10s", 3, 10),
+        ("5 / hour", 5, 3600),
+    ],
+)
+def test_limits_parse(text, count, seconds):
+    limit = Limit.parse(text)
+    assert (limit.count, limit.period) == (count, timedelta(seconds=seconds))
+
+
+@pytest.mark.parametrize("text", ["", "10", "0/s", "ten/s", "10/fortnight", "-1/s"])
+def test_bad_limits_are_refused(text):
+    with pytest.raises(ConfigurationError):
+        Limit.parse(text)
