@@ -291,10 +291,9 @@ class Box:
             return [job] if job is not None else []
         return self.store.job_find_by_key(validate_key(key_or_id))
 
-    def _target(self, key_or_id: str | int, wanted: str, verb: str) -> JobRow:
+    def _target(self, key_or_id: str | int, wanted: str, verb: str, what: str = "job") -> JobRow:
         jobs = self.find(key_or_id)
         if not jobs:
-            what = "job or outbox row" if verb == "replay" else "job"
             raise NotFound(f"no {what} with id or key {key_or_id!r}")
         for job in jobs:
             if job.state == wanted:
@@ -328,7 +327,7 @@ class Box:
             self.metrics.count("deliveries_replayed")
             self._wake_local()
             return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
-        job = self._target(key_or_id, "dead", "replay")
+        job = self._target(key_or_id, "dead", "replay", "job" if is_id else "job or outbox row")
         result = self.store.job_replay(OperatorAction(job.id, actor, reason))
         if result is None:
             raise InvalidState(f"job {job.id} stopped being dead while it was being replayed")
