@@ -150,3 +150,19 @@ def test_a_worker_runs_consumers_and_the_dispatcher_together(sink, store_url, ma
     assert result.consumed.completed == 25
     assert result.dispatched.sent == 25
     assert len(set(sink.tokens())) == 25 == len(sink.tokens())
+
+
+def test_a_connection_the_server_dropped_while_idle_is_replaced(store_url, mail_box):
+    first = SmtpSink().start()
+    box = mail_box(store_url, first.url)
+    enqueue_customers(box, [1])
+    dispatcher = box.dispatcher()
+    drain(box, dispatch=False)
+    assert dispatcher.run_once().sent == 1
+    first.stop()  # the server restarts; the dispatcher's open connection is now dead
+    with SmtpSink(port=first.port) as second:
+        enqueue_customers(box, [2])
+        drain(box, dispatch=False)
+        result = dispatcher.run_once()
+        assert (result.sent, result.retried) == (1, 0)  # reconnected, not a failed attempt
+        assert second.tokens() == [token(2)]

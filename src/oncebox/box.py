@@ -438,13 +438,18 @@ class Box:
         self._secret = self._secret or secret_from_env() or stored
         return self._secret
 
-    def outbox_writer(self, intent_key: str | None, job_id: int | None) -> OutboxWriter:
+    def outbox_writer(
+        self, intent_key: str | None, job_id: int | None, written_at: datetime
+    ) -> OutboxWriter:
+        """`ctx.outbox` for one handler run; messages are dated `written_at` — the database's
+        time when the job was leased (no query per message, and exact under a frozen clock)."""
+        channels = self.channels
         return OutboxWriter(
             intent_key=intent_key,
             job_id=job_id,
-            channels=self.channels,
+            channels=channels,
             secret=self.secret,
-            now=self.store.clock_now,
+            now=lambda: written_at,
         )
 
     def dispatcher(

@@ -174,7 +174,7 @@ class Consumer:
         rng: random.Random,
         worker: str,
         note_superseded: Callable[[Delivery, str], None],
-        outbox: Callable[[str | None, int | None], OutboxWriter],
+        outbox: Callable[[str | None, int | None, datetime], OutboxWriter],
     ) -> None:
         self.registry = registry
         self.session = session
@@ -345,7 +345,7 @@ class Consumer:
         task, delivery = p.task, p.delivery
         points.reach("consumer.before_handler")
         began = clock.monotonic()
-        outbox = self.outbox(p.key, delivery.job_id)
+        outbox = self.outbox(p.key, delivery.job_id, delivery.leased_at)
         try:
             with tx.handler_scope() as connection:
                 ctx = JobContext(

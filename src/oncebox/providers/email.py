@@ -7,12 +7,14 @@ at); rendering it to MIME adds only what derives from the row's token — `Messa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime, parseaddr
+from functools import lru_cache
 from typing import Any
 
 from oncebox.errors import InvalidArguments
@@ -22,7 +24,22 @@ RESERVED_HEADERS = frozenset({"message-id", "x-oncebox-token", "from", "to", "su
 MAX_EMAIL_BYTES = 10 * 1024 * 1024
 
 
+# A plain `local@domain` (the common case) is checked with this; anything else (display names,
+# quoted local parts) goes through the standard library's parser.
+_PLAIN_ADDRESS = re.compile(
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+    r"@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
+)
+
+
 def _address(value: str, field: str) -> str:
+    if isinstance(value, str) and _PLAIN_ADDRESS.fullmatch(value):
+        return value
+    return _parsed_address(value, field)
+
+
+@lru_cache(maxsize=4096)
+def _parsed_address(value: str, field: str) -> str:
     if not isinstance(value, str) or "\r" in value or "\n" in value:
         raise InvalidArguments(f"email {field} {value!r} is not an address")
     _name, address = parseaddr(value)

@@ -9,6 +9,9 @@ channel's ambiguity policy decides what an unknown outcome means. This provider'
 - after the final `.` was written and before the server's reply arrived (timeout, connection
   lost): the server may have queued it — ambiguous.
 
+Each dispatcher thread keeps its connection open across messages; a reused connection the server
+has meanwhile closed fails at MAIL, before anything was sent, and is replaced once.
+
 Replies: 421 pauses the channel (SMTP has no Retry-After); other 4xx (451 greylisting, 452) are
 retried per message; 5xx (550 no such user) are permanent.
 
@@ -22,6 +25,7 @@ import os
 import re
 import smtplib
 import ssl
+import threading
 from datetime import timedelta
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -85,6 +89,9 @@ class SmtpProvider:
         except ValueError:
             raise ConfigurationError("smtp timeout must be a number of seconds") from None
         self.where = f"{parts.scheme}://{self.host}:{self.port}"
+        self._local = threading.local()
+        self._open: set[smtplib.SMTP] = set()  # every thread's connection, for close()
+        self._open_lock = threading.Lock()
 
     def _connect(self) -> smtplib.SMTP:
         context = ssl.create_default_context()
@@ -101,15 +108,47 @@ class SmtpProvider:
             smtp.login(self.user, self._password)
         return smtp
 
+    def _session(self) -> tuple[smtplib.SMTP, bool]:
+        """This thread's open connection (reused across messages), or a new one."""
+        smtp: smtplib.SMTP | None = getattr(self._local, "smtp", None)
+        if smtp is not None:
+            return smtp, True
+        smtp = self._connect()
+        self._local.smtp = smtp
+        with self._open_lock:
+            self._open.add(smtp)
+        return smtp, False
+
+    def _discard(self) -> None:
+        smtp: smtplib.SMTP | None = getattr(self._local, "smtp", None)
+        self._local.smtp = None
+        if smtp is not None:
+            self._quit(smtp)
+
+    def _quit(self, smtp: smtplib.SMTP) -> None:
+        with self._open_lock:
+            self._open.discard(smtp)
+        try:
+            smtp.quit()
+        except (OSError, smtplib.SMTPException):
+            smtp.close()
+
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        try:
+            return self._send(outgoing)
+        except _StaleConnection:
+            self._discard()  # the server closed an idle connection: nothing was sent; once more
+            return self._send(outgoing)
+
+    def _send(self, outgoing: Outgoing) -> Receipt:
         message = render(outgoing)
         sender = message["From"]
         recipients = list(outgoing.payload["to"])
         content = dot_stuffed(bytes(message))
         phase = "connect"
-        smtp: smtplib.SMTP | None = None
+        reused = False
         try:
-            smtp = self._connect()
+            smtp, reused = self._session()
             phase = "MAIL"
             code, text = smtp.mail(sender)
             if code != 250:
@@ -128,10 +167,15 @@ class SmtpProvider:
             phase = "end of data"  # from here on, the server may have the message
             code, text = smtp.getreply()
         except SendError:
+            self._discard()
             raise
         except smtplib.SMTPResponseException as exc:
+            self._discard()
             raise _reply_error(exc.smtp_code, exc.smtp_error, phase) from None
         except (OSError, smtplib.SMTPException) as exc:
+            self._discard()
+            if reused and phase == "MAIL":
+                raise _StaleConnection from None
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if phase == "end of data":
                 raise SendAmbiguous(
@@ -139,12 +183,19 @@ class SmtpProvider:
                     f"server's reply ({detail}); it may have been accepted"
                 ) from None
             raise SendRetryable(f"{self.where}: {detail} during {phase}") from None
-        finally:
-            if smtp is not None:
-                try:
-                    smtp.quit()
-                except (OSError, smtplib.SMTPException):
-                    smtp.close()
         if code != 250:
+            self._discard()
             raise _reply_error(code, text, phase)
         return Receipt(outgoing.message_id, f"{code} {text.decode('utf-8', 'replace')}".strip())
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._open_lock:
+            connections, self._open = list(self._open), set()
+        for smtp in connections:
+            self._quit(smtp)
+        self._local = threading.local()
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before anything of the message was sent."""
