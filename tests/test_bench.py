@@ -45,3 +45,39 @@ def test_the_core_benchmark_runs_and_reports_every_row(pg_template, tmp_path):
         ("postgres", "keyless"),
     ]
     assert all(r["enqueue"] > 0 and r["process"] > 0 for r in rows)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_outbox_benchmark_runs_and_reports_every_row(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "outbox.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "outbox.py"),
+            "--jobs",
+            "100",
+            "--smtp-jobs",
+            "10",
+            "--repeat",
+            "1",
+            "--postgres",
+            PG_URL,
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["store"], r["workload"]) for r in rows] == [
+        (store, workload)
+        for store in ("sqlite", "postgres")
+        for workload in ("dispatch/null", "dispatch/smtp", "full path")
+    ]
+    assert all(r["per_s"] > 0 for r in rows)

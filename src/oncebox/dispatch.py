@@ -322,7 +322,7 @@ class OutboxDispatcher:
         ):
             self.metrics.count(f"deliveries_{name}", getattr(result, name))
 
-    def run_forever(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
+    def run_forever(self, stop: threading.Event) -> None:
         def once() -> bool:
             return self.run_once().leased >= self.config.batch_size
 
