@@ -166,3 +166,56 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced(store_url, mail_
         result = dispatcher.run_once()
         assert (result.sent, result.retried) == (1, 0)  # reconnected, not a failed attempt
         assert second.tokens() == [token(2)]
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_starttls_and_authentication(certificate, sqlite_url, mail_box, monkeypatch):
+    cert, key = certificate
+    monkeypatch.setenv("SMTP_TEST_PASSWORD", "s3cret")
+    with SmtpSink(tls_cert=str(cert), tls_key=str(key), login=("mailer", "s3cret")) as server:
+        url = (
+            f"smtp://mailer@{server.host}:{server.port}?starttls=1&cafile={cert}"
+            "&password_env=SMTP_TEST_PASSWORD&timeout=5"
+        )
+        box = mail_box(sqlite_url, url)
+        enqueue_customers(box, [1])
+        assert drain(box).dispatched.sent == 1
+        assert server.tokens() == [token(1)]
+        monkeypatch.setenv("SMTP_TEST_PASSWORD", "wrong")
+        wrong = mail_box(sqlite_url.replace("oncebox.db", "other.db"), url)
+        enqueue_customers(wrong, [2])
+        result = drain(wrong, raise_on_failure=False)
+        assert (result.dispatched.sent, result.dispatched.throttled) == (0, 1)  # channel paused
+        assert server.tokens() == [token(1)]
+        box.close()  # before the server stops, so no connection outlives it
+        wrong.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ class SmtpSink:
     received: list[ReceivedMail] = field(default_factory=list)
     _script: deque[tuple[str | None, str]] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    tls_cert: str | None = None  # with tls_key: offer STARTTLS (and require it)
+    tls_key: str | None = None
+    login: tuple[str, str] | None = None  # require AUTH with these credentials
     _controller: Any = None
 
     @property
@@ -64,7 +68,14 @@ class SmtpSink:
     def start(self) -> SmtpSink:
         from aiosmtpd.controller import Controller  # noqa: PLC0415 (an optional dependency)
 
-        self._controller = Controller(_Handler(self), hostname=self.host, port=self.port)
+        options: dict[str, Any] = {}
+        if self.tls_cert and self.tls_key:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+            options.update(tls_context=context, require_starttls=True)
+        if self.login is not None:
+            options.update(auth_required=True, authenticator=_Authenticator(self.login))
+        self._controller = Controller(_Handler(self), hostname=self.host, port=self.port, **options)
         self._controller.start()
         return self
 
@@ -78,6 +89,20 @@ class SmtpSink:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _Authenticator:
+    def __init__(self, login: tuple[str, str]) -> None:
+        self.login = login
+
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+        from aiosmtpd.smtp import AuthResult, LoginPassword  # noqa: PLC0415
+
+        ok = (
+            isinstance(data, LoginPassword)
+            and (data.login.decode(), data.password.decode()) == self.login
+        )
+        return AuthResult(success=ok, handled=False)
 
 
 class _Handler:

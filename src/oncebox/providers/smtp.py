@@ -13,9 +13,11 @@ Each dispatcher thread keeps its connection open across messages; a reused conne
 has meanwhile closed fails at MAIL, before anything was sent, and is replaced once.
 
 Replies: 421 pauses the channel (SMTP has no Retry-After); other 4xx (451 greylisting, 452) are
-retried per message; 5xx (550 no such user) are permanent.
+retried per message; 5xx (550 no such user) are permanent. A refused session (authentication,
+TLS) is the channel's problem, not the message's: the channel pauses and no attempt is spent.
 
-URL: `smtp://[user:password@]host[:port][?starttls=1&timeout=30]`, `smtps://…` (implicit TLS).
+URL: `smtp://[user:password@]host[:port][?starttls=1&timeout=30&cafile=PATH]`, `smtps://…`
+(implicit TLS). Certificates are always verified (against the system's CAs, or `cafile`).
 The password may be given as `?password_env=NAME` instead, and is never logged.
 """
 
@@ -84,6 +86,7 @@ class SmtpProvider:
             else (unquote(parts.password) if parts.password else None)
         )
         self.starttls = options.get("starttls", "0") in {"1", "true", "yes"}
+        self.cafile = options.get("cafile")  # a private CA (the server's certificate is verified)
         try:
             self.timeout = float(options.get("timeout", "30"))
         except ValueError:
@@ -94,18 +97,22 @@ class SmtpProvider:
         self._open_lock = threading.Lock()
 
     def _connect(self) -> smtplib.SMTP:
-        context = ssl.create_default_context()
+        context = ssl.create_default_context(cafile=self.cafile)
         smtp: smtplib.SMTP
         if self.implicit_tls:
             smtp = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout, context=context)
         else:
             smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
-        smtp.ehlo()
-        if self.starttls:
-            smtp.starttls(context=context)
+        try:
             smtp.ehlo()
-        if self.user and self._password is not None:
-            smtp.login(self.user, self._password)
+            if self.starttls:
+                smtp.starttls(context=context)
+                smtp.ehlo()
+            if self.user and self._password is not None:
+                smtp.login(self.user, self._password)
+        except BaseException:
+            smtp.close()
+            raise
         return smtp
 
     def _session(self) -> tuple[smtplib.SMTP, bool]:
@@ -171,6 +178,16 @@ class SmtpProvider:
             raise
         except smtplib.SMTPResponseException as exc:
             self._discard()
+            if phase == "connect":  # the server refused the session (auth, TLS): every message
+                text = (
+                    exc.smtp_error.decode("utf-8", "replace")
+                    if isinstance(exc.smtp_error, bytes)
+                    else str(exc.smtp_error)
+                )
+                raise SendThrottled(
+                    f"{self.where} refused the session: SMTP {exc.smtp_code} {text.strip()} "
+                    "(check the channel's credentials and TLS settings)"
+                ) from None
             raise _reply_error(exc.smtp_code, exc.smtp_error, phase) from None
         except (OSError, smtplib.SMTPException) as exc:
             self._discard()
