@@ -179,13 +179,13 @@ class SmtpProvider:
         except smtplib.SMTPResponseException as exc:
             self._discard()
             if phase == "connect":  # the server refused the session (auth, TLS): every message
-                text = (
+                refusal = (
                     exc.smtp_error.decode("utf-8", "replace")
                     if isinstance(exc.smtp_error, bytes)
                     else str(exc.smtp_error)
                 )
                 raise SendThrottled(
-                    f"{self.where} refused the session: SMTP {exc.smtp_code} {text.strip()} "
+                    f"{self.where} refused the session: SMTP {exc.smtp_code} {refusal.strip()} "
                     "(check the channel's credentials and TLS settings)"
                 ) from None
             raise _reply_error(exc.smtp_code, exc.smtp_error, phase) from None
