@@ -145,11 +145,11 @@ def test_a_worker_runs_consumers_and_the_dispatcher_together(sink, store_url, ma
     from oncebox import WorkerConfig
 
     box = mail_box(store_url, sink.url)
-    enqueue_customers(box, range(25))
-    result = box.work(config=WorkerConfig(concurrency=2, until_idle=True))
-    assert result.consumed.completed == 25
-    assert result.dispatched.sent == 25
-    assert len(set(sink.tokens())) == 25 == len(sink.tokens())
+    for round_ in range(4):  # until_idle must not stop before the dispatcher saw the new rows
+        enqueue_customers(box, range(round_ * 25, round_ * 25 + 25))
+        result = box.work(config=WorkerConfig(concurrency=2, until_idle=True))
+        assert (result.consumed.completed, result.dispatched.sent) == (25, 25), round_
+    assert len(set(sink.tokens())) == 100 == len(sink.tokens())
 
 
 def test_a_connection_the_server_dropped_while_idle_is_replaced(store_url, mail_box):

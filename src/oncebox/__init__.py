@@ -6,7 +6,7 @@ queue delivers at least once, the consumer absorbs the duplicates. See README.md
 
 from __future__ import annotations
 
-from oncebox.box import ActionOutcome, Box, EnqueueManyResult, EnqueueResult
+from oncebox.box import Box, EnqueueManyResult, EnqueueResult
 from oncebox.clock import ClockSetting
 from oncebox.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
 from oncebox.context import JobContext
@@ -30,6 +30,7 @@ from oncebox.errors import (
     TransactionControlRefused,
     UnknownTask,
 )
+from oncebox.operations import ActionOutcome
 from oncebox.retry import Retry
 from oncebox.tasks import Task
 from oncebox.worker import WorkerConfig, WorkerResult

@@ -32,13 +32,25 @@ from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
 from oncebox.consumer import Consumer, ConsumerConfig
 from oncebox.dispatch import DispatcherConfig, OutboxDispatcher
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
-from oncebox.keys import validate_key
 from oncebox.metrics import Metrics
+from oncebox.operations import Operations
 from oncebox.outbox import OutboxWriter
+from oncebox.periods import PeriodKind
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider
 from oncebox.retry import Retry
+from oncebox.schedule import (
+    CatchUp,
+    FanOutResult,
+    Overlap,
+    Schedule,
+    ScheduleContext,
+    ScheduleTicker,
+    make_schedule,
+    run_schedule,
+)
 from oncebox.store import open_store
-from oncebox.store.base import JobInsert, JobInsertMany, JobRow, OperatorAction, OutboxRow, Store
+from oncebox.store.base import JobInsert, JobInsertMany, Store
+from oncebox.sweeper import ExpirySweeper, SweepContext, Sweeper, make_sweeper
 from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
 from oncebox.tokens import SECRET_SETTING, check_secret, new_secret, secret_from_env
 from oncebox.transport import Transport
@@ -47,7 +59,6 @@ from oncebox.worker import Worker, WorkerConfig, WorkerResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
-MAX_REASON_CHARS = 2000
 EnqueueReason = Literal["created", "active_job", "key_claimed"]
 
 
@@ -72,18 +83,7 @@ class EnqueueManyResult:
     job_ids: list[int]
 
 
-@dataclass(frozen=True)
-class ActionOutcome:
-    """A replay, cancel or resolution that happened, and the audit row that records it.
-    `kind` says whether `id` is a job's or an outbox row's ("delivery")."""
-
-    id: int
-    key: str | None
-    audit_id: int
-    kind: Literal["job", "delivery"] = "job"
-
-
-class Box:
+class Box(Operations):
     """The user's handle; see the module docstring."""
 
     def __init__(
@@ -111,6 +111,8 @@ class Box:
         self.max_payload_bytes = max_payload_bytes
         self.rng = random.Random(seed)
         self._channels: dict[str, Channel] = {}
+        self._schedules: dict[str, Schedule] = {}
+        self._sweepers: dict[str, Sweeper] = {}
         self._secret = check_secret(secret, "Box(secret=...)") if secret else None
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
@@ -282,119 +284,6 @@ class Box:
         encoded = encode_args(args, task.name, self.max_payload_bytes)
         return task.render_key(args), encoded, task.group_of(args)
 
-    # -- operator actions ----------------------------------------------------------------------
-
-    def find(self, key_or_id: str | int) -> list[JobRow]:
-        """Jobs for a key (its active job and the job that claimed it) or the job with an id."""
-        if isinstance(key_or_id, int) or (isinstance(key_or_id, str) and key_or_id.isdigit()):
-            job = self.store.job_get(int(key_or_id))
-            return [job] if job is not None else []
-        return self.store.job_find_by_key(validate_key(key_or_id))
-
-    def _target(self, key_or_id: str | int, wanted: str, verb: str, what: str = "job") -> JobRow:
-        jobs = self.find(key_or_id)
-        if not jobs:
-            raise NotFound(f"no {what} with id or key {key_or_id!r}")
-        for job in jobs:
-            if job.state == wanted:
-                return job
-        states = ", ".join(f"job {job.id} is {job.state}" for job in jobs)
-        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be")
-
-    def replay(
-        self,
-        key_or_id: str | int,
-        *,
-        reason: str,
-        actor: str = "api",
-        kind: Literal["job", "delivery"] | None = None,
-    ) -> ActionOutcome:
-        """Replay in place, audited: a dead job back to ready (same id, same key, history
-        kept), or a dead outbox row back to pending (same key, same frozen content).
-
-        By key, a dead job is looked for first, then a dead outbox row (by its key, or its
-        intent's key when that names exactly one dead row). By id, `kind` says which table
-        (default: jobs). There is no replay under a new key. A replayed job whose key was
-        claimed meanwhile completes as a duplicate.
-        """
-        reason = _reason(reason)
-        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
-        if kind == "delivery" or (kind is None and not is_id and self._prefers_delivery(key_or_id)):
-            row = self._dead_delivery(key_or_id, is_id)
-            done = self.store.outbox_replay(OperatorAction(row.id, actor, reason))
-            if done is None:
-                raise InvalidState(f"outbox row {row.id} stopped being dead while replayed")
-            self.metrics.count("deliveries_replayed")
-            self._wake_local()
-            return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
-        job = self._target(key_or_id, "dead", "replay", "job" if is_id else "job or outbox row")
-        result = self.store.job_replay(OperatorAction(job.id, actor, reason))
-        if result is None:
-            raise InvalidState(f"job {job.id} stopped being dead while it was being replayed")
-        self.metrics.count("jobs_replayed")
-        self._wake_local()
-        return ActionOutcome(result.job_id, result.key, result.audit_id)
-
-    def _prefers_delivery(self, key: str | int) -> bool:
-        """A key names a dead job, else a dead outbox row (a job's key may have both a done
-        job and a dead message: the message is what needs replaying)."""
-        text = str(key)
-        if "~" not in text and any(
-            job.state == "dead" for job in self.store.job_find_by_key(validate_key(text))
-        ):
-            return False
-        return any(row.state == "dead" for row in self._outbox_rows(text, False))
-
-    def _outbox_rows(self, key_or_id: str | int, is_id: bool) -> list[OutboxRow]:
-        if is_id:
-            row = self.store.outbox_get(int(key_or_id))
-            return [row] if row is not None else []
-        text = str(key_or_id)
-        validate_key(text.replace("~", "-"))
-        return self.store.outbox_find_by_key(text)
-
-    def _dead_delivery(self, key_or_id: str | int, is_id: bool) -> OutboxRow:
-        return self._one_delivery(key_or_id, is_id, "dead", "replay")
-
-    def _one_delivery(self, key_or_id: str | int, is_id: bool, wanted: str, verb: str) -> OutboxRow:
-        rows = self._outbox_rows(key_or_id, is_id)
-        if not rows:
-            raise NotFound(f"no job or outbox row with id or key {key_or_id!r}")
-        matching = [row for row in rows if row.state == wanted]
-        exact = [row for row in matching if row.key == str(key_or_id) or is_id]
-        if len(exact) == 1 or len(matching) == 1:
-            return (exact or matching)[0]
-        if len(matching) > 1:
-            keys = ", ".join(row.key for row in matching)
-            raise InvalidState(
-                f"{key_or_id!r} names several {wanted} messages ({keys}); {verb} them one by one"
-            )
-        states = ", ".join(f"{row.key} is {row.state}" for row in rows)
-        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be")
-
-    def resolve(
-        self,
-        key_or_id: str | int,
-        resolution: Literal["sent", "resend"],
-        *,
-        reason: str,
-        actor: str = "api",
-        receipt: str | None = None,
-    ) -> ActionOutcome:
-        """Settle an ambiguous outbox row after checking with the provider or the recipient:
-        `sent` (it arrived; record it) or `resend` (it did not; send it again). Audited."""
-        if resolution not in ("sent", "resend"):
-            raise ConfigurationError("a resolution is 'sent' or 'resend'")
-        reason = _reason(reason)
-        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
-        row = self._one_delivery(key_or_id, is_id, "ambiguous", "resolve")
-        done = self.store.outbox_resolve(OperatorAction(row.id, actor, reason), resolution, receipt)
-        if done is None:
-            raise InvalidState(f"outbox row {row.id} stopped being ambiguous while resolved")
-        if resolution == "resend":
-            self._wake_local()
-        return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
-
     # -- the outbox ----------------------------------------------------------------------------
 
     def channel(
@@ -465,16 +354,103 @@ class Box:
             rng=self.rng,
         )
 
-    def cancel(
-        self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
-    ) -> ActionOutcome:
-        """Cancel a ready job (a pending timer, a queued job); audited. Running jobs are not."""
-        reason = _reason(reason)
-        job = self._target(key_or_id, "ready", "cancel")
-        result = self.store.job_cancel(OperatorAction(job.id, actor, reason))
-        if result is None:
-            raise InvalidState(f"job {job.id} stopped being ready while it was being cancelled")
-        return ActionOutcome(result.job_id, result.key, result.audit_id)
+    # -- schedules and sweepers ----------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        period: PeriodKind,
+        task: Task | str,
+        tz: str = "UTC",
+        catch_up: CatchUp = "latest",
+        catch_up_window: timedelta = timedelta(days=31),
+        overlap: Overlap = "wait",
+        grace: timedelta = timedelta(minutes=10),
+        batch_size: int = 5000,
+    ) -> Callable[[Callable[[ScheduleContext], Iterable[Mapping[str, Any]]]], Schedule]:
+        """Declare a schedule over the decorated eligible-set callable (see `oncebox.schedule`),
+        which yields one task-args mapping per eligible subject, for `ctx.period`."""
+
+        def register(
+            eligible: Callable[[ScheduleContext], Iterable[Mapping[str, Any]]],
+        ) -> Schedule:
+            declared = make_schedule(
+                name,
+                cron=cron,
+                tz=tz,
+                period=period,
+                task=task.name if isinstance(task, Task) else task,
+                eligible=eligible,
+                catch_up=catch_up,
+                catch_up_window=catch_up_window,
+                overlap=overlap,
+                grace=grace,
+                batch_size=batch_size,
+            )
+            self._schedules[name] = declared
+            return declared
+
+        return register
+
+    @property
+    def schedules(self) -> dict[str, Schedule]:
+        return dict(self._schedules)
+
+    def _schedule(self, name: str) -> Schedule:
+        try:
+            return self._schedules[name]
+        except KeyError:
+            known = ", ".join(sorted(self._schedules)) or "none"
+            raise NotFound(f"no schedule named {name!r} (declared: {known})") from None
+
+    def run_schedule(self, name: str, period: str) -> FanOutResult:
+        """Fan out one period again: enqueues only keys with no intent and no active job."""
+        return run_schedule(self, self._schedule(name), period, worker_name("manual"))
+
+    def pause_schedule(self, name: str) -> None:
+        self.store.schedule_state_pause(self._schedule(name).name, True)
+
+    def resume_schedule(self, name: str) -> None:
+        """Resume from now: fires that passed while paused are skipped."""
+        self.store.schedule_state_pause(self._schedule(name).name, False)
+
+    def ticker(self) -> ScheduleTicker:
+        """The scheduler lane, for `run_once()` in tests and tools."""
+        return ScheduleTicker(self, self._schedules, worker_name("scheduler"))
+
+    def sweeper(
+        self,
+        name: str,
+        *,
+        every: timedelta = timedelta(seconds=30),
+        batch_size: int = 100,
+        timeout: timedelta = timedelta(seconds=60),
+    ) -> Callable[[Callable[[SweepContext], int]], Sweeper]:
+        """Declare a due-row sweeper (see `oncebox.sweeper`)."""
+
+        def register(handler: Callable[[SweepContext], int]) -> Sweeper:
+            declared = make_sweeper(
+                name, handler, every=every, batch_size=batch_size, timeout=timeout
+            )
+            self._sweepers[name] = declared
+            return declared
+
+        return register
+
+    @property
+    def sweepers(self) -> dict[str, Sweeper]:
+        return dict(self._sweepers)
+
+    def expiry_sweeper(
+        self, name: str, lock_timeout: timedelta = timedelta(seconds=2)
+    ) -> ExpirySweeper:
+        """One sweeper's lane, for `run_once()` in tests and tools; `close()` it after."""
+        try:
+            return ExpirySweeper(self, self._sweepers[name], lock_timeout)
+        except KeyError:
+            raise NotFound(f"no sweeper named {name!r}") from None
 
     # -- working -------------------------------------------------------------------------------
 
@@ -552,11 +528,3 @@ def _timing(run_at: datetime | None, delay: timedelta | None) -> tuple[datetime 
     if delay is not None and delay < timedelta(0):
         raise ConfigurationError("delay must not be negative")
     return run_at, delay or timedelta(0)
-
-
-def _reason(reason: str) -> str:
-    if not isinstance(reason, str) or not reason.strip():
-        raise ConfigurationError("a reason is required (it is written to the audit log)")
-    if len(reason) > MAX_REASON_CHARS:
-        raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
-    return reason.strip()

@@ -7,6 +7,8 @@ Lanes, each in its own thread:
 - a dispatcher (when the box has channels): delivers outbox rows (`dispatch.py`); woken by
   consumers of this process that wrote outbox rows, by NOTIFY, or the poll interval;
 - the resolver (when a channel's provider can look messages up): settles ambiguous sends;
+- the scheduler (when the box has schedules): fans out due periods (`schedule.py`);
+- a sweeper per declared sweeper: due-row transitions with their notices (`sweeper.py`);
 - the lease keeper: heartbeats held leases; the watchdog for hung handlers (`heartbeat.py`);
 - the lease rescuer: expired job and outbox leases (`rescuer.py`, `delivery_rescuer.py`);
 - the pruner: finished-job retention and explicit intent policies (`pruner.py`);
@@ -42,6 +44,7 @@ from oncebox.pruner import Pruner, PrunerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.resolver import AmbiguityResolver
 from oncebox.store.migrations import check_runnable
+from oncebox.sweeper import ExpirySweeper
 from oncebox.transport import Transport
 from oncebox.watch import HandlerWatch
 
@@ -64,6 +67,8 @@ class WorkerConfig:
     exit_on_hung_handler: bool = True
     consume: bool = True
     dispatch: bool = True
+    schedule: bool = True
+    sweep: bool = True
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
     rescuer: LeaseRescuerConfig = field(default_factory=LeaseRescuerConfig)
@@ -104,7 +109,11 @@ class Worker:
         return 5.0 if self.box.store.supports_notifications else 1.0
 
     def wake(self) -> None:
-        """New work may exist (an enqueue or an outbox row in this process, a NOTIFY)."""
+        """New work may exist (an enqueue or an outbox row in this process, a NOTIFY): every
+        polling lane looks again — and none counts as idle until it has (so `until_idle` cannot
+        stop between a consumer writing outbox rows and the dispatcher seeing them)."""
+        with self._idle_lock:
+            self._idle.clear()
         for event in self._wakes:
             event.set()
 
@@ -133,8 +142,31 @@ class Worker:
             for i in range(self.config.concurrency if self.config.consume else 0)
         ]
         channels = self.box.channels if self.config.dispatch else {}
+        sweepers = [
+            ExpirySweeper(self.box, sweeper, self.config.consumer.lock_timeout)
+            for sweeper in (self.box.sweepers.values() if self.config.sweep else ())
+        ]
+        ticker = self.box.ticker() if self.config.schedule and self.box.schedules else None
+        if self.config.until_idle:  # what is due now is part of "until idle"
+            if ticker is not None:
+                ticker.run_once()
+            for sweeper in sweepers:
+                sweeper.run_once()
         pollers = self._polling_lanes([c for c, _t in consumers], channels)
         threads = self._background_lanes(consumers, channels)
+        threads += [
+            threading.Thread(
+                target=lane.run_forever,
+                args=(self.stop_event,),
+                name=f"oncebox-{name}",
+                daemon=True,
+            )
+            for name, lane in [
+                ("scheduler", ticker),
+                *((f"sweeper-{s.sweeper.name}", s) for s in sweepers),
+            ]
+            if lane is not None
+        ]
         restore = self._install_signal_handlers()
         self.box.attach_worker(self)
         try:
@@ -150,6 +182,8 @@ class Worker:
                 thread.join(5)
             for consumer, _transport in consumers:
                 consumer.session.close()
+            for sweeper in sweepers:
+                sweeper.close()
             restore()
         if self._error is not None:
             raise self._error

@@ -329,6 +329,42 @@ class DeliveryAttemptRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleState:
+    paused: bool
+    last_fire_at: datetime | None
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRunClaim:
+    """Take a period's fan-out (new, abandoned by a dead owner, or — `rescan` — finished)."""
+
+    schedule: str
+    period: str
+    fire_at: datetime | None
+    owner: str
+    lease_for: timedelta
+    late: bool = False
+    rescan: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRunRow:
+    schedule: str
+    period: str
+    fire_at: datetime | None
+    state: Literal["running", "done"]
+    owner: str | None
+    lease_expires_at: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+    scans: int
+    eligible_count: int | None
+    enqueued_count: int
+    late: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaStatus:
     """Which migrations are applied, against which this code knows."""
 
@@ -529,6 +565,24 @@ class Store(Protocol):
     def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
         """Pause a channel for every dispatcher (never shortens a longer pause)."""
         ...
+
+    # schedules
+    def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
+        """The schedule's state, created on first sight as if it last fired `grace` ago."""
+        ...
+
+    def schedule_state_advance(self, name: str, at: datetime) -> None: ...
+    def schedule_state_pause(self, name: str, paused: bool) -> None: ...
+    def schedule_state_list(self) -> list[tuple[str, bool, datetime | None]]: ...
+    def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool: ...
+    def schedule_run_extend(
+        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
+    ) -> bool: ...
+    def schedule_run_finish(
+        self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
+    ) -> bool: ...
+    def schedule_run_busy(self, schedule: str, period: str) -> str | None: ...
+    def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]: ...
 
     # settings
     def setting_get(self, name: str) -> str | None: ...

@@ -52,6 +52,8 @@ from oncebox.store.base import (
     OutboxLeaseParams,
     OutboxRow,
     RescuedJob,
+    ScheduleRunClaim,
+    ScheduleState,
     SchemaStatus,
     T,
     chunked,
@@ -537,6 +539,76 @@ class PostgresStore(ReadOperations):
         stored = self.setting_get(name)
         assert stored is not None
         return stored
+
+    # -- schedules -----------------------------------------------------------------------------
+
+    @operation
+    def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
+        rows = self._rows("schedule_state_get", {"name": name})
+        if not rows:
+            self._execute("schedule_state_init", {"name": name, "grace_s": grace.total_seconds()})
+            rows = self._rows("schedule_state_get", {"name": name})
+        paused, last, now = rows[0]
+        return ScheduleState(bool(paused), _utc(last), _required_utc(now))
+
+    @operation
+    def schedule_state_advance(self, name: str, at: datetime) -> None:
+        self._execute("schedule_state_advance", {"name": name, "at": at})
+
+    @operation
+    def schedule_state_pause(self, name: str, paused: bool) -> None:
+        self._execute("schedule_state_pause", {"name": name, "paused": paused})
+
+    @operation
+    def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:
+        return bool(
+            self._rows(
+                "schedule_run_claim",
+                {
+                    "schedule": claim.schedule,
+                    "period": claim.period,
+                    "fire_at": claim.fire_at,
+                    "owner": claim.owner,
+                    "lease_s": claim.lease_for.total_seconds(),
+                    "late": claim.late,
+                    "rescan": claim.rescan,
+                },
+            )
+        )
+
+    @operation
+    def schedule_run_extend(
+        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
+    ) -> bool:
+        return bool(
+            self._rows(
+                "schedule_run_extend",
+                {
+                    "schedule": schedule,
+                    "period": period,
+                    "owner": owner,
+                    "lease_s": lease_for.total_seconds(),
+                    "enqueued": enqueued,
+                },
+            )
+        )
+
+    @operation
+    def schedule_run_finish(
+        self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
+    ) -> bool:
+        return bool(
+            self._rows(
+                "schedule_run_finish",
+                {
+                    "schedule": schedule,
+                    "period": period,
+                    "owner": owner,
+                    "eligible": eligible,
+                    "enqueued": enqueued,
+                },
+            )
+        )
 
     # -- lanes ---------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from oncebox.store.base import (
     LeasedJob,
     OutboxLeased,
     OutboxRow,
+    ScheduleRunRow,
     StateCounts,
 )
 
@@ -225,4 +226,38 @@ class ReadOperations:
     @operation
     def setting_get(self, name: str) -> str | None:
         rows = self._rows("setting_get", {"name": name})
+        return str(rows[0][0]) if rows else None
+
+    # -- schedules ---------------------------------------------------------------------------
+
+    @operation
+    def schedule_state_list(self) -> list[tuple[str, bool, datetime | None]]:
+        return [
+            (r[0], bool(r[1]), self._instant(r[2])) for r in self._rows("schedule_state_list", {})
+        ]
+
+    @operation
+    def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]:
+        at = self._instant
+        return [
+            ScheduleRunRow(
+                schedule=r[0],
+                period=r[1],
+                fire_at=at(r[2]),
+                state=r[3],
+                owner=r[4],
+                lease_expires_at=at(r[5]),
+                started_at=self._required_instant(r[6]),
+                finished_at=at(r[7]),
+                scans=r[8],
+                eligible_count=r[9],
+                enqueued_count=r[10],
+                late=bool(r[11]),
+            )
+            for r in self._rows("schedule_run_list", {"schedule": schedule, "limit": limit})
+        ]
+
+    @operation
+    def schedule_run_busy(self, schedule: str, period: str) -> str | None:
+        rows = self._rows("schedule_run_busy", {"schedule": schedule, "period": period})
         return str(rows[0][0]) if rows else None

@@ -49,6 +49,8 @@ from oncebox.store.base import (
     OutboxLeaseParams,
     OutboxRow,
     RescuedJob,
+    ScheduleRunClaim,
+    ScheduleState,
     SchemaStatus,
     T,
     chunked,
@@ -178,8 +180,9 @@ class SqliteStore(ReadOperations):
         return _dt(value)
 
     def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
+        """A read; `:now` is bound for the queries that compare with the clock."""
         try:
-            return self._conn().execute(self._q[name], params).fetchall()
+            return self._conn().execute(self._q[name], {"now": self._now(), **params}).fetchall()
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
 
@@ -597,6 +600,88 @@ class SqliteStore(ReadOperations):
             conn.execute(self._q["setting_put_if_absent"], {"name": name, "value": value})
             row = conn.execute(self._q["setting_get"], {"name": name}).fetchone()
         return str(row[0])
+
+    # -- schedules -----------------------------------------------------------------------------
+
+    @operation
+    def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
+        rows = self._rows("schedule_state_get", {"name": name})
+        if not rows:
+            with self._write() as conn:
+                conn.execute(
+                    self._q["schedule_state_init"],
+                    {"name": name, "grace_us": _us(grace), "now": self._now()},
+                )
+            rows = self._rows("schedule_state_get", {"name": name})
+        paused, last, now = rows[0]
+        return ScheduleState(bool(paused), _dt(last), from_micros(now))
+
+    @operation
+    def schedule_state_advance(self, name: str, at: datetime) -> None:
+        with self._write() as conn:
+            conn.execute(
+                self._q["schedule_state_advance"],
+                {"name": name, "at": to_micros(at), "now": self._now()},
+            )
+
+    @operation
+    def schedule_state_pause(self, name: str, paused: bool) -> None:
+        with self._write() as conn:
+            conn.execute(
+                self._q["schedule_state_pause"],
+                {"name": name, "paused": int(paused), "now": self._now()},
+            )
+
+    @operation
+    def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:
+        params = {
+            "schedule": claim.schedule,
+            "period": claim.period,
+            "fire_at": None if claim.fire_at is None else to_micros(claim.fire_at),
+            "owner": claim.owner,
+            "lease_us": _us(claim.lease_for),
+            "late": int(claim.late),
+            "rescan": int(claim.rescan),
+        }
+        with self._write() as conn:
+            params["now"] = self._now()
+            return conn.execute(self._q["schedule_run_claim"], params).fetchone() is not None
+
+    @operation
+    def schedule_run_extend(
+        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
+    ) -> bool:
+        with self._write() as conn:
+            row = conn.execute(
+                self._q["schedule_run_extend"],
+                {
+                    "schedule": schedule,
+                    "period": period,
+                    "owner": owner,
+                    "lease_us": _us(lease_for),
+                    "enqueued": enqueued,
+                    "now": self._now(),
+                },
+            ).fetchone()
+        return row is not None
+
+    @operation
+    def schedule_run_finish(
+        self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
+    ) -> bool:
+        with self._write() as conn:
+            row = conn.execute(
+                self._q["schedule_run_finish"],
+                {
+                    "schedule": schedule,
+                    "period": period,
+                    "owner": owner,
+                    "eligible": eligible,
+                    "enqueued": enqueued,
+                    "now": self._now(),
+                },
+            ).fetchone()
+        return row is not None
 
     # -- lanes ---------------------------------------------------------------------------------
 

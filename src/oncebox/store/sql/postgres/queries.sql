@@ -566,3 +566,94 @@ SELECT value FROM __S__.oncebox_settings WHERE name = %(name)s;
 -- name: setting_put_if_absent
 INSERT INTO __S__.oncebox_settings (name, value) VALUES (%(name)s, %(value)s)
 ON CONFLICT (name) DO NOTHING;
+
+-- ============================================================================================
+-- Schedules
+-- ============================================================================================
+
+-- name: schedule_state_get
+SELECT paused, last_fire_at, (SELECT __S__.oncebox_now())
+FROM __S__.oncebox_schedules WHERE name = %(name)s;
+
+-- name: schedule_state_init
+-- First sight of a schedule: it starts `grace` ago (a fire that just passed still runs), not at
+-- the beginning of time (no backfill of a history it never had).
+INSERT INTO __S__.oncebox_schedules (name, paused, last_fire_at, updated_at)
+SELECT %(name)s, false, c.now - make_interval(secs => %(grace_s)s), c.now
+FROM (SELECT __S__.oncebox_now() AS now) c
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_state_advance
+UPDATE __S__.oncebox_schedules
+SET last_fire_at = GREATEST(COALESCE(last_fire_at, %(at)s), %(at)s),
+    updated_at = (SELECT __S__.oncebox_now())
+WHERE name = %(name)s;
+
+-- name: schedule_state_pause
+-- Pause or resume; resuming starts from now: fires missed while paused are skipped on purpose.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
+SELECT %(name)s, %(paused)s, clock.now, clock.now FROM clock
+ON CONFLICT (name) DO UPDATE
+SET paused = excluded.paused,
+    last_fire_at = CASE WHEN excluded.paused THEN s.last_fire_at
+                        ELSE GREATEST(s.last_fire_at, excluded.updated_at) END,
+    updated_at = excluded.updated_at;
+
+-- name: schedule_state_list
+SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
+
+-- name: schedule_run_claim
+-- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
+-- a finished one. Returns a row only when this owner now has it.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_schedule_runs AS r
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
+SELECT %(schedule)s, %(period)s, %(fire_at)s::timestamptz, 'running', %(owner)s,
+       clock.now + make_interval(secs => %(lease_s)s), clock.now, %(late)s
+FROM clock
+ON CONFLICT (schedule, period) DO UPDATE
+SET state = 'running',
+    owner = excluded.owner,
+    lease_expires_at = excluded.lease_expires_at,
+    started_at = excluded.started_at,
+    finished_at = NULL
+WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
+   OR (r.state = 'done' AND %(rescan)s)
+RETURNING r.owner;
+
+-- name: schedule_run_extend
+-- Between batches: keep the lease, count what was enqueued; nothing if the run was taken over.
+UPDATE __S__.oncebox_schedule_runs
+SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s),
+    enqueued_count = enqueued_count + %(enqueued)s
+WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
+  AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_finish
+UPDATE __S__.oncebox_schedule_runs
+SET state = 'done',
+    finished_at = (SELECT __S__.oncebox_now()),
+    lease_expires_at = NULL,
+    scans = scans + 1,
+    eligible_count = %(eligible)s,
+    enqueued_count = enqueued_count + %(enqueued)s
+WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
+  AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_busy
+-- Another period of this schedule whose fan-out is still running (a live lease).
+SELECT period FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s AND state = 'running' AND period <> %(period)s
+  AND lease_expires_at >= (SELECT __S__.oncebox_now())
+LIMIT 1;
+
+-- name: schedule_run_list
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late
+FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s
+ORDER BY started_at DESC, period DESC
+LIMIT %(limit)s;

@@ -134,6 +134,29 @@ TABLE oncebox_rate_buckets
   CONSTRAINT CHECK ((refill_per_s > (0)::double precision))
   CONSTRAINT PRIMARY KEY (channel, name)
 
+TABLE oncebox_schedule_runs
+  schedule text NOT NULL
+  period text NOT NULL
+  fire_at timestamp with time zone
+  state text NOT NULL
+  owner text
+  lease_expires_at timestamp with time zone
+  started_at timestamp with time zone NOT NULL
+  finished_at timestamp with time zone
+  scans integer NOT NULL DEFAULT 0
+  eligible_count bigint
+  enqueued_count bigint NOT NULL DEFAULT 0
+  late boolean NOT NULL DEFAULT false
+  CONSTRAINT CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
+  CONSTRAINT PRIMARY KEY (schedule, period)
+
+TABLE oncebox_schedules
+  name text NOT NULL
+  paused boolean NOT NULL DEFAULT false
+  last_fire_at timestamp with time zone
+  updated_at timestamp with time zone NOT NULL
+  CONSTRAINT PRIMARY KEY (name)
+
 TABLE oncebox_settings
   name text NOT NULL
   value text NOT NULL
@@ -186,6 +209,12 @@ CREATE INDEX oncebox_outbox_leased ON __S__.oncebox_outbox USING btree (lease_ex
 CREATE UNIQUE INDEX oncebox_outbox_pkey ON __S__.oncebox_outbox USING btree (id)
 
 CREATE UNIQUE INDEX oncebox_rate_buckets_pkey ON __S__.oncebox_rate_buckets USING btree (channel, name)
+
+CREATE UNIQUE INDEX oncebox_schedule_runs_pkey ON __S__.oncebox_schedule_runs USING btree (schedule, period)
+
+CREATE INDEX oncebox_schedule_runs_running ON __S__.oncebox_schedule_runs USING btree (schedule) WHERE (state = 'running'::text)
+
+CREATE UNIQUE INDEX oncebox_schedules_pkey ON __S__.oncebox_schedules USING btree (name)
 
 CREATE UNIQUE INDEX oncebox_settings_pkey ON __S__.oncebox_settings USING btree (name)
 

@@ -422,3 +422,77 @@ SELECT value FROM oncebox_settings WHERE name = :name;
 -- name: setting_put_if_absent
 INSERT INTO oncebox_settings (name, value) VALUES (:name, :value)
 ON CONFLICT (name) DO NOTHING;
+
+-- ============================================================================================
+-- Schedules
+-- ============================================================================================
+
+-- name: schedule_state_get
+SELECT paused, last_fire_at, :now FROM oncebox_schedules WHERE name = :name;
+
+-- name: schedule_state_init
+INSERT INTO oncebox_schedules (name, paused, last_fire_at, updated_at)
+VALUES (:name, 0, :now - :grace_us, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_state_advance
+UPDATE oncebox_schedules
+SET last_fire_at = max(COALESCE(last_fire_at, :at), :at), updated_at = :now
+WHERE name = :name;
+
+-- name: schedule_state_pause
+INSERT INTO oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
+VALUES (:name, :paused, :now, :now)
+ON CONFLICT (name) DO UPDATE
+SET paused = excluded.paused,
+    last_fire_at = CASE WHEN excluded.paused THEN s.last_fire_at
+                        ELSE max(s.last_fire_at, excluded.updated_at) END,
+    updated_at = excluded.updated_at;
+
+-- name: schedule_state_list
+SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
+
+-- name: schedule_run_claim
+INSERT INTO oncebox_schedule_runs AS r
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
+VALUES (:schedule, :period, :fire_at, 'running', :owner, :now + :lease_us, :now, :late)
+ON CONFLICT (schedule, period) DO UPDATE
+SET state = 'running',
+    owner = excluded.owner,
+    lease_expires_at = excluded.lease_expires_at,
+    started_at = excluded.started_at,
+    finished_at = NULL
+WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
+   OR (r.state = 'done' AND :rescan)
+RETURNING owner;
+
+-- name: schedule_run_extend
+UPDATE oncebox_schedule_runs
+SET lease_expires_at = :now + :lease_us, enqueued_count = enqueued_count + :enqueued
+WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_finish
+UPDATE oncebox_schedule_runs
+SET state = 'done',
+    finished_at = :now,
+    lease_expires_at = NULL,
+    scans = scans + 1,
+    eligible_count = :eligible,
+    enqueued_count = enqueued_count + :enqueued
+WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_busy
+SELECT period FROM oncebox_schedule_runs
+WHERE schedule = :schedule AND state = 'running' AND period <> :period
+  AND lease_expires_at >= :now
+LIMIT 1;
+
+-- name: schedule_run_list
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late
+FROM oncebox_schedule_runs
+WHERE schedule = :schedule
+ORDER BY started_at DESC, period DESC
+LIMIT :limit;

@@ -129,6 +129,31 @@ CREATE TABLE oncebox_rate_buckets (
     PRIMARY KEY (channel, name)
 ) STRICT;
 
+-- table oncebox_schedule_runs
+CREATE TABLE oncebox_schedule_runs (
+    schedule TEXT NOT NULL,
+    period TEXT NOT NULL,
+    fire_at INTEGER,
+    state TEXT NOT NULL CHECK (state IN ('running', 'done')),
+    owner TEXT,
+    lease_expires_at INTEGER,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    scans INTEGER NOT NULL DEFAULT 0,
+    eligible_count INTEGER,
+    enqueued_count INTEGER NOT NULL DEFAULT 0,
+    late INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (schedule, period)
+) STRICT;
+
+-- table oncebox_schedules
+CREATE TABLE oncebox_schedules (
+    name TEXT PRIMARY KEY,
+    paused INTEGER NOT NULL DEFAULT 0,
+    last_fire_at INTEGER,
+    updated_at INTEGER NOT NULL
+) STRICT;
+
 -- table oncebox_settings
 CREATE TABLE oncebox_settings (
     name TEXT PRIMARY KEY,
@@ -177,3 +202,7 @@ CREATE INDEX oncebox_outbox_intent ON oncebox_outbox (intent_key);
 -- index oncebox_outbox_leased
 CREATE INDEX oncebox_outbox_leased ON oncebox_outbox (lease_expires_at)
     WHERE state IN ('leased', 'sending');
+
+-- index oncebox_schedule_runs_running
+CREATE INDEX oncebox_schedule_runs_running ON oncebox_schedule_runs (schedule)
+    WHERE state = 'running';

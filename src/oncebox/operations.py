@@ -1,0 +1,171 @@
+"""Operator actions on jobs and messages: find, replay, cancel, resolve — each audited.
+
+Replays happen in place and keep the key: a dead job goes back to ready with the same id and key
+and its history; a dead message goes back to pending with the same key and frozen content. There
+is no way to replay under a new key — a new key is a new business operation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from oncebox.errors import ConfigurationError, InvalidState, NotFound
+from oncebox.keys import validate_key
+from oncebox.metrics import Metrics
+from oncebox.store.base import JobRow, OperatorAction, OutboxRow, Store
+
+MAX_REASON_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """A replay, cancel or resolution that happened, and the audit row that records it.
+    `kind` says whether `id` is a job's or an outbox row's ("delivery")."""
+
+    id: int
+    key: str | None
+    audit_id: int
+    kind: Literal["job", "delivery"] = "job"
+
+
+class Operations:
+    """Mixed into `Box`: the actions an operator (or the CLI) takes on rows."""
+
+    store: Store
+    metrics: Metrics
+
+    def _wake_local(self) -> None:
+        """Wake this process's workers; `Box` knows them."""
+
+    def find(self, key_or_id: str | int) -> list[JobRow]:
+        """Jobs for a key (its active job and the job that claimed it) or the job with an id."""
+        if isinstance(key_or_id, int) or (isinstance(key_or_id, str) and key_or_id.isdigit()):
+            job = self.store.job_get(int(key_or_id))
+            return [job] if job is not None else []
+        return self.store.job_find_by_key(validate_key(key_or_id))
+
+    def _target(self, key_or_id: str | int, wanted: str, verb: str, what: str = "job") -> JobRow:
+        jobs = self.find(key_or_id)
+        if not jobs:
+            raise NotFound(f"no {what} with id or key {key_or_id!r}")
+        for job in jobs:
+            if job.state == wanted:
+                return job
+        states = ", ".join(f"job {job.id} is {job.state}" for job in jobs)
+        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be")
+
+    def replay(
+        self,
+        key_or_id: str | int,
+        *,
+        reason: str,
+        actor: str = "api",
+        kind: Literal["job", "delivery"] | None = None,
+    ) -> ActionOutcome:
+        """Replay in place, audited: a dead job back to ready (same id, same key, history
+        kept), or a dead outbox row back to pending (same key, same frozen content).
+
+        By key, a dead job is looked for first, then a dead outbox row (by its key, or its
+        intent's key when that names exactly one dead row). By id, `kind` says which table
+        (default: jobs). There is no replay under a new key. A replayed job whose key was
+        claimed meanwhile completes as a duplicate.
+        """
+        reason = reason_text(reason)
+        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
+        if kind == "delivery" or (kind is None and not is_id and self._prefers_delivery(key_or_id)):
+            row = self._dead_delivery(key_or_id, is_id)
+            done = self.store.outbox_replay(OperatorAction(row.id, actor, reason))
+            if done is None:
+                raise InvalidState(f"outbox row {row.id} stopped being dead while replayed")
+            self.metrics.count("deliveries_replayed")
+            self._wake_local()
+            return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
+        job = self._target(key_or_id, "dead", "replay", "job" if is_id else "job or outbox row")
+        result = self.store.job_replay(OperatorAction(job.id, actor, reason))
+        if result is None:
+            raise InvalidState(f"job {job.id} stopped being dead while it was being replayed")
+        self.metrics.count("jobs_replayed")
+        self._wake_local()
+        return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    def _prefers_delivery(self, key: str | int) -> bool:
+        """A key names a dead job, else a dead outbox row (a job's key may have both a done
+        job and a dead message: the message is what needs replaying)."""
+        text = str(key)
+        if "~" not in text and any(
+            job.state == "dead" for job in self.store.job_find_by_key(validate_key(text))
+        ):
+            return False
+        return any(row.state == "dead" for row in self._outbox_rows(text, False))
+
+    def _outbox_rows(self, key_or_id: str | int, is_id: bool) -> list[OutboxRow]:
+        if is_id:
+            row = self.store.outbox_get(int(key_or_id))
+            return [row] if row is not None else []
+        text = str(key_or_id)
+        validate_key(text.replace("~", "-"))
+        return self.store.outbox_find_by_key(text)
+
+    def _dead_delivery(self, key_or_id: str | int, is_id: bool) -> OutboxRow:
+        return self._one_delivery(key_or_id, is_id, "dead", "replay")
+
+    def _one_delivery(self, key_or_id: str | int, is_id: bool, wanted: str, verb: str) -> OutboxRow:
+        rows = self._outbox_rows(key_or_id, is_id)
+        if not rows:
+            raise NotFound(f"no job or outbox row with id or key {key_or_id!r}")
+        matching = [row for row in rows if row.state == wanted]
+        exact = [row for row in matching if row.key == str(key_or_id) or is_id]
+        if len(exact) == 1 or len(matching) == 1:
+            return (exact or matching)[0]
+        if len(matching) > 1:
+            keys = ", ".join(row.key for row in matching)
+            raise InvalidState(
+                f"{key_or_id!r} names several {wanted} messages ({keys}); {verb} them one by one"
+            )
+        states = ", ".join(f"{row.key} is {row.state}" for row in rows)
+        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be")
+
+    def resolve(
+        self,
+        key_or_id: str | int,
+        resolution: Literal["sent", "resend"],
+        *,
+        reason: str,
+        actor: str = "api",
+        receipt: str | None = None,
+    ) -> ActionOutcome:
+        """Settle an ambiguous outbox row after checking with the provider or the recipient:
+        `sent` (it arrived; record it) or `resend` (it did not; send it again). Audited."""
+        if resolution not in ("sent", "resend"):
+            raise ConfigurationError("a resolution is 'sent' or 'resend'")
+        reason = reason_text(reason)
+        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
+        row = self._one_delivery(key_or_id, is_id, "ambiguous", "resolve")
+        done = self.store.outbox_resolve(OperatorAction(row.id, actor, reason), resolution, receipt)
+        if done is None:
+            raise InvalidState(f"outbox row {row.id} stopped being ambiguous while resolved")
+        if resolution == "resend":
+            self._wake_local()
+        return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
+
+    def cancel(
+        self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
+    ) -> ActionOutcome:
+        """Cancel a ready job (a pending timer, a queued job); audited. Running jobs are not."""
+        reason = reason_text(reason)
+        job = self._target(key_or_id, "ready", "cancel")
+        result = self.store.job_cancel(OperatorAction(job.id, actor, reason))
+        if result is None:
+            raise InvalidState(f"job {job.id} stopped being ready while it was being cancelled")
+        return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    # -- working -------------------------------------------------------------------------------
+
+
+def reason_text(reason: str) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigurationError("a reason is required (it is written to the audit log)")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
+    return reason.strip()

@@ -1,0 +1,142 @@
+"""`ExpirySweeper`: durable deadlines kept as rows — the reservation-hold pattern.
+
+A hold (a dock slot reserved until 14:00) is a row with a deadline, not an in-memory timer. The
+sweeper lane scans rows whose deadline has passed, a batch at a time, and for each applies the
+transition (`held → expired`) **and** writes the notice's outbox row in the same transaction; the
+email lane delivers it later, under its own rate limit. A crash leaves both or neither.
+
+    @box.sweeper("hold-expiry", every=timedelta(seconds=30), batch_size=200)
+    def expire_holds(ctx: SweepContext) -> int:
+        rows = ctx.connection.execute(
+            "UPDATE holds SET state = 'expired' WHERE id IN (SELECT id FROM holds "
+            "WHERE state = 'held' AND expires_at <= %s ORDER BY expires_at LIMIT %s "
+            "FOR UPDATE SKIP LOCKED) RETURNING id, email",            # PostgreSQL
+            (ctx.now, ctx.limit)).fetchall()
+        for hold_id, email in rows:
+            ctx.notice(f"hold-expired/hold-{hold_id}").email(to=email, subject="…", text="…")
+        return len(rows)
+
+The transition is the user's SQL (their table); its `WHERE state = 'held'` and the row lock are
+what make "a hold confirmed at the moment it expires ends in exactly one state" hold. Each notice
+is keyed and claimed like any operation — an intent per key — so even a transition that somehow
+ran twice would write its notice once. The handler returns how many rows it handled; a full batch
+(`== ctx.limit`) makes the lane run again at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from oncebox import points
+from oncebox.errors import ConfigurationError
+from oncebox.keys import validate_key
+from oncebox.lane import run_forever
+from oncebox.outbox import OutboxWriter
+from oncebox.store.base import ConsumerSession, ConsumerSettings, IntentClaim
+from oncebox.tasks import check_name
+
+if TYPE_CHECKING:
+    from oncebox.box import Box
+
+
+@dataclass
+class SweepContext:
+    """What a sweeper handler receives: the sweep's transaction, the database time to compare
+    deadlines with, the batch limit, and `notice(key)` for the outbox."""
+
+    connection: Any
+    now: datetime
+    limit: int
+    dialect: str
+    _notice: Callable[[str], OutboxWriter]
+
+    def notice(self, key: str) -> OutboxWriter:
+        """The outbox for the operation `key` (e.g. `hold-expired/hold-7`), claimed in this
+        transaction."""
+        return self._notice(key)
+
+
+@dataclass(frozen=True)
+class Sweeper:
+    name: str
+    handler: Callable[[SweepContext], int]
+    every: timedelta = timedelta(seconds=30)
+    batch_size: int = 100
+    timeout: timedelta = timedelta(seconds=60)
+
+
+def make_sweeper(
+    name: str,
+    handler: Callable[[SweepContext], int],
+    *,
+    every: timedelta = timedelta(seconds=30),
+    batch_size: int = 100,
+    timeout: timedelta = timedelta(seconds=60),
+) -> Sweeper:
+    check_name("sweeper", name)
+    if every <= timedelta(0) or timeout <= timedelta(0):
+        raise ConfigurationError(f"sweeper {name!r}: every and timeout must be positive")
+    if not 1 <= batch_size <= 10_000:
+        raise ConfigurationError(f"sweeper {name!r}: batch_size must be within 1..10000")
+    return Sweeper(name, handler, every, batch_size, timeout)
+
+
+@dataclass
+class SweepResult:
+    handled: int = 0
+    notices: int = 0
+    duplicates: int = 0
+    keys: list[str] = field(default_factory=list)
+
+
+class ExpirySweeper:
+    """The lane for one sweeper, on its own connection."""
+
+    def __init__(self, box: Box, sweeper: Sweeper, lock_timeout: timedelta) -> None:
+        self.box = box
+        self.sweeper = sweeper
+        self.session: ConsumerSession = box.store.consumer_session(
+            ConsumerSettings(lock_timeout=lock_timeout, transaction_timeout=sweeper.timeout,
+                             application_name=f"oncebox sweeper {sweeper.name}"[:63])
+        )  # fmt: skip
+
+    def run_once(self) -> SweepResult:
+        result = SweepResult()
+        writers: dict[str, OutboxWriter] = {}
+        now = self.box.store.clock_now()
+
+        def notice(key: str) -> OutboxWriter:
+            validate_key(key)
+            if key not in writers:
+                writers[key] = self.box.outbox_writer(key, None, now)
+            return writers[key]
+
+        with self.session.transaction() as tx:
+            with tx.handler_scope() as connection:
+                ctx = SweepContext(connection, now, self.sweeper.batch_size, self.session.dialect,
+                                   notice)  # fmt: skip
+                result.handled = int(self.sweeper.handler(ctx) or 0)
+            claims = [IntentClaim(key, f"sweeper:{self.sweeper.name}", None)
+                      for key in sorted(writers)]  # fmt: skip
+            claimed = tx.intent_claim(claims)
+            rows = [row for key in sorted(claimed) for row in writers[key].rows]
+            tx.outbox_insert(rows)
+            result.notices = len(claimed)
+            result.duplicates = len(writers) - len(claimed)
+            result.keys = sorted(claimed)
+            points.reach("sweeper.after_transition_before_commit")
+        return result
+
+    def run_forever(self, stop: threading.Event) -> None:
+        def once() -> bool:
+            return self.run_once().handled >= self.sweeper.batch_size
+
+        run_forever(f"sweeper {self.sweeper.name}", once, stop,
+                    self.sweeper.every.total_seconds())  # fmt: skip
+
+    def close(self) -> None:
+        self.session.close()
