@@ -49,7 +49,7 @@ from oncebox.schedule import (
     run_schedule,
 )
 from oncebox.store import open_store
-from oncebox.store.base import JobInsert, JobInsertMany, Store
+from oncebox.store.base import JobInsert, JobInsertMany, ScheduleRunRef, Store
 from oncebox.sweeper import ExpirySweeper, SweepContext, Sweeper, make_sweeper
 from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
 from oncebox.tokens import SECRET_SETTING, check_secret, new_secret, secret_from_env
@@ -81,6 +81,7 @@ class EnqueueManyResult:
     created: int
     skipped: int
     job_ids: list[int]
+    run_held: bool = True  # for a schedule's fan-out: False if another scheduler took it over
 
 
 class Box(Operations):
@@ -252,6 +253,7 @@ class Box(Operations):
         run_at: datetime | None = None,
         delay: timedelta | None = None,
         priority: int | None = None,
+        schedule_run: ScheduleRunRef | None = None,
     ) -> EnqueueManyResult:
         """Enqueue many jobs of one task as one set, in one transaction.
 
@@ -261,7 +263,7 @@ class Box(Operations):
         resolved = self.registry.resolve(task)
         rows = [self._row(resolved, args) for args in args_list]
         timing = _timing(run_at, delay)
-        created = self.store.job_insert_many(
+        inserted = self.store.job_insert_many(
             JobInsertMany(
                 task=resolved.name,
                 queue=resolved.queue,
@@ -271,13 +273,17 @@ class Box(Operations):
                 run_at=timing[0],
                 delay=timing[1],
                 max_age=resolved.retry.max_age,
+                for_run=schedule_run,
             )
         )
+        created = inserted.created
         self.metrics.count("jobs_enqueued", len(created))
         self.metrics.count("enqueue_deduplicated", len(rows) - len(created))
         if created:
             self._wake_local()
-        return EnqueueManyResult(len(created), len(rows) - len(created), [c[0] for c in created])
+        return EnqueueManyResult(
+            len(created), len(rows) - len(created), [c[0] for c in created], inserted.run_held
+        )
 
     def _row(self, task: Task, args: Mapping[str, Any]) -> tuple[str | None, str, str | None]:
         task.check_args(args)

@@ -49,7 +49,7 @@ from oncebox import points
 from oncebox.errors import ConfigurationError, InvalidState
 from oncebox.lane import run_forever
 from oncebox.periods import PeriodKind, zone
-from oncebox.store.base import ScheduleRunClaim, Store
+from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, Store
 from oncebox.tasks import check_name
 
 if TYPE_CHECKING:
@@ -134,8 +134,19 @@ def make_schedule(
         )
     if not 1 <= batch_size <= 100_000:
         raise ConfigurationError(f"schedule {name!r}: batch_size must be within 1..100000")
-    return Schedule(name, cron, tz, period, task, eligible, catch_up, catch_up_window, overlap,
-                    grace, batch_size)  # fmt: skip
+    return Schedule(
+        name,
+        cron,
+        tz,
+        period,
+        task,
+        eligible,
+        catch_up,
+        catch_up_window,
+        overlap,
+        grace,
+        batch_size,
+    )
 
 
 @dataclass
@@ -178,29 +189,39 @@ class FanOut:
         rescan: bool = False,
     ) -> FanOutResult:
         result = FanOutResult(schedule.name, period, False, late=late)
-        claim = ScheduleRunClaim(schedule.name, period, fire_at, self.owner, schedule.lease, late,
-                                 rescan)  # fmt: skip
+        claim = ScheduleRunClaim(
+            schedule.name, period, fire_at, self.owner, schedule.lease, late, rescan
+        )
         if not self.store.schedule_run_claim(claim):
             return result
         result.claimed = True
         connection = self._reader()
         try:
             ctx = ScheduleContext(schedule.name, period, fire_at, connection, self.store.dialect)
+            run = ScheduleRunRef(schedule.name, period, self.owner, schedule.lease)
             for batch in _batches(schedule.eligible(ctx), schedule.batch_size):
-                created = self.box.enqueue_many(schedule.task, batch).created
+                enqueued = self.box.enqueue_many(schedule.task, batch, schedule_run=run)
                 result.eligible += len(batch)
-                result.enqueued += created
+                result.enqueued += enqueued.created
                 points.reach("scheduler.between_batches")
-                if not self.store.schedule_run_extend(schedule.name, period, self.owner,
-                                                      schedule.lease, created):  # fmt: skip
-                    log.warning("schedule %s %s: the run was taken over; stopping this fan-out",
-                                schedule.name, period)  # fmt: skip
+                if not enqueued.run_held:
+                    log.warning(
+                        "schedule %s %s: the run was taken over; stopping this fan-out",
+                        schedule.name,
+                        period,
+                    )
                     return result
         finally:
             connection.close()
         self.store.schedule_run_finish(schedule.name, period, self.owner, result.eligible, 0)
-        log.info("schedule %s %s: %d eligible, %d enqueued%s", schedule.name, period,
-                 result.eligible, result.enqueued, " (late)" if late else "")  # fmt: skip
+        log.info(
+            "schedule %s %s: %d eligible, %d enqueued%s",
+            schedule.name,
+            period,
+            result.eligible,
+            result.enqueued,
+            " (late)" if late else "",
+        )
         return result
 
     def _reader(self) -> Any:
@@ -213,8 +234,13 @@ class FanOut:
 class ScheduleTicker:
     """The scheduler lane: fans out due periods of every schedule of a box."""
 
-    def __init__(self, box: Box, schedules: Mapping[str, Schedule], owner: str,
-                 interval: timedelta = timedelta(seconds=15)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        box: Box,
+        schedules: Mapping[str, Schedule],
+        owner: str,
+        interval: timedelta = timedelta(seconds=15),
+    ) -> None:
         self.box = box
         self.store = box.store
         self.schedules = dict(schedules)
@@ -269,8 +295,9 @@ class ScheduleTicker:
         return due
 
     def run_forever(self, stop: threading.Event) -> None:
-        run_forever("scheduler", lambda: bool(self.run_once().fan_outs), stop,
-                    self.interval.total_seconds())  # fmt: skip
+        run_forever(
+            "scheduler", lambda: bool(self.run_once().fan_outs), stop, self.interval.total_seconds()
+        )
 
 
 def run_schedule(box: Box, schedule: Schedule, period: str, owner: str) -> FanOutResult:

@@ -100,9 +100,12 @@ class ExpirySweeper:
         self.box = box
         self.sweeper = sweeper
         self.session: ConsumerSession = box.store.consumer_session(
-            ConsumerSettings(lock_timeout=lock_timeout, transaction_timeout=sweeper.timeout,
-                             application_name=f"oncebox sweeper {sweeper.name}"[:63])
-        )  # fmt: skip
+            ConsumerSettings(
+                lock_timeout=lock_timeout,
+                transaction_timeout=sweeper.timeout,
+                application_name=f"oncebox sweeper {sweeper.name}"[:63],
+            )
+        )
 
     def run_once(self) -> SweepResult:
         result = SweepResult()
@@ -117,11 +120,13 @@ class ExpirySweeper:
 
         with self.session.transaction() as tx:
             with tx.handler_scope() as connection:
-                ctx = SweepContext(connection, now, self.sweeper.batch_size, self.session.dialect,
-                                   notice)  # fmt: skip
+                ctx = SweepContext(
+                    connection, now, self.sweeper.batch_size, self.session.dialect, notice
+                )
                 result.handled = int(self.sweeper.handler(ctx) or 0)
-            claims = [IntentClaim(key, f"sweeper:{self.sweeper.name}", None)
-                      for key in sorted(writers)]  # fmt: skip
+            claims = [
+                IntentClaim(key, f"sweeper:{self.sweeper.name}", None) for key in sorted(writers)
+            ]
             claimed = tx.intent_claim(claims)
             rows = [row for key in sorted(claimed) for row in writers[key].rows]
             tx.outbox_insert(rows)
@@ -135,8 +140,7 @@ class ExpirySweeper:
         def once() -> bool:
             return self.run_once().handled >= self.sweeper.batch_size
 
-        run_forever(f"sweeper {self.sweeper.name}", once, stop,
-                    self.sweeper.every.total_seconds())  # fmt: skip
+        run_forever(f"sweeper {self.sweeper.name}", once, stop, self.sweeper.every.total_seconds())
 
     def close(self) -> None:
         self.session.close()

@@ -135,3 +135,14 @@ def dispatch_and_die(url: str, provider: str, point: str) -> None:
     points.install(point, points.kill)
     box.dispatcher().run_once()
     os._exit(3)  # not reached when the point fires
+
+
+def fan_out_and_die(url: str, batch_size: int) -> None:
+    """A scheduler killed (SIGKILL) between two enqueue batches of a fan-out."""
+    from oncebox import points
+    from support.digest_schedule import scheduled_box
+
+    box = scheduled_box(url, batch_size=batch_size)
+    points.install("scheduler.between_batches", points.kill)
+    box.ticker().run_once()
+    os._exit(3)

@@ -52,8 +52,20 @@ class JobInsert:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleRunRef:
+    """A fan-out run whose count and lease move in the same transaction as its enqueue batch."""
+
+    schedule: str
+    period: str
+    owner: str
+    lease_for: timedelta
+
+
+@dataclass(frozen=True, slots=True)
 class JobInsertMany:
-    """Many jobs of one task, inserted as one set; rows are (key, args_json, group_key)."""
+    """Many jobs of one task, inserted as one set; rows are (key, args_json, group_key).
+    With `for_run`, the schedule run's enqueued count and lease are updated in the same
+    transaction, so a fan-out killed between batches never miscounts what it committed."""
 
     task: str
     queue: str
@@ -63,6 +75,13 @@ class JobInsertMany:
     run_at: datetime | None = None
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
+    for_run: ScheduleRunRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InsertManyResult:
+    created: list[tuple[int, str | None]]
+    run_held: bool = True  # False: `for_run` was taken over by another scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,7 +512,7 @@ class Store(Protocol):
         """Insert unless deduplicated; returns (job id or 0, created)."""
         ...
 
-    def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]: ...
+    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult: ...
     def job_enqueue_conflict(
         self, key: str, connection: object | None = None
     ) -> EnqueueConflict: ...

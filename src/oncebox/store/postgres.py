@@ -38,6 +38,7 @@ from oncebox.store.base import (
     ConsumerSettings,
     EnqueueConflict,
     HandlerConnection,
+    InsertManyResult,
     IntentClaim,
     JobFinish,
     JobInsert,
@@ -295,7 +296,7 @@ class PostgresStore(ReadOperations):
         return (int(row[0]), True) if row else (0, False)
 
     @operation
-    def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]:
+    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
         params = {
             "task": jobs.task,
             "queue": jobs.queue,
@@ -313,7 +314,22 @@ class PostgresStore(ReadOperations):
                 params["group_keys"] = [r[2] for r in chunk]
                 rows = conn.execute(self._q["job_insert_many"], params)
                 created += [(int(r[0]), r[1]) for r in rows]
-        return created
+            held = True
+            if jobs.for_run is not None:
+                run = jobs.for_run
+                held = bool(
+                    conn.execute(
+                        self._q["schedule_run_extend"],
+                        {
+                            "schedule": run.schedule,
+                            "period": run.period,
+                            "owner": run.owner,
+                            "lease_s": run.lease_for.total_seconds(),
+                            "enqueued": len(created),
+                        },
+                    ).fetchall()
+                )
+        return InsertManyResult(created, held)
 
     @operation
     def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:

@@ -35,6 +35,7 @@ from oncebox.store.base import (
     ConsumerSettings,
     EnqueueConflict,
     HandlerConnection,
+    InsertManyResult,
     IntentClaim,
     JobFinish,
     JobInsert,
@@ -288,7 +289,7 @@ class SqliteStore(ReadOperations):
         return (int(row[0]), True) if row else (0, False)
 
     @operation
-    def job_insert_many(self, jobs: JobInsertMany) -> list[tuple[int, str | None]]:
+    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
         params = {
             "task": jobs.task,
             "queue": jobs.queue,
@@ -307,7 +308,24 @@ class SqliteStore(ReadOperations):
                 created += [
                     (int(r[0]), r[1]) for r in conn.execute(self._q["job_insert_many"], params)
                 ]
-        return created
+            held = True
+            if jobs.for_run is not None:
+                run = jobs.for_run
+                held = (
+                    conn.execute(
+                        self._q["schedule_run_extend"],
+                        {
+                            "schedule": run.schedule,
+                            "period": run.period,
+                            "owner": run.owner,
+                            "lease_us": _us(run.lease_for),
+                            "enqueued": len(created),
+                            "now": params["now"],
+                        },
+                    ).fetchone()
+                    is not None
+                )
+        return InsertManyResult(created, held)
 
     @operation
     def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
