@@ -30,6 +30,8 @@ def test_the_limit_is_measured_in_utf8_bytes_and_names_size_and_limit():
         {"x": object()},
         {"x": b"bytes"},
         {1: "non-string name"},
+        {"x": "a\x00b"},
+        {"a\x00": 1},
         {"x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
     ],
 )

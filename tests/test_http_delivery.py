@@ -169,3 +169,63 @@ def test_a_dispatcher_that_died_holding_a_lease_past_the_window_leaves_it_ambigu
     assert [f.state for f in rescued.settled] == ["ambiguous"]
     [held] = rescued.settled
     assert "past the provider's idempotency window" in box.store.outbox_get(held.id).last_error
+
+
+def test_a_retry_after_on_a_5xx_is_capped_like_any_pause(api, store_url, mail_box):
+    box = mail_box(store_url, api.url, max_pause=timedelta(minutes=10))
+    api.script("503:999999999")
+    with FrozenClock(box, at=T0):
+        enqueue_customers(box, [1])
+        drain(box)
+    assert row(box, 1).next_attempt_at <= T0 + timedelta(minutes=10)
+
+
+def test_rejected_credentials_pause_the_channel_instead_of_killing_messages(
+    api, store_url, mail_box
+):
+    box = mail_box(store_url, api.url)
+    api.script("401")
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1, 2])
+        first = drain(box, raise_on_failure=False)
+        assert (first.dispatched.throttled, first.dispatched.dead) == (1, 0)
+        assert [row(box, c).attempt for c in (1, 2)] == [0, 0]
+        clock.advance(timedelta(minutes=2))
+        assert drain(box).dispatched.sent == 2
+
+
+def test_a_resend_held_up_past_the_window_is_held_not_sent(store_url, mail_box):
+    """The decision to resend is taken inside the window; a 1/day bucket then delays the resend
+    past it. The resend must not go out: the provider has forgotten the key by then."""
+    from oncebox.providers import Receipt, SendAmbiguous
+
+    class Windowed:
+        name, idempotent, idempotency_window = "windowed", True, timedelta(hours=24)
+
+        def __init__(self) -> None:
+            self.first_seen: dict[str, datetime] = {}
+            self.deliveries = 0
+
+        def send(self, outgoing, key):
+            now = box.store.clock_now()
+            first = self.first_seen.get(key)
+            if first is not None and now - first < self.idempotency_window:
+                return Receipt("replayed")
+            self.first_seen[key] = now
+            self.deliveries += 1
+            if self.deliveries == 1:
+                raise SendAmbiguous("the answer was lost")
+            return Receipt("ok")
+
+    provider = Windowed()
+    box = mail_box(store_url, provider, limits=["1/day"])
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1])
+        drain(box, raise_on_failure=False)
+        for _ in range(5):
+            if row(box, 1).state != "pending":
+                break
+            clock.set(max(row(box, 1).next_attempt_at, clock.instant + timedelta(hours=12)))
+            drain(box, raise_on_failure=False)
+    assert row(box, 1).state == "ambiguous"
+    assert provider.deliveries == 1

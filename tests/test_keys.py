@@ -62,7 +62,19 @@ def test_a_bad_argument_value_is_refused_with_the_rule_it_broke(args, why):
 
 @pytest.mark.parametrize(
     "key",
-    ["", "a//b", "/a", "a/", "a/./b", "a b", "a%2Fb", "é", "a\x00b", "x" * (MAX_KEY_LENGTH + 1)],
+    [
+        "",
+        "a//b",
+        "/a",
+        "a/",
+        "a/./b",
+        "a b",
+        "a%2Fb",
+        "é",
+        "a\x00b",
+        "a~b",
+        "x" * (MAX_KEY_LENGTH + 1),
+    ],
 )
 def test_invalid_keys_are_rejected(key):
     assert key_problem(key) is not None

@@ -116,7 +116,9 @@ def test_limits_parse(text, count, seconds):
     assert (limit.count, limit.period) == (count, timedelta(seconds=seconds))
 
 
-@pytest.mark.parametrize("text", ["", "10", "0/s", "ten/s", "10/fortnight", "-1/s"])
+@pytest.mark.parametrize(
+    "text", ["", "10", "0/s", "ten/s", "10/fortnight", "-1/s", "10/ms", "10/0s"]
+)
 def test_bad_limits_are_refused(text):
     with pytest.raises(ConfigurationError):
         Limit.parse(text)

@@ -219,3 +219,36 @@ def test_starttls_and_authentication(certificate, sqlite_url, mail_box, monkeypa
         assert server.tokens() == [token(1)]
         box.close()  # before the server stops, so no connection outlives it
         wrong.close()
+
+
+def test_an_idle_timeout_421_on_a_reused_connection_is_not_a_channel_pause(sqlite_url, mail_box):
+    from support.raw_smtp import IdleTimeoutSmtp
+
+    server = IdleTimeoutSmtp()
+    try:
+        box = mail_box(sqlite_url, f"smtp://127.0.0.1:{server.port}?timeout=5")
+        dispatcher = box.dispatcher()
+        enqueue_customers(box, [1])
+        drain(box, dispatch=False)
+        assert dispatcher.run_once().sent == 1
+        server.time_out_idle_clients()  # the server's 421 waits in the idle connection
+        enqueue_customers(box, [2])
+        drain(box, dispatch=False)
+        result = dispatcher.run_once()
+        assert (result.sent, result.throttled) == (1, 0)
+        assert (server.received, server.connections) == (2, 2)
+        box.close()
+    finally:
+        server.close()
+
+
+def test_a_server_without_starttls_pauses_the_channel_and_spends_nothing(
+    sink, sqlite_url, mail_box
+):
+    box = mail_box(sqlite_url, f"{sink.url}&starttls=1")
+    with FrozenClock(box, at=T0):
+        enqueue_customers(box, [1])
+        result = drain(box, raise_on_failure=False)
+    assert (result.dispatched.throttled, row(box, 1).attempt) == (1, 0)
+    assert "STARTTLS" in row(box, 1).last_error
+    assert sink.received == []

@@ -34,6 +34,18 @@ def _check_depth(value: object, task: str, depth: int = 0) -> None:
             _check_depth(item, task, depth + 1)
 
 
+def has_nul(value: object) -> bool:
+    """Whether any string (or name) in a JSON-like value holds a NUL character, which
+    PostgreSQL cannot keep in text or jsonb — refused everywhere, so both stores agree."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(has_nul(item) for item in value)
+    return False
+
+
 def encode_args(args: Mapping[str, Any], task: str, max_bytes: int) -> str:
     """The canonical JSON text of `args`; raises before anything is written if it cannot be."""
     if not isinstance(args, Mapping):
@@ -46,6 +58,10 @@ def encode_args(args: Mapping[str, Any], task: str, max_bytes: int) -> str:
         text = _encoder.encode(dict(args))
     except (TypeError, ValueError) as exc:
         raise InvalidArguments(f"arguments of task {task!r} are not JSON: {exc}") from None
+    if has_nul(args):
+        raise InvalidArguments(
+            f"arguments of task {task!r} contain a NUL character, which no store keeps in text"
+        )
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise PayloadTooLarge(size=size, limit=max_bytes, task=task)

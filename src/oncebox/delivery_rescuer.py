@@ -77,6 +77,7 @@ def decide_expired(channel: Channel, row: OutboxRow, now: datetime) -> OutboxFin
         "lease_expired",
         False,
         error=f"{worker}'s lease expired; resent with the same idempotency key",
+        uncertain=True,
     )
 
 
@@ -97,7 +98,7 @@ class DeliveryRescuer:
                 if row.channel in self.channels
             ]
 
-        settled = self.store.outbox_rescue_expired(self.batch_size, decide)
+        settled = self.store.outbox_rescue_expired(sorted(self.channels), self.batch_size, decide)
         result = DeliveryRescuerResult(settled)
         self.metrics.count("deliveries_lease_expired", len(settled))
         self.metrics.count("deliveries_ambiguous", result.count("ambiguous"))

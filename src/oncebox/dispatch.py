@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from oncebox import clock, points
 from oncebox.channels import Channel
@@ -47,6 +47,8 @@ from oncebox.tokens import idempotency_key
 
 log = logging.getLogger("oncebox.dispatcher")
 MAX_ERROR_CHARS = 4000
+ZERO = timedelta(0)
+MIN_PAUSE = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,17 @@ class OutboxDispatcher:
         outgoing = Outgoing(
             row.id, channel.name, row.token, json.loads(row.payload_json), row.attempt + 1
         )
+        if channel.idempotent and row.uncertain and self._past_window(channel, row, started):
+            # an earlier outcome is unknown and the provider may have forgotten the key: a
+            # resend now could deliver a second copy, so the row waits for reconciliation
+            return OutboxFinish(
+                row.id,
+                "ambiguous",
+                "ambiguous",
+                False,
+                error="an earlier attempt's outcome is unknown and the provider's idempotency "
+                "window has passed since the row was first leased: not resent",
+            )
         if not channel.idempotent:
             if not self.store.outbox_mark_sending(row.id, token):
                 result.lease_lost += 1
@@ -236,6 +249,18 @@ class OutboxDispatcher:
             row.id, "sent", "sent", True, receipt=receipt.provider_id or receipt.detail or None
         )
 
+    def _now(self, row: OutboxLeased, started: float) -> datetime:
+        """The database time now, from the lease's own timestamp and elapsed monotonic time."""
+        return row.leased_at + timedelta(seconds=clock.monotonic() - started)
+
+    def _past_window(
+        self, channel: Channel, row: OutboxLeased, started: float, later: timedelta = ZERO
+    ) -> bool:
+        window = channel.window
+        return (
+            window is not None and row.first_leased_at + window <= self._now(row, started) + later
+        )
+
     def _attempts_left(self, channel: Channel, row: OutboxLeased) -> int:
         return channel.retry.max_attempts - (row.attempt + 1 - row.attempt_base)
 
@@ -254,14 +279,14 @@ class OutboxDispatcher:
             return OutboxFinish(
                 row.id, "dead", "dead", True, error=f"{reason} (final: {decision.reason})"
             )
-        delay = max(retry_after or timedelta(0), decision.delay)
+        delay = min(max(retry_after or ZERO, decision.delay), channel.max_pause)
         return OutboxFinish(row.id, "pending", "failed", True, delay, error=reason)
 
     def _throttled(self, channel: Channel, row: OutboxLeased, exc: SendThrottled) -> OutboxFinish:
         wanted = exc.retry_after
         if wanted is None:
             wanted = channel.pause_on_421 if exc.smtp_421 else channel.default_throttle
-        pause = min(wanted, channel.max_pause)
+        pause = max(min(wanted, channel.max_pause), MIN_PAUSE)  # "0" must not mean "hammer"
         if wanted > channel.max_pause:
             log.warning(
                 "channel %s: provider asked for a %s pause; capped at %s",
@@ -282,9 +307,9 @@ class OutboxDispatcher:
         reason = reason[:MAX_ERROR_CHARS]
         left = self._attempts_left(channel, row)
         if channel.idempotent:
-            now = row.leased_at + timedelta(seconds=clock.monotonic() - started)
-            window = channel.window
-            if (window is not None and row.first_leased_at + window <= now) or left <= 0:
+            delay = channel.retry.backoff(row.attempt + 1, self.rng)
+            # the resend must happen within the window, not merely be decided within it
+            if self._past_window(channel, row, started, later=delay) or left <= 0:
                 why = "past the provider's idempotency window" if left > 0 else "attempts spent"
                 return OutboxFinish(
                     row.id,
@@ -294,8 +319,9 @@ class OutboxDispatcher:
                     error=f"{reason} ({why}: a resend could duplicate)",
                 )
             # resend with the same key: the provider deduplicates within its window
-            delay = channel.retry.backoff(row.attempt + 1, self.rng)
-            return OutboxFinish(row.id, "pending", "ambiguous", True, delay, error=reason)
+            return OutboxFinish(
+                row.id, "pending", "ambiguous", True, delay, error=reason, uncertain=True
+            )
         if channel.ambiguity == "retry" and left > 0:
             delay = channel.retry.backoff(row.attempt + 1, self.rng)
             return OutboxFinish(

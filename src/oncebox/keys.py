@@ -6,9 +6,10 @@ redelivery of the job carries the same key. The rules are deliberately narrow, b
 compared byte for byte by a unique index, shown in the console and logs, and must never render two
 different ways:
 
-- ASCII only, from ``A-Z a-z 0-9`` and ``- _ . : @ + = ~``, with ``/`` separating segments
+- ASCII only, from ``A-Z a-z 0-9`` and ``- _ . : @ + =``, with ``/`` separating segments
   (so no Unicode normalisation or case folding question can arise: two keys are equal exactly when
-  their bytes are);
+  their bytes are); ``~`` is reserved: it joins an intent's key and an outbox message's suffix
+  (``hold-expired/hold-7~dock``), so no key can collide with another key's message;
 - 1 to 255 characters, no empty segment (``a//b``, a leading or trailing ``/``), no ``.`` or ``..``
   segment;
 - a template's placeholders are plain argument names (``{customer_id}``) — no attribute access,
@@ -29,7 +30,7 @@ from typing import Any
 from oncebox.errors import InvalidKey, KeyTemplateError
 
 MAX_KEY_LENGTH = 255
-_SEGMENT_CHARS = r"A-Za-z0-9\-_.:@+=~"
+_SEGMENT_CHARS = r"A-Za-z0-9\-_.:@+="
 _SEGMENT_RE = re.compile(rf"[{_SEGMENT_CHARS}]+")
 _FIELD_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BAD_SEGMENTS = frozenset({".", ".."})
@@ -58,7 +59,7 @@ def key_problem(key: str) -> str | None:
             bad = next(ch for ch in segment if not _SEGMENT_RE.fullmatch(ch))
             return (
                 f"segment {index + 1} contains {bad!a}; keys use only ASCII letters, digits "
-                "and - _ . : @ + = ~ with / between segments"
+                "and - _ . : @ + = with / between segments"
             )
     return None
 
@@ -158,6 +159,6 @@ def _render_value(template: str, field: str, value: object) -> str:
         bad = next(ch for ch in text if not _SEGMENT_RE.fullmatch(ch))
         raise InvalidKey(
             f"key template {template!r}: argument {field!r} = {_describe(text)} contains "
-            f"{bad!a}; key values use only ASCII letters, digits and - _ . : @ + = ~"
+            f"{bad!a}; key values use only ASCII letters, digits and - _ . : @ + ="
         )
     return text

@@ -21,8 +21,9 @@ from datetime import datetime
 from typing import Any
 
 from oncebox.channels import Channel
+from oncebox.codec import has_nul
 from oncebox.errors import ConfigurationError, InvalidArguments
-from oncebox.keys import validate_key
+from oncebox.keys import key_problem, validate_key
 from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
 from oncebox.store.base import OutboxInsert
 from oncebox.tokens import derive_token
@@ -59,9 +60,11 @@ class OutboxWriter:
         key = (
             self._intent_key if suffix is None else f"{self._intent_key}{SUFFIX_SEPARATOR}{suffix}"
         )
-        if suffix is not None and ("/" in suffix or SUFFIX_SEPARATOR in suffix):
-            raise InvalidArguments(f"outbox suffix {suffix!r} may not contain '/' or '~'")
-        validate_key(key.replace(SUFFIX_SEPARATOR, "-"))  # the same character rules as keys
+        if suffix is not None and (not suffix or "/" in suffix or key_problem(suffix) is not None):
+            raise InvalidArguments(
+                f"outbox suffix {suffix!r} must be one key segment (letters, digits, - _ . : @ + =)"
+            )
+        validate_key(key.replace(SUFFIX_SEPARATOR, "-"))  # the same length rule as keys
         if any(row.key == key for row in self.rows):
             raise InvalidArguments(
                 f"this handler already wrote a message with key {key!r}; give each further "
@@ -70,15 +73,28 @@ class OutboxWriter:
         return key
 
     def add(self, channel: str, payload: Mapping[str, Any], *, suffix: str | None = None) -> str:
-        """Write a message for `channel` (its payload is frozen as given); returns its key."""
-        if channel not in self._channels:
+        """Write a message for `channel` (its payload is frozen as given); returns its key.
+        The channel's provider checks the payload now, if it can (email providers do)."""
+        check = getattr(self._channel(channel).provider, "check_payload", None)
+        if callable(check):
+            check(payload)
+        return self._add(channel, payload, suffix)
+
+    def _channel(self, name: str) -> Channel:
+        if name not in self._channels:
             known = ", ".join(sorted(self._channels)) or "none"
-            raise ConfigurationError(f"no channel named {channel!r} (declared: {known})")
+            raise ConfigurationError(f"no channel named {name!r} (declared: {known})")
+        return self._channels[name]
+
+    def _add(self, channel: str, payload: Mapping[str, Any], suffix: str | None) -> str:
+        self._channel(channel)
         key = self._key(suffix)
         try:
             text = json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, sort_keys=True)
         except (TypeError, ValueError) as exc:
             raise InvalidArguments(f"outbox payload for {key!r} is not JSON: {exc}") from None
+        if has_nul(payload):
+            raise InvalidArguments(f"outbox payload for {key!r} contains a NUL character")
         if len(text.encode("utf-8")) > MAX_PAYLOAD_BYTES:
             raise InvalidArguments(f"outbox payload for {key!r} exceeds {MAX_PAYLOAD_BYTES} bytes")
         token = derive_token(self._secret(), key)
@@ -112,4 +128,4 @@ class OutboxWriter:
             reply_to=reply_to,
             date=self._now(),
         )
-        return self.add(channel, payload, suffix=suffix)
+        return self._add(channel, payload, suffix)

@@ -52,6 +52,8 @@ class Limit:
             )
         count = int(match.group(1))
         seconds = _PERIODS.get(unit, _PERIODS.get(unit.rstrip("s"), 0)) * int(match.group(2) or 1)
+        if unit == "ms" or seconds <= 0:
+            raise ConfigurationError(f"rate limit {text!r}: the period must be at least a second")
         if count < 1:
             raise ConfigurationError(f"rate limit {text!r} must allow at least one send")
         return cls(count, timedelta(seconds=seconds), text.strip().replace(" ", ""))

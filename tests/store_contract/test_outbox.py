@@ -178,3 +178,62 @@ def test_writes_and_messages_of_one_handler_share_its_fate(store_url, open_box):
     drain(box)
     assert effects(box) == [("k/1", "row")]
     assert [r.state for r in box.store.outbox_find_by_key("k/1")] == ["sent"]
+
+
+@pytest.mark.parametrize(
+    ("write", "why"),
+    [
+        (lambda o: o.email(to="anna@ex\u00e4mple.com", subject="s", text="t"), "not ASCII"),
+        (
+            lambda o: o.email(to="a@b.example, c@d.example", subject="s", text="t"),
+            "several addresses",
+        ),
+        (lambda o: o.email(to="a@b.example", subject="s\x00", text="t"), "NUL"),
+        (
+            lambda o: o.add("email", {"subject": "no recipient", "text": "t"}),
+            "at least one recipient",
+        ),
+        (
+            lambda o: o.add(
+                "email",
+                {
+                    "to": ["a@b.example"],
+                    "subject": "s",
+                    "text": "t",
+                    "headers": {"X-A": "1\r\nBcc: x@y"},
+                },
+            ),
+            "one line",
+        ),
+        (
+            lambda o: o.email(to="a@b.example", subject="s", text="t", suffix="a~b"),
+            "one key segment",
+        ),
+    ],
+)
+def test_messages_that_could_never_be_sent_are_refused_when_written(box: Box, write, why):
+    box.channel("email", provider="file://unused-outbox")
+
+    @box.task(key="bad/{n}")
+    def bad(ctx, n: int) -> None:
+        write(ctx.outbox)
+
+    box.enqueue(bad, n=1)
+    result = drain(box, raise_on_failure=False, dispatch=False)
+    assert result.dead == 1 and why in result.failures[0].error
+    assert box.store.outbox_find_by_key("bad/1") == []
+
+
+def test_a_lease_given_back_unsent_does_not_start_the_idempotency_window(store_url, mail_box):
+    box = mail_box(store_url, MemoryProvider(), limits=["1/day"])
+    with FrozenClock(box, at=T0):
+        enqueue_customers(box, [1, 2])
+        result = drain(box)
+        assert (result.dispatched.sent, result.dispatched.waited) == (1, 1)
+        waiting = [
+            r
+            for c in (1, 2)
+            for r in box.store.outbox_find_by_key(f"weekly-digest/customer-{c}/2026-W33")
+            if r.state == "pending"
+        ]
+    assert [r.first_leased_at for r in waiting] == [None]

@@ -6,7 +6,8 @@ gets `409 concurrent_idempotent_requests`; a key reused with a different body ge
 `409 invalid_idempotent_request`. Scripted actions apply to the next requests, in order:
 
     "ok"                    accept (the default)
-    "500", "503", "400", "422", "408"   that status, nothing delivered
+    "500", "503", "400", "422", "408"   that status, nothing delivered ("503:120": with
+                                        Retry-After: 120)
     "429:SECONDS" / "429:date:SECONDS"  throttle, Retry-After in seconds / as an HTTP-date
     "accept-then-timeout:SECONDS"       deliver, then answer only after SECONDS (past the client
                                         timeout: the client does not know it was accepted)
@@ -209,7 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind.isdigit() and kind not in ("200",):
             self._forget(key)
-            self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)})
+            headers = {"Retry-After": argument} if argument else None
+            self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)}, headers)
             return
         message_id = f"fake-{len(self.api.delivered) + 1}"
         headers = body.get("headers") or {}

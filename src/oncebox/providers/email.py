@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP
-from email.utils import format_datetime, parseaddr
+from email.utils import format_datetime, getaddresses, parseaddr
 from functools import lru_cache
 from typing import Any
 
 from oncebox.errors import InvalidArguments
-from oncebox.providers.base import Outgoing
+from oncebox.providers.base import Outgoing, SendPermanent
 
 RESERVED_HEADERS = frozenset({"message-id", "x-oncebox-token", "from", "to", "subject", "date"})
 MAX_EMAIL_BYTES = 10 * 1024 * 1024
@@ -42,6 +42,13 @@ def _address(value: str, field: str) -> str:
 def _parsed_address(value: str, field: str) -> str:
     if not isinstance(value, str) or "\r" in value or "\n" in value:
         raise InvalidArguments(f"email {field} {value!r} is not an address")
+    if not value.isascii():
+        raise InvalidArguments(
+            f"email {field} {value!r} is not ASCII; internationalised addresses (SMTPUTF8) are "
+            "not supported"
+        )
+    if len(getaddresses([value])) != 1:
+        raise InvalidArguments(f"email {field} {value!r} holds several addresses; pass a list")
     _name, address = parseaddr(value)
     if "@" not in address or address.startswith("@") or address.endswith("@"):
         raise InvalidArguments(f"email {field} {value!r} is not an address")
@@ -93,8 +100,36 @@ def email_payload(
     return payload
 
 
+def check_email_payload(payload: Mapping[str, Any]) -> None:
+    """The checks `email_payload` made, for a payload written with `ctx.outbox.add(...)` on an
+    email channel (or read back from a row): `InvalidArguments` if it cannot be sent as email."""
+    if not isinstance(payload, Mapping):
+        raise InvalidArguments("an email payload is a mapping")
+    email_payload(
+        to=payload.get("to") or [],
+        subject=payload.get("subject"),  # type: ignore[arg-type]
+        text=payload.get("text"),
+        html=payload.get("html"),
+        headers=payload.get("headers"),
+        sender=payload.get("from"),
+        reply_to=payload.get("reply_to"),
+        date=datetime(1970, 1, 1, tzinfo=UTC),
+    )
+    if not isinstance(payload.get("date"), str):
+        raise InvalidArguments("an email payload needs its Date (as written by ctx.outbox.email)")
+
+
 def render(outgoing: Outgoing) -> EmailMessage:
-    """The MIME message for an outbox row (same bytes on every attempt but transport framing)."""
+    """The MIME message for an outbox row (same bytes on every attempt but transport framing).
+    A payload that cannot be rendered is `SendPermanent`: nothing was sent, nothing ever will."""
+    try:
+        check_email_payload(outgoing.payload)
+        return _render(outgoing)
+    except (InvalidArguments, KeyError, TypeError, ValueError) as exc:
+        raise SendPermanent(f"the message cannot be rendered as email: {exc}") from None
+
+
+def _render(outgoing: Outgoing) -> EmailMessage:
     payload = outgoing.payload
     message = EmailMessage(policy=SMTP)
     message["From"] = payload.get("from") or "oncebox@localhost"

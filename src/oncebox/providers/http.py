@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from datetime import UTC, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -39,7 +40,7 @@ from oncebox.providers.base import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.providers.email import render
+from oncebox.providers.email import check_email_payload, render
 
 IN_PROGRESS = {"concurrent_idempotent_requests", "1601"}
 KEY_REUSED = {"invalid_idempotent_request", "1600"}
@@ -66,6 +67,8 @@ def parse_retry_after(value: str | None, date_header: str | None = None) -> time
         if date_header:
             with contextlib.suppress(TypeError, ValueError, IndexError):
                 reference = parsedate_to_datetime(date_header)
+                if reference.tzinfo is None:  # "-0000": UTC by RFC 5322's reading
+                    reference = reference.replace(tzinfo=UTC)
         return max(when - reference, timedelta(0))
     if not math.isfinite(seconds):
         return None
@@ -127,6 +130,10 @@ class HttpEmailProvider:
                 body[field] = payload[field]
         return body
 
+    def check_payload(self, payload: Mapping[str, Any]) -> None:
+        """Refuse, when written, a message this email provider could never render."""
+        check_email_payload(payload)
+
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         headers = {"Idempotency-Key": idempotency_key}
         if self._api_key:
@@ -167,6 +174,8 @@ class HttpEmailProvider:
                 )
             wait = parse_retry_after(response.headers.get("retry-after"))
             raise SendRetryable(f"{reason} (a request with this key is in progress)", wait)
+        if status in (401, 403):  # credentials: every message would fail alike
+            raise SendThrottled(f"{reason} (check the channel's API key)")
         if status == 408 or status >= 500:
             raise SendRetryable(reason, parse_retry_after(response.headers.get("retry-after")))
         raise SendPermanent(reason)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from oncebox.providers.base import Outgoing, Receipt, SendRetryable, StatusAnswer
-from oncebox.providers.email import render
+from oncebox.providers.email import check_email_payload, render
 
 
 class FileProvider:
@@ -30,14 +32,22 @@ class FileProvider:
     def path_for(self, outgoing: Outgoing) -> Path:
         return self.directory / f"{outgoing.token}.eml"
 
+    def check_payload(self, payload: Mapping[str, Any]) -> None:
+        """Refuse, when written, a message this email provider could never render."""
+        check_email_payload(payload)
+
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         final = self.path_for(outgoing)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(bytes(render(outgoing)))
+            with tmp.open("wb") as handle:
+                handle.write(bytes(render(outgoing)))
+                handle.flush()
+                os.fsync(handle.fileno())  # the receipt must not outlive the file
             try:
                 os.link(tmp, final)
+                _fsync_directory(self.directory)
             except FileExistsError:
                 return Receipt(final.name, "already written: the earlier write is the delivery")
             finally:
@@ -55,10 +65,22 @@ class FileProvider:
         return "not_found", None
 
 
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class ConsoleProvider:
     name = "console"
     idempotent = False
     idempotency_window: timedelta | None = None
+
+    def check_payload(self, payload: Mapping[str, Any]) -> None:
+        """Refuse, when written, a message this email provider could never render."""
+        check_email_payload(payload)
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         message = render(outgoing)

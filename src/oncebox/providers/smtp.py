@@ -28,7 +28,9 @@ import re
 import smtplib
 import ssl
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from oncebox.errors import ConfigurationError
@@ -41,7 +43,7 @@ from oncebox.providers.base import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.providers.email import render
+from oncebox.providers.email import check_email_payload, render
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 
@@ -140,6 +142,10 @@ class SmtpProvider:
         except (OSError, smtplib.SMTPException):
             smtp.close()
 
+    def check_payload(self, payload: Mapping[str, Any]) -> None:
+        """Refuse, when written, a message this email provider could never render."""
+        check_email_payload(payload)
+
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         try:
             return self._send(outgoing)
@@ -148,7 +154,7 @@ class SmtpProvider:
             return self._send(outgoing)
 
     def _send(self, outgoing: Outgoing) -> Receipt:
-        message = render(outgoing)
+        message = render(outgoing)  # a malformed payload is SendPermanent, before any I/O
         sender = message["From"]
         recipients = list(outgoing.payload["to"])
         content = dot_stuffed(bytes(message))
@@ -158,6 +164,8 @@ class SmtpProvider:
             smtp, reused = self._session()
             phase = "MAIL"
             code, text = smtp.mail(sender)
+            if code == 421 and reused:
+                raise _StaleConnection  # an idle connection the server timed out: not the channel
             if code != 250:
                 raise _reply_error(code, text, phase)
             phase = "RCPT"
@@ -173,37 +181,43 @@ class SmtpProvider:
             smtp.send(content)
             phase = "end of data"  # from here on, the server may have the message
             code, text = smtp.getreply()
-        except SendError:
-            self._discard()
-            raise
-        except smtplib.SMTPResponseException as exc:
-            self._discard()
-            if phase == "connect":  # the server refused the session (auth, TLS): every message
-                refusal = (
-                    exc.smtp_error.decode("utf-8", "replace")
-                    if isinstance(exc.smtp_error, bytes)
-                    else str(exc.smtp_error)
-                )
-                raise SendThrottled(
-                    f"{self.where} refused the session: SMTP {exc.smtp_code} {refusal.strip()} "
-                    "(check the channel's credentials and TLS settings)"
-                ) from None
-            raise _reply_error(exc.smtp_code, exc.smtp_error, phase) from None
-        except (OSError, smtplib.SMTPException) as exc:
-            self._discard()
-            if reused and phase == "MAIL":
-                raise _StaleConnection from None
-            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if phase == "end of data":
-                raise SendAmbiguous(
-                    f"{self.where}: the connection failed after the message was sent, before the "
-                    f"server's reply ({detail}); it may have been accepted"
-                ) from None
-            raise SendRetryable(f"{self.where}: {detail} during {phase}") from None
+        except BaseException as exc:
+            self._discard()  # never reuse a connection left in the middle of a transaction
+            raise self._classify(exc, phase, reused) from None
         if code != 250:
             self._discard()
             raise _reply_error(code, text, phase)
         return Receipt(outgoing.message_id, f"{code} {text.decode('utf-8', 'replace')}".strip())
+
+    def _classify(self, exc: BaseException, phase: str, reused: bool) -> BaseException:
+        """What a failure during `phase` means; see the module docstring."""
+        if isinstance(exc, (SendError, _StaleConnection)) or not isinstance(exc, Exception):
+            return exc
+        if reused and phase == "MAIL" and isinstance(exc, (OSError, smtplib.SMTPException)):
+            return _StaleConnection()
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if phase == "end of data":
+            return SendAmbiguous(
+                f"{self.where}: the connection failed after the message was sent, before the "
+                f"server's reply ({detail}); it may have been accepted"
+            )
+        if phase == "connect" and isinstance(
+            exc, (smtplib.SMTPResponseException, smtplib.SMTPNotSupportedError, ssl.SSLError)
+        ):
+            if isinstance(exc, smtplib.SMTPResponseException):
+                raw = exc.smtp_error
+                detail = f"SMTP {exc.smtp_code} " + (
+                    raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+                )
+            return SendThrottled(  # authentication or TLS: every message would fail alike
+                f"{self.where} refused the session: {detail.strip()} (check the channel's "
+                "credentials and TLS settings)"
+            )
+        if isinstance(exc, smtplib.SMTPResponseException):
+            return _reply_error(exc.smtp_code, exc.smtp_error, phase)
+        if isinstance(exc, UnicodeError):
+            return SendPermanent(f"{self.where}: cannot send this message over SMTP ({detail})")
+        return SendRetryable(f"{self.where}: {detail} during {phase} (nothing was sent)")
 
     def close(self) -> None:
         """Close every thread's connection."""
@@ -215,4 +229,5 @@ class SmtpProvider:
 
 
 class _StaleConnection(Exception):
-    """A reused connection failed before anything of the message was sent."""
+    """A reused connection failed (or was timed out by the server: 421) before anything of the
+    message was sent; `send` replaces it once."""

@@ -173,6 +173,7 @@ class OutboxFinish:
     error: str | None = None
     receipt: str | None = None
     possible_duplicate: bool = False
+    uncertain: bool | None = None  # set (True/False) or leave (None) the row's flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +310,7 @@ class OutboxLeased:
     first_leased_at: datetime
     leased_at: datetime
     lease_token: str
+    uncertain: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +335,7 @@ class OutboxRow:
     sent_at: datetime | None
     receipt: str | None
     last_error: str | None
+    uncertain: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,7 +552,10 @@ class Store(Protocol):
         ...
 
     def outbox_rescue_expired(
-        self, limit: int, decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+        self,
+        channels: Sequence[str],
+        limit: int,
+        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
     ) -> list[OutboxFinish]:
         """Lock rows whose lease expired, let `decide` settle them (fenced on their own
         tokens), in one transaction; returns what was applied."""

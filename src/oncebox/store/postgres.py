@@ -447,19 +447,25 @@ class PostgresStore(ReadOperations):
             "errors": [f.error for f in finishes],
             "receipts": [f.receipt for f in finishes],
             "dups": [f.possible_duplicate for f in finishes],
+            "uncertain": [f.uncertain for f in finishes],
         }
         return {row[0] for row in conn.execute(self._q["outbox_finish"], params)}
 
     @operation
     def outbox_rescue_expired(
-        self, limit: int, decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+        self,
+        channels: Sequence[str],
+        limit: int,
+        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
     ) -> list[OutboxFinish]:
         applied: list[OutboxFinish] = []
         with self._connection() as conn, conn.transaction():
             now = _required_utc(conn.execute(self._q["clock_now"]).fetchall()[0][0])
             rows = [
                 self._outbox_row(r)
-                for r in conn.execute(self._q["outbox_rescue_select"], {"limit": limit})
+                for r in conn.execute(
+                    self._q["outbox_rescue_select"], {"limit": limit, "channels": list(channels)}
+                )
             ]
             tokens = {row.id: row.lease_token for row in rows}
             for finish in decide(rows, now):

@@ -168,6 +168,7 @@ class ReadOperations:
             sent_at=at(r[17]),
             receipt=r[18],
             last_error=r[19],
+            uncertain=bool(r[20]),
         )
 
     def _leased_outbox(self, rows: Sequence[Sequence[Any]], token: str) -> list[OutboxLeased]:
@@ -186,6 +187,7 @@ class ReadOperations:
                 first_leased_at=required(r[9]),
                 leased_at=required(r[10]),
                 lease_token=token,
+                uncertain=bool(r[11]),
             )
             for r in rows
         ]

@@ -483,6 +483,7 @@ class SqliteStore(ReadOperations):
                     f.error,
                     f.receipt,
                     int(f.possible_duplicate),
+                    None if f.uncertain is None else int(f.uncertain),
                 ]
                 for f in finishes
             ]
@@ -504,14 +505,20 @@ class SqliteStore(ReadOperations):
 
     @operation
     def outbox_rescue_expired(
-        self, limit: int, decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+        self,
+        channels: Sequence[str],
+        limit: int,
+        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
     ) -> list[OutboxFinish]:
         applied: list[OutboxFinish] = []
         with self._write() as conn:
             now = self._now()
             rows = [
                 self._outbox_row(r)
-                for r in conn.execute(self._q["outbox_rescue_select"], {"limit": limit, "now": now})
+                for r in conn.execute(
+                    self._q["outbox_rescue_select"],
+                    {"limit": limit, "now": now, "channels": json.dumps(list(channels))},
+                )
             ]
             tokens = {row.id: row.lease_token for row in rows}
             for finish in decide(rows, from_micros(now)):

@@ -388,7 +388,7 @@ SET state = 'leased',
 FROM picked, clock
 WHERE o.id = picked.id
 RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text, o.token, o.attempt,
-          o.attempt_base, o.possible_duplicates, o.first_leased_at, clock.now;
+          o.attempt_base, o.possible_duplicates, o.first_leased_at, clock.now, o.uncertain;
 
 -- name: outbox_mark_sending
 -- The one durable write before a send through a channel without provider idempotency.
@@ -402,8 +402,8 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(outcomes)s::text[],
                          %(counts)s::bool[], %(delays_s)s::float8[], %(errors)s::text[],
-                         %(receipts)s::text[], %(dups)s::bool[])
-        AS i(id, state, outcome, counts, delay_s, error, receipt, dup)
+                         %(receipts)s::text[], %(dups)s::bool[], %(uncertain)s::bool[])
+        AS i(id, state, outcome, counts, delay_s, error, receipt, dup, uncertain)
 ),
 settled AS (
     UPDATE __S__.oncebox_outbox o
@@ -417,6 +417,11 @@ settled AS (
         receipt = COALESCE(i.receipt, o.receipt),
         last_error = CASE WHEN i.state = 'sent' THEN o.last_error
                           ELSE COALESCE(i.error, o.last_error) END,
+        uncertain = COALESCE(i.uncertain, o.uncertain),
+        -- given back unsent, never sent before: the idempotency window has not started
+        first_leased_at = CASE WHEN i.outcome IS NULL AND NOT i.counts AND o.attempt = 0
+                                    AND NOT o.uncertain THEN NULL
+                               ELSE o.first_leased_at END,
         lease_token = NULL,
         lease_expires_at = NULL
     FROM input i, clock
@@ -436,9 +441,10 @@ SELECT id FROM settled;
 -- Rows whose lease expired, locked for the rescue's decision (the caller's transaction).
 SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox
 WHERE state IN ('leased', 'sending') AND lease_expires_at < (SELECT __S__.oncebox_now())
+  AND channel = ANY(%(channels)s::text[])
 ORDER BY lease_expires_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -489,19 +495,19 @@ SELECT r.id, r.key, a.id FROM replayed r, audited a;
 -- name: outbox_get
 SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox WHERE id = %(id)s;
 
 -- name: outbox_find_by_key
 SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox WHERE key = %(key)s OR intent_key = %(key)s ORDER BY id;
 
 -- name: outbox_ambiguous_list
 SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox
 WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
 ORDER BY id LIMIT %(limit)s;

@@ -110,6 +110,7 @@ TABLE oncebox_outbox
   next_attempt_at timestamp with time zone NOT NULL
   created_at timestamp with time zone NOT NULL
   first_leased_at timestamp with time zone
+  uncertain boolean NOT NULL DEFAULT false
   leased_by text
   leased_at timestamp with time zone
   lease_token uuid

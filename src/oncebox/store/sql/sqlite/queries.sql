@@ -280,7 +280,7 @@ WHERE id IN (
     ORDER BY next_attempt_at, id
     LIMIT :limit)
 RETURNING id, key, intent_key, channel, payload, token, attempt, attempt_base,
-          possible_duplicates, first_leased_at, leased_at;
+          possible_duplicates, first_leased_at, leased_at, uncertain;
 
 -- name: outbox_mark_sending
 UPDATE oncebox_outbox SET state = 'sending'
@@ -288,7 +288,8 @@ WHERE id = :id AND lease_token = :token AND state = 'leased'
 RETURNING id;
 
 -- name: outbox_finish
--- :rows is a JSON array of [id, state, outcome, counts_attempt, delay_us, error, receipt, dup].
+-- :rows is a JSON array of
+-- [id, state, outcome, counts_attempt, delay_us, error, receipt, dup, uncertain (or null)].
 UPDATE oncebox_outbox AS o
 SET state = i.value ->> 1,
     attempt = o.attempt + (i.value ->> 3),
@@ -299,6 +300,10 @@ SET state = i.value ->> 1,
     receipt = COALESCE(i.value ->> 6, o.receipt),
     last_error = CASE WHEN i.value ->> 1 = 'sent' THEN o.last_error
                       ELSE COALESCE(i.value ->> 5, o.last_error) END,
+    uncertain = COALESCE(i.value ->> 8, o.uncertain),
+    first_leased_at = CASE WHEN i.value ->> 2 IS NULL AND i.value ->> 3 = 0 AND o.attempt = 0
+                                AND o.uncertain = 0 THEN NULL
+                           ELSE o.first_leased_at END,
     lease_token = NULL,
     lease_expires_at = NULL
 FROM json_each(:rows) AS i
@@ -316,9 +321,10 @@ FROM json_each(:rows) AS r;
 -- name: outbox_rescue_select
 SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox
 WHERE state IN ('leased', 'sending') AND lease_expires_at < :now
+  AND channel IN (SELECT value FROM json_each(:channels))
 ORDER BY lease_expires_at
 LIMIT :limit;
 
@@ -352,19 +358,19 @@ RETURNING id;
 -- name: outbox_get
 SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_find_by_key
 SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox WHERE key = :key OR intent_key = :key ORDER BY id;
 
 -- name: outbox_ambiguous_list
 SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
        possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox
 WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels))
 ORDER BY id LIMIT :limit;

@@ -108,6 +108,7 @@ CREATE TABLE oncebox_outbox (
     next_attempt_at INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
     first_leased_at INTEGER,
+    uncertain INTEGER NOT NULL DEFAULT 0,
     leased_by TEXT,
     leased_at INTEGER,
     lease_token TEXT,

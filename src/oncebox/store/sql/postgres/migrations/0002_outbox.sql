@@ -20,8 +20,11 @@ CREATE TABLE __S__.oncebox_outbox (
     possible_duplicates integer NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL,
     created_at timestamptz NOT NULL,
-    -- set once, by the first lease: bounds resends within the provider's idempotency window
+    -- set by the first lease that may have sent: bounds resends within the provider's
+    -- idempotency window (a lease given back unsent clears it while nothing was ever sent)
     first_leased_at timestamptz,
+    -- an earlier attempt's outcome is unknown: a resend past the window could duplicate
+    uncertain boolean NOT NULL DEFAULT false,
     leased_by text,
     leased_at timestamptz,
     lease_token uuid,
