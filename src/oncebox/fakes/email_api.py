@@ -210,8 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind.isdigit() and kind not in ("200",):
             self._forget(key)
-            headers = {"Retry-After": argument} if argument else None
-            self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)}, headers)
+            extra = {"Retry-After": argument} if argument else {}
+            self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)}, extra)
             return
         message_id = f"fake-{len(self.api.delivered) + 1}"
         headers = body.get("headers") or {}
