@@ -283,3 +283,106 @@ def test_the_server_ends_a_hung_handlers_transaction_and_releases_its_claim(pg_u
     assert box.find("hung/1")[0].state == "leased"
     assert consumer.transport.held_tokens() == []
     box.close()
+
+
+def _confirm_hold(
+    box,
+    hold_id: int,
+    before_commit: threading.Event | None = None,
+    reached: threading.Event | None = None,
+) -> bool:
+    """The booking app's confirm: a guarded transition plus, if it won, its own keyed notice."""
+    with psycopg.connect(box.store.conninfo) as conn:
+        won = (
+            conn.execute(
+                "UPDATE holds SET state = 'confirmed' WHERE id = %s AND state = 'held' "
+                "RETURNING id",
+                (hold_id,),
+            ).fetchone()
+            is not None
+        )
+        if won:
+            box.enqueue("confirm_notice", hold_id=hold_id, connection=conn)
+        if reached is not None:
+            reached.set()
+        if before_commit is not None:
+            before_commit.wait(20)
+        conn.commit()
+    return won
+
+
+def _race_box(pg_url):
+    from support.holds import holds_box
+
+    box = holds_box(pg_url)
+
+    @box.task(key="hold-confirmed/hold-{hold_id}")
+    def confirm_notice(ctx, hold_id: int) -> None:
+        pass
+
+    return box
+
+
+@pytest.mark.slow
+def test_confirm_versus_expire_when_the_sweeper_locks_first_ends_expired_with_one_notice(pg_url):
+    from oncebox import points
+    from support.holds import add_hold, hold_states
+
+    box = _race_box(pg_url)
+    pause = points.Pause(only=lambda thread: thread == "sweeper", timeout=20)
+    outcome: dict[str, bool] = {}
+    with (
+        FrozenClock(box, at=T0),
+        points.installed({"sweeper.after_transition_before_commit": pause}),
+    ):
+        add_hold(box, 1, T0 - timedelta(seconds=1))
+        sweeper = box.expiry_sweeper("hold-expiry")
+        sweeping = threading.Thread(target=sweeper.run_once, name="sweeper")
+        sweeping.start()
+        assert pause.reached.wait(10)
+        confirming = threading.Thread(target=lambda: outcome.update(won=_confirm_hold(box, 1)))
+        confirming.start()
+        deadline = time.monotonic() + 10
+        while not sql(box, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+            assert time.monotonic() < deadline, "the confirm never waited on the hold's lock"
+            threading.Event().wait(0.01)
+        pause.release()
+        sweeping.join(10)
+        confirming.join(10)
+        sweeper.close()
+    assert outcome == {"won": False}
+    assert hold_states(box) == {1: "expired"}
+    assert [r.key for r in box.store.outbox_find_by_key("hold-expired/hold-1")] == [
+        "hold-expired/hold-1"
+    ]
+    assert box.store.job_find_by_key("hold-confirmed/hold-1") == []
+    box.close()
+
+
+def test_confirm_versus_expire_when_the_confirm_locks_first_ends_confirmed_without_notice(pg_url):
+    from support.holds import add_hold, hold_states
+
+    box = _race_box(pg_url)
+    with FrozenClock(box, at=T0):
+        add_hold(box, 1, T0 - timedelta(seconds=1))
+        release, reached = threading.Event(), threading.Event()
+        outcome: dict[str, bool] = {}
+        confirming = threading.Thread(
+            target=lambda: outcome.update(
+                won=_confirm_hold(box, 1, before_commit=release, reached=reached)
+            )
+        )
+        confirming.start()
+        assert reached.wait(10)  # its transaction holds the hold's row, uncommitted
+        sweeper = box.expiry_sweeper("hold-expiry")
+        assert sweeper.run_once().handled == 0  # SKIP LOCKED: the confirming hold is passed by
+        sweeper.close()
+        release.set()
+        confirming.join(10)
+    assert outcome == {"won": True}
+    assert hold_states(box) == {1: "confirmed"}
+    assert box.store.outbox_find_by_key("hold-expired/hold-1") == []
+    assert [j.key for j in box.store.job_find_by_key("hold-confirmed/hold-1")] == [
+        "hold-confirmed/hold-1"
+    ]
+    box.close()

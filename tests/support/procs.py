@@ -146,3 +146,14 @@ def fan_out_and_die(url: str, batch_size: int) -> None:
     points.install("scheduler.between_batches", points.kill)
     box.ticker().run_once()
     os._exit(3)
+
+
+def sweep_and_die(url: str) -> None:
+    """A sweeper killed (SIGKILL) after its transition, before its commit."""
+    from oncebox import points
+    from support.holds import holds_box
+
+    box = holds_box(url)
+    points.install("sweeper.after_transition_before_commit", points.kill)
+    box.expiry_sweeper("hold-expiry").run_once()
+    os._exit(3)
