@@ -81,3 +81,32 @@ def test_the_outbox_benchmark_runs_and_reports_every_row(pg_template, tmp_path):
         for workload in ("dispatch/null", "dispatch/smtp", "full path")
     ]
     assert all(r["per_s"] > 0 for r in rows)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_fan_out_benchmark_runs_and_reports_both_stores(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "fanout.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "fanout.py"),
+            "--postgres-customers",
+            "300",
+            "--sqlite-customers",
+            "300",
+            "--postgres",
+            PG_URL,
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["store"], r["customers"]) for r in rows] == [("sqlite", 300), ("postgres", 300)]

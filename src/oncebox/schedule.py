@@ -225,9 +225,9 @@ class FanOut:
         return result
 
     def _reader(self) -> Any:
+        """A connection for the eligible-set query, in a read transaction of its own (on
+        PostgreSQL a server-side cursor — `ctx.connection.cursor(name=...)` — streams the set)."""
         connect = getattr(self.store, "connect")  # noqa: B009 (both stores have one)
-        if self.store.dialect == "postgres":
-            return connect(autocommit=True)
         return connect()
 
 
