@@ -181,15 +181,39 @@ def test_jobs_show_prints_the_job_and_its_attempts_as_json(store_url, tmp_path):
 
 
 def test_the_demo_runs_end_to_end_and_exits_0(tmp_path):
-    result = oncebox("demo", cwd=tmp_path)
+    result = oncebox("demo", "--customers", "30", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 duplicate(s) absorbed" in result.stdout
-    assert "invariants hold" in result.stdout
+    assert "fault injected: a worker SIGKILLed" in result.stdout
+    assert "20 at the claim" in result.stdout
     assert (tmp_path / "oncebox-demo.db").exists()
+    assert len(list((tmp_path / "oncebox-demo-outbox").glob("*.eml"))) > 20
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--period", "2026-W60"), "--period"),
+        (("--customers", "2"), "--customers"),
+        (("--customers", "many"), "--customers"),
+    ],
+)
+def test_the_demo_refuses_bad_arguments_with_a_usage_error(tmp_path, args, needle):
+    result = oncebox("demo", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert needle in result.stderr
+    assert not (tmp_path / "oncebox-demo.db").exists()
+
+
+def test_the_demo_refuses_a_database_that_already_holds_jobs(tmp_path):
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    dead_greeting(url)
+    result = oncebox("demo", "--db", url, cwd=tmp_path)
+    assert_one_line_error(result, 2, "needs a database of its own")
 
 
 @pytest.mark.postgres
 def test_the_demo_runs_on_postgresql(pg_url, tmp_path):
-    result = oncebox("demo", "--db", pg_url, cwd=tmp_path)
+    result = oncebox("demo", "--db", pg_url, "--customers", "30", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "invariants hold" in result.stdout

@@ -69,6 +69,7 @@ class WorkerConfig:
     dispatch: bool = True
     schedule: bool = True
     sweep: bool = True
+    simulated_time: bool = False  # the caller drives the database's clock on purpose (the demo)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
     rescuer: LeaseRescuerConfig = field(default_factory=LeaseRescuerConfig)
@@ -124,7 +125,7 @@ class Worker:
     def run(self) -> WorkerResult:
         """Run until stopped (or idle, with `until_idle`)."""
         check_runnable(self.box.store.schema_status(), self.box.where)
-        if not self.box.store.clock_get().is_real:
+        if not self.config.simulated_time and not self.box.store.clock_get().is_real:
             log.warning(
                 "the database clock of %s is frozen or offset (%s): only tests should do that",
                 self.box.where,
@@ -244,7 +245,9 @@ class Worker:
         ]
         if resolver.active:
             lanes.append(("resolver", resolver.run_forever))
-        if store.supports_notifications:
+        if store.supports_notifications and not self.config.until_idle:
+            # an until-idle run looks for work itself and exits when there is none: a listener
+            # would only make its exit wait out a LISTEN timeout
             lanes.append(("listener", lambda _stop: self._listen()))
         return [
             threading.Thread(

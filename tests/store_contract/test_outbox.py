@@ -188,6 +188,10 @@ def test_writes_and_messages_of_one_handler_share_its_fate(store_url, open_box):
             lambda o: o.email(to="a@b.example, c@d.example", subject="s", text="t"),
             "several addresses",
         ),
+        (
+            lambda o: o.email(to="dispatch@@broken.example", subject="s", text="t"),
+            "'dispatch@@broken.example' is not an address",
+        ),
         (lambda o: o.email(to="a@b.example", subject="s\x00", text="t"), "NUL"),
         (
             lambda o: o.add("email", {"subject": "no recipient", "text": "t"}),

@@ -47,8 +47,11 @@ def _parsed_address(value: str, field: str) -> str:
             f"email {field} {value!r} is not ASCII; internationalised addresses (SMTPUTF8) are "
             "not supported"
         )
-    if len(getaddresses([value])) != 1:
-        raise InvalidArguments(f"email {field} {value!r} holds several addresses; pass a list")
+    parsed = getaddresses([value])
+    if len(parsed) != 1:
+        if all(_PLAIN_ADDRESS.fullmatch(address) for _name, address in parsed):
+            raise InvalidArguments(f"email {field} {value!r} holds several addresses; pass a list")
+        raise InvalidArguments(f"email {field} {value!r} is not an address")
     _name, address = parseaddr(value)
     if "@" not in address or address.startswith("@") or address.endswith("@"):
         raise InvalidArguments(f"email {field} {value!r} is not an address")

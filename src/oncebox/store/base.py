@@ -387,6 +387,27 @@ class ScheduleRunRow:
 
 
 @dataclass(frozen=True, slots=True)
+class StatusTimes:
+    oldest_due_ready: datetime | None
+    next_ready: datetime | None
+    next_pending_message: datetime | None
+    oldest_pending_message: datetime | None
+    next_job_lease_end: datetime | None
+    next_message_lease_end: datetime | None
+    now: datetime
+
+    def next_event(self) -> datetime | None:
+        """When something will next become workable without anyone enqueueing anything."""
+        candidates = [
+            self.next_ready,
+            self.next_pending_message,
+            self.next_job_lease_end,
+            self.next_message_lease_end,
+        ]
+        return min((c for c in candidates if c is not None), default=None)
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaStatus:
     """Which migrations are applied, against which this code knows."""
 
@@ -608,6 +629,9 @@ class Store(Protocol):
     ) -> bool: ...
     def schedule_run_busy(self, schedule: str, period: str) -> str | None: ...
     def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]: ...
+
+    # status
+    def status_times(self) -> StatusTimes: ...
 
     # settings
     def setting_get(self, name: str) -> str | None: ...

@@ -172,6 +172,14 @@ class PostgresStore(ReadOperations):
             if isinstance(exc, pg_errors.LockNotAvailable):
                 raise
             raise self._unavailable(exc) from None
+        except pg_errors.UndefinedTable as exc:
+            raise self._missing_tables(exc) from None
+
+    def _missing_tables(self, exc: Exception) -> SchemaError:
+        detail = str(exc).strip().splitlines()[0]
+        return SchemaError(
+            f"the oncebox tables are missing in {self.where} ({detail}): run `oncebox migrate`"
+        )
 
     def _instant(self, value: Any) -> datetime | None:
         return _utc(value)
@@ -771,6 +779,8 @@ class PostgresConsumerSession:
                 if isinstance(exc, pg_errors.LockNotAvailable):
                     raise
                 raise self._store._unavailable(exc) from None
+            except pg_errors.UndefinedTable as exc:
+                raise self._store._missing_tables(exc) from None
 
     def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
         values = {

@@ -23,6 +23,7 @@ from oncebox.store.base import (
     OutboxRow,
     ScheduleRunRow,
     StateCounts,
+    StatusTimes,
 )
 
 
@@ -263,3 +264,11 @@ class ReadOperations:
     def schedule_run_busy(self, schedule: str, period: str) -> str | None:
         rows = self._rows("schedule_run_busy", {"schedule": schedule, "period": period})
         return str(rows[0][0]) if rows else None
+
+    @operation
+    def status_times(self) -> StatusTimes:
+        at = self._instant
+        r = self._rows("status_times", {})[0]
+        return StatusTimes(
+            at(r[0]), at(r[1]), at(r[2]), at(r[3]), at(r[4]), at(r[5]), self._required_instant(r[6])
+        )

@@ -86,6 +86,10 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
         )
     if "unable to open" in text or "disk I/O" in text or "readonly" in text:
         return StoreUnavailable(f"cannot write the SQLite database {where}: {text}")
+    if "no such table: oncebox_" in text:
+        return SchemaError(
+            f"the oncebox tables are missing in {where} ({text}): run `oncebox migrate`"
+        )
     return exc
 
 

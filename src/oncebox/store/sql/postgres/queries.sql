@@ -663,3 +663,22 @@ FROM __S__.oncebox_schedule_runs
 WHERE schedule = %(schedule)s
 ORDER BY started_at DESC, period DESC
 LIMIT %(limit)s;
+
+-- ============================================================================================
+-- Status
+-- ============================================================================================
+
+-- name: status_times
+-- The instants operators and the demo watch: the oldest due ready job, the next job and message
+-- to fall due, the oldest pending message, the next lease to run out.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT
+    (SELECT min(run_at) FROM __S__.oncebox_jobs
+      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)),
+    (SELECT min(run_at) FROM __S__.oncebox_jobs WHERE state = 'ready'),
+    (SELECT min(next_attempt_at) FROM __S__.oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(created_at) FROM __S__.oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(lease_expires_at) FROM __S__.oncebox_jobs WHERE state = 'leased'),
+    (SELECT min(lease_expires_at) FROM __S__.oncebox_outbox
+      WHERE state IN ('leased', 'sending')),
+    (SELECT now FROM clock);

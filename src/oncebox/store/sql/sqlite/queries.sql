@@ -502,3 +502,17 @@ FROM oncebox_schedule_runs
 WHERE schedule = :schedule
 ORDER BY started_at DESC, period DESC
 LIMIT :limit;
+
+-- ============================================================================================
+-- Status
+-- ============================================================================================
+
+-- name: status_times
+SELECT
+    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now),
+    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready'),
+    (SELECT min(next_attempt_at) FROM oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(created_at) FROM oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(lease_expires_at) FROM oncebox_jobs WHERE state = 'leased'),
+    (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending')),
+    :now;

@@ -1,0 +1,165 @@
+"""`oncebox demo`: the logistics weekly digest under injected faults, checked from the database
+and from what was delivered — not from the demo's own counters."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from collections import Counter
+from email import message_from_bytes
+from pathlib import Path
+
+import pytest
+
+from oncebox import Box
+from oncebox.examples.logistics import demo
+from oncebox.examples.logistics.app import connect
+from oncebox.fakes.smtp_sink import SmtpSink
+
+PERIOD = "2026-W49"
+
+
+def run_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options) -> demo.DemoReport:
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    report = demo.run(demo.DemoOptions(customers=40, period=PERIOD, **options), out)
+    report.text = out.getvalue()  # type: ignore[attr-defined]
+    return report
+
+
+def rows(url: str, sql: str) -> list[tuple]:
+    box = Box(url)
+    try:
+        conn = connect(box)
+        try:
+            return [tuple(r) for r in conn.execute(sql).fetchall()]
+        finally:
+            conn.close()
+    finally:
+        box.close()
+
+
+def delivered_files(tmp_path: Path) -> Counter[tuple[str, str]]:
+    return Counter(
+        (m["To"], m["Subject"])
+        for m in (
+            message_from_bytes(p.read_bytes())
+            for p in (tmp_path / "oncebox-demo-outbox").glob("*.eml")
+        )
+    )
+
+
+def assert_each_active_customer_has_one_digest(url: str, delivered: Counter) -> None:
+    active = rows(url, "SELECT id, email FROM freight_customers WHERE active = 1 ORDER BY id")
+    poison = [email for _id, email in active if email == demo.POISON_EMAIL]
+    assert len(poison) == 1
+    digests = Counter(to for (to, subject) in delivered if subject.startswith("Your shipments"))
+    assert set(digests) == {email for _id, email in active} - set(poison)
+    assert set(digests.values()) == {1}
+    dead = rows(url, "SELECT key, last_error FROM oncebox_jobs WHERE state = 'dead'")
+    assert len(dead) == 1
+    assert "is not an address" in dead[0][1]
+
+
+def test_the_demo_on_sqlite_delivers_one_digest_per_active_customer_under_faults(
+    tmp_path, monkeypatch
+):
+    report = run_demo(tmp_path, monkeypatch)
+    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
+    assert report.violations == []
+    delivered = delivered_files(tmp_path)
+    assert_each_active_customer_has_one_digest(url, delivered)
+    # the faults really happened: the sink saw re-sends it absorbed, the broker redelivered, the
+    # killed worker's leases ran out, the 429s paused the channel
+    outcomes = dict(
+        rows(url, "SELECT outcome, count(*) FROM oncebox_delivery_attempts GROUP BY outcome")
+    )
+    assert outcomes["throttled"] == 3
+    assert outcomes["ambiguous"] == 3
+    assert outcomes["lease_expired"] >= 1
+    assert report.sink_duplicates >= 4  # three lost acknowledgements and the killed worker's send
+    assert report.claim_conflicts == 20
+    # every expired hold got one notice, and no hold that is still held got one
+    expired = rows(url, "SELECT count(*) FROM freight_holds WHERE state = 'expired'")[0][0]
+    notices = [s for (_to, s), n in delivered.items() for _ in range(n) if "hold" in s]
+    assert expired > 0
+    assert len(notices) == expired
+    assert "invariants hold" in report.text  # type: ignore[attr-defined]
+
+
+def test_the_demo_checker_reports_a_digest_delivered_twice(tmp_path, monkeypatch):
+    report = run_demo(tmp_path, monkeypatch)
+    assert report.violations == []
+    outbox = tmp_path / "oncebox-demo-outbox"
+    first = sorted(outbox.glob("*.eml"))[0]
+    shutil.copy(first, outbox / "0000copy.eml")
+    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
+    box = Box(url)
+    try:
+        conn = connect(box)
+        sent = [
+            (key, [(state, token)])
+            for key, state, token in conn.execute(
+                "SELECT intent_key, state, token FROM oncebox_outbox"
+            )
+        ]
+        conn.close()
+    finally:
+        box.close()
+    violations = demo._check_files(outbox, dict(sent))
+    assert any("for no sent message" in v for v in violations)
+    assert any("delivered twice" in v for v in violations)
+
+
+def test_the_demo_checker_reports_a_customer_without_a_digest(tmp_path, monkeypatch):
+    report = run_demo(tmp_path, monkeypatch)
+    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
+    box = Box(url)
+    try:
+        conn = connect(box)
+        conn.execute(
+            "DELETE FROM oncebox_outbox WHERE intent_key = ?",
+            (f"weekly-digest/customer-1/{PERIOD}",),
+        )
+        conn.commit()
+        conn.close()
+        run = demo.DemoRun(
+            demo.DemoOptions(customers=40, period=PERIOD),
+            box,
+            "file://oncebox-demo-outbox",
+            "",
+            PERIOD,
+            tmp_path / "oncebox-demo-outbox",
+            report,
+            io.StringIO(),
+            poison=20,
+        )
+        violations = demo.check_invariants(run)
+    finally:
+        box.close()
+    assert f"weekly-digest/customer-1/{PERIOD}: expected one sent digest, found none" in violations
+
+
+@pytest.mark.postgres
+def test_the_demo_on_postgresql_delivers_one_digest_per_active_customer_under_faults(
+    pg_url, tmp_path, monkeypatch
+):
+    report = run_demo(tmp_path, monkeypatch, db=pg_url)
+    assert report.violations == []
+    assert_each_active_customer_has_one_digest(pg_url, delivered_files(tmp_path))
+    assert report.claim_conflicts == 20
+
+
+def test_the_demo_through_real_smtp_lists_the_killed_send_as_ambiguous(tmp_path, monkeypatch):
+    """SMTP has no idempotency key: the message the killed worker handed over cannot be proven
+    either way, so it is surfaced as ambiguous — not re-sent, not counted as delivered."""
+    with SmtpSink() as sink:
+        report = run_demo(tmp_path, monkeypatch, email=sink.url)
+        received = Counter((m.rcpt_tos, m.message["Subject"]) for m in sink.received)
+    assert report.violations == []
+    assert max(received.values()) == 1  # nobody received the same message twice
+    assert len(report.ambiguous) == 1
+    assert report.skipped_faults  # the file-sink faults are not injected around a real server
+    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
+    [(state,)] = rows(url, f"SELECT state FROM oncebox_outbox WHERE key = '{report.ambiguous[0]}'")
+    assert state == "ambiguous"
