@@ -62,6 +62,7 @@ def build_consumer(
         worker=worker,
         lease_for=lease,
         next_due=box.store.job_next_due,
+        allowed=box.key_guard.allowed,
     )
 
     def note(delivery: Delivery, text: str) -> None:

@@ -32,6 +32,7 @@ from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
 from oncebox.consumer import Consumer, ConsumerConfig
 from oncebox.dispatch import DispatcherConfig, OutboxDispatcher
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
+from oncebox.keyguard import KeyGuard
 from oncebox.metrics import Metrics
 from oncebox.operations import Operations
 from oncebox.outbox import OutboxWriter
@@ -117,6 +118,7 @@ class Box(Operations):
         self._secret = check_secret(secret, "Box(secret=...)") if secret else None
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
+        self.key_guard = KeyGuard(self.store, self.registry.all, self._schedules.values)
 
     # -- tasks ---------------------------------------------------------------------------------
 
@@ -212,6 +214,10 @@ class Box(Operations):
         resolved = self.registry.resolve(task)
         row = self._row(resolved, args)
         timing = _timing(run_at, delay)
+        # inside the caller's SQLite transaction (which holds the write lock) the guard only reads
+        self.key_guard.require_task(
+            resolved, may_record=connection is None or self.store.dialect == "postgres"
+        )
         job = JobInsert(
             task=resolved.name,
             key=row[0],
@@ -263,6 +269,7 @@ class Box(Operations):
         resolved = self.registry.resolve(task)
         rows = [self._row(resolved, args) for args in args_list]
         timing = _timing(run_at, delay)
+        self.key_guard.require_task(resolved)
         inserted = self.store.job_insert_many(
             JobInsertMany(
                 task=resolved.name,
@@ -413,7 +420,10 @@ class Box(Operations):
 
     def run_schedule(self, name: str, period: str) -> FanOutResult:
         """Fan out one period again: enqueues only keys with no intent and no active job."""
-        return run_schedule(self, self._schedule(name), period, worker_name("manual"))
+        schedule = self._schedule(name)
+        self.key_guard.require_schedule(schedule)
+        self.key_guard.require_task(self.registry.resolve(schedule.task))
+        return run_schedule(self, schedule, period, worker_name("manual"))
 
     def pause_schedule(self, name: str) -> None:
         self.store.schedule_state_pause(self._schedule(name).name, True)

@@ -9,6 +9,7 @@
     │   ├── PayloadTooLarge         encoded args exceed the size limit
     │   └── UnknownTask             no task of that name is registered
     ├── SchemaError                 the database schema is missing, older or unknown
+    ├── KeyDrift                    a task's key template or a schedule's periods changed
     ├── StoreUnavailable            the database cannot be reached (retryable for lanes)
     ├── NotFound                    no job, key or row matches what was asked for
     ├── InvalidState                the row exists but the operation does not apply to its state
@@ -74,6 +75,13 @@ class UnknownTask(EnqueueError):
 
 class SchemaError(OnceboxError):
     """The database schema is missing, older than this code needs, or damaged."""
+
+
+class KeyDrift(OnceboxError):
+    """This code renders a task's keys (or a schedule's periods) differently from what the store
+    recorded: running it would mint keys that do not collide with those already claimed. Refused
+    until an operator runs `oncebox keys accept`. Not a user mistake and not permanent: a job
+    that hits it is retried, and succeeds once the change is accepted or rolled back."""
 
 
 class StoreUnavailable(OnceboxError):

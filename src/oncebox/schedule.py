@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from cronsim import CronSim, CronSimError
 
 from oncebox import points
-from oncebox.errors import ConfigurationError, InvalidState
+from oncebox.errors import ConfigurationError, InvalidState, KeyDrift
 from oncebox.lane import run_forever
 from oncebox.periods import PeriodKind, zone
 from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, Store
@@ -163,6 +163,7 @@ class FanOutResult:
 class TickerResult:
     fan_outs: list[FanOutResult] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # drifted keys (see oncebox.keyguard)
 
 
 def _batches(rows: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
@@ -259,6 +260,12 @@ class ScheduleTicker:
             return
         fires = schedule.fires_between(state.last_fire_at, state.now)
         if not fires:
+            return
+        try:  # a drifted schedule keeps its fires due, for after `oncebox keys accept`
+            self.box.key_guard.require_schedule(schedule)
+            self.box.key_guard.require_task(self.box.registry.resolve(schedule.task))
+        except KeyDrift:
+            result.refused.append(schedule.name)
             return
         due = self._due(schedule, fires, state.now, result)
         for fire in due:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
@@ -104,9 +104,12 @@ class TableTransport:
         worker: str,
         lease_for: timedelta,
         next_due: NextDue,
+        allowed: Callable[[Sequence[str]], list[str]] | None = None,
     ) -> None:
         self._session = session
         self._tasks = list(tasks)
+        # which of the tasks may run now (the key-drift guard leaves drifted ones out)
+        self._allowed = allowed or list
         self._queues = list(queues)
         self._worker = worker
         self._lease_for = lease_for
@@ -118,7 +121,7 @@ class TableTransport:
         token = str(uuid.uuid4())
         jobs = self._session.job_lease(
             JobLeaseParams(
-                tasks=self._tasks,
+                tasks=self._allowed(self._tasks),
                 queues=self._queues,
                 limit=limit,
                 worker=self._worker,
@@ -199,7 +202,7 @@ class TableTransport:
             return list(self._held)
 
     def next_due(self) -> datetime | None:
-        return self._next_due(self._tasks, self._queues)
+        return self._next_due(self._allowed(self._tasks), self._queues)
 
 
 class NextDue(Protocol):

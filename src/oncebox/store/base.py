@@ -252,6 +252,8 @@ class JobRow:
     lease_expires_at: datetime | None
     finished_at: datetime | None
     last_error: str | None
+    schedule: str | None = None  # the fan-out that enqueued it, if one did
+    period: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +386,68 @@ class ScheduleRunRow:
     eligible_count: int | None
     enqueued_count: int
     late: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodStats:
+    """One schedule period's coverage: the latest scan's eligible count against where the jobs
+    its fan-outs enqueued, and their messages, are now."""
+
+    period: str
+    state: Literal["running", "done"]
+    eligible: int | None
+    enqueued: int
+    done: int
+    covered: int  # done, with every message it wrote sent
+    sent: int
+    pending: int  # jobs ready or leased, messages not yet final
+    dead: int  # jobs and messages
+    ambiguous: int
+
+    @property
+    def coverage(self) -> float | None:
+        """Covered jobs over eligible (keys claimed before the fan-out are not counted)."""
+        return None if not self.eligible else self.covered / self.eligible
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    state: JobState | None = None
+    task: str | None = None
+    queue: str | None = None
+    schedule: str | None = None
+    period: str | None = None
+    before_id: int | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxFilter:
+    state: OutboxState | None = None
+    channel: str | None = None
+    before_id: int | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    target_id: int | None = None
+    action: str | None = None
+    key: str | None = None
+    before_id: int | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCanary:
+    """What a task's key template or a schedule's period function produced on the canary inputs
+    (see `oncebox.keyguard`)."""
+
+    kind: Literal["task", "schedule"]
+    name: str
+    source: str
+    outputs: tuple[str, ...]
+    recorded_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,6 +624,7 @@ class Store(Protocol):
 
     # audit
     def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]: ...
+    def audit_search(self, where: AuditFilter) -> list[AuditRow]: ...
 
     # outbox
     def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]: ...
@@ -630,8 +695,23 @@ class Store(Protocol):
     def schedule_run_busy(self, schedule: str, period: str) -> str | None: ...
     def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]: ...
 
-    # status
+    # status and listings
     def status_times(self) -> StatusTimes: ...
+    def job_list(self, where: JobFilter) -> list[JobRow]: ...
+    def job_duplicate_count(self) -> int: ...
+    def outbox_list(self, where: OutboxFilter) -> list[OutboxRow]: ...
+    def schedule_period_stats(self, schedule: str, limit: int = 5) -> list[PeriodStats]: ...
+
+    # the key-drift guard
+    def key_canary_list(self) -> list[KeyCanary]: ...
+    def key_canary_get(self, kind: str, name: str) -> KeyCanary | None: ...
+    def key_canary_record(self, canary: KeyCanary) -> KeyCanary:
+        """Record `canary` unless one is recorded for its task or schedule; return the stored."""
+        ...
+
+    def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
+        """Replace the recorded canary with `canary`, audited; returns the audit id."""
+        ...
 
     # settings
     def setting_get(self, name: str) -> str | None: ...

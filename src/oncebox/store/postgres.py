@@ -14,6 +14,7 @@ LISTEN. The schema is `public` unless the URL says `?schema=name`; it must be mi
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -45,6 +46,7 @@ from oncebox.store.base import (
     JobInsertMany,
     JobLeaseParams,
     JobReleaseParams,
+    KeyCanary,
     LeasedJob,
     OperatorAction,
     OutboxFinish,
@@ -310,6 +312,8 @@ class PostgresStore(ReadOperations):
             "queue": jobs.queue,
             "priority": jobs.priority,
             "max_attempts": jobs.max_attempts,
+            "schedule": None if jobs.for_run is None else jobs.for_run.schedule,
+            "period": None if jobs.for_run is None else jobs.for_run.period,
             "run_at": jobs.run_at,
             "delay_s": jobs.delay.total_seconds(),
             "max_age_s": _seconds(jobs.max_age),
@@ -570,6 +574,22 @@ class PostgresStore(ReadOperations):
         assert stored is not None
         return stored
 
+    # -- the key-drift guard ---------------------------------------------------------------------
+
+    @operation
+    def key_canary_record(self, canary: KeyCanary) -> KeyCanary:
+        self._execute("key_canary_record", _canary_params(canary))
+        stored = self.key_canary_get(canary.kind, canary.name)
+        assert stored is not None
+        return stored
+
+    @operation
+    def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
+        rows = self._rows(
+            "key_canary_accept", {**_canary_params(canary), "actor": actor, "reason": reason}
+        )
+        return int(rows[0][0])
+
     # -- schedules -----------------------------------------------------------------------------
 
     @operation
@@ -826,3 +846,12 @@ class PostgresConsumerSession:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _canary_params(canary: KeyCanary) -> dict[str, Any]:
+    return {
+        "kind": canary.kind,
+        "name": canary.name,
+        "source": canary.source,
+        "outputs": json.dumps(list(canary.outputs)),
+    }

@@ -7,20 +7,27 @@ PostgreSQL); everything else about reading jobs, attempts, intents and the audit
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
 from oncebox.metrics import Metrics, operation
 from oncebox.store.base import (
     AttemptRow,
+    AuditFilter,
     AuditRow,
     DeliveryAttemptRow,
     IntentRow,
+    JobFilter,
     JobRow,
+    KeyCanary,
     LeasedJob,
+    OutboxFilter,
     OutboxLeased,
     OutboxRow,
+    PeriodStats,
     ScheduleRunRow,
     StateCounts,
     StatusTimes,
@@ -64,6 +71,8 @@ class ReadOperations:
             lease_expires_at=at(row[17]),
             finished_at=at(row[18]),
             last_error=row[19],
+            schedule=row[20],
+            period=row[21],
         )
 
     def _leased_jobs(self, rows: Sequence[Sequence[Any]]) -> list[LeasedJob]:
@@ -137,11 +146,14 @@ class ReadOperations:
     def intent_count(self) -> int:
         return int(self._rows("intent_count", {})[0][0])
 
-    @operation
     def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
+        return self.audit_search(AuditFilter(target_id=target_id, limit=limit))
+
+    @operation
+    def audit_search(self, where: AuditFilter) -> list[AuditRow]:
         return [
             AuditRow(r[0], self._required_instant(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-            for r in self._rows("audit_list", {"target_id": target_id, "limit": limit})
+            for r in self._rows("audit_list", asdict(where))
         ]
 
     # -- the outbox --------------------------------------------------------------------------
@@ -272,3 +284,37 @@ class ReadOperations:
         return StatusTimes(
             at(r[0]), at(r[1]), at(r[2]), at(r[3]), at(r[4]), at(r[5]), self._required_instant(r[6])
         )
+
+    # -- listings ----------------------------------------------------------------------------
+
+    @operation
+    def job_list(self, where: JobFilter) -> list[JobRow]:
+        return [self._job_row(r) for r in self._rows("job_list", asdict(where))]
+
+    @operation
+    def job_duplicate_count(self) -> int:
+        return int(self._rows("job_duplicate_count", {})[0][0])
+
+    @operation
+    def outbox_list(self, where: OutboxFilter) -> list[OutboxRow]:
+        return [self._outbox_row(r) for r in self._rows("outbox_list", asdict(where))]
+
+    @operation
+    def schedule_period_stats(self, schedule: str, limit: int = 5) -> list[PeriodStats]:
+        rows = self._rows("schedule_period_stats", {"schedule": schedule, "limit": limit})
+        return [PeriodStats(r[0], r[1], r[2], *(int(v) for v in r[3:])) for r in rows]
+
+    # -- the key-drift guard -----------------------------------------------------------------
+
+    def _canary(self, r: Sequence[Any]) -> KeyCanary:
+        outputs = json.loads(r[3]) if isinstance(r[3], str) else r[3]
+        return KeyCanary(r[0], r[1], r[2], tuple(str(o) for o in outputs), self._instant(r[4]))
+
+    @operation
+    def key_canary_list(self) -> list[KeyCanary]:
+        return [self._canary(r) for r in self._rows("key_canary_list", {})]
+
+    @operation
+    def key_canary_get(self, kind: str, name: str) -> KeyCanary | None:
+        rows = self._rows("key_canary_get", {"kind": kind, "name": name})
+        return self._canary(rows[0]) if rows else None

@@ -42,6 +42,7 @@ from oncebox.store.base import (
     JobInsertMany,
     JobLeaseParams,
     JobReleaseParams,
+    KeyCanary,
     LeasedJob,
     OperatorAction,
     OutboxFinish,
@@ -299,6 +300,8 @@ class SqliteStore(ReadOperations):
             "queue": jobs.queue,
             "priority": jobs.priority,
             "max_attempts": jobs.max_attempts,
+            "schedule": None if jobs.for_run is None else jobs.for_run.schedule,
+            "period": None if jobs.for_run is None else jobs.for_run.period,
             "run_at": None if jobs.run_at is None else to_micros(jobs.run_at),
             "delay_us": _us(jobs.delay),
             "max_age_us": _us(jobs.max_age),
@@ -630,6 +633,35 @@ class SqliteStore(ReadOperations):
             row = conn.execute(self._q["setting_get"], {"name": name}).fetchone()
         return str(row[0])
 
+    # -- the key-drift guard ---------------------------------------------------------------------
+
+    @operation
+    def key_canary_record(self, canary: KeyCanary) -> KeyCanary:
+        with self._write() as conn:
+            conn.execute(
+                self._q["key_canary_record"], {**_canary_params(canary), "now": self._now()}
+            )
+        stored = self.key_canary_get(canary.kind, canary.name)
+        assert stored is not None
+        return stored
+
+    @operation
+    def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
+        with self._write() as conn:
+            previous = conn.execute(
+                self._q["key_canary_get"], {"kind": canary.kind, "name": canary.name}
+            ).fetchone()
+            params = {
+                **_canary_params(canary),
+                "actor": actor,
+                "reason": reason,
+                "now": self._now(),
+                "was": previous[2] if previous else None,
+                "was_outputs": previous[3] if previous else None,
+            }
+            conn.execute(self._q["key_canary_accept"], params)
+            return int(conn.execute(self._q["key_canary_accept__audit"], params).fetchone()[0])
+
     # -- schedules -----------------------------------------------------------------------------
 
     @operation
@@ -844,3 +876,12 @@ class SqliteConsumerSession:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _canary_params(canary: KeyCanary) -> dict[str, Any]:
+    return {
+        "kind": canary.kind,
+        "name": canary.name,
+        "source": canary.source,
+        "outputs": json.dumps(list(canary.outputs)),
+    }

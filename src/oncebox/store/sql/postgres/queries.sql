@@ -66,11 +66,12 @@ rows AS (
         AS r(key, args, group_key)
 )
 INSERT INTO __S__.oncebox_jobs
-    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
+     schedule, period)
 SELECT r.key, %(task)s, %(queue)s, r.args::jsonb, %(priority)s, r.group_key, %(max_attempts)s,
        COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
        clock.now + make_interval(secs => %(max_age_s)s),
-       clock.now
+       clock.now, %(schedule)s, %(period)s
 FROM rows r, clock
 WHERE r.key IS NULL
    OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
@@ -282,14 +283,14 @@ SELECT c.id, c.key, a.id FROM cancelled c, audited a;
 -- name: job_get
 SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
-       lease_expires_at, finished_at, last_error
+       lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs WHERE id = %(id)s;
 
 -- name: job_find_by_key
 -- The job holding this key (any state but cancelled), and the job that claimed its intent.
 SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
-       lease_expires_at, finished_at, last_error
+       lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs
 WHERE (key = %(key)s AND state <> 'cancelled')
    OR id = (SELECT job_id FROM __S__.oncebox_intents WHERE key = %(key)s)
@@ -346,6 +347,9 @@ DELETE FROM __S__.oncebox_intents i USING doomed d WHERE i.key = d.key RETURNING
 SELECT id, at, actor, action, target_kind, target_id, target_key, reason, details::text
 FROM __S__.oncebox_audit
 WHERE (%(target_id)s::bigint IS NULL OR target_id = %(target_id)s::bigint)
+  AND (%(action)s::text IS NULL OR action = %(action)s::text)
+  AND (%(key)s::text IS NULL OR target_key = %(key)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
@@ -682,3 +686,113 @@ SELECT
     (SELECT min(lease_expires_at) FROM __S__.oncebox_outbox
       WHERE state IN ('leased', 'sending')),
     (SELECT now FROM clock);
+
+-- ============================================================================================
+-- Operator listings (the CLI and the console): newest first, filtered, paged by id
+-- ============================================================================================
+
+-- name: job_list
+SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
+       max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
+       lease_expires_at, finished_at, last_error, schedule, period
+FROM __S__.oncebox_jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(schedule)s::text IS NULL OR schedule = %(schedule)s::text)
+  AND (%(period)s::text IS NULL OR period = %(period)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: outbox_list
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM __S__.oncebox_outbox
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: schedule_period_stats
+-- Per period of one schedule (newest runs first): the latest scan's eligible count, what the
+-- fan-outs enqueued, and where those jobs and their messages are now. A job is *covered* when it
+-- is done and every message it wrote is sent.
+WITH runs AS (
+    SELECT period, state, eligible_count, enqueued_count, started_at
+    FROM __S__.oncebox_schedule_runs
+    WHERE schedule = %(schedule)s
+    ORDER BY started_at DESC, period DESC
+    LIMIT %(limit)s
+),
+jobs AS (
+    SELECT j.id, j.period, j.state
+    FROM __S__.oncebox_jobs j JOIN runs r ON j.period = r.period
+    WHERE j.schedule = %(schedule)s
+),
+messages AS (
+    SELECT j.period, o.job_id, o.state
+    FROM __S__.oncebox_outbox o JOIN jobs j ON o.job_id = j.id
+)
+SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'done'),
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'done'
+           AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.job_id = j.id AND m.state <> 'sent')),
+       (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'sent'),
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state IN ('ready', 'leased'))
+       + (SELECT count(*) FROM messages m
+          WHERE m.period = r.period AND m.state IN ('pending', 'leased', 'sending')),
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'dead')
+       + (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'dead'),
+       (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'ambiguous')
+FROM runs r
+ORDER BY r.started_at DESC, r.period DESC;
+
+-- name: job_duplicate_count
+SELECT count(*) FROM __S__.oncebox_jobs WHERE state = 'done' AND outcome = 'duplicate';
+
+-- ============================================================================================
+-- The key-drift guard
+-- ============================================================================================
+
+-- name: key_canary_list
+SELECT kind, name, source, outputs::text, recorded_at
+FROM __S__.oncebox_key_canaries
+ORDER BY kind, name;
+
+-- name: key_canary_get
+SELECT kind, name, source, outputs::text, recorded_at
+FROM __S__.oncebox_key_canaries
+WHERE kind = %(kind)s AND name = %(name)s;
+
+-- name: key_canary_record
+-- First sight of a template or period function: record it, unless another process just did.
+INSERT INTO __S__.oncebox_key_canaries (kind, name, source, outputs, recorded_at)
+VALUES (%(kind)s, %(name)s, %(source)s, %(outputs)s::jsonb, __S__.oncebox_now())
+ON CONFLICT (kind, name) DO NOTHING;
+
+-- name: key_canary_accept
+-- An operator accepts the code's current canaries, audited in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+previous AS (
+    SELECT source, outputs FROM __S__.oncebox_key_canaries
+    WHERE kind = %(kind)s AND name = %(name)s
+),
+accepted AS (
+    INSERT INTO __S__.oncebox_key_canaries (kind, name, source, outputs, recorded_at)
+    SELECT %(kind)s, %(name)s, %(source)s, %(outputs)s::jsonb, now FROM clock
+    ON CONFLICT (kind, name) DO UPDATE
+        SET source = EXCLUDED.source, outputs = EXCLUDED.outputs,
+            recorded_at = EXCLUDED.recorded_at
+    RETURNING name
+)
+INSERT INTO __S__.oncebox_audit
+    (at, actor, action, target_kind, target_id, target_key, reason, details)
+SELECT clock.now, %(actor)s, 'accept-keys', %(kind)s, NULL, %(name)s, %(reason)s,
+       jsonb_build_object('was', (SELECT source FROM previous),
+                          'was_outputs', (SELECT outputs FROM previous),
+                          'now', %(source)s::text, 'now_outputs', %(outputs)s::jsonb)
+FROM clock, accepted
+RETURNING id;

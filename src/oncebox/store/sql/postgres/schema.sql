@@ -80,6 +80,8 @@ TABLE oncebox_jobs
   lease_expires_at timestamp with time zone
   finished_at timestamp with time zone
   last_error text
+  schedule text
+  period text
   CONSTRAINT CHECK (((outcome IS NOT NULL) = (state = 'done'::text)))
   CONSTRAINT CHECK (((state = 'leased'::text) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((max_attempts >= 1))
@@ -87,6 +89,15 @@ TABLE oncebox_jobs
   CONSTRAINT CHECK ((state = ANY (ARRAY['ready'::text, 'leased'::text, 'done'::text, 'dead'::text, 'cancelled'::text])))
   CONSTRAINT PRIMARY KEY (id)
   WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.05)
+
+TABLE oncebox_key_canaries
+  kind text NOT NULL
+  name text NOT NULL
+  source text NOT NULL
+  outputs jsonb NOT NULL
+  recorded_at timestamp with time zone NOT NULL
+  CONSTRAINT CHECK ((kind = ANY (ARRAY['task'::text, 'schedule'::text])))
+  CONSTRAINT PRIMARY KEY (kind, name)
 
 TABLE oncebox_migrations
   version integer NOT NULL
@@ -194,6 +205,10 @@ CREATE INDEX oncebox_jobs_leased ON __S__.oncebox_jobs USING btree (lease_expire
 CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON __S__.oncebox_jobs USING btree (key) WHERE (state <> 'cancelled'::text)
 
 CREATE UNIQUE INDEX oncebox_jobs_pkey ON __S__.oncebox_jobs USING btree (id)
+
+CREATE INDEX oncebox_jobs_schedule_period ON __S__.oncebox_jobs USING btree (schedule, period) WHERE (schedule IS NOT NULL)
+
+CREATE UNIQUE INDEX oncebox_key_canaries_pkey ON __S__.oncebox_key_canaries USING btree (kind, name)
 
 CREATE UNIQUE INDEX oncebox_migrations_pkey ON __S__.oncebox_migrations USING btree (version)
 

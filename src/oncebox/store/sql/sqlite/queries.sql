@@ -36,9 +36,10 @@ RETURNING id, state;
 -- name: job_insert_many
 -- :rows is a JSON array of [key, args_json_text, group_key].
 INSERT INTO oncebox_jobs
-    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
+     schedule, period)
 SELECT r.value ->> 0, :task, :queue, r.value ->> 1, :priority, r.value ->> 2, :max_attempts,
-       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now
+       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :schedule, :period
 FROM json_each(:rows) AS r
 WHERE r.value ->> 0 IS NULL
    OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = r.value ->> 0)
@@ -190,13 +191,13 @@ RETURNING id;
 -- name: job_get
 SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
        attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
-       finished_at, last_error
+       finished_at, last_error, schedule, period
 FROM oncebox_jobs WHERE id = :id;
 
 -- name: job_find_by_key
 SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
        attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
-       finished_at, last_error
+       finished_at, last_error, schedule, period
 FROM oncebox_jobs
 WHERE (key = :key AND state <> 'cancelled')
    OR id = (SELECT job_id FROM oncebox_intents WHERE key = :key)
@@ -246,6 +247,9 @@ RETURNING key;
 SELECT id, at, actor, action, target_kind, target_id, target_key, reason, details
 FROM oncebox_audit
 WHERE (:target_id IS NULL OR target_id = :target_id)
+  AND (:action IS NULL OR action = :action)
+  AND (:key IS NULL OR target_key = :key)
+  AND (:before_id IS NULL OR id < :before_id)
 ORDER BY id DESC
 LIMIT :limit;
 
@@ -516,3 +520,100 @@ SELECT
     (SELECT min(lease_expires_at) FROM oncebox_jobs WHERE state = 'leased'),
     (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending')),
     :now;
+
+-- ============================================================================================
+-- Operator listings (the CLI and the console): newest first, filtered, paged by id
+-- ============================================================================================
+
+-- name: job_list
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
+       finished_at, last_error, schedule, period
+FROM oncebox_jobs
+WHERE (:state IS NULL OR state = :state)
+  AND (:task IS NULL OR task = :task)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:schedule IS NULL OR schedule = :schedule)
+  AND (:period IS NULL OR period = :period)
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: outbox_list
+SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM oncebox_outbox
+WHERE (:state IS NULL OR state = :state)
+  AND (:channel IS NULL OR channel = :channel)
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: schedule_period_stats
+-- See the PostgreSQL query.
+WITH runs AS (
+    SELECT period, state, eligible_count, enqueued_count, started_at
+    FROM oncebox_schedule_runs
+    WHERE schedule = :schedule
+    ORDER BY started_at DESC, period DESC
+    LIMIT :limit
+),
+jobs AS (
+    SELECT j.id, j.period, j.state
+    FROM oncebox_jobs j JOIN runs r ON j.period = r.period
+    WHERE j.schedule = :schedule
+),
+messages AS (
+    SELECT j.period, o.job_id, o.state
+    FROM oncebox_outbox o JOIN jobs j ON o.job_id = j.id
+)
+SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'done'),
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'done'
+           AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.job_id = j.id AND m.state <> 'sent')),
+       (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'sent'),
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state IN ('ready', 'leased'))
+       + (SELECT count(*) FROM messages m
+          WHERE m.period = r.period AND m.state IN ('pending', 'leased', 'sending')),
+       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'dead')
+       + (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'dead'),
+       (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'ambiguous')
+FROM runs r
+ORDER BY r.started_at DESC, r.period DESC;
+
+-- name: job_duplicate_count
+SELECT count(*) FROM oncebox_jobs WHERE state = 'done' AND outcome = 'duplicate';
+
+-- ============================================================================================
+-- The key-drift guard
+-- ============================================================================================
+
+-- name: key_canary_list
+SELECT kind, name, source, outputs, recorded_at
+FROM oncebox_key_canaries
+ORDER BY kind, name;
+
+-- name: key_canary_get
+SELECT kind, name, source, outputs, recorded_at
+FROM oncebox_key_canaries
+WHERE kind = :kind AND name = :name;
+
+-- name: key_canary_record
+INSERT INTO oncebox_key_canaries (kind, name, source, outputs, recorded_at)
+VALUES (:kind, :name, :source, :outputs, :now)
+ON CONFLICT (kind, name) DO NOTHING;
+
+-- name: key_canary_accept
+INSERT INTO oncebox_key_canaries (kind, name, source, outputs, recorded_at)
+VALUES (:kind, :name, :source, :outputs, :now)
+ON CONFLICT (kind, name) DO UPDATE
+    SET source = excluded.source, outputs = excluded.outputs, recorded_at = excluded.recorded_at
+RETURNING name;
+
+-- name: key_canary_accept__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'accept-keys', :kind, NULL, :name, :reason,
+        json_object('was', :was, 'was_outputs', json(:was_outputs), 'now', :source,
+                    'now_outputs', json(:outputs)))
+RETURNING id;

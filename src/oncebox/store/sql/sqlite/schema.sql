@@ -78,9 +78,19 @@ CREATE TABLE oncebox_jobs (
     lease_token TEXT,
     lease_expires_at INTEGER,
     finished_at INTEGER,
-    last_error TEXT,
+    last_error TEXT, schedule TEXT, period TEXT,
     CHECK ((state = 'leased') = (lease_token IS NOT NULL)),
     CHECK ((outcome IS NOT NULL) = (state = 'done'))
+) STRICT;
+
+-- table oncebox_key_canaries
+CREATE TABLE oncebox_key_canaries (
+    kind TEXT NOT NULL CHECK (kind IN ('task', 'schedule')),
+    name TEXT NOT NULL,
+    source TEXT NOT NULL,
+    outputs TEXT NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (kind, name)
 ) STRICT;
 
 -- table oncebox_migrations
@@ -189,6 +199,10 @@ CREATE INDEX oncebox_jobs_leased ON oncebox_jobs (lease_expires_at) WHERE state 
 -- index oncebox_jobs_one_per_key
 CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON oncebox_jobs (key)
     WHERE state <> 'cancelled';
+
+-- index oncebox_jobs_schedule_period
+CREATE INDEX oncebox_jobs_schedule_period ON oncebox_jobs (schedule, period)
+    WHERE schedule IS NOT NULL;
 
 -- index oncebox_outbox_attention
 CREATE INDEX oncebox_outbox_attention ON oncebox_outbox (id) WHERE state IN ('dead', 'ambiguous');

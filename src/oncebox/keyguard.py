@@ -1,0 +1,300 @@
+"""The key-drift guard: a deploy must not silently change the keys a task mints.
+
+The guarantee rests on a key naming the same operation on every attempt, in every process, across
+deploys and rollbacks. A refactor that turns `weekly-digest/customer-{customer_id}/{period}` into
+`weekly-digest/{customer_id}/{period}`, or a schedule moved from `iso_week` in UTC to
+`iso_week` in Europe/Berlin, mints keys that collide with nothing already claimed: the next re-run
+sends every customer a second digest.
+
+So each task's key template is rendered on fixed canary arguments, and each schedule's period
+function on fixed canary instants (around ISO-year boundaries, month ends and the DST changes of
+several zones). The outputs are recorded in the store the first time a process sees them. A
+process whose code produces different outputs refuses to enqueue or run that task, or to fan out
+that schedule (`KeyDrift`), until an operator accepts the change with
+`oncebox keys accept NAME --reason …` — audited, and picked up by every process within a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+from oncebox.clock import monotonic
+from oncebox.errors import KeyDrift, NotFound, OnceboxError
+from oncebox.store.base import KeyCanary
+
+if TYPE_CHECKING:
+    from oncebox.schedule import Schedule
+    from oncebox.store.base import Store
+    from oncebox.tasks import Task
+
+log = logging.getLogger("oncebox.keys")
+
+Kind = Literal["task", "schedule"]
+RECHECK_AFTER = 60.0  # seconds a verified canary is trusted before it is read again
+
+
+def _utc(year: int, month: int, day: int, hour: int, minute: int) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
+
+
+# Part of the stored format: outputs recorded by one version are compared with the next's, so this
+# list is never edited, reordered or extended.
+CANARY_INSTANTS: tuple[datetime, ...] = (
+    # ISO week-years that differ from the calendar year, on both sides of midnight UTC
+    _utc(2020, 12, 31, 23, 30),
+    _utc(2021, 1, 3, 23, 30),
+    _utc(2021, 1, 4, 0, 30),
+    _utc(2025, 12, 28, 23, 30),
+    _utc(2025, 12, 29, 0, 30),
+    _utc(2026, 12, 31, 23, 30),
+    _utc(2027, 1, 1, 12, 0),
+    _utc(2027, 1, 3, 23, 30),
+    _utc(2027, 1, 4, 0, 30),
+    # month ends, a leap day
+    _utc(2026, 1, 31, 23, 30),
+    _utc(2026, 2, 28, 23, 30),
+    _utc(2028, 2, 29, 12, 0),
+    # DST changes: Europe (last Sundays of March and October, 01:00 UTC)
+    _utc(2026, 3, 29, 0, 30),
+    _utc(2026, 3, 29, 1, 30),
+    _utc(2026, 10, 25, 0, 30),
+    _utc(2026, 10, 25, 1, 30),
+    # the United States (second Sunday of March, first of November)
+    _utc(2026, 3, 8, 6, 30),
+    _utc(2026, 3, 8, 7, 30),
+    _utc(2026, 11, 1, 5, 30),
+    _utc(2026, 11, 1, 6, 30),
+    # the southern hemisphere (Sydney: first Sundays of April and October)
+    _utc(2026, 4, 4, 15, 30),
+    _utc(2026, 4, 4, 16, 30),
+    _utc(2026, 10, 3, 15, 30),
+    _utc(2026, 10, 3, 16, 30),
+    # an ordinary Monday morning
+    _utc(2026, 8, 10, 9, 0),
+)
+
+
+def task_canary(task: Task) -> KeyCanary | None:
+    """The task's keys for two sets of canary arguments (text, then integers); None for a task
+    without a key template (it mints no keys)."""
+    if task.key is None:
+        return None
+    fields = task.key.fields
+    texts = {field: f"c{index}.Canary-{index}" for index, field in enumerate(fields)}
+    numbers = {field: 7001 + 13 * index for index, field in enumerate(fields)}
+    return KeyCanary(
+        "task", task.name, task.key.source, (task.key.render(texts), task.key.render(numbers))
+    )
+
+
+def schedule_canary(schedule: Schedule) -> KeyCanary:
+    """The schedule's period for each canary instant, in the schedule's timezone."""
+    outputs = []
+    for instant in CANARY_INSTANTS:
+        try:
+            outputs.append(schedule.period_of(instant))
+        except Exception as exc:  # a custom period function's failure is an output too
+            outputs.append(f"!{type(exc).__name__}")
+    return KeyCanary(
+        "schedule", schedule.name, f"{schedule.period.name} in {schedule.tz}", tuple(outputs)
+    )
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A recorded canary and this code's, which differ."""
+
+    recorded: KeyCanary
+    current: KeyCanary
+
+    @property
+    def label(self) -> str:
+        return f"{self.current.kind}:{self.current.name}"
+
+    def describe(self) -> str:
+        inputs: Iterable[str] = (
+            ("text args", "integer args")
+            if self.current.kind == "task"
+            else (i.isoformat().replace("+00:00", "Z") for i in CANARY_INSTANTS)
+        )
+        for given, was, now in zip(
+            inputs, self.recorded.outputs, self.current.outputs, strict=False
+        ):
+            if was != now:
+                what = "key template" if self.current.kind == "task" else "periods"
+                return (
+                    f"{self.current.kind} {self.current.name!r}: its {what} changed since "
+                    f"{_when(self.recorded.recorded_at)} ({self.recorded.source!r} -> "
+                    f"{self.current.source!r}; on {given} it gave {was!r}, now {now!r}): new keys "
+                    "would not collide with keys already claimed. If intended, run `oncebox keys "
+                    f"accept {self.label} --reason ...`"
+                )
+        return (
+            f"{self.label}: its canaries changed ({self.recorded.source!r} -> "
+            f"{self.current.source!r}); run `oncebox keys accept {self.label} --reason ...`"
+        )
+
+
+def _when(at: datetime | None) -> str:
+    return "it was recorded" if at is None else at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+@dataclass(frozen=True)
+class CanaryStatus:
+    """One task or schedule in `oncebox keys check`."""
+
+    kind: Kind
+    name: str
+    status: Literal["ok", "new", "drifted", "not in code"]
+    source: str
+    detail: str = ""
+
+
+class KeyGuard:
+    """Verifies a box's tasks and schedules against the recorded canaries, with a short cache so
+    the hot path (every enqueue, every lease) costs a dictionary look-up."""
+
+    def __init__(
+        self,
+        store: Store,
+        tasks: Callable[[], Iterable[Task]],
+        schedules: Callable[[], Iterable[Schedule]],
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        self.store = store
+        self._tasks = tasks
+        self._schedules = schedules
+        self._clock = clock
+        self._trusted_until: dict[tuple[str, str], float] = {}
+        self._reported: set[tuple[str, str, tuple[str, ...]]] = set()
+        self._lock = threading.Lock()
+
+    # -- the hot path --------------------------------------------------------------------------
+
+    def require_task(self, task: Task, *, may_record: bool = True) -> None:
+        """Raise `KeyDrift` if this code's keys for `task` differ from the recorded ones.
+
+        `may_record=False` (an enqueue inside the caller's SQLite transaction, which holds the
+        write lock) reads but never writes: a first sighting is then recorded by the next
+        process that can."""
+        if task.key is None or self._trusted(("task", task.name)):
+            return
+        canary = task_canary(task)
+        assert canary is not None
+        self._verify(canary, may_record)
+
+    def require_schedule(self, schedule: Schedule) -> None:
+        if not self._trusted(("schedule", schedule.name)):
+            self._verify(schedule_canary(schedule), may_record=True)
+
+    def allowed(self, task_names: Iterable[str]) -> list[str]:
+        """The names among `task_names` this process may run (drifted tasks are left out, and
+        reported once)."""
+        by_name = {task.name: task for task in self._tasks()}
+        allowed = []
+        for name in task_names:
+            task = by_name.get(name)
+            try:
+                if task is not None:
+                    self.require_task(task)
+            except KeyDrift:
+                continue
+            allowed.append(name)
+        return allowed
+
+    def _trusted(self, ident: tuple[str, str]) -> bool:
+        with self._lock:
+            return self._trusted_until.get(ident, 0.0) > self._clock()
+
+    def _verify(self, canary: KeyCanary, may_record: bool) -> None:
+        recorded = self.store.key_canary_get(canary.kind, canary.name)
+        if recorded is None:
+            if not may_record:
+                return
+            recorded = self.store.key_canary_record(canary)
+        if recorded.outputs != canary.outputs:
+            drift = Drift(recorded, canary)
+            self._report(drift)
+            raise KeyDrift(drift.describe())
+        with self._lock:
+            self._trusted_until[(canary.kind, canary.name)] = self._clock() + RECHECK_AFTER
+
+    def _report(self, drift: Drift) -> None:
+        ident = (drift.current.kind, drift.current.name, drift.recorded.outputs)
+        with self._lock:
+            if ident in self._reported:
+                return
+            self._reported.add(ident)
+        log.error("refusing %s", drift.describe())
+
+    # -- operators -----------------------------------------------------------------------------
+
+    def current(self) -> dict[tuple[str, str], KeyCanary]:
+        canaries: dict[tuple[str, str], KeyCanary] = {}
+        for task in self._tasks():
+            canary = task_canary(task)
+            if canary is not None:
+                canaries[("task", task.name)] = canary
+        for schedule in self._schedules():
+            canaries[("schedule", schedule.name)] = schedule_canary(schedule)
+        return canaries
+
+    def check(self) -> list[CanaryStatus]:
+        """Every task and schedule of this code against the store, read-only."""
+        recorded: dict[tuple[str, str], KeyCanary] = {
+            (c.kind, c.name): c for c in self.store.key_canary_list()
+        }
+        statuses = []
+        for ident, canary in sorted(self.current().items()):
+            stored = recorded.pop(ident, None)
+            if stored is None:
+                statuses.append(CanaryStatus(canary.kind, canary.name, "new", canary.source))
+            elif stored.outputs != canary.outputs:
+                detail = Drift(stored, canary).describe()
+                statuses.append(
+                    CanaryStatus(canary.kind, canary.name, "drifted", canary.source, detail)
+                )
+            else:
+                statuses.append(CanaryStatus(canary.kind, canary.name, "ok", canary.source))
+        statuses += [
+            CanaryStatus(stored.kind, stored.name, "not in code", stored.source)
+            for _ident, stored in sorted(recorded.items())
+        ]
+        return statuses
+
+    def resolve_name(self, name: str) -> tuple[Kind, str]:
+        """`task:NAME`, `schedule:NAME`, or a bare NAME that names exactly one of them."""
+        current = self.current()
+        kind, sep, rest = name.partition(":")
+        if sep and kind in ("task", "schedule"):
+            if (kind, rest) not in current:
+                raise NotFound(f"this code has no {kind} {rest!r} with keys to accept")
+            return ("task" if kind == "task" else "schedule"), rest
+        matches = [ident for ident in current if ident[1] == name]
+        if not matches:
+            raise NotFound(f"this code has no task or schedule named {name!r} with keys")
+        if len(matches) > 1:
+            raise NotFound(
+                f"{name!r} names a task and a schedule: say task:{name} or schedule:{name}"
+            )
+        kind_found, found = matches[0]
+        return ("task" if kind_found == "task" else "schedule"), found
+
+    def accept(self, name: str, actor: str, reason: str) -> int | None:
+        """Record this code's canaries for `name`, audited; None when they already match."""
+        kind, found = self.resolve_name(name)
+        canary = self.current()[(kind, found)]
+        stored = self.store.key_canary_get(kind, found)
+        if stored is not None and stored.outputs == canary.outputs:
+            return None
+        if not reason.strip():
+            raise OnceboxError("--reason must say why the key change is accepted")
+        audit_id = self.store.key_canary_accept(canary, actor, reason)
+        with self._lock:
+            self._trusted_until.pop((kind, found), None)
+        return audit_id
