@@ -207,6 +207,11 @@ class KeyGuard:
             allowed.append(name)
         return allowed
 
+    def forget(self) -> None:
+        """Read the store again on next use (what happens anyway a minute after a check)."""
+        with self._lock:
+            self._trusted_until.clear()
+
     def _trusted(self, ident: tuple[str, str]) -> bool:
         with self._lock:
             return self._trusted_until.get(ident, 0.0) > self._clock()
