@@ -321,6 +321,10 @@ class Box(Operations):
             self.channel("email")
         return dict(self._channels)
 
+    def declared_channels(self) -> list[str]:
+        """The channels this code declared (without creating the default `email` one)."""
+        return sorted(self._channels)
+
     def secret(self) -> str:
         """The HMAC secret outbox tokens are derived with: `Box(secret=...)`, else
         `ONCEBOX_SECRET`, else one stored in the database (`init_secret`)."""

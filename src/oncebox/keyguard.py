@@ -171,7 +171,7 @@ class KeyGuard:
         self._schedules = schedules
         self._clock = clock
         self._trusted_until: dict[tuple[str, str], float] = {}
-        self._reported: set[tuple[str, str, tuple[str, ...]]] = set()
+        self._reported: set[str] = set()
         self._lock = threading.Lock()
 
     # -- the hot path --------------------------------------------------------------------------
@@ -202,7 +202,8 @@ class KeyGuard:
             try:
                 if task is not None:
                     self.require_task(task)
-            except KeyDrift:
+            except KeyDrift as refused:
+                self.report(refused)
                 continue
             allowed.append(name)
         return allowed
@@ -223,19 +224,17 @@ class KeyGuard:
                 return
             recorded = self.store.key_canary_record(canary)
         if recorded.outputs != canary.outputs:
-            drift = Drift(recorded, canary)
-            self._report(drift)
-            raise KeyDrift(drift.describe())
+            raise KeyDrift(Drift(recorded, canary).describe())
         with self._lock:
             self._trusted_until[(canary.kind, canary.name)] = self._clock() + RECHECK_AFTER
 
-    def _report(self, drift: Drift) -> None:
-        ident = (drift.current.kind, drift.current.name, drift.recorded.outputs)
+    def report(self, refused: KeyDrift) -> None:
+        """Log a refusal a lane made on its own (nobody else would see it), once per drift."""
         with self._lock:
-            if ident in self._reported:
+            if str(refused) in self._reported:
                 return
-            self._reported.add(ident)
-        log.error("refusing %s", drift.describe())
+            self._reported.add(str(refused))
+        log.error("refusing %s", refused)
 
     # -- operators -----------------------------------------------------------------------------
 

@@ -7,15 +7,28 @@ is no way to replay under a new key — a new key is a new business operation.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.keys import validate_key
 from oncebox.metrics import Metrics
-from oncebox.store.base import JobRow, OperatorAction, OutboxRow, Store
+from oncebox.store.base import JobFilter, JobRow, OperatorAction, OutboxFilter, OutboxRow, Store
 
 MAX_REASON_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead letters a batch redrive takes: jobs, deliveries or both, by task or channel."""
+
+    kind: Literal["job", "delivery"] | None = None
+    task: str | None = None
+    channel: str | None = None
+    limit: int = 1000
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,82 @@ class Operations:
         self.metrics.count("jobs_replayed")
         self._wake_local()
         return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    def dead_letters(self, where: DeadFilter) -> list[JobRow | OutboxRow]:
+        """Dead jobs and dead outbox rows matching `where`, newest first, at most `limit`."""
+        found: list[JobRow | OutboxRow] = []
+        if where.kind != "delivery" and where.channel is None:
+            found += self._page_jobs(where)
+        if where.kind != "job" and where.task is None:
+            found += self._page_deliveries(where, where.limit - len(found))
+        return found[: where.limit]
+
+    def _page_jobs(self, where: DeadFilter) -> list[JobRow]:
+        rows: list[JobRow] = []
+        while len(rows) < where.limit:
+            page = self.store.job_list(
+                JobFilter(
+                    state="dead",
+                    task=where.task,
+                    before_id=rows[-1].id if rows else None,
+                    limit=min(500, where.limit - len(rows)),
+                )
+            )
+            if not page:
+                break
+            rows += page
+        return rows
+
+    def _page_deliveries(self, where: DeadFilter, limit: int) -> list[OutboxRow]:
+        rows: list[OutboxRow] = []
+        while len(rows) < limit:
+            page = self.store.outbox_list(
+                OutboxFilter(
+                    state="dead",
+                    channel=where.channel,
+                    before_id=rows[-1].id if rows else None,
+                    limit=min(500, limit - len(rows)),
+                )
+            )
+            if not page:
+                break
+            rows += page
+        return rows
+
+    def replay_dead(
+        self,
+        where: DeadFilter,
+        *,
+        reason: str,
+        actor: str = "api",
+        per_second: float = 20.0,
+        on_each: Callable[[ActionOutcome | InvalidState], None] = lambda _outcome: None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = monotonic,
+    ) -> list[ActionOutcome]:
+        """Redrive many dead letters in place, each audited, at most `per_second` a second: a
+        morning-after redrive of a night's failures must not arrive at the workers (and the
+        provider) as one burst. A row that stopped being dead meanwhile is reported and skipped."""
+        reason = reason_text(reason)
+        if not per_second > 0:
+            raise ConfigurationError("the redrive rate must be positive")
+        gap = 1.0 / per_second
+        done: list[ActionOutcome] = []
+        next_at = clock()
+        for row in self.dead_letters(where):
+            wait = next_at - clock()
+            if wait > 0:
+                sleep(wait)
+            next_at = max(next_at, clock()) + gap
+            kind: Literal["job", "delivery"] = "job" if isinstance(row, JobRow) else "delivery"
+            try:
+                outcome = self.replay(row.id, reason=reason, actor=actor, kind=kind)
+            except InvalidState as exc:
+                on_each(exc)
+                continue
+            done.append(outcome)
+            on_each(outcome)
+        return done
 
     def _prefers_delivery(self, key: str | int) -> bool:
         """A key names a dead job, else a dead outbox row (a job's key may have both a done

@@ -39,7 +39,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -98,6 +98,10 @@ class Schedule:
             if len(fires) > 10_000:
                 break
         return fires
+
+    def next_fire(self, after: datetime) -> datetime:
+        """The first fire time after `after`, in UTC."""
+        return next(iter(CronSim(self.cron, after.astimezone(zone(self.tz))))).astimezone(UTC)
 
     def period_of(self, fire: datetime) -> str:
         return self.period(fire.astimezone(zone(self.tz)))
@@ -264,7 +268,8 @@ class ScheduleTicker:
         try:  # a drifted schedule keeps its fires due, for after `oncebox keys accept`
             self.box.key_guard.require_schedule(schedule)
             self.box.key_guard.require_task(self.box.registry.resolve(schedule.task))
-        except KeyDrift:
+        except KeyDrift as refused:
+            self.box.key_guard.report(refused)
             result.refused.append(schedule.name)
             return
         due = self._due(schedule, fires, state.now, result)

@@ -122,15 +122,21 @@ class Worker:
         self.stop_event.set()
         self.wake()
 
-    def run(self) -> WorkerResult:
-        """Run until stopped (or idle, with `until_idle`)."""
+    def _preflight(self) -> None:
+        """Refuse to start on what would fail every job, and say what is unusual."""
         check_runnable(self.box.store.schema_status(), self.box.where)
+        if self.box.declared_channels():
+            self.box.secret()  # without one, every message would fail its job
         if not self.config.simulated_time and not self.box.store.clock_get().is_real:
             log.warning(
                 "the database clock of %s is frozen or offset (%s): only tests should do that",
                 self.box.where,
                 self.box.store.clock_get(),
             )
+
+    def run(self) -> WorkerResult:
+        """Run until stopped (or idle, with `until_idle`)."""
+        self._preflight()
         consumers = [
             build_consumer(
                 self.box,

@@ -292,10 +292,6 @@ class ReadOperations:
         return [self._job_row(r) for r in self._rows("job_list", asdict(where))]
 
     @operation
-    def job_duplicate_count(self) -> int:
-        return int(self._rows("job_duplicate_count", {})[0][0])
-
-    @operation
     def outbox_list(self, where: OutboxFilter) -> list[OutboxRow]:
         return [self._outbox_row(r) for r in self._rows("outbox_list", asdict(where))]
 

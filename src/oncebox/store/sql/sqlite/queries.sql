@@ -582,9 +582,6 @@ SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
 FROM runs r
 ORDER BY r.started_at DESC, r.period DESC;
 
--- name: job_duplicate_count
-SELECT count(*) FROM oncebox_jobs WHERE state = 'done' AND outcome = 'duplicate';
-
 -- ============================================================================================
 -- The key-drift guard
 -- ============================================================================================

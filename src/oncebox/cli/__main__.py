@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from oncebox.cli.app import main
+
+main()

@@ -1,0 +1,184 @@
+"""What every command shares: options, loading the user's Box, errors as one line and an exit
+code, and printing data as text or `--json`.
+
+Exit codes: 0 done; 2 a usage mistake (bad option, bad URL, unknown key or name, missing
+`--reason`, an action that does not apply to the row's state); 1 a runtime failure (database
+unreachable, schema too old) or, for `keys check` and `demo`, a check that found a problem. One
+line on stderr, never a traceback, and nothing written when a command fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from oncebox.box import Box
+from oncebox.errors import (
+    ConfigurationError,
+    EnqueueError,
+    InvalidState,
+    NotFound,
+    OnceboxError,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+USAGE_ERRORS = (ConfigurationError, EnqueueError, NotFound, InvalidState)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"oncebox: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Turn oncebox errors into one line and an exit code: 2 for user mistakes, 1 otherwise."""
+    try:
+        yield
+    except USAGE_ERRORS as exc:
+        fail(str(exc), 2)
+    except OnceboxError as exc:
+        fail(str(exc), 1)
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+def db_option(func: F) -> F:
+    return click.option(
+        "--db",
+        envvar="ONCEBOX_DB",
+        metavar="URL",
+        help="Database URL: sqlite:///file.db or postgresql://host/db [env ONCEBOX_DB].",
+    )(func)
+
+
+def app_option(func: F) -> F:
+    return click.option(
+        "--app",
+        envvar="ONCEBOX_APP",
+        metavar="MODULE[:ATTR]",
+        help="Module holding your Box (attribute `box` unless named) [env ONCEBOX_APP].",
+    )(func)
+
+
+def email_option(func: F) -> F:
+    return click.option(
+        "--email",
+        envvar="ONCEBOX_EMAIL",
+        metavar="URL",
+        help="Email provider for channels declared without one: smtp://…, resend://…, "
+        "file://dir [env ONCEBOX_EMAIL].",
+    )(func)
+
+
+def json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (shapes in docs/cli.md)."
+    )(func)
+
+
+def reason_option(func: F) -> F:
+    return click.option("--reason", required=True, help="Why; written to the audit log.")(func)
+
+
+def actor_option(func: F) -> F:
+    return click.option(
+        "--actor",
+        default=lambda: os.environ.get("USER", "cli"),
+        show_default="$USER",
+        help="Who; written to the audit log.",
+    )(func)
+
+
+def limit_option(default: int = 50) -> Callable[[F], F]:
+    def wrap(func: F) -> F:
+        return click.option(
+            "--limit",
+            type=click.IntRange(1, 100_000),
+            default=default,
+            show_default=True,
+            help="At most this many rows.",
+        )(func)
+
+    return wrap
+
+
+# -- the user's box -------------------------------------------------------------------------------
+
+
+def load_app(app: str | None, db: str | None, email: str | None = None) -> Box:
+    """Import the user's module and return its Box. A production command never falls back to
+    an example app: without `--app` this is a usage error."""
+    if not app:
+        fail("--app MODULE is required (or set ONCEBOX_APP): the module that holds your Box", 2)
+    if db:
+        os.environ["ONCEBOX_DB"] = db
+    if email:
+        os.environ["ONCEBOX_EMAIL"] = email
+    module_name, _, attr = app.partition(":")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            fail(f"cannot import app module {module_name!r}: {exc}", 2)
+        raise
+    candidates = (
+        [getattr(module, attr, None)]
+        if attr
+        else [getattr(module, "box", None)]
+        + [v for v in vars(module).values() if isinstance(v, Box)]
+    )
+    box = next((c for c in candidates if isinstance(c, Box)), None)
+    if box is None:
+        fail(f"{app} holds no oncebox.Box (expected an attribute named {attr or 'box'!r})", 2)
+    if db and box.store.url != db:
+        fail(
+            f"--db {db} differs from the database of {app} ({box.where}); create the Box "
+            "with Box() so it reads ONCEBOX_DB",
+            2,
+        )
+    return box
+
+
+def box_for_admin(app: str | None, db: str | None) -> Box:
+    """Inspection and operator commands need only the database; the app is loaded when given
+    (for its tasks, channels and schedules)."""
+    if app:
+        return load_app(app, db)
+    if not db:
+        fail("--db URL (or --app MODULE) is required", 2)
+    return Box(db)
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> None:
+    """Aligned columns; long cells are cut so a row stays on one line."""
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    text = "-" if value is None else str(value)
+    text = text.splitlines()[0] if text else text
+    return text if len(text) <= 60 else text[:59] + "…"

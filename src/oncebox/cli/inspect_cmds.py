@@ -1,0 +1,304 @@
+"""`oncebox status`, `oncebox jobs list|show`, `oncebox audit list`: read-only views."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import click
+
+from oncebox.box import Box
+from oncebox.cli import shapes
+from oncebox.cli.common import (
+    app_option,
+    box_for_admin,
+    db_option,
+    json_option,
+    limit_option,
+    print_json,
+    print_table,
+    reported,
+)
+from oncebox.errors import NotFound
+from oncebox.store.base import AuditFilter, JobFilter
+
+JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
+OUTBOX_STATES = ["pending", "leased", "sending", "sent", "dead", "ambiguous"]
+PERIOD_HEADERS = [
+    "PERIOD",
+    "STATE",
+    "ELIGIBLE",
+    "ENQUEUED",
+    "SENT",
+    "PENDING",
+    "DEAD",
+    "AMBIGUOUS",
+    "COVERAGE",
+]
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    if since is None:
+        return "-"
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def status_data(box: Box, periods: int) -> dict[str, Any]:
+    store = box.store
+    times = store.status_times()
+    jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
+    schema = store.schema_status()
+    now = times.now
+    schedules = []
+    for name, paused, last in store.schedule_state_list():
+        schedules.append(
+            {
+                "name": name,
+                "paused": paused,
+                "last_fire_at": shapes.instant(last),
+                "periods": [shapes.period(p) for p in store.schedule_period_stats(name, periods)],
+            }
+        )
+
+    def seconds_since(at: datetime | None) -> float | None:
+        return None if at is None else round(max(timedelta(0), now - at).total_seconds(), 3)
+
+    return {
+        "database": box.where,
+        "schema_version": schema.current,
+        "now": shapes.instant(now),
+        "jobs": {state: jobs[state] for state in JOB_STATES},
+        "claim_conflicts": jobs["done:duplicate"],
+        "oldest_due_ready_age_s": seconds_since(times.oldest_due_ready),
+        "next_ready_at": shapes.instant(times.next_ready),
+        "outbox": {state: outbox[state] for state in OUTBOX_STATES},
+        "oldest_pending_message_age_s": seconds_since(times.oldest_pending_message),
+        "dead": jobs["dead"] + outbox["dead"],
+        "ambiguous": outbox["ambiguous"],
+        "schedules": schedules,
+    }
+
+
+@click.command()
+@click.option(
+    "--periods",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="Recent periods shown per schedule.",
+)
+@app_option
+@db_option
+@json_option
+def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None:
+    """Queue depth, ages, dead letters, ambiguous sends, and each schedule's recent periods with
+    their coverage (covered jobs over eligible customers)."""
+    with reported():
+        box = box_for_admin(app, db)
+        data = status_data(box, periods)
+    if as_json:
+        print_json(data)
+        return
+    now = datetime.fromisoformat(data["now"])
+    oldest = data["oldest_due_ready_age_s"]
+    pending_age = data["oldest_pending_message_age_s"]
+    jobs, outbox = data["jobs"], data["outbox"]
+    click.echo(f"database   {data['database']} (schema {data['schema_version']})")
+    click.echo(
+        "jobs       "
+        + ", ".join(f"{state} {jobs[state]}" for state in JOB_STATES)
+        + (
+            f"; oldest due job waiting {age(now - timedelta(seconds=oldest), now)}"
+            if oldest
+            else ""
+        )
+    )
+    click.echo(f"claims     {data['claim_conflicts']} conflict(s) absorbed (key already claimed)")
+    click.echo(
+        "outbox     "
+        + ", ".join(f"{state} {outbox[state]}" for state in OUTBOX_STATES)
+        + (
+            f"; oldest pending {age(now - timedelta(seconds=pending_age), now)}"
+            if pending_age is not None
+            else ""
+        )
+    )
+    attention = []
+    if data["dead"]:
+        attention.append(f"{data['dead']} dead (oncebox dlq list)")
+    if data["ambiguous"]:
+        attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
+    click.echo("attention  " + ("; ".join(attention) if attention else "none"))
+    for entry in data["schedules"]:
+        click.echo(f"\nschedule {entry['name']}" + ("  (paused)" if entry["paused"] else ""))
+        print_table(
+            PERIOD_HEADERS,
+            [
+                [
+                    p["period"],
+                    p["state"],
+                    p["eligible"],
+                    p["enqueued"],
+                    p["sent"],
+                    p["pending"],
+                    p["dead"],
+                    p["ambiguous"],
+                    "-" if p["coverage"] is None else f"{100 * p['coverage']:.1f}%",
+                ]
+                for p in entry["periods"]
+            ],
+            "  no fan-out yet",
+        )
+
+
+@click.group()
+def jobs() -> None:
+    """Inspect jobs."""
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice(JOB_STATES))
+@click.option("--task")
+@click.option("--queue")
+@click.option("--schedule", help="Jobs enqueued by this schedule's fan-outs.")
+@click.option("--period", help="With --schedule: of this period.")
+@click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
+@limit_option()
+@app_option
+@db_option
+@json_option
+def jobs_list(
+    *,
+    state: str | None,
+    task: str | None,
+    queue: str | None,
+    schedule: str | None,
+    period: str | None,
+    before_id: int | None,
+    limit: int,
+    app: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Jobs, newest first."""
+    with reported():
+        box = box_for_admin(app, db)
+        rows = box.store.job_list(
+            JobFilter(
+                state=state,  # type: ignore[arg-type]
+                task=task,
+                queue=queue,
+                schedule=schedule,
+                period=period,
+                before_id=before_id,
+                limit=limit,
+            )
+        )
+    if as_json:
+        print_json([shapes.job(row) for row in rows])
+        return
+    print_table(
+        ["ID", "TASK", "KEY", "STATE", "ATTEMPT", "RUN AT", "LAST ERROR"],
+        [
+            [
+                r.id,
+                r.task,
+                r.key,
+                r.state if r.outcome is None else f"{r.state} ({r.outcome})",
+                f"{r.attempt}/{r.max_attempts}",
+                shapes.instant(r.run_at),
+                r.last_error,
+            ]
+            for r in rows
+        ],
+        "no jobs",
+    )
+
+
+@jobs.command("show")
+@click.argument("key_or_id")
+@app_option
+@db_option
+@json_option
+def jobs_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) -> None:
+    """A job (by id) or a key's jobs, with every recorded attempt."""
+    with reported():
+        box = box_for_admin(app, db)
+        found = box.find(key_or_id)
+        if not found:
+            raise NotFound(f"no job with id or key {key_or_id!r}")
+        records = [shapes.job(job, box.store.job_attempt_list(job.id)) for job in found]
+    if as_json:
+        print_json(records)
+        return
+    for record in records:
+        click.echo(
+            f"job {record['id']}  {record['task']}  key={record['key']}  "
+            f"state={record['state']}  outcome={record['outcome']}  "
+            f"attempt={record['attempt']}/{record['max_attempts']}"
+        )
+        if record["schedule"]:
+            click.echo(f"  enqueued by schedule {record['schedule']} for {record['period']}")
+        for attempt in record["attempts"]:
+            first = (attempt["error"] or "").splitlines()[:1]
+            click.echo(
+                f"  attempt {attempt['attempt']}: {attempt['outcome']} by "
+                f"{attempt['worker']} at {attempt['finished_at']}: {' '.join(first)}"
+            )
+
+
+@click.group()
+def audit() -> None:
+    """The audit log: every operator action, with who and why."""
+
+
+@audit.command("list")
+@click.option("--key", help="Actions on this key.")
+@click.option("--action", help="e.g. replay, cancel, resolve-sent, resolve-resend, accept-keys.")
+@click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
+@limit_option()
+@app_option
+@db_option
+@json_option
+def audit_list(
+    *,
+    key: str | None,
+    action: str | None,
+    before_id: int | None,
+    limit: int,
+    app: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Audit entries, newest first."""
+    with reported():
+        box = box_for_admin(app, db)
+        rows = box.store.audit_search(
+            AuditFilter(action=action, key=key, before_id=before_id, limit=limit)
+        )
+    if as_json:
+        print_json([shapes.audit(row) for row in rows])
+        return
+    print_table(
+        ["ID", "AT", "ACTOR", "ACTION", "TARGET", "KEY", "REASON"],
+        [
+            [
+                r.id,
+                shapes.instant(r.at),
+                r.actor,
+                r.action,
+                f"{r.target_kind} {r.target_id}" if r.target_id is not None else r.target_kind,
+                r.target_key,
+                r.reason,
+            ]
+            for r in rows
+        ],
+        "no audit entries",
+    )

@@ -1,0 +1,166 @@
+"""`oncebox outbox list|show|resolve`: the messages jobs wrote, and settling ambiguous sends."""
+
+from __future__ import annotations
+
+import click
+
+from oncebox.cli import shapes
+from oncebox.cli.common import (
+    actor_option,
+    app_option,
+    box_for_admin,
+    db_option,
+    fail,
+    json_option,
+    limit_option,
+    print_json,
+    print_table,
+    reason_option,
+    reported,
+)
+from oncebox.cli.inspect_cmds import OUTBOX_STATES
+from oncebox.errors import NotFound
+from oncebox.store.base import OutboxFilter
+
+
+def _recipients(to: object) -> str:
+    return ", ".join(map(str, to)) if isinstance(to, list) else str(to)
+
+
+@click.group()
+def outbox() -> None:
+    """Outbox messages: written in the job's transaction, sent by the dispatcher."""
+
+
+@outbox.command("list")
+@click.option("--state", type=click.Choice(OUTBOX_STATES))
+@click.option("--channel")
+@click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
+@limit_option()
+@app_option
+@db_option
+@json_option
+def outbox_list(
+    *,
+    state: str | None,
+    channel: str | None,
+    before_id: int | None,
+    limit: int,
+    app: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Messages, newest first."""
+    with reported():
+        box = box_for_admin(app, db)
+        rows = box.store.outbox_list(
+            OutboxFilter(state=state, channel=channel, before_id=before_id, limit=limit)  # type: ignore[arg-type]
+        )
+    shaped = [shapes.message(row) for row in rows]
+    if as_json:
+        print_json(shaped)
+        return
+    print_table(
+        ["ID", "KEY", "CHANNEL", "STATE", "TO", "SUBJECT", "ATTEMPT", "LAST ERROR"],
+        [
+            [
+                m["id"],
+                m["key"],
+                m["channel"],
+                m["state"],
+                _recipients(m["to"]),
+                m["subject"],
+                m["attempt"],
+                m["last_error"],
+            ]
+            for m in shaped
+        ],
+        "no messages",
+    )
+
+
+@outbox.command("show")
+@click.argument("key_or_id")
+@app_option
+@db_option
+@json_option
+def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) -> None:
+    """A message (by id), or a key's messages, with the frozen payload and every delivery
+    attempt."""
+    with reported():
+        box = box_for_admin(app, db)
+        if key_or_id.isdigit():
+            row = box.store.outbox_get(int(key_or_id))
+            rows = [row] if row is not None else []
+        else:
+            rows = box.store.outbox_find_by_key(key_or_id)
+        if not rows:
+            raise NotFound(f"no message with id or key {key_or_id!r}")
+        records = [shapes.message(r, box.store.delivery_attempt_list(r.id)) for r in rows]
+    if as_json:
+        print_json(records)
+        return
+    for m in records:
+        click.echo(
+            f"message {m['id']}  {m['channel']}  key={m['key']}  state={m['state']}  "
+            f"to={_recipients(m['to'])}  subject={m['subject']!r}"
+        )
+        if m["possible_duplicates"]:
+            click.echo(f"  possible duplicates: {m['possible_duplicates']}")
+        for a in m["attempts"]:
+            click.echo(
+                f"  attempt {a['attempt']}: {a['outcome']} at {a['finished_at']}"
+                + (f": {a['error']}" if a["error"] else "")
+                + (f" (receipt {a['receipt']})" if a["receipt"] else "")
+            )
+
+
+@outbox.command("resolve")
+@click.argument("key_or_id")
+@click.option("--sent", "resolution", flag_value="sent", help="It arrived: record it as sent.")
+@click.option(
+    "--resend", "resolution", flag_value="resend", help="It did not arrive: send it again."
+)
+@click.option("--receipt", help="With --sent: the provider's message id, for the record.")
+@reason_option
+@actor_option
+@app_option
+@db_option
+@json_option
+def outbox_resolve(
+    *,
+    key_or_id: str,
+    resolution: str | None,
+    receipt: str | None,
+    reason: str,
+    actor: str,
+    app: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Settle an ambiguous send after checking with the provider or the recipient. Audited."""
+    if resolution not in ("sent", "resend"):
+        fail("say what happened: --sent (it arrived) or --resend (it did not)", 2)
+    if receipt and resolution != "sent":
+        fail("--receipt goes with --sent", 2)
+    with reported():
+        box = box_for_admin(app, db)
+        outcome = box.resolve(
+            key_or_id,
+            "sent" if resolution == "sent" else "resend",
+            reason=reason,
+            actor=actor,
+            receipt=receipt,
+        )
+    if as_json:
+        print_json(
+            {
+                "id": outcome.id,
+                "key": outcome.key,
+                "resolution": resolution,
+                "audit_id": outcome.audit_id,
+            }
+        )
+    else:
+        done = "recorded as sent" if resolution == "sent" else "pending again, to be resent"
+        click.echo(f"message {outcome.id} ({outcome.key}) {done}; audit #{outcome.audit_id}")

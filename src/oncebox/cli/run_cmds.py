@@ -1,0 +1,160 @@
+"""`oncebox migrate`, `oncebox worker`, `oncebox enqueue`: set up, run, and put work in."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from oncebox.cli.common import (
+    app_option,
+    db_option,
+    email_option,
+    fail,
+    json_option,
+    load_app,
+    print_json,
+    reported,
+)
+from oncebox.store import open_store
+from oncebox.worker import WorkerConfig
+
+
+@click.command()
+@db_option
+def migrate(db: str | None) -> None:
+    """Apply the schema migrations this oncebox knows (safe to run repeatedly, and to run
+    before new workers start)."""
+    if not db:
+        fail("--db URL is required (or set ONCEBOX_DB)", 2)
+    with reported():
+        store = open_store(db, migrate=False)
+        try:
+            applied = store.schema_migrate()
+            status = store.schema_status()
+        finally:
+            store.close()
+    if applied:
+        click.echo(
+            f"applied migration(s) {', '.join(map(str, applied))}; "
+            f"schema is at version {status.current}"
+        )
+    else:
+        click.echo(f"schema is up to date (version {status.current})")
+
+
+@click.command()
+@app_option
+@db_option
+@email_option
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Consumer threads.",
+)
+@click.option("--queues", metavar="Q1,Q2", help="Only these queues (default: every queue).")
+@click.option("--until-idle", is_flag=True, help="Exit once nothing is due.")
+def worker(
+    *,
+    app: str | None,
+    db: str | None,
+    email: str | None,
+    concurrency: int,
+    queues: str | None,
+    until_idle: bool,
+) -> None:
+    """Run a worker: consumers, outbox dispatcher, scheduler, sweepers, lease keeper, rescuer,
+    resolver and pruner. SIGTERM or Ctrl-C stops it gracefully (a second one at once)."""
+    with reported():
+        box = load_app(app, db, email)
+        names = tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None
+        result = box.work(
+            config=WorkerConfig(concurrency=concurrency, queues=names, until_idle=until_idle)
+        )
+    consumed, dispatched = result.consumed, result.dispatched
+    click.echo(
+        f"worker stopped: {consumed.completed} completed, {consumed.duplicates} duplicate(s) "
+        f"absorbed, {consumed.retried} retried, {consumed.dead} dead; "
+        f"{dispatched.sent} message(s) sent"
+    )
+
+
+def parse_assignments(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """`name=value` pairs: a value is parsed as JSON when it is valid JSON (`42`, `true`,
+    `"42"`, `[1,2]`), else taken as a string (`2026-W33`)."""
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise click.BadParameter(
+                f"{pair!r} is not name=value (e.g. customer_id=42)", param_hint="ARGS"
+            )
+        if name in args:
+            raise click.BadParameter(f"{name!r} is given twice", param_hint="ARGS")
+        try:
+            args[name] = json.loads(text)
+        except ValueError:
+            args[name] = text
+    return args
+
+
+@click.command()
+@click.argument("task")
+@click.argument("pairs", metavar="NAME=VALUE...", nargs=-1)
+@click.option(
+    "--run-at",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+    help="Not before this instant (UTC unless an offset is given).",
+)
+@click.option("--delay", type=click.FloatRange(0, None), help="Not before this many seconds.")
+@app_option
+@db_option
+@json_option
+def enqueue(
+    *,
+    task: str,
+    pairs: tuple[str, ...],
+    run_at: datetime | None,
+    delay: float | None,
+    app: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue one job of TASK. Enqueueing a key that is already claimed or active writes
+    nothing and says which job holds it (exit 0: the operation is already in hand)."""
+    args = parse_assignments(pairs)
+    if run_at is not None and delay is not None:
+        fail("give --run-at or --delay, not both", 2)
+    with reported():
+        box = load_app(app, db)
+        if run_at is not None and run_at.tzinfo is None:
+            run_at = run_at.replace(tzinfo=UTC)
+        result = box.enqueue_args(
+            task,
+            args,
+            run_at=run_at,
+            delay=None if delay is None else timedelta(seconds=delay),
+        )
+    if as_json:
+        print_json(
+            {
+                "job_id": result.job_id,
+                "key": result.key,
+                "created": result.created,
+                "state": result.state,
+                "reason": result.reason,
+            }
+        )
+    elif result.created:
+        click.echo(f"job {result.job_id} enqueued" + (f" (key {result.key})" if result.key else ""))
+    elif result.reason == "active_job":
+        click.echo(
+            f"not enqueued: key {result.key} is held by job {result.job_id} ({result.state})"
+        )
+    else:
+        holder = f" by job {result.job_id}" if result.job_id is not None else ""
+        click.echo(f"not enqueued: key {result.key} was already claimed{holder}")

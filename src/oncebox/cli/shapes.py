@@ -1,0 +1,130 @@
+"""The `--json` shapes of the CLI, in one place (documented in docs/cli.md).
+
+Times are ISO 8601 in UTC with a `Z`; absent values are `null`; payloads and job arguments are
+parsed JSON, not strings. Shapes only grow: a field, once documented, keeps its name and meaning.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from oncebox.store.base import (
+    AttemptRow,
+    AuditRow,
+    DeliveryAttemptRow,
+    JobRow,
+    OutboxRow,
+    PeriodStats,
+)
+
+
+def instant(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def job(row: JobRow, attempts: list[AttemptRow] | None = None) -> dict[str, Any]:
+    shape: dict[str, Any] = {
+        "id": row.id,
+        "key": row.key,
+        "task": row.task,
+        "queue": row.queue,
+        "args": json.loads(row.args_json),
+        "state": row.state,
+        "outcome": row.outcome,
+        "attempt": row.attempt,
+        "max_attempts": row.max_attempts,
+        "priority": row.priority,
+        "group": row.group_key,
+        "schedule": row.schedule,
+        "period": row.period,
+        "run_at": instant(row.run_at),
+        "created_at": instant(row.created_at),
+        "finished_at": instant(row.finished_at),
+        "leased_by": row.leased_by,
+        "lease_expires_at": instant(row.lease_expires_at),
+        "last_error": row.last_error,
+    }
+    if attempts is not None:
+        shape["attempts"] = [
+            {
+                "attempt": a.attempt,
+                "outcome": a.outcome,
+                "worker": a.worker,
+                "started_at": instant(a.started_at),
+                "finished_at": instant(a.finished_at),
+                "error": a.error,
+                "note": a.note,
+            }
+            for a in attempts
+        ]
+    return shape
+
+
+def message(row: OutboxRow, attempts: list[DeliveryAttemptRow] | None = None) -> dict[str, Any]:
+    payload = json.loads(row.payload_json)
+    shape: dict[str, Any] = {
+        "id": row.id,
+        "key": row.key,
+        "intent_key": row.intent_key,
+        "channel": row.channel,
+        "state": row.state,
+        "to": payload.get("to") if isinstance(payload, dict) else None,
+        "subject": payload.get("subject") if isinstance(payload, dict) else None,
+        "token": row.token,
+        "job_id": row.job_id,
+        "attempt": row.attempt,
+        "possible_duplicates": row.possible_duplicates,
+        "created_at": instant(row.created_at),
+        "next_attempt_at": instant(row.next_attempt_at),
+        "sent_at": instant(row.sent_at),
+        "receipt": row.receipt,
+        "last_error": row.last_error,
+    }
+    if attempts is not None:
+        shape["payload"] = payload
+        shape["attempts"] = [
+            {
+                "attempt": a.attempt,
+                "outcome": a.outcome,
+                "worker": a.worker,
+                "started_at": instant(a.started_at),
+                "finished_at": instant(a.finished_at),
+                "error": a.error,
+                "receipt": a.receipt,
+            }
+            for a in attempts
+        ]
+    return shape
+
+
+def audit(row: AuditRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "at": instant(row.at),
+        "actor": row.actor,
+        "action": row.action,
+        "target_kind": row.target_kind,
+        "target_id": row.target_id,
+        "target_key": row.target_key,
+        "reason": row.reason,
+        "details": json.loads(row.details) if row.details else None,
+    }
+
+
+def period(stats: PeriodStats) -> dict[str, Any]:
+    coverage = stats.coverage
+    return {
+        "period": stats.period,
+        "state": stats.state,
+        "eligible": stats.eligible,
+        "enqueued": stats.enqueued,
+        "done": stats.done,
+        "covered": stats.covered,
+        "sent": stats.sent,
+        "pending": stats.pending,
+        "dead": stats.dead,
+        "ambiguous": stats.ambiguous,
+        "coverage": None if coverage is None else round(coverage, 4),
+    }

@@ -1,0 +1,388 @@
+"""Every operator command as a user runs it: a real process against a real database, the
+logistics app loaded with --app, `--json` parsed, and each command's bad input refused with a
+one-line error and exit 2 — with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oncebox import Box
+from oncebox.examples.logistics.app import build_box, connect, create_tables
+from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.store.base import JobFilter
+from test_cli import assert_one_line_error, oncebox
+
+POISON = 3
+PERIOD = "2026-W33"
+
+
+@pytest.fixture
+def freight(tmp_path: Path):
+    """A freight database with four active customers (one with a broken address) and one
+    inactive, and the environment a user would export."""
+    url = f"sqlite:///{tmp_path / 'freight.db'}"
+    box = build_box(url)
+    try:
+        create_tables(box)
+        conn = connect(box)
+        for customer, active in [(1, 1), (2, 1), (3, 1), (4, 1), (5, 0)]:
+            email = "broken@@example" if customer == POISON else f"ops{customer}@customer.example"
+            conn.execute(
+                "INSERT INTO freight_customers (id, name, email, active) VALUES (?, ?, ?, 1)",
+                (customer, f"Customer {customer}", email),
+            )
+            conn.execute("UPDATE freight_customers SET active = ? WHERE id = ?", (active, customer))
+        conn.commit()
+        conn.close()
+    finally:
+        box.close()
+    env = {
+        "ONCEBOX_DB": url,
+        "ONCEBOX_APP": "support.cli_freight",
+        "ONCEBOX_EMAIL": f"file://{tmp_path / 'mail'}",
+        "USER": "ops-alice",
+        "ONCEBOX_SECRET": "cli-tests-secret-0123456789",
+    }
+    return url, env, tmp_path
+
+
+def run(env, *args, cwd=None):
+    return oncebox(*args, env=env, cwd=cwd)
+
+
+def ok_json(result):
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def job_count(url: str) -> int:
+    box = Box(url)
+    try:
+        return len(box.store.job_list(JobFilter(limit=1000)))
+    finally:
+        box.close()
+
+
+def test_enqueue_parses_values_as_json_and_reports_a_held_key(freight):
+    _url, env, _tmp = freight
+    first = ok_json(
+        run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}", "--json")
+    )
+    assert first["created"] is True
+    assert first["key"] == f"weekly-digest/customer-1/{PERIOD}"
+    again = ok_json(
+        run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}", "--json")
+    )
+    assert (again["created"], again["reason"], again["job_id"]) == (
+        False,
+        "active_job",
+        first["job_id"],
+    )
+    text = run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
+    assert f"held by job {first['job_id']} (ready)" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("weekly_digest", "customer_id", f"period={PERIOD}"), "not name=value"),
+        (("weekly_digest", "customer_id=1", "customer_id=2"), "given twice"),
+        (("no_such_task", "x=1"), "no_such_task"),
+        (("weekly_digest", "customer_id=1.5", f"period={PERIOD}"), "float"),
+        (("weekly_digest", "customer_id=1"), "period"),
+        (("weekly_digest", "customer_id=1", f"period={PERIOD}", "--delay", "-3"), "--delay"),
+    ],
+)
+def test_enqueue_refuses_bad_input_and_writes_nothing(freight, args, needle):
+    url, env, _tmp = freight
+    result = run(env, "enqueue", *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert needle in result.stderr
+    assert job_count(url) == 0
+
+
+def test_commands_that_run_code_require_the_app(freight):
+    _url, env, _tmp = freight
+    env = {**env, "ONCEBOX_APP": ""}
+    for args in (
+        ("enqueue", "weekly_digest"),
+        ("worker",),
+        ("keys", "check"),
+        ("schedule", "run", "weekly-digest", "--period", PERIOD),
+    ):
+        assert_one_line_error(run(env, *args), 2, "--app MODULE is required")
+
+
+def test_a_schedule_run_then_worker_then_status_shows_the_periods_coverage(freight):
+    _url, env, tmp = freight
+    listed = ok_json(run(env, "schedule", "list", "--json"))
+    assert [(s["name"], s["cron"], s["period"], s["paused"]) for s in listed] == [
+        ("weekly-digest", "0 9 * * MON", "iso_week", False)
+    ]
+    assert listed[0]["next_fire_at"].endswith("09:00:00Z")
+
+    fan_out = ok_json(run(env, "schedule", "run", "weekly-digest", "--period", PERIOD, "--json"))
+    assert (fan_out["eligible"], fan_out["enqueued"]) == (4, 4)
+    again = ok_json(run(env, "schedule", "run", "weekly-digest", "--period", PERIOD, "--json"))
+    assert (again["eligible"], again["enqueued"], again["already_claimed_or_active"]) == (4, 0, 4)
+
+    worked = run(env, "worker", "--until-idle")
+    assert worked.returncode == 0, worked.stderr
+    assert "3 message(s) sent" in worked.stdout
+    assert len(list((tmp / "mail").glob("*.eml"))) == 3
+
+    status = ok_json(run(env, "status", "--json"))
+    assert status["jobs"]["done"] == 3
+    assert status["jobs"]["dead"] == 1
+    assert status["dead"] == 1
+    assert status["outbox"]["sent"] == 3
+    [schedule] = status["schedules"]
+    [period] = schedule["periods"]
+    assert (period["period"], period["eligible"], period["covered"], period["sent"]) == (
+        PERIOD,
+        4,
+        3,
+        3,
+    )
+    assert (period["dead"], period["pending"], period["coverage"]) == (1, 0, 0.75)
+    text = run(env, "status")
+    assert "75.0%" in text.stdout
+    assert "1 dead (oncebox dlq list)" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("schedule", "run", "weekly-digest", "--period", "2026-W99"), "2026 has 53 ISO weeks"),
+        (("schedule", "run", "weekly-digest", "--period", "2026-08-10"), "2026-08-10"),
+        (("schedule", "run", "monthly", "--period", PERIOD), "monthly"),
+        (("schedule", "run", "weekly-digest"), "--period"),
+        (("schedule", "pause", "monthly"), "no schedule named 'monthly'"),
+    ],
+)
+def test_schedule_commands_refuse_bad_input(freight, args, needle):
+    url, env, _tmp = freight
+    result = run(env, *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+    assert job_count(url) == 0
+
+
+def test_pausing_a_schedule_shows_in_the_list_and_resume_clears_it(freight):
+    _url, env, _tmp = freight
+    assert run(env, "schedule", "pause", "weekly-digest").returncode == 0
+    assert ok_json(run(env, "schedule", "list", "--json"))[0]["paused"] is True
+    assert run(env, "schedule", "resume", "weekly-digest").returncode == 0
+    assert ok_json(run(env, "schedule", "list", "--json"))[0]["paused"] is False
+
+
+def dead_poison(env) -> str:
+    run(env, "schedule", "run", "weekly-digest", "--period", PERIOD)
+    assert run(env, "worker", "--until-idle").returncode == 0
+    return f"weekly-digest/customer-{POISON}/{PERIOD}"
+
+
+def test_jobs_list_and_show_find_the_dead_poison_with_its_error(freight):
+    _url, env, _tmp = freight
+    key = dead_poison(env)
+    dead = ok_json(run(env, "jobs", "list", "--state", "dead", "--json"))
+    assert [(j["key"], j["schedule"], j["period"]) for j in dead] == [
+        (key, "weekly-digest", PERIOD)
+    ]
+    assert "is not an address" in dead[0]["last_error"]
+    by_schedule = ok_json(
+        run(env, "jobs", "list", "--schedule", "weekly-digest", "--period", PERIOD, "--json")
+    )
+    assert len(by_schedule) == 4
+    [shown] = ok_json(run(env, "jobs", "show", key, "--json"))
+    assert shown["attempts"][-1]["outcome"] == "dead"
+    assert run(env, "jobs", "list", "--state", "sleeping").returncode == 2
+    assert_one_line_error(
+        run(env, "jobs", "show", "weekly-digest/customer-99/2026-W33"), 2, "no job"
+    )
+    assert_one_line_error(run(env, "jobs", "show", "bad key"), 2, "invalid key")
+
+
+def test_dlq_list_show_and_a_rate_limited_replay_all_keep_the_key_and_audit(freight):
+    _url, env, _tmp = freight
+    key = dead_poison(env)
+    [letter] = ok_json(run(env, "dlq", "list", "--json"))
+    assert (letter["kind"], letter["key"]) == ("job", key)
+    [shown] = ok_json(run(env, "dlq", "show", key, "--json"))
+    assert "is not an address" in shown["last_error"]
+    assert ok_json(run(env, "dlq", "list", "--kind", "delivery", "--json")) == []
+
+    replayed = ok_json(
+        run(
+            env,
+            "dlq",
+            "replay",
+            "--all",
+            "--task",
+            "weekly_digest",
+            "--rate",
+            "50",
+            "--reason",
+            "address fixed",
+            "--json",
+        )
+    )
+    assert [(r["kind"], r["id"], r["key"]) for r in replayed] == [("job", letter["id"], key)]
+    [entry] = ok_json(run(env, "audit", "list", "--key", key, "--json"))
+    assert (entry["action"], entry["actor"], entry["reason"]) == (
+        "replay",
+        "ops-alice",
+        "address fixed",
+    )
+    assert ok_json(run(env, "jobs", "show", key, "--json"))[0]["state"] == "ready"
+    assert ok_json(run(env, "dlq", "list", "--json")) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("dlq", "replay", "--reason", "x"), "not both and not neither"),
+        (("dlq", "replay", "k/1", "--all", "--reason", "x"), "not both and not neither"),
+        (("dlq", "replay", "k/1"), "--reason"),
+        (("dlq", "replay", "k/1", "--task", "t", "--reason", "x"), "filter --all"),
+        (("dlq", "replay", "k/1", "--reason", "x"), "no job or outbox row"),
+        (("dlq", "replay", "--all", "--rate", "0", "--reason", "x"), "--rate"),
+        (("dlq", "show", "k/1"), "no dead job or delivery"),
+        (("dlq", "list", "--kind", "message"), "--kind"),
+    ],
+)
+def test_dlq_commands_refuse_bad_input(freight, args, needle):
+    _url, env, _tmp = freight
+    result = run(env, *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_ambiguous_smtp_send_is_listed_shown_and_resolved_with_an_audit(freight):
+    _url, env, _tmp = freight
+    with SmtpSink() as sink:
+        sink.script("drop")  # the first message arrives; its acknowledgement is lost
+        env = {**env, "ONCEBOX_EMAIL": sink.url}
+        run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
+        assert run(env, "worker", "--until-idle").returncode == 0
+        assert len(sink.received) == 1
+    [row] = ok_json(run(env, "outbox", "list", "--state", "ambiguous", "--json"))
+    assert (row["to"], row["key"]) == (
+        ["ops1@customer.example"],
+        f"weekly-digest/customer-1/{PERIOD}",
+    )
+    [shown] = ok_json(run(env, "outbox", "show", row["key"], "--json"))
+    assert shown["payload"]["subject"].startswith("Your shipments")
+    assert [a["outcome"] for a in shown["attempts"]] == ["ambiguous"]
+
+    assert_one_line_error(run(env, "outbox", "resolve", row["key"], "--reason", "x"), 2, "--sent")
+    assert run(env, "outbox", "resolve", row["key"], "--sent").returncode == 2  # no --reason
+    resolved = ok_json(
+        run(
+            env,
+            "outbox",
+            "resolve",
+            row["key"],
+            "--sent",
+            "--receipt",
+            "<abc@mx>",
+            "--reason",
+            "the customer has it",
+            "--json",
+        )
+    )
+    assert resolved["resolution"] == "sent"
+    assert ok_json(run(env, "outbox", "show", str(row["id"]), "--json"))[0]["state"] == "sent"
+    [entry] = ok_json(run(env, "audit", "list", "--action", "resolve-sent", "--json"))
+    assert (entry["target_key"], entry["reason"]) == (row["key"], "the customer has it")
+    assert_one_line_error(
+        run(env, "outbox", "resolve", row["key"], "--resend", "--reason", "again"),
+        2,
+        "only ambiguous",
+    )
+    assert run(env, "outbox", "list", "--state", "lost").returncode == 2
+
+
+def test_keys_check_and_accept_guard_a_drifted_deploy(freight):
+    url, env, _tmp = freight
+    dead_poison(env)  # the running app has recorded its canaries
+    checked = ok_json(run(env, "keys", "check", "--json"))
+    assert {(c["kind"], c["name"], c["status"]) for c in checked} == {
+        ("task", "weekly_digest", "ok"),
+        ("schedule", "weekly-digest", "ok"),
+    }
+    drifted = {**env, "ONCEBOX_APP": "support.cli_freight_drifted"}
+    result = run(drifted, "keys", "check")
+    assert result.returncode == 1
+    assert "drifted" in result.stdout
+    assert (
+        "'weekly-digest/customer-{customer_id}/{period}' -> 'weekly-digest/{customer_id}/{period}'"
+        in result.stdout
+    )
+    refused = run(drifted, "enqueue", "weekly_digest", "customer_id=9", f"period={PERIOD}")
+    assert_one_line_error(refused, 1, "oncebox keys accept task:weekly_digest")
+    assert job_count(url) == 4
+
+    assert_one_line_error(run(drifted, "keys", "accept", "nope", "--reason", "x"), 2, "nope")
+    assert run(drifted, "keys", "accept", "weekly_digest").returncode == 2  # no --reason
+    accepted = ok_json(
+        run(drifted, "keys", "accept", "weekly_digest", "--reason", "new key scheme", "--json")
+    )
+    assert accepted["accepted"] is True
+    assert (
+        run(
+            drifted, "keys", "accept", "schedule:weekly-digest", "--reason", "Berlin office"
+        ).returncode
+        == 0
+    )
+    assert run(drifted, "keys", "check").returncode == 0
+    assert ok_json(
+        run(drifted, "enqueue", "weekly_digest", "customer_id=9", f"period={PERIOD}", "--json")
+    )["created"]
+    actions = [e["action"] for e in ok_json(run(env, "audit", "list", "--json"))]
+    assert actions.count("accept-keys") == 2
+    # the old code now refuses in its turn
+    assert run(env, "keys", "check").returncode == 1
+
+
+@pytest.mark.postgres
+def test_status_and_dlq_on_postgresql(pg_url, tmp_path):
+    box = build_box(pg_url)
+    try:
+        create_tables(box)
+        conn = connect(box)
+        conn.execute(
+            "INSERT INTO freight_customers (id, name, email, active) "
+            "VALUES (1, 'A', 'broken@@x', 1)"
+        )
+        conn.commit()
+        conn.close()
+    finally:
+        box.close()
+    env = {
+        "ONCEBOX_SECRET": "cli-tests-secret-0123456789",
+        "ONCEBOX_DB": pg_url,
+        "ONCEBOX_APP": "support.cli_freight",
+        "ONCEBOX_EMAIL": f"file://{tmp_path}",
+    }
+    run(env, "schedule", "run", "weekly-digest", "--period", PERIOD)
+    assert run(env, "worker", "--until-idle").returncode == 0
+    status = ok_json(run(env, "status", "--json"))
+    assert status["schedules"][0]["periods"][0]["dead"] == 1
+    assert len(ok_json(run(env, "dlq", "list", "--json"))) == 1
+    replayed = ok_json(run(env, "dlq", "replay", "--all", "--reason", "r", "--json"))
+    assert len(replayed) == 1
+
+
+def test_a_worker_without_a_secret_refuses_to_start_instead_of_killing_every_job(freight):
+    _url, env, _tmp = freight
+    env = {**env, "ONCEBOX_SECRET": ""}
+    run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
+    assert_one_line_error(run(env, "worker", "--until-idle"), 2, "no HMAC secret")
+    assert ok_json(run(env, "jobs", "list", "--json"))[0]["state"] == "ready"
