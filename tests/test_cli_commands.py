@@ -386,3 +386,38 @@ def test_a_worker_without_a_secret_refuses_to_start_instead_of_killing_every_job
     run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
     assert_one_line_error(run(env, "worker", "--until-idle"), 2, "no HMAC secret")
     assert ok_json(run(env, "jobs", "list", "--json"))[0]["state"] == "ready"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("status", "--periods", "0"), "--periods"),
+        (("audit", "list", "--limit", "0"), "--limit"),
+        (("audit", "list", "--before", "yesterday"), "--before"),
+        (("outbox", "show", "999"), "no message with id or key '999'"),
+        (("outbox", "show", "bad key"), "invalid key"),
+        (("jobs", "list", "--before", "x"), "--before"),
+        (("schedule", "list", "--db", "mysql://x/y"), "mysql"),
+        (("keys", "accept", "weekly_digest", "--reason", "   "), "reason"),
+        (("frobnicate",), "No such command"),
+    ],
+)
+def test_inspection_commands_refuse_bad_input(freight, args, needle):
+    _url, env, _tmp = freight
+    result = run(env, *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_empty_listings_say_so_and_json_lists_are_empty(freight):
+    _url, env, _tmp = freight
+    for args, empty in [
+        (("jobs", "list"), "no jobs"),
+        (("dlq", "list"), "no dead letters"),
+        (("outbox", "list"), "no messages"),
+        (("audit", "list"), "no audit entries"),
+    ]:
+        result = run(env, *args)
+        assert (result.returncode, result.stdout.strip()) == (0, empty)
+        assert ok_json(run(env, *args, "--json")) == []

@@ -24,7 +24,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 from oncebox.clock import monotonic
-from oncebox.errors import KeyDrift, NotFound, OnceboxError
+from oncebox.errors import KeyDrift, NotFound
+from oncebox.operations import reason_text
 from oncebox.store.base import KeyCanary
 
 if TYPE_CHECKING:
@@ -271,34 +272,30 @@ class KeyGuard:
         ]
         return statuses
 
-    def resolve_name(self, name: str) -> tuple[Kind, str]:
-        """`task:NAME`, `schedule:NAME`, or a bare NAME that names exactly one of them."""
+    def resolve(self, name: str) -> KeyCanary:
+        """This code's canary for `task:NAME`, `schedule:NAME`, or a bare NAME that names exactly
+        one task or schedule."""
         current = self.current()
         kind, sep, rest = name.partition(":")
         if sep and kind in ("task", "schedule"):
             if (kind, rest) not in current:
-                raise NotFound(f"this code has no {kind} {rest!r} with keys to accept")
-            return ("task" if kind == "task" else "schedule"), rest
-        matches = [ident for ident in current if ident[1] == name]
+                raise NotFound(f"this code has no {kind} {rest!r} whose keys could be accepted")
+            return current[(kind, rest)]
+        matches = [canary for (_kind, found), canary in current.items() if found == name]
         if not matches:
-            raise NotFound(f"this code has no task or schedule named {name!r} with keys")
+            raise NotFound(f"this code has no task or schedule named {name!r} that mints keys")
         if len(matches) > 1:
-            raise NotFound(
-                f"{name!r} names a task and a schedule: say task:{name} or schedule:{name}"
-            )
-        kind_found, found = matches[0]
-        return ("task" if kind_found == "task" else "schedule"), found
+            raise NotFound(f"{name!r} is a task and a schedule: say task:{name} or schedule:{name}")
+        return matches[0]
 
     def accept(self, name: str, actor: str, reason: str) -> int | None:
         """Record this code's canaries for `name`, audited; None when they already match."""
-        kind, found = self.resolve_name(name)
-        canary = self.current()[(kind, found)]
-        stored = self.store.key_canary_get(kind, found)
+        reason = reason_text(reason)
+        canary = self.resolve(name)
+        stored = self.store.key_canary_get(canary.kind, canary.name)
         if stored is not None and stored.outputs == canary.outputs:
             return None
-        if not reason.strip():
-            raise OnceboxError("--reason must say why the key change is accepted")
         audit_id = self.store.key_canary_accept(canary, actor, reason)
         with self._lock:
-            self._trusted_until.pop((kind, found), None)
+            self._trusted_until.pop((canary.kind, canary.name), None)
         return audit_id

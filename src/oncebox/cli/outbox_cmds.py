@@ -20,6 +20,7 @@ from oncebox.cli.common import (
 )
 from oncebox.cli.inspect_cmds import OUTBOX_STATES
 from oncebox.errors import NotFound
+from oncebox.keys import validate_key
 from oncebox.store.base import OutboxFilter
 
 
@@ -93,6 +94,7 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
             row = box.store.outbox_get(int(key_or_id))
             rows = [row] if row is not None else []
         else:
+            validate_key(key_or_id.replace("~", "-"))  # a message key is its intent's, plus ~suffix
             rows = box.store.outbox_find_by_key(key_or_id)
         if not rows:
             raise NotFound(f"no message with id or key {key_or_id!r}")
