@@ -18,6 +18,7 @@ queued, running or dead-lettered); then nothing is written and the result says w
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -58,6 +59,7 @@ from oncebox.transport import Transport
 from oncebox.watch import HandlerWatch
 from oncebox.worker import Worker, WorkerConfig, WorkerResult
 
+log = logging.getLogger("oncebox")
 F = TypeVar("F", bound=Callable[..., Any])
 RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
 EnqueueReason = Literal["created", "active_job", "key_claimed"]
@@ -321,10 +323,6 @@ class Box(Operations):
             self.channel("email")
         return dict(self._channels)
 
-    def declared_channels(self) -> list[str]:
-        """The channels this code declared (without creating the default `email` one)."""
-        return sorted(self._channels)
-
     def secret(self) -> str:
         """The HMAC secret outbox tokens are derived with: `Box(secret=...)`, else
         `ONCEBOX_SECRET`, else one stored in the database (`init_secret`)."""
@@ -336,6 +334,17 @@ class Box(Operations):
                 "on every worker, or store one in the database with box.init_secret()"
             )
         return self._secret
+
+    def ensure_secret(self) -> str:
+        """The secret; when none is configured anywhere, a random one stored in the database —
+        which every process without `ONCEBOX_SECRET` then shares. Workers call this at start, so
+        a missing secret never turns into a dead letter per message."""
+        try:
+            return self.secret()
+        except ConfigurationError:
+            stored = self.init_secret()
+            log.info("stored a new HMAC secret for outbox tokens in %s", self.where)
+            return stored
 
     def init_secret(self) -> str:
         """Store a random secret in the database unless one is there (every worker then agrees);

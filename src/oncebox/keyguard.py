@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from oncebox.clock import monotonic
 from oncebox.errors import KeyDrift, NotFound
 from oncebox.operations import reason_text
-from oncebox.store.base import KeyCanary
+from oncebox.store.base import JobFilter, KeyCanary
 
 if TYPE_CHECKING:
     from oncebox.schedule import Schedule
@@ -151,7 +151,7 @@ class CanaryStatus:
 
     kind: Kind
     name: str
-    status: Literal["ok", "new", "drifted", "not in code"]
+    status: Literal["ok", "new", "drifted", "not in code", "orphaned"]
     source: str
     detail: str = ""
 
@@ -266,11 +266,29 @@ class KeyGuard:
                 )
             else:
                 statuses.append(CanaryStatus(canary.kind, canary.name, "ok", canary.source))
-        statuses += [
-            CanaryStatus(stored.kind, stored.name, "not in code", stored.source)
-            for _ident, stored in sorted(recorded.items())
-        ]
+        statuses += [self._gone(stored) for _ident, stored in sorted(recorded.items())]
         return statuses
+
+    def _gone(self, stored: KeyCanary) -> CanaryStatus:
+        """A recorded task or schedule this code lacks; `orphaned` when jobs still wait for a
+        task of that name (a rename leaves them `ready` forever)."""
+        if stored.kind == "task":
+            waiting = [
+                job
+                for state in ("ready", "leased")
+                for job in self.store.job_list(JobFilter(state=state, task=stored.name, limit=1))
+            ]
+            if waiting:
+                return CanaryStatus(
+                    "task",
+                    stored.name,
+                    "orphaned",
+                    stored.source,
+                    f"task {stored.name!r}: jobs of it are waiting (e.g. job {waiting[0].id}) and "
+                    "this code has no task of that name to run them. A task's name is stored with "
+                    "its jobs and intents: renaming one is a data migration, not a refactor.",
+                )
+        return CanaryStatus(stored.kind, stored.name, "not in code", stored.source)
 
     def resolve(self, name: str) -> KeyCanary:
         """This code's canary for `task:NAME`, `schedule:NAME`, or a bare NAME that names exactly

@@ -125,8 +125,7 @@ class Worker:
     def _preflight(self) -> None:
         """Refuse to start on what would fail every job, and say what is unusual."""
         check_runnable(self.box.store.schema_status(), self.box.where)
-        if self.box.declared_channels():
-            self.box.secret()  # without one, every message would fail its job
+        self.box.ensure_secret()  # without one, every message would fail its job
         if not self.config.simulated_time and not self.box.store.clock_get().is_real:
             log.warning(
                 "the database clock of %s is frozen or offset (%s): only tests should do that",

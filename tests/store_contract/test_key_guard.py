@@ -254,3 +254,22 @@ def test_a_first_enqueue_inside_the_callers_sqlite_transaction_reads_without_wri
     assert box.store.key_canary_list() == []  # recording would have waited on the caller's lock
     box.enqueue("digest", customer_id=2, period="2026-W33")
     assert [c.name for c in box.store.key_canary_list()] == ["digest"]
+
+
+def test_keys_check_calls_a_renamed_tasks_waiting_jobs_orphaned(store_url, made):
+    before = made(digest_box, store_url, "digest/{customer_id}/{period}")
+    before.enqueue("digest", customer_id=1, period="2026-W33")
+    renamed = Box(store_url)
+    try:
+
+        @renamed.task(name="weekly_digest", key="digest/{customer_id}/{period}")
+        def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
+            pass
+
+        statuses = {(s.name, s.status): s.detail for s in renamed.key_guard.check()}
+    finally:
+        renamed.close()
+    assert set(statuses) == {("weekly_digest", "new"), ("digest", "orphaned")}
+    assert "renaming one is a data migration" in statuses[("digest", "orphaned")]
+    drain(before)  # once its jobs are done, the old name is merely gone
+    assert {s.status for s in before.key_guard.check()} == {"ok"}

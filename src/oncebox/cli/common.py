@@ -27,6 +27,7 @@ from oncebox.errors import (
     NotFound,
     OnceboxError,
 )
+from oncebox.store.migrations import check_runnable
 
 F = TypeVar("F", bound=Callable[..., Any])
 USAGE_ERRORS = (ConfigurationError, EnqueueError, NotFound, InvalidState)
@@ -156,7 +157,9 @@ def box_for_admin(app: str | None, db: str | None) -> Box:
         return load_app(app, db)
     if not db:
         fail("--db URL (or --app MODULE) is required", 2)
-    return Box(db)
+    box = Box(db)
+    check_runnable(box.store.schema_status(), box.where)
+    return box
 
 
 # -- output ---------------------------------------------------------------------------------------

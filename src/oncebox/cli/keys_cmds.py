@@ -30,7 +30,8 @@ def keys() -> None:
 @json_option
 def keys_check(app: str | None, db: str | None, as_json: bool) -> None:
     """Compare this code's key templates and period functions with what the store recorded.
-    Writes nothing. Exit 1 when something drifted (run it before a deploy)."""
+    Writes nothing. Exit 1 when something drifted, or when jobs wait for a task this code lacks
+    (a rename): run it before a deploy."""
     with reported():
         box = load_app(app, db)
         statuses = box.key_guard.check()
@@ -56,7 +57,7 @@ def keys_check(app: str | None, db: str | None, as_json: bool) -> None:
         for s in statuses:
             if s.detail:
                 click.echo(f"\n{s.detail}")
-    sys.exit(1 if any(s.status == "drifted" for s in statuses) else 0)
+    sys.exit(1 if any(s.status in ("drifted", "orphaned") for s in statuses) else 0)
 
 
 @keys.command("accept")

@@ -142,7 +142,7 @@ class PostgresStore(ReadOperations):
                         self.conninfo,
                         min_size=self.pool_min,
                         max_size=max(self.pool_max, self.pool_min),
-                        kwargs={"autocommit": True},
+                        kwargs={"autocommit": True, **self._named("oncebox pool")},
                         open=False,
                         name="oncebox",
                         timeout=self.connect_timeout,
@@ -156,6 +156,10 @@ class PostgresStore(ReadOperations):
                     raise self._probe_failure() from None
                 self._pool = pool
             return self._pool
+
+    def _named(self, name: str) -> dict[str, str]:
+        """An application_name for pg_stat_activity, unless the URL sets its own."""
+        return {} if "application_name" in self.conninfo else {"application_name": name}
 
     def _probe_failure(self) -> StoreUnavailable:
         """Connect once directly, to say *why* the pool could not (the pool only times out)."""
@@ -174,7 +178,7 @@ class PostgresStore(ReadOperations):
             if isinstance(exc, pg_errors.LockNotAvailable):
                 raise
             raise self._unavailable(exc) from None
-        except pg_errors.UndefinedTable as exc:
+        except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
             raise self._missing_tables(exc) from None
 
     def _missing_tables(self, exc: Exception) -> SchemaError:
@@ -681,7 +685,7 @@ class PostgresStore(ReadOperations):
         """Wait for a NOTIFY from an insert (or replay, release, rescue) in this schema."""
         try:
             if self._listener is None or self._listener.closed:
-                self._listener = self.connect(autocommit=True)
+                self._listener = self.connect(autocommit=True, **self._named("oncebox listener"))
                 self._listener.execute("LISTEN oncebox_jobs")
             for notice in self._listener.notifies(timeout=timeout, stop_after=1):
                 if notice.payload == self.schema:
@@ -799,7 +803,7 @@ class PostgresConsumerSession:
                 if isinstance(exc, pg_errors.LockNotAvailable):
                     raise
                 raise self._store._unavailable(exc) from None
-            except pg_errors.UndefinedTable as exc:
+            except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
                 raise self._store._missing_tables(exc) from None
 
     def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
