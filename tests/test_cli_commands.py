@@ -161,7 +161,8 @@ def test_a_schedule_run_then_worker_then_status_shows_the_periods_coverage(freig
         (("schedule", "run", "weekly-digest", "--period", "2026-08-10"), "2026-08-10"),
         (("schedule", "run", "monthly", "--period", PERIOD), "monthly"),
         (("schedule", "run", "weekly-digest"), "--period"),
-        (("schedule", "pause", "monthly"), "no schedule named 'monthly'"),
+        (("schedule", "pause", "monthly", "--reason", "x"), "no schedule named 'monthly'"),
+        (("schedule", "pause", "weekly-digest"), "--reason"),
     ],
 )
 def test_schedule_commands_refuse_bad_input(freight, args, needle):
@@ -173,12 +174,43 @@ def test_schedule_commands_refuse_bad_input(freight, args, needle):
     assert job_count(url) == 0
 
 
-def test_pausing_a_schedule_shows_in_the_list_and_resume_clears_it(freight):
+def test_pausing_a_schedule_shows_in_the_list_is_audited_and_resume_clears_it(freight):
     _url, env, _tmp = freight
-    assert run(env, "schedule", "pause", "weekly-digest").returncode == 0
+    paused = run(env, "schedule", "pause", "weekly-digest", "--reason", "customer migration")
+    assert paused.returncode == 0, paused.stderr
     assert ok_json(run(env, "schedule", "list", "--json"))[0]["paused"] is True
-    assert run(env, "schedule", "resume", "weekly-digest").returncode == 0
+    assert run(env, "schedule", "resume", "weekly-digest", "--reason", "done").returncode == 0
     assert ok_json(run(env, "schedule", "list", "--json"))[0]["paused"] is False
+    entries = ok_json(run(env, "audit", "list", "--key", "weekly-digest", "--json"))
+    assert [(e["action"], e["target_kind"], e["reason"]) for e in entries] == [
+        ("resume", "schedule", "done"),
+        ("pause", "schedule", "customer migration"),
+    ]
+
+
+def test_a_period_run_by_hand_shows_in_status_without_the_app(freight):
+    _url, env, _tmp = freight
+    run(env, "schedule", "run", "weekly-digest", "--period", PERIOD)
+    bare = {**env, "ONCEBOX_APP": ""}
+    [schedule] = ok_json(run(bare, "status", "--json"))["schedules"]
+    assert [p["period"] for p in schedule["periods"]] == [PERIOD]
+    assert [s["name"] for s in ok_json(run(bare, "schedule", "list", "--json"))] == [
+        "weekly-digest"
+    ]
+
+
+def test_a_ready_job_is_cancelled_with_an_audit_and_only_once(freight):
+    _url, env, _tmp = freight
+    run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}", "--delay", "3600")
+    key = f"weekly-digest/customer-1/{PERIOD}"
+    cancelled = ok_json(run(env, "jobs", "cancel", key, "--reason", "customer left", "--json"))
+    assert cancelled["key"] == key
+    [job] = ok_json(run(env, "jobs", "list", "--state", "cancelled", "--json"))
+    assert job["key"] == key
+    [entry] = ok_json(run(env, "audit", "list", "--action", "cancel", "--json"))
+    assert (entry["target_key"], entry["reason"]) == (key, "customer left")
+    assert_one_line_error(run(env, "jobs", "cancel", key, "--reason", "again"), 2, "no job")
+    assert run(env, "jobs", "cancel", key).returncode == 2  # no --reason
 
 
 def dead_poison(env) -> str:
@@ -282,6 +314,8 @@ def test_an_ambiguous_smtp_send_is_listed_shown_and_resolved_with_an_audit(freig
     assert [a["outcome"] for a in shown["attempts"]] == ["ambiguous"]
 
     assert_one_line_error(run(env, "outbox", "resolve", row["key"], "--reason", "x"), 2, "--sent")
+    both = run(env, "outbox", "resolve", row["key"], "--sent", "--resend", "--reason", "x")
+    assert_one_line_error(both, 2, "one of them")
     assert run(env, "outbox", "resolve", row["key"], "--sent").returncode == 2  # no --reason
     resolved = ok_json(
         run(
@@ -408,6 +442,8 @@ def test_a_worker_without_a_secret_stores_one_that_every_worker_then_shares(frei
         (("jobs", "list", "--before", "x"), "--before"),
         (("schedule", "list", "--db", "mysql://x/y"), "mysql"),
         (("keys", "accept", "weekly_digest", "--reason", "   "), "reason"),
+        (("audit", "list", "--key", "bad key"), "invalid key"),
+        (("status", "--app", "", "--db", "sqlite:///no/such/file.db"), "no SQLite database"),
         (("frobnicate",), "No such command"),
     ],
 )

@@ -35,7 +35,7 @@ from oncebox.dispatch import DispatcherConfig, OutboxDispatcher
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.keyguard import KeyGuard
 from oncebox.metrics import Metrics
-from oncebox.operations import Operations
+from oncebox.operations import Operations, reason_text
 from oncebox.outbox import OutboxWriter
 from oncebox.periods import PeriodKind
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider
@@ -51,7 +51,7 @@ from oncebox.schedule import (
     run_schedule,
 )
 from oncebox.store import open_store
-from oncebox.store.base import JobInsert, JobInsertMany, ScheduleRunRef, Store
+from oncebox.store.base import Audit, JobInsert, JobInsertMany, ScheduleRunRef, Store
 from oncebox.sweeper import ExpirySweeper, SweepContext, Sweeper, make_sweeper
 from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
 from oncebox.tokens import SECRET_SETTING, check_secret, new_secret, secret_from_env
@@ -436,14 +436,19 @@ class Box(Operations):
         schedule = self._schedule(name)
         self.key_guard.require_schedule(schedule)
         self.key_guard.require_task(self.registry.resolve(schedule.task))
+        self.store.schedule_state(schedule.name, schedule.grace)  # known to status from now on
         return run_schedule(self, schedule, period, worker_name("manual"))
 
-    def pause_schedule(self, name: str) -> None:
-        self.store.schedule_state_pause(self._schedule(name).name, True)
+    def pause_schedule(self, name: str, *, reason: str | None = None, actor: str = "api") -> None:
+        """Stop fanning out; audited when a reason is given."""
+        audit = None if reason is None else Audit(actor, reason_text(reason))
+        self.store.schedule_state_pause(self._schedule(name).name, True, audit)
 
-    def resume_schedule(self, name: str) -> None:
-        """Resume from now: fires that passed while paused are skipped."""
-        self.store.schedule_state_pause(self._schedule(name).name, False)
+    def resume_schedule(self, name: str, *, reason: str | None = None, actor: str = "api") -> None:
+        """Resume from now: fires that passed while paused are skipped. Audited when a reason is
+        given."""
+        audit = None if reason is None else Audit(actor, reason_text(reason))
+        self.store.schedule_state_pause(self._schedule(name).name, False, audit)
 
     def ticker(self) -> ScheduleTicker:
         """The scheduler lane, for `run_once()` in tests and tools."""

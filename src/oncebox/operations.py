@@ -103,12 +103,14 @@ class Operations:
         return ActionOutcome(result.job_id, result.key, result.audit_id)
 
     def dead_letters(self, where: DeadFilter) -> list[JobRow | OutboxRow]:
-        """Dead jobs and dead outbox rows matching `where`, newest first, at most `limit`."""
+        """Dead jobs and dead outbox rows matching `where`, newest first across both kinds, at
+        most `limit`."""
         found: list[JobRow | OutboxRow] = []
         if where.kind != "delivery" and where.channel is None:
             found += self._page_jobs(where)
         if where.kind != "job" and where.task is None:
-            found += self._page_deliveries(where, where.limit - len(found))
+            found += self._page_deliveries(where, where.limit)
+        found.sort(key=lambda row: (row.created_at, row.id), reverse=True)
         return found[: where.limit]
 
     def _page_jobs(self, where: DeadFilter) -> list[JobRow]:

@@ -1,4 +1,5 @@
-"""The `oncebox` command group: every command, registered in the order `--help` shows them."""
+"""The `oncebox` command group: every command registered in one place (`--help` lists them
+alphabetically)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from oncebox.errors import (
     NotFound,
     OnceboxError,
 )
+from oncebox.store import open_store
 from oncebox.store.migrations import check_runnable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -154,10 +155,12 @@ def box_for_admin(app: str | None, db: str | None) -> Box:
     """Inspection and operator commands need only the database; the app is loaded when given
     (for its tasks, channels and schedules)."""
     if app:
-        return load_app(app, db)
+        box = load_app(app, db)
+        check_runnable(box.store.schema_status(), box.where)
+        return box
     if not db:
         fail("--db URL (or --app MODULE) is required", 2)
-    box = Box(db)
+    box = Box(store=open_store(db, migrate=False, must_exist=True))
     check_runnable(box.store.schema_status(), box.where)
     return box
 

@@ -44,10 +44,9 @@ def _check_week(_ctx: click.Context, _param: click.Parameter, value: str | None)
 )
 @click.option(
     "--email",
-    envvar="ONCEBOX_EMAIL",
     metavar="URL",
-    help="Send through this provider (smtp://…, resend://…) instead of the file sink "
-    "[env ONCEBOX_EMAIL].",
+    help="Send through this provider (smtp://…, resend://…) instead of the file sink. Not read "
+    "from ONCEBOX_EMAIL: a demo never mails real addresses unless told to here.",
 )
 @click.option("--no-faults", is_flag=True, help="Run without injected faults.")
 def demo(db: str, customers: int, period: str | None, email: str | None, no_faults: bool) -> None:

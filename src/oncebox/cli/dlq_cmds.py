@@ -98,17 +98,17 @@ def dlq_show(
         is_id = key_or_id.isdigit()
         records = []
         if kind != "delivery":
-            jobs = [j for j in box.find(key_or_id) if j.state == "dead"]
-            if not is_id or kind == "job" or jobs:
-                records += [
-                    {"kind": "job", **shapes.job(j, box.store.job_attempt_list(j.id))} for j in jobs
-                ]
-        if kind == "delivery" or not is_id:
-            rows = (
-                [r for r in [box.store.outbox_get(int(key_or_id))] if r is not None]
-                if is_id
-                else box.store.outbox_find_by_key(key_or_id)
-            )
+            records += [
+                {"kind": "job", **shapes.job(j, box.store.job_attempt_list(j.id))}
+                for j in box.find(key_or_id)
+                if j.state == "dead"
+            ]
+        if kind != "job":
+            if is_id:
+                found = box.store.outbox_get(int(key_or_id))
+                rows = [found] if found is not None else []
+            else:
+                rows = box.store.outbox_find_by_key(key_or_id)
             records += [
                 {"kind": "delivery", **shapes.message(r, box.store.delivery_attempt_list(r.id))}
                 for r in rows
@@ -123,11 +123,14 @@ def dlq_show(
         target = record["task"] if record["kind"] == "job" else record["channel"]
         click.echo(f"dead {record['kind']} {record['id']}  {target}  key={record['key']}")
         for attempt in record["attempts"]:
+            first = (attempt["error"] or "").splitlines()[:1]
             click.echo(
                 f"  attempt {attempt['attempt']}: {attempt['outcome']} at "
-                f"{attempt['finished_at']}: {attempt['error'] or ''}"
+                f"{attempt['finished_at']}: {' '.join(first)}"
             )
-        click.echo(f"  last error: {record['last_error']}")
+        click.echo("  last error:")
+        for line in (record["last_error"] or "-").splitlines():
+            click.echo(f"    {line}")
 
 
 def _echo_outcome(outcome: ActionOutcome | InvalidState) -> None:

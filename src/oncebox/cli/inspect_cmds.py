@@ -10,6 +10,7 @@ import click
 from oncebox.box import Box
 from oncebox.cli import shapes
 from oncebox.cli.common import (
+    actor_option,
     app_option,
     box_for_admin,
     db_option,
@@ -17,9 +18,11 @@ from oncebox.cli.common import (
     limit_option,
     print_json,
     print_table,
+    reason_option,
     reported,
 )
 from oncebox.errors import NotFound
+from oncebox.keys import validate_key
 from oncebox.store.base import AuditFilter, JobFilter
 
 JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
@@ -120,7 +123,10 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
             else ""
         )
     )
-    click.echo(f"claims     {data['claim_conflicts']} conflict(s) absorbed (key already claimed)")
+    click.echo(
+        f"claims     {data['claim_conflicts']} job(s) completed as duplicates (their key was "
+        "already claimed)"
+    )
     click.echo(
         "outbox     "
         + ", ".join(f"{state} {outbox[state]}" for state in OUTBOX_STATES)
@@ -239,9 +245,9 @@ def jobs_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) ->
         print_json(records)
         return
     for record in records:
+        state = record["state"] + (f" ({record['outcome']})" if record["outcome"] else "")
         click.echo(
-            f"job {record['id']}  {record['task']}  key={record['key']}  "
-            f"state={record['state']}  outcome={record['outcome']}  "
+            f"job {record['id']}  {record['task']}  key={record['key']}  state={state}  "
             f"attempt={record['attempt']}/{record['max_attempts']}"
         )
         if record["schedule"]:
@@ -254,6 +260,27 @@ def jobs_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) ->
             )
 
 
+@jobs.command("cancel")
+@click.argument("key_or_id")
+@reason_option
+@actor_option
+@app_option
+@db_option
+@json_option
+def jobs_cancel(
+    *, key_or_id: str, reason: str, actor: str, app: str | None, db: str | None, as_json: bool
+) -> None:
+    """Cancel a ready job — a queued job or a pending timer — audited. A running job is not
+    cancelled (it may be committing); a cancelled key can be enqueued again."""
+    with reported():
+        box = box_for_admin(app, db)
+        outcome = box.cancel(key_or_id, reason=reason, actor=actor)
+    if as_json:
+        print_json({"id": outcome.id, "key": outcome.key, "audit_id": outcome.audit_id})
+    else:
+        click.echo(f"job {outcome.id} ({outcome.key}) cancelled; audit #{outcome.audit_id}")
+
+
 @click.group()
 def audit() -> None:
     """The audit log: every operator action, with who and why."""
@@ -261,7 +288,10 @@ def audit() -> None:
 
 @audit.command("list")
 @click.option("--key", help="Actions on this key.")
-@click.option("--action", help="e.g. replay, cancel, resolve-sent, resolve-resend, accept-keys.")
+@click.option(
+    "--action",
+    help="replay, cancel, resolve-sent, resolve-resend, pause, resume or accept-keys.",
+)
 @click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
 @limit_option()
 @app_option
@@ -279,6 +309,8 @@ def audit_list(
 ) -> None:
     """Audit entries, newest first."""
     with reported():
+        if key is not None:
+            validate_key(key.replace("~", "-"))
         box = box_for_admin(app, db)
         rows = box.store.audit_search(
             AuditFilter(action=action, key=key, before_id=before_id, limit=limit)

@@ -119,10 +119,8 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
 
 @outbox.command("resolve")
 @click.argument("key_or_id")
-@click.option("--sent", "resolution", flag_value="sent", help="It arrived: record it as sent.")
-@click.option(
-    "--resend", "resolution", flag_value="resend", help="It did not arrive: send it again."
-)
+@click.option("--sent", is_flag=True, help="It arrived: record it as sent.")
+@click.option("--resend", is_flag=True, help="It did not arrive: send it again.")
 @click.option("--receipt", help="With --sent: the provider's message id, for the record.")
 @reason_option
 @actor_option
@@ -132,7 +130,8 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
 def outbox_resolve(
     *,
     key_or_id: str,
-    resolution: str | None,
+    sent: bool,
+    resend: bool,
     receipt: str | None,
     reason: str,
     actor: str,
@@ -141,8 +140,9 @@ def outbox_resolve(
     as_json: bool,
 ) -> None:
     """Settle an ambiguous send after checking with the provider or the recipient. Audited."""
-    if resolution not in ("sent", "resend"):
-        fail("say what happened: --sent (it arrived) or --resend (it did not)", 2)
+    if sent == resend:
+        fail("say what happened: --sent (it arrived) or --resend (it did not), one of them", 2)
+    resolution = "sent" if sent else "resend"
     if receipt and resolution != "sent":
         fail("--receipt goes with --sent", 2)
     with reported():

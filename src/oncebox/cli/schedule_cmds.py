@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from oncebox.cli.common import (
+    actor_option,
     app_option,
     box_for_admin,
     db_option,
@@ -14,10 +15,13 @@ from oncebox.cli.common import (
     load_app,
     print_json,
     print_table,
+    reason_option,
     reported,
 )
 from oncebox.cli.shapes import instant
 from oncebox.errors import NotFound
+from oncebox.operations import reason_text
+from oncebox.store.base import Audit
 
 
 @click.group()
@@ -103,7 +107,9 @@ def schedule_run(name: str, period: str, app: str | None, db: str | None, as_jso
         )
 
 
-def _set_paused(name: str, paused: bool, app: str | None, db: str | None) -> None:
+def _set_paused(
+    name: str, paused: bool, *, reason: str, actor: str, app: str | None, db: str | None
+) -> None:
     with reported():
         box = box_for_admin(app, db)
         known = set(box.schedules) | {n for n, _p, _l in box.store.schedule_state_list()}
@@ -111,24 +117,28 @@ def _set_paused(name: str, paused: bool, app: str | None, db: str | None) -> Non
             raise NotFound(
                 f"no schedule named {name!r} (known: {', '.join(sorted(known)) or 'none'})"
             )
-        box.store.schedule_state_pause(name, paused)
+        box.store.schedule_state_pause(name, paused, Audit(actor, reason_text(reason)))
     click.echo(f"{name} {'paused' if paused else 'resumed (fires that passed are skipped)'}")
 
 
 @schedule.command("pause")
 @click.argument("name")
+@reason_option
+@actor_option
 @app_option
 @db_option
-def schedule_pause(name: str, app: str | None, db: str | None) -> None:
-    """Stop fanning out NAME; jobs already enqueued still run."""
-    _set_paused(name, True, app, db)
+def schedule_pause(*, name: str, reason: str, actor: str, app: str | None, db: str | None) -> None:
+    """Stop fanning out NAME; jobs already enqueued still run. Audited."""
+    _set_paused(name, True, reason=reason, actor=actor, app=app, db=db)
 
 
 @schedule.command("resume")
 @click.argument("name")
+@reason_option
+@actor_option
 @app_option
 @db_option
-def schedule_resume(name: str, app: str | None, db: str | None) -> None:
+def schedule_resume(*, name: str, reason: str, actor: str, app: str | None, db: str | None) -> None:
     """Fan out NAME again from now on; fires that passed while paused are skipped (run one with
-    `schedule run NAME --period P`)."""
-    _set_paused(name, False, app, db)
+    `schedule run NAME --period P`). Audited."""
+    _set_paused(name, False, reason=reason, actor=actor, app=app, db=db)

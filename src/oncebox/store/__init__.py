@@ -12,22 +12,32 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from oncebox.errors import ConfigurationError
+from oncebox.errors import ConfigurationError, NotFound
 from oncebox.metrics import Metrics
 from oncebox.store.base import Store
 
 __all__ = ["Store", "open_store"]
 
 
-def open_store(url: str, *, metrics: Metrics | None = None, migrate: bool | None = None) -> Store:
-    """Open the store a URL names. SQLite is migrated on open unless `migrate=False`."""
+def open_store(
+    url: str,
+    *,
+    metrics: Metrics | None = None,
+    migrate: bool | None = None,
+    must_exist: bool = False,
+) -> Store:
+    """Open the store a URL names. SQLite is migrated on open unless `migrate=False`, and its
+    file created unless `must_exist` (operator commands: a mistyped path is an error, not a new
+    empty database)."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"database URL {url!r} is not a URL: use sqlite:///path.db or postgresql://host/db"
         )
     scheme = url.split("://", 1)[0].lower()
     if scheme == "sqlite":
-        return _open_sqlite(url, metrics=metrics, migrate=migrate is not False)
+        return _open_sqlite(
+            url, metrics=metrics, migrate=migrate is not False, must_exist=must_exist
+        )
     if scheme in {"postgresql", "postgres"}:
         from oncebox.store.postgres import PostgresStore
 
@@ -40,7 +50,7 @@ def open_store(url: str, *, metrics: Metrics | None = None, migrate: bool | None
     )
 
 
-def _open_sqlite(url: str, *, metrics: Metrics | None, migrate: bool) -> Store:
+def _open_sqlite(url: str, *, metrics: Metrics | None, migrate: bool, must_exist: bool) -> Store:
     from oncebox.store.sqlite import SqliteStore
 
     parts = urlsplit(url)
@@ -55,6 +65,8 @@ def _open_sqlite(url: str, *, metrics: Metrics | None, migrate: bool) -> Store:
             "SQLite URL needs a file path (an in-memory database cannot be shared by the "
             "worker's connections): e.g. sqlite:///oncebox.db"
         )
+    if must_exist and not Path(raw_path).is_file():
+        raise NotFound(f"no SQLite database at {Path(raw_path).resolve()}")
     options = dict(parse_qsl(parts.query))
     unknown = set(options) - {"synchronous", "busy_timeout"}
     if unknown:

@@ -290,6 +290,14 @@ class AuditRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Audit:
+    """Who did it and why, for an operator action that has no row id of its own."""
+
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ActionResult:
     """A replay or cancel that happened: the job and the audit row written with it."""
 
@@ -683,7 +691,7 @@ class Store(Protocol):
         ...
 
     def schedule_state_advance(self, name: str, at: datetime) -> None: ...
-    def schedule_state_pause(self, name: str, paused: bool) -> None: ...
+    def schedule_state_pause(self, name: str, paused: bool, audit: Audit | None = None) -> None: ...
     def schedule_state_list(self) -> list[tuple[str, bool, datetime | None]]: ...
     def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool: ...
     def schedule_run_extend(

@@ -34,6 +34,7 @@ from oncebox.ratelimit import BucketState
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
+    Audit,
     BucketSpec,
     ClaimLockTimeout,
     ConsumerSettings,
@@ -178,7 +179,11 @@ class PostgresStore(ReadOperations):
             if isinstance(exc, pg_errors.LockNotAvailable):
                 raise
             raise self._unavailable(exc) from None
-        except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+        except (
+            pg_errors.UndefinedTable,
+            pg_errors.UndefinedFunction,
+            pg_errors.InvalidSchemaName,
+        ) as exc:
             raise self._missing_tables(exc) from None
 
     def _missing_tables(self, exc: Exception) -> SchemaError:
@@ -610,8 +615,15 @@ class PostgresStore(ReadOperations):
         self._execute("schedule_state_advance", {"name": name, "at": at})
 
     @operation
-    def schedule_state_pause(self, name: str, paused: bool) -> None:
-        self._execute("schedule_state_pause", {"name": name, "paused": paused})
+    def schedule_state_pause(self, name: str, paused: bool, audit: Audit | None = None) -> None:
+        params = {"name": name, "paused": paused}
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self._q["schedule_state_pause"], params)
+            if audit is not None:
+                conn.execute(
+                    self._q["schedule_state_pause__audit"],
+                    {**params, "actor": audit.actor, "reason": audit.reason},
+                )
 
     @operation
     def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:
@@ -803,7 +815,11 @@ class PostgresConsumerSession:
                 if isinstance(exc, pg_errors.LockNotAvailable):
                     raise
                 raise self._store._unavailable(exc) from None
-            except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+            except (
+                pg_errors.UndefinedTable,
+                pg_errors.UndefinedFunction,
+                pg_errors.InvalidSchemaName,
+            ) as exc:
                 raise self._store._missing_tables(exc) from None
 
     def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:

@@ -31,6 +31,7 @@ from oncebox.ratelimit import BucketState
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
+    Audit,
     BucketSpec,
     ConsumerSettings,
     EnqueueConflict,
@@ -686,12 +687,15 @@ class SqliteStore(ReadOperations):
             )
 
     @operation
-    def schedule_state_pause(self, name: str, paused: bool) -> None:
+    def schedule_state_pause(self, name: str, paused: bool, audit: Audit | None = None) -> None:
         with self._write() as conn:
-            conn.execute(
-                self._q["schedule_state_pause"],
-                {"name": name, "paused": int(paused), "now": self._now()},
-            )
+            params = {"name": name, "paused": int(paused), "now": self._now()}
+            conn.execute(self._q["schedule_state_pause"], params)
+            if audit is not None:
+                conn.execute(
+                    self._q["schedule_state_pause__audit"],
+                    {**params, "actor": audit.actor, "reason": audit.reason},
+                )
 
     @operation
     def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:

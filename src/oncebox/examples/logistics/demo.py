@@ -126,6 +126,7 @@ class Progress:
         self.stream, self.label, self.total = stream, label, max(total, 1)
         self.tty = stream.isatty()
         self.shown = -1
+        self.written = -1
 
     def update(self, done: int) -> None:
         if self.tty:
@@ -136,14 +137,18 @@ class Progress:
             self.stream.flush()
         elif done * 4 // self.total != self.shown and done < self.total:
             self.shown = done * 4 // self.total
-            self.stream.write(f"  {self.label}: {done}/{self.total}\n")
+            self._line(done)
 
     def finish(self, done: int) -> None:
         if self.tty:
             self.update(done)
             self.stream.write("\n")
-        else:
-            self.stream.write(f"  {self.label}: {done}/{self.total}\n")
+        elif done != self.written:
+            self._line(done)
+
+    def _line(self, done: int) -> None:
+        self.written = done
+        self.stream.write(f"  {self.label}: {done}/{self.total}\n")
 
 
 def _reset(options: DemoOptions) -> Path:

@@ -610,6 +610,12 @@ SET paused = excluded.paused,
                         ELSE GREATEST(s.last_fire_at, excluded.updated_at) END,
     updated_at = excluded.updated_at;
 
+-- name: schedule_state_pause__audit
+INSERT INTO __S__.oncebox_audit
+    (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (__S__.oncebox_now(), %(actor)s, CASE WHEN %(paused)s THEN 'pause' ELSE 'resume' END,
+        'schedule', NULL, %(name)s, %(reason)s, NULL);
+
 -- name: schedule_state_list
 SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
 

@@ -459,6 +459,11 @@ SET paused = excluded.paused,
                         ELSE max(s.last_fire_at, excluded.updated_at) END,
     updated_at = excluded.updated_at;
 
+-- name: schedule_state_pause__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, CASE WHEN :paused THEN 'pause' ELSE 'resume' END, 'schedule', NULL, :name,
+        :reason, NULL);
+
 -- name: schedule_state_list
 SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
 
