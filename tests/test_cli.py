@@ -205,11 +205,26 @@ def test_the_demo_refuses_bad_arguments_with_a_usage_error(tmp_path, args, needl
     assert not (tmp_path / "oncebox-demo.db").exists()
 
 
-def test_the_demo_refuses_a_database_that_already_holds_jobs(tmp_path):
+def test_the_demo_refuses_a_database_that_already_holds_jobs_and_writes_nothing(tmp_path):
+    import sqlite3
+
     url = f"sqlite:///{tmp_path / 'app.db'}"
     dead_greeting(url)
+
+    def snapshot() -> tuple[list[str], list[tuple[str, str]]]:
+        conn = sqlite3.connect(tmp_path / "app.db")
+        try:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master ORDER BY 1")]
+            settings = conn.execute("SELECT name, value FROM oncebox_settings").fetchall()
+            return tables, settings
+        finally:
+            conn.close()
+
+    before = snapshot()
     result = oncebox("demo", "--db", url, cwd=tmp_path)
     assert_one_line_error(result, 2, "needs a database of its own")
+    assert snapshot() == before
+    assert not (tmp_path / "app.db.clock").exists()
 
 
 @pytest.mark.postgres

@@ -83,6 +83,16 @@ def test_enqueue_parses_values_as_json_and_reports_a_held_key(freight):
     )
     text = run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
     assert f"held by job {first['job_id']} (ready)" in text.stdout
+    # typed by the handler's annotations: 01 is the integer 1, so it is the same key
+    padded = ok_json(
+        run(env, "enqueue", "weekly_digest", "customer_id=01", f"period={PERIOD}", "--json")
+    )
+    assert (padded["key"], padded["created"]) == (first["key"], False)
+    # a str parameter takes the text as typed, even when it looks like JSON
+    text_period = ok_json(
+        run(env, "enqueue", "weekly_digest", "customer_id=2", "period=42", "--json")
+    )
+    assert text_period["key"] == "weekly-digest/customer-2/42"
 
 
 @pytest.mark.parametrize(
@@ -91,7 +101,19 @@ def test_enqueue_parses_values_as_json_and_reports_a_held_key(freight):
         (("weekly_digest", "customer_id", f"period={PERIOD}"), "not name=value"),
         (("weekly_digest", "customer_id=1", "customer_id=2"), "given twice"),
         (("no_such_task", "x=1"), "no_such_task"),
-        (("weekly_digest", "customer_id=1.5", f"period={PERIOD}"), "float"),
+        (("weekly_digest", "customer_id=1.5", f"period={PERIOD}"), "is an int: '1.5'"),
+        (("weekly_digest", "customer_id=abc", f"period={PERIOD}"), "is an int"),
+        (("weekly_digest", "customer_id=1", f"period={PERIOD}", "--delay", "nan"), "--delay"),
+        (
+            (
+                "weekly_digest",
+                "customer_id=1",
+                f"period={PERIOD}",
+                "--run-at",
+                "0001-01-01T00:00:00",
+            ),
+            "outside 1970-9000",
+        ),
         (("weekly_digest", "customer_id=1"), "period"),
         (("weekly_digest", "customer_id=1", f"period={PERIOD}", "--delay", "-3"), "--delay"),
     ],
@@ -286,6 +308,9 @@ def test_dlq_list_show_and_a_rate_limited_replay_all_keep_the_key_and_audit(frei
         (("dlq", "replay", "--all", "--rate", "0", "--reason", "x"), "--rate"),
         (("dlq", "show", "k/1"), "no dead job or delivery"),
         (("dlq", "list", "--kind", "message"), "--kind"),
+        (("dlq", "list", "--kind", "delivery", "--task", "t"), "--task selects dead jobs"),
+        (("dlq", "replay", "--all", "--task", "t", "--channel", "c", "--reason", "x"), "--task"),
+        (("dlq", "list", "--kind", "job", "--channel", "email"), "--channel selects"),
     ],
 )
 def test_dlq_commands_refuse_bad_input(freight, args, needle):

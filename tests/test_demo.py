@@ -4,17 +4,17 @@ and from what was delivered — not from the demo's own counters."""
 from __future__ import annotations
 
 import io
-import shutil
 from collections import Counter
 from email import message_from_bytes
 from pathlib import Path
 
 import pytest
 
-from oncebox import Box
+from oncebox import Box, JobContext
 from oncebox.examples.logistics import demo
 from oncebox.examples.logistics.app import connect
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.testing import drain
 
 PERIOD = "2026-W49"
 
@@ -22,7 +22,8 @@ PERIOD = "2026-W49"
 def run_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options) -> demo.DemoReport:
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    report = demo.run(demo.DemoOptions(customers=40, period=PERIOD, **options), out)
+    options.setdefault("customers", 40)
+    report = demo.run(demo.DemoOptions(period=PERIOD, **options), out)
     report.text = out.getvalue()  # type: ignore[attr-defined]
     return report
 
@@ -87,42 +88,11 @@ def test_the_demo_on_sqlite_delivers_one_digest_per_active_customer_under_faults
     assert "invariants hold" in report.text  # type: ignore[attr-defined]
 
 
-def test_the_demo_checker_reports_a_digest_delivered_twice(tmp_path, monkeypatch):
-    report = run_demo(tmp_path, monkeypatch)
-    assert report.violations == []
-    outbox = tmp_path / "oncebox-demo-outbox"
-    first = sorted(outbox.glob("*.eml"))[0]
-    shutil.copy(first, outbox / "0000copy.eml")
-    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
-    box = Box(url)
+def recheck(tmp_path: Path, report: demo.DemoReport, change) -> list[str]:
+    """Change the finished demo's world, then run its checker again."""
+    box = Box(f"sqlite:///{tmp_path / demo.DEFAULT_DB}")
     try:
-        conn = connect(box)
-        sent = [
-            (key, [(state, token)])
-            for key, state, token in conn.execute(
-                "SELECT intent_key, state, token FROM oncebox_outbox"
-            )
-        ]
-        conn.close()
-    finally:
-        box.close()
-    violations = demo._check_files(outbox, dict(sent))
-    assert any("for no sent message" in v for v in violations)
-    assert any("delivered twice" in v for v in violations)
-
-
-def test_the_demo_checker_reports_a_customer_without_a_digest(tmp_path, monkeypatch):
-    report = run_demo(tmp_path, monkeypatch)
-    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
-    box = Box(url)
-    try:
-        conn = connect(box)
-        conn.execute(
-            "DELETE FROM oncebox_outbox WHERE intent_key = ?",
-            (f"weekly-digest/customer-1/{PERIOD}",),
-        )
-        conn.commit()
-        conn.close()
+        change(box)
         run = demo.DemoRun(
             demo.DemoOptions(customers=40, period=PERIOD),
             box,
@@ -134,10 +104,83 @@ def test_the_demo_checker_reports_a_customer_without_a_digest(tmp_path, monkeypa
             io.StringIO(),
             poison=20,
         )
-        violations = demo.check_invariants(run)
+        return demo.check_invariants(run)
     finally:
         box.close()
+
+
+def test_the_demo_checker_reports_a_digest_delivered_twice_under_another_key(tmp_path, monkeypatch):
+    report = run_demo(tmp_path, monkeypatch)
+    assert report.violations == []
+
+    def send_again(box: Box) -> None:
+        """A careless job sends customer 1 the same digest under a key of its own."""
+        box.channel("email", provider=f"file://{tmp_path / 'oncebox-demo-outbox'}")
+
+        @box.task(key="digest-again/customer-{customer_id}")
+        def digest_again(ctx: JobContext, customer_id: int) -> None:
+            to, subject = ctx.connection.execute(
+                "SELECT c.email, d.subject FROM freight_customers c JOIN freight_digests d "
+                "ON d.customer_id = c.id WHERE c.id = ?",
+                (customer_id,),
+            ).fetchone()
+            ctx.outbox.email(to=to, subject=subject, text="again")
+
+        box.enqueue(digest_again, customer_id=1)
+        drain(box)
+
+    violations = recheck(tmp_path, report, send_again)
+    assert [v for v in violations if v.startswith("delivered twice")] == [
+        f"delivered twice: ['ops1@customer.example: {first_subject(tmp_path)}']"
+    ]
+
+
+def first_subject(tmp_path: Path) -> str:
+    box = Box(f"sqlite:///{tmp_path / demo.DEFAULT_DB}")
+    try:
+        conn = connect(box)
+        [(subject,)] = conn.execute("SELECT subject FROM freight_digests WHERE customer_id = 1")
+        conn.close()
+        return str(subject)
+    finally:
+        box.close()
+
+
+def test_the_demo_checker_reports_a_customer_without_a_digest(tmp_path, monkeypatch):
+    report = run_demo(tmp_path, monkeypatch)
+
+    def lose(box: Box) -> None:
+        conn = connect(box)
+        conn.execute(
+            "DELETE FROM oncebox_outbox WHERE intent_key = ?",
+            (f"weekly-digest/customer-1/{PERIOD}",),
+        )
+        conn.commit()
+        conn.close()
+
+    violations = recheck(tmp_path, report, lose)
     assert f"weekly-digest/customer-1/{PERIOD}: expected one sent digest, found none" in violations
+
+
+def test_the_demo_checker_reports_a_digest_to_an_inactive_customer(tmp_path, monkeypatch):
+    report = run_demo(tmp_path, monkeypatch)
+
+    def deactivate(box: Box) -> None:
+        conn = connect(box)
+        conn.execute("UPDATE freight_customers SET active = 0 WHERE id = 1")
+        conn.commit()
+        conn.close()
+
+    violations = recheck(tmp_path, report, deactivate)
+    assert any(v.startswith("1 digest(s) for inactive customers") for v in violations)
+
+
+@pytest.mark.parametrize("customers", [10, 455])
+def test_the_demo_holds_its_invariants_at_awkward_sizes(tmp_path, monkeypatch, customers):
+    """10: the poison's neighbours hold docks; 455: one customer holds two docks."""
+    report = run_demo(tmp_path, monkeypatch, customers=customers)
+    assert report.violations == []
+    assert report.holds_expired > 0
 
 
 @pytest.mark.postgres

@@ -83,4 +83,5 @@ def build_consumer(
         worker=worker,
         note_superseded=note,
     )
+    consumer.may_render = lambda task: bool(box.key_guard.allowed([task]))
     return consumer, transport

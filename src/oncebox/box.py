@@ -24,7 +24,7 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, overload
 
 from oncebox.assembly import build_consumer, worker_name
@@ -60,6 +60,9 @@ from oncebox.watch import HandlerWatch
 from oncebox.worker import Worker, WorkerConfig, WorkerResult
 
 log = logging.getLogger("oncebox")
+MAX_DELAY = timedelta(days=100 * 366)
+EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_RUN_AT = datetime(9000, 1, 1, tzinfo=UTC)
 F = TypeVar("F", bound=Callable[..., Any])
 RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
 EnqueueReason = Literal["created", "active_job", "key_claimed"]
@@ -415,6 +418,8 @@ class Box(Operations):
                 grace=grace,
                 batch_size=batch_size,
             )
+            if name in self._schedules:
+                raise ConfigurationError(f"two schedules are named {name!r}")
             self._schedules[name] = declared
             return declared
 
@@ -468,6 +473,8 @@ class Box(Operations):
             declared = make_sweeper(
                 name, handler, every=every, batch_size=batch_size, timeout=timeout
             )
+            if name in self._sweepers:
+                raise ConfigurationError(f"two sweepers are named {name!r}")
             self._sweepers[name] = declared
             return declared
 
@@ -561,4 +568,12 @@ def _timing(run_at: datetime | None, delay: timedelta | None) -> tuple[datetime 
         raise ConfigurationError(f"run_at {run_at.isoformat()} must be timezone-aware")
     if delay is not None and delay < timedelta(0):
         raise ConfigurationError("delay must not be negative")
+    if delay is not None and delay > MAX_DELAY:
+        raise ConfigurationError(f"delay must be at most {MAX_DELAY.days} days")
+    if run_at is not None and not EARLIEST_RUN_AT <= run_at <= LATEST_RUN_AT:
+        # an instant far outside this range sorts first (or last) in every lease query and
+        # overflows on the way back: refused at the door
+        raise ConfigurationError(
+            f"run_at {run_at.isoformat()} is outside {EARLIEST_RUN_AT.year}-{LATEST_RUN_AT.year}"
+        )
     return run_at, delay or timedelta(0)

@@ -158,6 +158,9 @@ def describe_error(error: BaseException) -> str:
     return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # NUL cannot be stored in text
 
 
+DRIFT_RETRY = timedelta(seconds=60)
+
+
 class Consumer:
     """One consumer lane: leases batches from a transport and runs consumer transactions."""
 
@@ -189,6 +192,9 @@ class Consumer:
         self.outbox = outbox
         self.outbox_written: Callable[[int], None] = lambda _count: None
         self.stopping: Callable[[], bool] = lambda: False
+        # may this task mint keys now? (the key-drift guard; a delivery without a stored key has
+        # its key rendered here, from today's template)
+        self.may_render: Callable[[str], bool] = lambda _task: True
 
     # -- the lane ------------------------------------------------------------------------------
 
@@ -204,7 +210,7 @@ class Consumer:
         return result
 
     def process(self, deliveries: Sequence[Delivery], result: ConsumerResult) -> None:
-        pending = list(deliveries)
+        pending = self._refuse_drifted(list(deliveries), result)
         try:
             self._process(pending, result)
         except StoreUnavailable:
@@ -222,6 +228,17 @@ class Consumer:
             except Exception:
                 self.transport.drop(unsettled)
             raise
+
+    def _refuse_drifted(self, deliveries: list[Delivery], result: ConsumerResult) -> list[Delivery]:
+        """Give back, without spending an attempt, deliveries whose key would be rendered by a
+        task whose template drifted (see `oncebox.keyguard`)."""
+        refused = [d for d in deliveries if d.key is None and not self.may_render(d.task)]
+        if not refused:
+            return deliveries
+        self.transport.release(refused, DRIFT_RETRY)
+        result.released += len(refused)
+        self.metrics.count("jobs_released", len(refused))
+        return [d for d in deliveries if d not in refused]
 
     def _process(self, pending: list[Delivery], result: ConsumerResult) -> None:
         while pending:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 from oncebox.clock import monotonic
-from oncebox.errors import KeyDrift, NotFound
+from oncebox.errors import KeyDrift, NotFound, StoreUnavailable
 from oncebox.operations import reason_text
 from oncebox.store.base import JobFilter, KeyCanary
 
@@ -85,12 +86,20 @@ def task_canary(task: Task) -> KeyCanary | None:
     without a key template (it mints no keys)."""
     if task.key is None:
         return None
+    # Values come from the argument names, so swapping two placeholders, or rendering another
+    # argument in a placeholder's place, changes the output; they are short, so any template
+    # that can render a valid key renders its canaries.
     fields = task.key.fields
-    texts = {field: f"c{index}.Canary-{index}" for index, field in enumerate(fields)}
-    numbers = {field: 7001 + 13 * index for index, field in enumerate(fields)}
-    return KeyCanary(
-        "task", task.name, task.key.source, (task.key.render(texts), task.key.render(numbers))
-    )
+    outputs = []
+    for values in (
+        {field: field for field in fields},
+        {field: 1000 + zlib.crc32(field.encode()) % 9000 for field in fields},
+    ):
+        try:
+            outputs.append(task.key.render(values))
+        except Exception as exc:  # a failure is an output too: it must not stop the worker
+            outputs.append(f"!{type(exc).__name__}")
+    return KeyCanary("task", task.name, task.key.source, tuple(outputs))
 
 
 def schedule_canary(schedule: Schedule) -> KeyCanary:
@@ -171,7 +180,8 @@ class KeyGuard:
         self._tasks = tasks
         self._schedules = schedules
         self._clock = clock
-        self._trusted_until: dict[tuple[str, str], float] = {}
+        # (kind, name, what the code says): a redeclared template is checked afresh
+        self._trusted_until: dict[tuple[str, str, str], float] = {}
         self._reported: set[str] = set()
         self._lock = threading.Lock()
 
@@ -183,15 +193,22 @@ class KeyGuard:
         `may_record=False` (an enqueue inside the caller's SQLite transaction, which holds the
         write lock) reads but never writes: a first sighting is then recorded by the next
         process that can."""
-        if task.key is None or self._trusted(("task", task.name)):
+        if task.key is None:
             return
-        canary = task_canary(task)
-        assert canary is not None
-        self._verify(canary, may_record)
+        ident = ("task", task.name, task.key.source)
+        if not self._trusted(ident):
+            canary = task_canary(task)
+            assert canary is not None
+            self._verify(ident, canary, may_record)
 
     def require_schedule(self, schedule: Schedule) -> None:
-        if not self._trusted(("schedule", schedule.name)):
-            self._verify(schedule_canary(schedule), may_record=True)
+        ident = (
+            "schedule",
+            schedule.name,
+            f"{schedule.period.name}@{schedule.tz}#{id(schedule.period)}",
+        )
+        if not self._trusted(ident):
+            self._verify(ident, schedule_canary(schedule), may_record=True)
 
     def allowed(self, task_names: Iterable[str]) -> list[str]:
         """The names among `task_names` this process may run (drifted tasks are left out, and
@@ -206,6 +223,11 @@ class KeyGuard:
             except KeyDrift as refused:
                 self.report(refused)
                 continue
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # one task's problem must not stop the others
+                self.report(KeyDrift(f"task {name!r}: its canaries could not be checked: {exc}"))
+                continue
             allowed.append(name)
         return allowed
 
@@ -214,11 +236,11 @@ class KeyGuard:
         with self._lock:
             self._trusted_until.clear()
 
-    def _trusted(self, ident: tuple[str, str]) -> bool:
+    def _trusted(self, ident: tuple[str, str, str]) -> bool:
         with self._lock:
             return self._trusted_until.get(ident, 0.0) > self._clock()
 
-    def _verify(self, canary: KeyCanary, may_record: bool) -> None:
+    def _verify(self, ident: tuple[str, str, str], canary: KeyCanary, may_record: bool) -> None:
         recorded = self.store.key_canary_get(canary.kind, canary.name)
         if recorded is None:
             if not may_record:
@@ -227,7 +249,7 @@ class KeyGuard:
         if recorded.outputs != canary.outputs:
             raise KeyDrift(Drift(recorded, canary).describe())
         with self._lock:
-            self._trusted_until[(canary.kind, canary.name)] = self._clock() + RECHECK_AFTER
+            self._trusted_until[ident] = self._clock() + RECHECK_AFTER
 
     def report(self, refused: KeyDrift) -> None:
         """Log a refusal a lane made on its own (nobody else would see it), once per drift."""
@@ -270,13 +292,18 @@ class KeyGuard:
         return statuses
 
     def _gone(self, stored: KeyCanary) -> CanaryStatus:
-        """A recorded task or schedule this code lacks; `orphaned` when jobs still wait for a
-        task of that name (a rename leaves them `ready` forever)."""
+        """A recorded task or schedule this code lacks; `orphaned` when jobs of that task wait
+        in a queue this code consumes (a rename leaves them `ready` forever). Other apps sharing
+        the database, on their own queues, are not this code's business."""
+        queues = sorted({task.queue for task in self._tasks()})
         if stored.kind == "task":
             waiting = [
                 job
+                for queue in queues
                 for state in ("ready", "leased")
-                for job in self.store.job_list(JobFilter(state=state, task=stored.name, limit=1))
+                for job in self.store.job_list(
+                    JobFilter(state=state, task=stored.name, queue=queue, limit=1)
+                )
             ]
             if waiting:
                 return CanaryStatus(
@@ -314,6 +341,5 @@ class KeyGuard:
         if stored is not None and stored.outputs == canary.outputs:
             return None
         audit_id = self.store.key_canary_accept(canary, actor, reason)
-        with self._lock:
-            self._trusted_until.pop((canary.kind, canary.name), None)
+        self.forget()
         return audit_id

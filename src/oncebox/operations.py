@@ -7,12 +7,12 @@ is no way to replay under a new key — a new key is a new business operation.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from oncebox.clock import monotonic
+from oncebox.clock import sleep as clock_sleep
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.keys import validate_key
 from oncebox.metrics import Metrics
@@ -29,6 +29,15 @@ class DeadFilter:
     task: str | None = None
     channel: str | None = None
     limit: int = 1000
+
+    def __post_init__(self) -> None:
+        """Filters that cannot match anything are a mistake, not an empty result."""
+        if self.task is not None and (self.channel is not None or self.kind == "delivery"):
+            raise ConfigurationError("--task selects dead jobs; it cannot go with deliveries")
+        if self.channel is not None and self.kind == "job":
+            raise ConfigurationError("--channel selects dead deliveries; it cannot go with jobs")
+        if self.limit < 1:
+            raise ConfigurationError("the limit must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -153,7 +162,7 @@ class Operations:
         actor: str = "api",
         per_second: float = 20.0,
         on_each: Callable[[ActionOutcome | InvalidState], None] = lambda _outcome: None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = clock_sleep,
         clock: Callable[[], float] = monotonic,
     ) -> list[ActionOutcome]:
         """Redrive many dead letters in place, each audited, at most `per_second` a second: a

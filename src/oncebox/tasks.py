@@ -156,6 +156,11 @@ class Registry:
                 f"{existing.fn.__qualname__} and {task.fn.__module__}.{task.fn.__qualname__}); "
                 "give one an explicit name="
             )
+        if existing is not None and existing.key != task.key:
+            raise ConfigurationError(
+                f"task {task.name!r} is declared twice with different key templates "
+                f"({existing.key and existing.key.source!r} and {task.key and task.key.source!r})"
+            )
         self._tasks[task.name] = task
 
     def get(self, name: str) -> Task:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from oncebox import Box, JobContext
-from oncebox.errors import KeyDrift, NotFound
+from oncebox.errors import ConfigurationError, KeyDrift, NotFound
 from oncebox.keyguard import KeyGuard, schedule_canary, task_canary
 from oncebox.periods import day, iso_week
 from oncebox.schedule import make_schedule
@@ -215,14 +215,15 @@ def test_canaries_span_iso_year_boundaries_and_timezones():
     assert schedule_canary(weekly()).outputs == utc  # deterministic
 
 
-def test_task_canaries_render_text_and_integer_arguments():
-    def handler(ctx: JobContext, customer_id: int, period: str) -> None:
-        pass
-
+def canary_of(template: str, *params: str):
+    namespace: dict[str, Any] = {}
+    exec(  # noqa: S102 (a handler with exactly these parameters)
+        f"def handler(ctx, {', '.join(params)}): pass", namespace
+    )
     task = make_task(
-        handler,
-        name="weekly_digest",
-        key="weekly-digest/customer-{customer_id}/{period}",
+        namespace["handler"],
+        name="t",
+        key=template,
         retry=None,
         timeout=60,
         priority=0,
@@ -232,10 +233,25 @@ def test_task_canaries_render_text_and_integer_arguments():
     )
     canary = task_canary(task)
     assert canary is not None
-    assert canary.outputs == (
-        "weekly-digest/customer-c0.Canary-0/c1.Canary-1",
-        "weekly-digest/customer-7001/7014",
+    return canary.outputs
+
+
+def test_task_canaries_see_swapped_placeholders_and_a_different_argument():
+    base = canary_of("weekly-digest/customer-{customer_id}/{period}", "customer_id", "period")
+    assert base[0] == "weekly-digest/customer-customer_id/period"
+    assert base == canary_of(
+        "weekly-digest/customer-{customer_id}/{period}", "period", "customer_id"
     )
+    swapped = canary_of("weekly-digest/customer-{period}/{customer_id}", "customer_id", "period")
+    other = canary_of("weekly-digest/customer-{account_id}/{period}", "account_id", "period")
+    literal = canary_of("weekly-digest/{customer_id}/{period}", "customer_id", "period")
+    assert len({base, swapped, other, literal}) == 4
+
+
+def test_a_long_template_that_renders_valid_keys_renders_its_canaries():
+    template = "x" * 230 + "/{a}/{b}"
+    outputs = canary_of(template, "a", "b")
+    assert all(not output.startswith("!") for output in outputs)
 
 
 def test_a_first_enqueue_inside_the_callers_sqlite_transaction_reads_without_writing(
@@ -273,3 +289,32 @@ def test_keys_check_calls_a_renamed_tasks_waiting_jobs_orphaned(store_url, made)
     assert "renaming one is a data migration" in statuses[("digest", "orphaned")]
     drain(before)  # once its jobs are done, the old name is merely gone
     assert {s.status for s in before.key_guard.check()} == {"ok"}
+
+
+def test_a_broker_delivery_of_a_drifted_task_is_given_back_not_run(store_url, made):
+    from oncebox.testing import RedeliveringTransport
+
+    old = made(digest_box, store_url, "digest/customer-{customer_id}/{period}")
+    old.enqueue("digest", customer_id=1, period="2026-W33")
+    new = made(digest_box, store_url, "digest/{customer_id}/{period}")
+    broker = RedeliveringTransport(copies=1, seed=1)
+    broker.publish("digest", customer_id=2, period="2026-W33")
+    consumer = new.consumer(transport=broker)
+    try:
+        result = consumer.run_once()
+    finally:
+        consumer.session.close()
+    assert (result.completed, result.released) == (0, 1)
+    assert effects(new) == []
+
+
+def test_redeclaring_a_task_with_another_template_or_a_schedule_twice_is_refused(sqlite_url, made):
+    box = made(digest_box, sqlite_url, "digest/{customer_id}/{period}")
+    task = box.registry.resolve("digest")
+    with pytest.raises(ConfigurationError, match="declared twice with different key templates"):
+        box.task(name="digest", key="digest/x-{customer_id}/{period}")(task.fn)
+    scheduled = made(scheduled_box, sqlite_url)
+    with pytest.raises(ConfigurationError, match="two schedules are named 'weekly-digest'"):
+        scheduled.schedule(
+            "weekly-digest", cron="0 9 * * *", tz="UTC", period=day, task="weekly_digest"
+        )(lambda ctx: [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -41,13 +42,21 @@ def fail(message: str, code: int) -> NoReturn:
 
 @contextmanager
 def reported() -> Iterator[None]:
-    """Turn oncebox errors into one line and an exit code: 2 for user mistakes, 1 otherwise."""
+    """Turn oncebox errors into one line and an exit code: 2 for user mistakes, 1 otherwise.
+    Anything else (a bug, a driver error) is one line and exit 1 too; `-v` shows its traceback."""
     try:
         yield
     except USAGE_ERRORS as exc:
         fail(str(exc), 2)
     except OnceboxError as exc:
         fail(str(exc), 1)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
+        if logging.getLogger().isEnabledFor(logging.INFO):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        fail(f"unexpected {type(exc).__name__}: {first} (run with -v for the traceback)", 1)
 
 
 # -- options --------------------------------------------------------------------------------------

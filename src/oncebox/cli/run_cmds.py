@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,7 +20,9 @@ from oncebox.cli.common import (
     print_json,
     reported,
 )
+from oncebox.errors import InvalidArguments
 from oncebox.store import open_store
+from oncebox.tasks import Task
 from oncebox.worker import WorkerConfig
 
 
@@ -83,22 +87,51 @@ def worker(
     )
 
 
-def parse_assignments(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """`name=value` pairs: a value is parsed as JSON when it is valid JSON (`42`, `true`,
-    `"42"`, `[1,2]`), else taken as a string (`2026-W33`)."""
-    args: dict[str, Any] = {}
+INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _finite(value: float | None) -> float | None:
+    if value is not None and math.isnan(value):
+        raise click.BadParameter("must be a number of seconds", param_hint="--delay")
+    return value
+
+
+def split_assignments(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`name=value` pairs, as text; each name once."""
+    raw: dict[str, str] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
         if not sep or not name.isidentifier():
             raise click.BadParameter(
                 f"{pair!r} is not name=value (e.g. customer_id=42)", param_hint="ARGS"
             )
-        if name in args:
+        if name in raw:
             raise click.BadParameter(f"{name!r} is given twice", param_hint="ARGS")
-        try:
-            args[name] = json.loads(text)
-        except ValueError:
+        raw[name] = text
+    return raw
+
+
+def typed_arguments(task: Task, raw: dict[str, str]) -> dict[str, Any]:
+    """Values by the handler's annotations: an `int` parameter takes an integer (`01` is 1, so
+    it renders the same key as 1), a `str` parameter the text as typed (`2026-W33`, `42`);
+    anything else is parsed as JSON when it is valid JSON, else taken as text."""
+    args: dict[str, Any] = {}
+    for name, text in raw.items():
+        parameter = task.signature.parameters.get(name)
+        annotation = parameter.annotation if parameter is not None else None
+        if annotation in (int, "int"):
+            if not INTEGER.fullmatch(text.strip()):
+                raise InvalidArguments(
+                    f"argument {name!r} of task {task.name!r} is an int: {text!r}"
+                )
+            args[name] = int(text)
+        elif annotation in (str, "str"):
             args[name] = text
+        else:
+            try:
+                args[name] = json.loads(text)
+            except ValueError:
+                args[name] = text
     return args
 
 
@@ -110,7 +143,12 @@ def parse_assignments(pairs: tuple[str, ...]) -> dict[str, Any]:
     type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
     help="Not before this instant (UTC unless an offset is given).",
 )
-@click.option("--delay", type=click.FloatRange(0, None), help="Not before this many seconds.")
+@click.option(
+    "--delay",
+    type=click.FloatRange(0, 100 * 366 * 86400),
+    callback=lambda _ctx, _param, value: _finite(value),
+    help="Not before this many seconds.",
+)
 @app_option
 @db_option
 @json_option
@@ -124,18 +162,20 @@ def enqueue(
     db: str | None,
     as_json: bool,
 ) -> None:
-    """Enqueue one job of TASK. Enqueueing a key that is already claimed or active writes
+    """Enqueue one job of TASK with NAME=VALUE arguments (typed by the handler's annotations:
+    see docs/cli.md). Enqueueing a key that is already claimed or active writes
     nothing and says which job holds it (exit 0: the operation is already in hand)."""
-    args = parse_assignments(pairs)
+    raw = split_assignments(pairs)
     if run_at is not None and delay is not None:
         fail("give --run-at or --delay, not both", 2)
     with reported():
         box = load_app(app, db)
         if run_at is not None and run_at.tzinfo is None:
             run_at = run_at.replace(tzinfo=UTC)
+        resolved = box.registry.resolve(task)
         result = box.enqueue_args(
-            task,
-            args,
+            resolved,
+            typed_arguments(resolved, raw),
             run_at=run_at,
             delay=None if delay is None else timedelta(seconds=delay),
         )

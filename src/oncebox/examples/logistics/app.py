@@ -132,11 +132,11 @@ def build_box(
         subject = f"Your shipments, {period}: {len(shipments)} moved"
         text = _templates.get_template("digest.txt").render(values)
         html = _templates.get_template("digest.html").render(values)
-        now = "oncebox_now()" if ctx.dialect == "sqlite" else "now()"
+        rendered_at = ctx.now() if ctx.dialect == "postgres" else to_micros(ctx.now())
         ctx.connection.execute(
             "INSERT INTO freight_digests (customer_id, period, subject, text_body, html_body, "
-            f"rendered_at) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {now})",
-            (customer_id, period, subject, text, html),
+            f"rendered_at) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
+            (customer_id, period, subject, text, html, rendered_at),
         )
         ctx.outbox.email(
             to=customer[2],
