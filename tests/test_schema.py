@@ -89,3 +89,43 @@ def test_concurrent_migrations_apply_each_version_once(pg_url):
         thread.join(30)
     known = len(load_migrations("postgres"))
     assert sorted(map(len, applied)) == [0, 0, 0, known]
+
+
+@pytest.mark.postgres
+def test_a_migration_blocked_by_a_long_transaction_gives_up_and_applies_nothing(
+    pg_url, monkeypatch
+):
+    """A migration queued behind a busy table would hold every worker's query behind it: it gives
+    up after the lock timeout, says so, and leaves the schema as it was."""
+    import psycopg
+
+    from oncebox.store import postgres
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        # take the schema back to before 0004, as an older deployment left it
+        admin.execute("DROP TABLE public.oncebox_key_canaries")
+        admin.execute("DROP INDEX public.oncebox_outbox_job")
+        admin.execute("ALTER TABLE public.oncebox_jobs DROP COLUMN schedule, DROP COLUMN period")
+        admin.execute("DELETE FROM public.oncebox_migrations WHERE version = 4")
+        with psycopg.connect(pg_url) as reader:
+            reader.execute("SELECT count(*) FROM public.oncebox_jobs")  # ACCESS SHARE, held
+            monkeypatch.setattr(postgres, "MIGRATION_LOCK_TIMEOUT_MS", 200)
+            store = open_store(pg_url, migrate=False)
+            try:
+                with pytest.raises(SchemaError, match=r"migration 4 .* could not lock its tables"):
+                    store.schema_migrate()
+                assert store.schema_status().missing == (4,)
+            finally:
+                store.close()
+            reader.rollback()
+        columns = admin.execute(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_schema = 'public' AND table_name = 'oncebox_jobs' "
+            "AND column_name = 'period'"
+        ).fetchone()
+        assert columns == (0,)
+    store = open_store(pg_url, migrate=False)
+    try:
+        assert store.schema_migrate() == [4]
+    finally:
+        store.close()

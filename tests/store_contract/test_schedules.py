@@ -3,6 +3,7 @@ schedulers run, take-over of a dead one, manual re-runs, catch-up, pausing, over
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import signal
 import threading
@@ -211,3 +212,14 @@ def test_a_job_for_w33_processed_after_the_w34_boundary_keeps_its_w33_key(store_
         assert box.store.intent_get("weekly-digest/customer-1/2026-W33") is not None
     finally:
         box.close()
+
+
+def test_coverage_never_exceeds_one_when_a_rescan_finds_fewer_eligible():
+    from oncebox.store.base import PeriodStats
+
+    rescanned = PeriodStats(
+        period="2026-W33", state="done", eligible=3, enqueued=5, done=5, covered=5,
+        sent=5, pending=0, dead=0, ambiguous=0,
+    )  # fmt: skip
+    assert rescanned.coverage == 1.0
+    assert dataclasses.replace(rescanned, covered=2).coverage == pytest.approx(2 / 3)

@@ -414,8 +414,9 @@ class PeriodStats:
 
     @property
     def coverage(self) -> float | None:
-        """Covered jobs over eligible (keys claimed before the fan-out are not counted)."""
-        return None if not self.eligible else self.covered / self.eligible
+        """Covered jobs over eligible, at most 1 (a re-scan that finds fewer eligible than the
+        jobs already covered). Keys claimed before the fan-out are not counted."""
+        return None if not self.eligible else min(self.covered, self.eligible) / self.eligible
 
 
 @dataclass(frozen=True, slots=True)

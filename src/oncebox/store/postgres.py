@@ -101,6 +101,9 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+MIGRATION_LOCK_TIMEOUT_MS = 10_000
+
+
 class PostgresStore(ReadOperations):
     """See the module docstring. Open with `open_store("postgresql://host/db")`."""
 
@@ -236,6 +239,9 @@ class PostgresStore(ReadOperations):
         with self._connection() as conn, conn.transaction():
             # lock first: concurrent `CREATE SCHEMA IF NOT EXISTS` can still collide
             conn.execute(self._q["migration_lock"], {"schema": self.schema})
+            # a migration that waits on a busy table holds every worker's query behind it: give
+            # up after a while rather than stall the queue (see docs/deploy.md)
+            conn.execute(f"SET LOCAL lock_timeout = {int(MIGRATION_LOCK_TIMEOUT_MS)}".encode())
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
             conn.execute(self._q["migration_table_create"])
             applied = {r[0] for r in conn.execute(self._q["migration_list"])}
@@ -244,10 +250,16 @@ class PostgresStore(ReadOperations):
                     continue
                 try:
                     conn.execute(migration.sql.encode("utf-8"))
+                except pg_errors.LockNotAvailable:
+                    raise SchemaError(
+                        f"migration {migration.version} ({migration.name}) could not lock its "
+                        f"tables on {self.where} within {MIGRATION_LOCK_TIMEOUT_MS / 1000:g} s "
+                        "(a long transaction holds them); nothing was applied: retry"
+                    ) from None
                 except psycopg.Error as exc:
                     raise SchemaError(
                         f"migration {migration.version} ({migration.name}) failed on "
-                        f"{self.where}: {str(exc).strip()}; nothing of it was applied"
+                        f"{self.where}: {str(exc).strip()}; nothing was applied"
                     ) from None
                 conn.execute(
                     self._q["migration_record"],

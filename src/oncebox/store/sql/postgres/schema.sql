@@ -218,6 +218,8 @@ CREATE INDEX oncebox_outbox_due ON __S__.oncebox_outbox USING btree (channel, ne
 
 CREATE INDEX oncebox_outbox_intent ON __S__.oncebox_outbox USING btree (intent_key)
 
+CREATE INDEX oncebox_outbox_job ON __S__.oncebox_outbox USING btree (job_id)
+
 CREATE UNIQUE INDEX oncebox_outbox_key_key ON __S__.oncebox_outbox USING btree (key)
 
 CREATE INDEX oncebox_outbox_leased ON __S__.oncebox_outbox USING btree (lease_expires_at) WHERE (state = ANY (ARRAY['leased'::text, 'sending'::text]))

@@ -558,34 +558,45 @@ LIMIT :limit;
 -- name: schedule_period_stats
 -- See the PostgreSQL query.
 WITH runs AS (
-    SELECT period, state, eligible_count, enqueued_count, started_at
+    SELECT period, state, eligible_count, enqueued_count
     FROM oncebox_schedule_runs
     WHERE schedule = :schedule
-    ORDER BY started_at DESC, period DESC
+    ORDER BY period DESC
     LIMIT :limit
 ),
 jobs AS (
     SELECT j.id, j.period, j.state
-    FROM oncebox_jobs j JOIN runs r ON j.period = r.period
-    WHERE j.schedule = :schedule
+    FROM oncebox_jobs j
+    WHERE j.schedule = :schedule AND j.period IN (SELECT period FROM runs)
 ),
 messages AS (
-    SELECT j.period, o.job_id, o.state
-    FROM oncebox_outbox o JOIN jobs j ON o.job_id = j.id
+    SELECT o.job_id,
+           count(*) FILTER (WHERE o.state = 'sent') AS sent,
+           count(*) FILTER (WHERE o.state IN ('pending', 'leased', 'sending')) AS pending,
+           count(*) FILTER (WHERE o.state = 'dead') AS dead,
+           count(*) FILTER (WHERE o.state = 'ambiguous') AS ambiguous,
+           count(*) FILTER (WHERE o.state <> 'sent') AS unsent
+    FROM oncebox_outbox o
+    WHERE o.job_id IN (SELECT id FROM jobs)
+    GROUP BY o.job_id
+),
+per_period AS (
+    SELECT j.period,
+           count(*) FILTER (WHERE j.state = 'done') AS done,
+           count(*) FILTER (WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0) AS covered,
+           COALESCE(sum(m.sent), 0) AS sent,
+           count(*) FILTER (WHERE j.state IN ('ready', 'leased')) + COALESCE(sum(m.pending), 0)
+               AS pending,
+           count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
+           COALESCE(sum(m.ambiguous), 0) AS ambiguous
+    FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
+    GROUP BY j.period
 )
 SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
-       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'done'),
-       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'done'
-           AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.job_id = j.id AND m.state <> 'sent')),
-       (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'sent'),
-       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state IN ('ready', 'leased'))
-       + (SELECT count(*) FROM messages m
-          WHERE m.period = r.period AND m.state IN ('pending', 'leased', 'sending')),
-       (SELECT count(*) FROM jobs j WHERE j.period = r.period AND j.state = 'dead')
-       + (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'dead'),
-       (SELECT count(*) FROM messages m WHERE m.period = r.period AND m.state = 'ambiguous')
-FROM runs r
-ORDER BY r.started_at DESC, r.period DESC;
+       COALESCE(p.done, 0), COALESCE(p.covered, 0), COALESCE(p.sent, 0),
+       COALESCE(p.pending, 0), COALESCE(p.dead, 0), COALESCE(p.ambiguous, 0)
+FROM runs r LEFT JOIN per_period p ON p.period = r.period
+ORDER BY r.period DESC;
 
 -- ============================================================================================
 -- The key-drift guard

@@ -214,6 +214,9 @@ CREATE INDEX oncebox_outbox_due ON oncebox_outbox (channel, next_attempt_at, id)
 -- index oncebox_outbox_intent
 CREATE INDEX oncebox_outbox_intent ON oncebox_outbox (intent_key);
 
+-- index oncebox_outbox_job
+CREATE INDEX oncebox_outbox_job ON oncebox_outbox (job_id);
+
 -- index oncebox_outbox_leased
 CREATE INDEX oncebox_outbox_leased ON oncebox_outbox (lease_expires_at)
     WHERE state IN ('leased', 'sending');
