@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box, JobContext
-from oncebox.examples.logistics import demo
+from oncebox.examples.logistics import demo, seed
 from oncebox.examples.logistics.app import connect
 from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.testing import drain
@@ -52,7 +52,7 @@ def delivered_files(tmp_path: Path) -> Counter[tuple[str, str]]:
 
 def assert_each_active_customer_has_one_digest(url: str, delivered: Counter) -> None:
     active = rows(url, "SELECT id, email FROM freight_customers WHERE active = 1 ORDER BY id")
-    poison = [email for _id, email in active if email == demo.POISON_EMAIL]
+    poison = [email for _id, email in active if email == seed.POISON_EMAIL]
     assert len(poison) == 1
     digests = Counter(to for (to, subject) in delivered if subject.startswith("Your shipments"))
     assert set(digests) == {email for _id, email in active} - set(poison)

@@ -73,7 +73,9 @@ def test_no_code_outside_the_stores_imports_a_driver_or_holds_sql():
     offenders = []
     for path in SRC.rglob("*.py"):
         relative = path.relative_to(SRC).as_posix()
-        if relative.startswith(("store/", "examples/")):
+        # the chaos checker reads the database with its own SQL on purpose: an observer that
+        # used the store's queries would share their bugs
+        if relative.startswith(("store/", "examples/", "chaos/")):
             continue
         text = path.read_text()
         if re.search(r"^\s*(import|from)\s+(sqlite3|psycopg)", text, re.MULTILINE):

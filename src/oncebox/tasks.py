@@ -54,11 +54,22 @@ class Task:
         return self.fn(ctx, **kwargs)
 
     def check_args(self, args: Mapping[str, Any]) -> None:
-        """Raise `InvalidArguments` if `args` do not fit the handler's signature."""
+        """Raise `InvalidArguments` if `args` do not fit the handler's signature, or a value
+        does not have its parameter's scalar type (`int`, `str`, `float`, `bool`, or one of them
+        `| None`): a message whose customer id is "abc" dies at once with its field named,
+        instead of running with a value the handler never expected."""
         try:
             self.signature.bind(**args)
         except TypeError as exc:
             raise InvalidArguments(f"arguments do not fit task {self.name!r}: {exc}") from None
+        for name, value in args.items():
+            expected = _SCALARS.get(_annotation_text(self.signature, name))
+            if expected is not None and not expected(value):
+                raise InvalidArguments(
+                    f"argument {name!r} of task {self.name!r} must be "
+                    f"{_annotation_text(self.signature, name)}, not {type(value).__name__} "
+                    f"{_preview(value)}"
+                )
 
     def render_key(self, args: Mapping[str, Any]) -> str | None:
         return None if self.key is None else self.key.render(args)
@@ -73,6 +84,53 @@ class Task:
                 f"argument, not {type(value).__name__}"
             )
         return str(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_BASE_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "int": _is_int,
+    "str": lambda value: isinstance(value, str),
+    "float": _is_float,
+    "bool": lambda value: isinstance(value, bool),
+}
+
+
+def _or_none(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+_SCALARS: dict[str, Callable[[Any], bool]] = {
+    **_BASE_SCALARS,
+    **{f"{name} | None": _or_none(check) for name, check in _BASE_SCALARS.items()},
+}
+
+
+def _annotation_text(signature: inspect.Signature, name: str) -> str:
+    """The annotation as text, whether written under `from __future__ import annotations`
+    (already text) or not; only the scalar forms above are checked, anything else is not."""
+    parameter = signature.parameters.get(name)
+    if parameter is None or parameter.annotation is inspect.Parameter.empty:
+        return ""
+    annotation = parameter.annotation
+    if isinstance(annotation, str):
+        if annotation.startswith("Optional[") and annotation.endswith("]"):
+            return annotation[len("Optional[") : -1] + " | None"
+        return annotation
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("NoneType", "None")
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def make_task(

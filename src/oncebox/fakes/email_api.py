@@ -59,7 +59,7 @@ class FakeEmailApi:
         self._lock = threading.Lock()
         self._release = threading.Event()
         handler = type("Handler", (_Handler,), {"api": self})
-        self._server = ThreadingHTTPServer((host, 0), handler)
+        self._server = _QuietServer((host, 0), handler)
         self._server.daemon_threads = True
         self.host = str(self._server.server_address[0])
         self.port = int(self._server.server_address[1])
@@ -98,6 +98,11 @@ class FakeEmailApi:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up (its timeout passed) before the answer is part of the act."""
 
 
 class _Handler(BaseHTTPRequestHandler):

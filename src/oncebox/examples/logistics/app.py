@@ -15,7 +15,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from oncebox import Box, JobContext, Retry
 from oncebox.clock import to_micros
-from oncebox.periods import iso_week
+from oncebox.periods import PeriodKind, iso_week
 from oncebox.schedule import ScheduleContext
 from oncebox.sweeper import SweepContext
 from oncebox.tokens import derive_token
@@ -93,9 +93,13 @@ def build_box(
     email: str | None = None,
     secret: str | None = None,
     limits: tuple[str, ...] = (),
+    tz: str = "UTC",
+    period: PeriodKind = iso_week,
+    batch_size: int = 5000,
 ) -> Box:
     """The freight app's box: the `weekly_digest` task, the `weekly-digest` schedule (Monday
-    09:00 UTC over active customers) and the `hold-expiry` sweeper."""
+    09:00 in `tz`, over active customers) and the `hold-expiry` sweeper. `period` is for the
+    chaos harness, which swaps in a wrong one to prove it notices."""
     box = Box(url, secret=secret)
     if email is not None:
         box.channel("email", provider=email, limits=limits, sender=SENDER)
@@ -150,7 +154,12 @@ def build_box(
         )
 
     @box.schedule(
-        "weekly-digest", cron="0 9 * * MON", tz="UTC", period=iso_week, task=weekly_digest
+        "weekly-digest",
+        cron="0 9 * * MON",
+        tz=tz,
+        period=period,
+        task=weekly_digest,
+        batch_size=batch_size,
     )
     def active_customers(ctx: ScheduleContext) -> Any:
         query = "SELECT id FROM freight_customers WHERE active = 1 ORDER BY id"

@@ -46,6 +46,7 @@ from oncebox.examples.logistics.app import (
     hold_expiry_value,
 )
 from oncebox.examples.logistics.faults import FaultyFileSink
+from oncebox.examples.logistics.seed import seed_freight
 from oncebox.periods import iso_week
 from oncebox.providers.local import FileProvider
 from oncebox.store import open_store
@@ -60,17 +61,6 @@ DIGESTS_SENT = (
     "SELECT count(*) FROM oncebox_outbox WHERE state = 'sent' AND intent_key LIKE "
     "'weekly-digest/' || ?"
 )
-POISON_EMAIL = "dispatch@@broken.example"
-CITIES = [
-    "Rotterdam",
-    "Hamburg",
-    "Antwerp",
-    "Gdansk",
-    "Le Havre",
-    "Felixstowe",
-    "Genoa",
-    "Valencia",
-]
 
 
 @dataclass
@@ -200,57 +190,6 @@ def _monday_fire(period: str) -> datetime:
     return monday.replace(hour=9, tzinfo=UTC)
 
 
-def _seed(box: Box, customers: int, period: str, rng: random.Random, at: datetime) -> int:
-    """Customers (10% inactive, one poison), their shipments this week, and holds; returns the
-    poison customer's id."""
-    postgres = box.store.dialect == "postgres"
-    ph = "%s" if postgres else "?"
-    conn = connect(box)
-    try:
-        poison = customers // 2
-        for customer in range(1, customers + 1):
-            active = 0 if customer % 10 == 7 else 1
-            email = POISON_EMAIL if customer == poison else f"ops{customer}@customer.example"
-            conn.execute(
-                f"INSERT INTO freight_customers (id, name, email, active) VALUES ({ph}, {ph}, "
-                f"{ph}, {ph})",
-                (customer, f"Customer {customer}", email, active),
-            )
-            for number in range(rng.randint(0, 4)):
-                conn.execute(
-                    "INSERT INTO freight_shipments (id, customer_id, week, reference, origin, "
-                    f"destination, status) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
-                    (
-                        customer * 10 + number,
-                        customer,
-                        period,
-                        f"NW-{customer:05d}-{number}",
-                        rng.choice(CITIES),
-                        rng.choice(CITIES),
-                        rng.choice(["delivered", "in transit", "at customs"]),
-                    ),
-                )
-        for hold in range(1, customers // 15 + 2):
-            expires = at + timedelta(hours=(-3, -1, 2, 30)[hold % 4])  # half are due
-            holder = rng.randint(1, customers)
-            holder = holder if holder != poison else holder % customers + 1
-            conn.execute(
-                "INSERT INTO freight_holds (id, customer_id, dock, state, expires_at) VALUES "
-                f"({ph}, {ph}, {ph}, {ph}, {ph})",
-                (
-                    hold,
-                    holder,
-                    f"D{rng.randint(1, 12)}",
-                    "held",
-                    hold_expiry_value(box, expires),
-                ),
-            )
-        conn.commit()
-        return poison
-    finally:
-        conn.close()
-
-
 def _dispatch_and_die(url: str, email: str, secret: str) -> None:
     """A worker process killed (SIGKILL) after the provider accepted a message, before its
     record: the message was delivered, and nobody wrote that down."""
@@ -327,7 +266,9 @@ def _prepare(demo: DemoRun) -> None:
     create_tables(box)
     demo.clock_set = True
     box.store.clock_set(ClockSetting(frozen_at=fire + timedelta(seconds=30)))
-    demo.poison = _seed(box, options.customers, demo.period, random.Random(options.seed), fire)
+    demo.poison = seed_freight(
+        box, options.customers, demo.period, random.Random(options.seed), fire
+    )
     demo.out.write(f"oncebox demo · {box.where} · period {demo.period} · email {demo.email}\n")
     if options.faults and options.email is None:
         lose = {

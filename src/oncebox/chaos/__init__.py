@@ -1,0 +1,19 @@
+"""`oncebox chaos`: the failure-injection harness that shows the guarantees hold.
+
+Each scenario runs the freight weekly digest in a database created for the run, with worker
+processes that are killed, stopped, paused and disconnected at named points (`oncebox.points`),
+one clock for every process (the database's, moved by the harness), and real providers on
+loopback (an idempotent HTTP email API and an SMTP server). The checker then reads the database,
+the provider's log and the history of every send, and reports per key what broke.
+
+    workspace.py   the throwaway database       history.py    invoke/ok/fail/unknown log
+    workload.py    the workload and its processes  recording.py  provider wrapper for history
+    runner.py      RunContext: clock, spawn, drain  checker.py    the invariants
+    scenarios.py   the scenarios                 mutations.py  switches that must make it fail
+    report.py      the table and JSON
+"""
+
+from oncebox.chaos.report import ScenarioResult, run_scenario, run_selected
+from oncebox.chaos.scenarios import SCENARIOS, Scenario
+
+__all__ = ["SCENARIOS", "Scenario", "ScenarioResult", "run_scenario", "run_selected"]

@@ -1,0 +1,138 @@
+"""Switches that break a guarantee on purpose, to prove the harness notices.
+
+A checker that never fails proves nothing. Each mutation removes one mechanism oncebox's
+guarantee rests on, in every process of a run, and names the scenario that must then fail:
+
+    no-lease-fence     settlements and the send marker stop checking the lease token
+                       → `slow-sender-past-lease` fails (a superseded sender sends again)
+    ack-before-commit  a job is acknowledged (done) when leased, before its transaction commits
+                       → `kill-consumer.after_claim_insert` fails (the digest is lost)
+    no-unique-index    the claim is a plain insert and the intents table loses its primary key
+                       → `concurrent-consumers` fails (two intents for one key)
+    period-%Y          the weekly period is formatted with %Y (calendar year) instead of the
+                       ISO year → `iso-week-boundary` fails (a wrong, colliding period)
+
+They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
+switch them on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from oncebox.errors import ConfigurationError
+from oncebox.periods import PeriodKind, iso_week
+from oncebox.store.base import JobFinish
+from oncebox.transport import Delivery, TableTransport
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    breaks: str
+    must_fail: str  # the scenario that must fail with it
+
+
+MUTATIONS = {
+    m.name: m
+    for m in (
+        Mutation("no-lease-fence", "the lease-token fence", "slow-sender-past-lease"),
+        Mutation(
+            "ack-before-commit", "acknowledgement after commit", "kill-consumer.after_claim_insert"
+        ),
+        Mutation("no-unique-index", "the unique claim", "concurrent-consumers"),
+        Mutation("period-%Y", "ISO-year periods", "iso-week-boundary"),
+    )
+}
+
+# Query rewrites per dialect: (query name, text that must be there, what replaces it). A rewrite
+# whose text is missing is an error, so a refactor cannot silently turn a mutation into a no-op.
+_FENCES = {
+    "postgres": (
+        ("job_finish", "j.lease_token = %(token)s AND ", ""),
+        ("outbox_mark_sending", "lease_token = %(token)s AND ", ""),
+        ("outbox_finish", "o.lease_token = %(token)s AND ", ""),
+    ),
+    "sqlite": (
+        ("job_finish", "j.lease_token = :token AND ", ""),
+        ("outbox_mark_sending", "lease_token = :token AND ", ""),
+        ("outbox_finish", "o.lease_token = :token AND ", ""),
+    ),
+}
+_CLAIM = {
+    "postgres": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
+    "sqlite": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
+}
+
+
+def check(names: tuple[str, ...]) -> None:
+    unknown = [name for name in names if name not in MUTATIONS]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown mutation {unknown[0]!r}; known: {', '.join(sorted(MUTATIONS))}"
+        )
+
+
+def wrong_iso_week() -> PeriodKind:
+    """The classic bug: `%Y` is the calendar year, but ISO week numbers belong to the ISO year
+    (2025-12-29 is 2026-W01, which %Y calls 2025-W01)."""
+
+    def of(instant: datetime) -> str:
+        return instant.strftime("%Y-W%V")
+
+    return PeriodKind(iso_week.name, of, iso_week.check)
+
+
+def apply_to_store(store: Any, names: tuple[str, ...]) -> None:
+    """Rewrite this process's copy of the store's queries."""
+    queries: dict[str, str] = store._q  # noqa: SLF001 (a test switch reaches inside on purpose)
+    rewrites = []
+    if "no-lease-fence" in names:
+        rewrites += _FENCES[store.dialect]
+    if "no-unique-index" in names:
+        rewrites += _CLAIM[store.dialect]
+    for query, old, new in rewrites:
+        if old not in queries[query]:
+            raise RuntimeError(f"mutation cannot find {old!r} in query {query}: update it")
+        queries[query] = queries[query].replace(old, new)
+    if "ack-before-commit" in names:
+        _install_ack_on_receipt()
+
+
+def drop_unique_claim(conn: Any, dialect: str) -> None:
+    """Schema part of `no-unique-index`, run once per run database."""
+    if dialect == "postgres":
+        conn.execute("ALTER TABLE oncebox_intents DROP CONSTRAINT oncebox_intents_pkey")
+    else:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(oncebox_intents)")]
+        listed = ", ".join(columns)
+        conn.execute("CREATE TABLE oncebox_intents_copy AS SELECT * FROM oncebox_intents")
+        conn.execute("DROP TABLE oncebox_intents")
+        conn.execute(f"CREATE TABLE oncebox_intents AS SELECT {listed} FROM oncebox_intents_copy")
+        conn.execute("DROP TABLE oncebox_intents_copy")
+    conn.commit()
+
+
+def _install_ack_on_receipt() -> None:
+    """Celery's default (`acks_late=False`): a job is done the moment it is received."""
+    import oncebox.assembly as assembly  # noqa: PLC0415
+
+    class AckOnReceipt(TableTransport):
+        def fetch(self, limit: int) -> list[Delivery]:
+            deliveries = super().fetch(limit)
+            if deliveries:
+                token = deliveries[0].lease_token or ""
+                finishes = [
+                    JobFinish(id=d.job_id or 0, state="done", outcome="completed")
+                    for d in deliveries
+                ]
+                with self._session.transaction() as tx:
+                    tx.job_finish(token, finishes)
+            return deliveries
+
+        def settle_in_transaction(self, tx: Any, settlements: Any) -> set[str]:
+            return {s.delivery.message_id for s in settlements}
+
+    assembly.TableTransport = AckOnReceipt  # type: ignore[misc]

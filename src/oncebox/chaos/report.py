@@ -1,0 +1,176 @@
+"""Running scenarios and reporting them: a table per run, per-key evidence for any violation,
+and the command that runs the scenario again with the same seed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import TextIO
+
+from oncebox.chaos.checker import Tally, Violation, check
+from oncebox.chaos.runner import run_context
+from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
+from oncebox.clock import monotonic
+from oncebox.errors import ConfigurationError
+from oncebox.store.postgres import redact
+
+COLUMNS = (
+    ("eligible", "eligible"),
+    ("delivered", "delivered"),
+    ("duplicates_absorbed", "dups absorbed"),
+    ("possible_duplicates", "possible dups"),
+    ("actual_duplicates", "actual dups"),
+    ("lost", "lost"),
+    ("dead", "dead"),
+    ("ambiguous", "ambiguous"),
+)
+
+
+@dataclass
+class ScenarioResult:
+    scenario: str
+    store: str
+    seed: int
+    customers: int
+    tally: Tally = field(default_factory=Tally)
+    faults: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    seconds: float = 0.0
+    mutations: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def rerun(self, server: str | None) -> str:
+        parts = ["oncebox chaos", f"--scenario {self.scenario}", f"--seed {self.seed}"]
+        parts.append(f"--customers {self.customers}")
+        if server and self.store == "postgres":
+            parts.append(f"--db {redact(server)}")
+        parts += [f"--mutation {m}" for m in self.mutations]
+        return " ".join(parts)
+
+
+def store_of(server: str | None) -> Store:
+    return "postgres" if server and server.split(":", 1)[0] in ("postgresql", "postgres") else "sqlite"
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    server: str | None,
+    customers: int,
+    seed: int,
+    mutations: tuple[str, ...] = (),
+) -> ScenarioResult:
+    """One scenario in a database of its own; the checker's verdict."""
+    started = monotonic()
+    settings = scenario.settings(server, customers, seed)
+    settings.mutations = mutations
+    result = ScenarioResult(scenario.name, store_of(server), seed, customers, mutations=mutations)
+    with run_context(settings) as run:
+        scenario.script(run)
+        violations, result.tally = check(run)
+        result.violations = run.violations + [v for v in violations if v not in run.violations]
+        result.faults = run.faults
+    result.seconds = round(monotonic() - started, 1)
+    return result
+
+
+def select(name: str, store: Store, *, allow_server_restart: bool) -> list[Scenario]:
+    if name in ("ci", "all"):
+        chosen = [
+            s
+            for s in SCENARIOS.values()
+            if (name == "all" or s.ci) and (allow_server_restart or not s.restarts_server)
+        ]
+    elif name in SCENARIOS:
+        chosen = [SCENARIOS[name]]
+        if chosen[0].restarts_server and not allow_server_restart:
+            raise ConfigurationError(
+                f"scenario {name} restarts the database server: add --allow-server-restart"
+            )
+    else:
+        raise ConfigurationError(
+            f"unknown scenario {name!r}; use ci, all, or one of: {', '.join(SCENARIOS)}"
+        )
+    return [s for s in chosen if store in s.stores]
+
+
+def run_selected(
+    name: str,
+    *,
+    server: str | None,
+    customers: int,
+    seed: int,
+    mutations: tuple[str, ...] = (),
+    allow_server_restart: bool = False,
+    out: TextIO = sys.stdout,
+    as_json: bool = False,
+) -> list[ScenarioResult]:
+    store = store_of(server)
+    results = []
+    chosen = select(name, store, allow_server_restart=allow_server_restart)
+    logger = logging.getLogger("oncebox")
+    if logger.level == logging.NOTSET:  # faults make expected warnings; -v shows them
+        logger.setLevel(logging.ERROR)
+    for scenario in chosen:
+        result = run_scenario(
+            scenario, server=server, customers=customers, seed=seed, mutations=mutations
+        )
+        results.append(result)
+        if not as_json:
+            print_result(result, server, out)
+    if as_json:
+        out.write(json.dumps([_as_dict(r, server) for r in results], indent=2) + "\n")
+    elif len(results) > 1:
+        failed = [r.scenario for r in results if not r.ok]
+        out.write(
+            f"\n{len(results) - len(failed)} of {len(results)} scenarios held on {store}"
+            + (f"; violated: {', '.join(failed)}\n" if failed else "\n")
+        )
+    return results
+
+
+def print_result(result: ScenarioResult, server: str | None, out: TextIO) -> None:
+    verdict = "ok" if result.ok else "VIOLATED"
+    out.write(
+        f"\n{result.scenario} · {result.store} · seed {result.seed} · "
+        f"{result.seconds} s · {verdict}\n"
+    )
+    tally = asdict(result.tally)
+    out.write("  " + "  ".join(f"{label:>13}" for _, label in COLUMNS) + f"  {'faults':>6}\n")
+    out.write(
+        "  "
+        + "  ".join(f"{tally[name]:>13}" for name, _ in COLUMNS)
+        + f"  {len(result.faults):>6}\n"
+    )
+    for fault in result.faults:
+        out.write(f"  fault: {fault}\n")
+    for violation in result.violations[:20]:
+        out.write(f"  VIOLATION {violation.invariant}: {violation.key}: {violation.evidence}\n")
+    if len(result.violations) > 20:
+        out.write(f"  … and {len(result.violations) - 20} more\n")
+    if not result.ok:
+        out.write(
+            f"  run it again: {result.rerun(server)}\n"
+            "  (the seed fixes the fault schedule, not the operating system's interleaving)\n"
+        )
+
+
+def _as_dict(result: ScenarioResult, server: str | None) -> dict[str, object]:
+    return {
+        "scenario": result.scenario,
+        "store": result.store,
+        "seed": result.seed,
+        "customers": result.customers,
+        "ok": result.ok,
+        "seconds": result.seconds,
+        **asdict(result.tally),
+        "faults": result.faults,
+        "violations": [asdict(v) for v in result.violations],
+        "mutations": list(result.mutations),
+        "rerun": result.rerun(server),
+    }

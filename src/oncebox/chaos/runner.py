@@ -1,0 +1,315 @@
+"""One scenario run: a fresh database, the seeded freight workload, a provider, one clock.
+
+`RunContext` is what a scenario script drives: it fans out a week, spawns worker processes with
+a fault plan, moves the clock, and drains the system until nothing is workable. Afterwards the
+checker reads the database, the provider's log and the history. The seed fixes the fault
+schedule (which customers, which arrival at a point), not the operating system's interleaving.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import secrets
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from oncebox import Box, WorkerConfig
+from oncebox.chaos import mutations
+from oncebox.chaos.checker import Violation
+from oncebox.chaos.history import HistoryWriter
+from oncebox.chaos.workload import (
+    Gate,
+    Lanes,
+    PointPlan,
+    Workload,
+    build,
+    racer_main,
+    worker_main,
+)
+from oncebox.chaos.workspace import workspace
+from oncebox.clock import ClockSetting
+from oncebox.examples.logistics.app import connect, create_tables
+from oncebox.examples.logistics.seed import seed_freight
+from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.schedule import FanOutResult
+
+SPAWN = multiprocessing.get_context("spawn")
+ProviderKind = Literal["api", "smtp"]
+DRAIN = WorkerConfig(until_idle=True, simulated_time=True, exit_on_hung_handler=False)
+PROVIDER_TIMEOUT_S = 1  # accept-then-timeout answers after 2 s: the client has given up by then
+
+
+def monday_fire(year: int, week: int, tz: str = "UTC") -> datetime:
+    """Monday 09:00 of an ISO week in `tz`, as UTC: when the weekly-digest schedule fires."""
+    from oncebox.periods import zone  # noqa: PLC0415
+
+    local = datetime.fromisocalendar(year, week, 1).replace(hour=9, tzinfo=zone(tz))
+    return local.astimezone(UTC)
+
+
+def iso_label(instant: datetime, tz: str = "UTC") -> str:
+    """The checker's own ISO-week label for an instant (independent of oncebox.periods)."""
+    from oncebox.periods import zone  # noqa: PLC0415
+
+    year, week, _ = instant.astimezone(zone(tz)).isocalendar()
+    return f"{year:04d}-W{week:02d}"
+
+
+@dataclass
+class Provider:
+    kind: ProviderKind
+    api: FakeEmailApi | None = None
+    smtp: SmtpSink | None = None
+
+    @property
+    def url(self) -> str:
+        if self.api is not None:
+            return f"{self.api.url}?timeout={PROVIDER_TIMEOUT_S}"
+        assert self.smtp is not None
+        return f"smtp://{self.smtp.host}:{self.smtp.port}?timeout={PROVIDER_TIMEOUT_S}"
+
+    def script(self, *actions: str) -> None:
+        if self.api is not None:
+            self.api.script(*actions)
+        else:
+            assert self.smtp is not None
+            self.smtp.script(*actions)
+
+    def accepted(self) -> dict[str, int]:
+        """Per outbox token, how many times the provider took the message (an idempotent API
+        counts replays of one key once: they are one effect)."""
+        tokens = self.api.tokens() if self.api is not None else (self.smtp or SmtpSink()).tokens()
+        counts: dict[str, int] = {}
+        for token in tokens:
+            if token is not None:
+                counts[token] = counts.get(token, 0) + 1
+        return counts
+
+
+@contextmanager
+def provider(kind: ProviderKind) -> Iterator[Provider]:
+    if kind == "api":
+        with FakeEmailApi() as api:
+            yield Provider(kind, api=api)
+    else:
+        with SmtpSink() as smtp:
+            yield Provider(kind, smtp=smtp)
+
+
+@dataclass
+class RunSettings:
+    scenario: str
+    server: str | None
+    customers: int
+    seed: int
+    provider: ProviderKind = "api"
+    ambiguity: Literal["hold", "retry"] = "hold"
+    tz: str = "UTC"
+    week: tuple[int, int] = (2026, 33)
+    mutations: tuple[str, ...] = ()
+
+
+@dataclass
+class RunContext:
+    settings: RunSettings
+    url: str
+    folder: Path
+    provider: Provider
+    workload: Workload
+    box: Box
+    rng: random.Random
+    poison: int = 0
+    periods: list[str] = field(default_factory=list)  # the harness's own labels of its fires
+    faults: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    absorbed: int = 0
+    history: HistoryWriter | None = None
+
+    @property
+    def dialect(self) -> str:
+        return self.box.store.dialect
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return self.box.store.clock_now()
+
+    def set_clock(self, instant: datetime) -> None:
+        self.box.store.clock_set(ClockSetting(frozen_at=instant))
+
+    def advance(self, delta: timedelta) -> datetime:
+        instant = self.now() + delta
+        self.set_clock(instant)
+        return instant
+
+    # -- the workload --------------------------------------------------------------------------
+
+    def fan_out(self, at: datetime | None = None) -> FanOutResult:
+        """Set the clock to a Monday fire (+30 s) and let the scheduler fan the week out."""
+        fire = at or monday_fire(*self.settings.week, tz=self.settings.tz)
+        self.set_clock(fire + timedelta(seconds=30))
+        self.periods.append(iso_label(fire, self.settings.tz))
+        results = self.box.ticker().run_once().fan_outs
+        if not results:
+            raise RuntimeError(f"the schedule did not fire at {fire.isoformat()}")
+        return results[-1]
+
+    def digest_args(self, customers: list[int], period: str) -> list[dict[str, Any]]:
+        return [{"customer_id": c, "period": period} for c in customers]
+
+    def active_customers(self) -> list[int]:
+        return [c for c in range(1, self.settings.customers + 1) if c % 10 != 7]
+
+    # -- faults and processes ------------------------------------------------------------------
+
+    def fault(self, text: str) -> None:
+        self.faults.append(text)
+        if self.history is not None:
+            self.history.write("fault", "ok", self.settings.scenario, text)
+
+    def gate(self) -> Gate:
+        return Gate(SPAWN.Event(), SPAWN.Event())
+
+    def barrier(self, parties: int) -> Any:
+        return SPAWN.Barrier(parties, timeout=120)
+
+    def label(self, instant: datetime) -> str:
+        return iso_label(instant, self.settings.tz)
+
+    def wait(self, gate: Gate, what: str, timeout: float = 120) -> None:
+        if not gate.reached.wait(timeout):
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+
+    def spawn(
+        self,
+        name: str,
+        plans: tuple[PointPlan, ...] = (),
+        gate: Gate | None = None,
+        lanes: Lanes | None = None,
+        workload: Workload | None = None,
+    ) -> Any:
+        """A worker process with a fault plan, working until idle."""
+        return self._start(
+            worker_main, name, (workload or self.workload, name, plans, gate, lanes or Lanes())
+        )
+
+    def spawn_racer(self, name: str, customers: list[int], period: str, start: Any) -> Any:
+        """A process consuming broker deliveries of these customers' digests."""
+        return self._start(racer_main, name, (self.workload, name, customers, period, start))
+
+    def _start(self, target: Callable[..., None], name: str, args: tuple[Any, ...]) -> Any:
+        process = SPAWN.Process(target=target, args=args, name=f"chaos-{name}", daemon=True)
+        process.start()
+        return process
+
+    def join(self, process: Any, timeout: float = 120) -> int | None:
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join(10)
+            raise RuntimeError(f"worker {process.name} did not finish within {timeout} s")
+        return int(process.exitcode) if process.exitcode is not None else None
+
+    def killed(self, process: Any, timeout: float = 120) -> bool:
+        return self.join(process, timeout) == -signal.SIGKILL
+
+    # -- draining ------------------------------------------------------------------------------
+
+    def work(self, config: WorkerConfig = DRAIN) -> None:
+        """One until-idle pass of an in-process worker (the harness's own, threads included)."""
+        self.box.work(config=config)
+
+    def drain(self, rounds: int = 80, on_round: Callable[[], None] | None = None) -> None:
+        """Work until nothing is workable, moving the clock to each next event (a retry, a
+        channel pause, a lease that must run out): faults have healed, the system settles."""
+        for _ in range(rounds):
+            self.work()
+            if on_round is not None:
+                on_round()
+            self.observe()
+            upcoming = self.box.store.status_times().next_event()
+            if upcoming is None:
+                return
+            self.set_clock(max(self.now(), upcoming) + timedelta(seconds=1))
+        raise RuntimeError(f"the system did not settle within {rounds} rounds")
+
+    def observe(self) -> None:
+        """S1 during the run, not only at the end: no key ever has two intents."""
+        conn = connect(self.box)
+        try:
+            rows = conn.execute(
+                "SELECT key, count(*) FROM oncebox_intents GROUP BY key HAVING count(*) > 1"
+            ).fetchall()
+        finally:
+            conn.close()
+        for key, count in rows:
+            self.violation("S1 one intent per key", key, f"{count} intents observed mid-run")
+
+    def violation(self, invariant: str, key: str, evidence: str) -> None:
+        found = Violation(invariant, key, evidence)
+        if found not in self.violations:
+            self.violations.append(found)
+
+
+@contextmanager
+def run_context(settings: RunSettings) -> Iterator[RunContext]:
+    """A fresh database with the freight tables and customers, a provider, the clock frozen at
+    the week's Monday fire; all removed afterwards."""
+    mutations.check(settings.mutations)
+    with (
+        workspace(settings.server) as url,
+        provider(settings.provider) as fake,
+        tempfile.TemporaryDirectory(prefix="oncebox-chaos-history-") as folder,
+    ):
+        workload = Workload(
+            url=url,
+            email=fake.url,
+            secret=secrets.token_hex(16),
+            history=folder,
+            seed=settings.seed,
+            ambiguity=settings.ambiguity,
+            tz=settings.tz,
+            mutations=settings.mutations,
+        )
+        box = build(workload, "harness")
+        try:
+            create_tables(box)
+            if "no-unique-index" in settings.mutations:
+                conn = connect(box)
+                try:
+                    mutations.drop_unique_claim(conn, box.store.dialect)
+                finally:
+                    conn.close()
+            fire = monday_fire(*settings.week, tz=settings.tz)
+            box.store.clock_set(ClockSetting(frozen_at=fire))
+            rng = random.Random(settings.seed)
+            poison = seed_freight(box, settings.customers, iso_label(fire), rng, fire)
+            context = RunContext(
+                settings=settings,
+                url=url,
+                folder=Path(folder),
+                provider=fake,
+                workload=workload,
+                box=box,
+                rng=rng,
+                poison=poison,
+                history=HistoryWriter(Path(folder), "harness", settings.seed),
+            )
+            yield context
+        finally:
+            box.close()
+
+
+def run_in_thread(target: Callable[[], Any]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,515 @@
+"""The scenarios: each runs the freight weekly digest with one family of faults, then lets the
+system settle for the checker. A scenario is a script over `RunContext`; what it injects is
+written to the run's faults, and scenario-specific invariants (S9, S10) are added here.
+
+Which arrival at a point is hit, which customers a fault touches: drawn from the run's seed.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Literal
+
+import psycopg
+
+from oncebox import WorkerConfig
+from oncebox.errors import PayloadTooLarge
+from oncebox.chaos.history import read_history
+from oncebox.chaos.runner import RunContext, RunSettings, monday_fire
+from oncebox.chaos.workload import Lanes, PointPlan
+from oncebox.operations import DeadFilter
+from oncebox.testing import RedeliveringTransport
+
+Store = Literal["sqlite", "postgres"]
+BOTH: tuple[Store, ...] = ("sqlite", "postgres")
+CONSUME = Lanes(dispatch=False, schedule=False, sweep=False)
+DISPATCH = Lanes(consume=False, schedule=False, sweep=False)
+PAST_ANY_LEASE = timedelta(hours=1)  # SQLite consumer leases outlast a transaction (~5 min)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    script: Callable[[RunContext], None]
+    invariants: str
+    provider: Literal["api", "smtp"] = "api"
+    ambiguity: Literal["hold", "retry"] = "hold"
+    stores: tuple[Store, ...] = BOTH
+    tz: str = "UTC"
+    week: tuple[int, int] = (2026, 33)
+    ci: bool = True
+    restarts_server: bool = False
+
+    def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
+        return RunSettings(
+            scenario=self.name,
+            server=server,
+            customers=customers,
+            seed=seed,
+            provider=self.provider,
+            ambiguity=self.ambiguity,
+            tz=self.tz,
+            week=self.week,
+        )
+
+
+# -- duplicates ------------------------------------------------------------------------------
+
+
+def duplicate_publish(run: RunContext) -> None:
+    """The producer publishes the fan-out's jobs again (absorbed at enqueue), and a broker
+    delivers some of them twice more after they ran (absorbed at the claim)."""
+    fan_out = run.fan_out()
+    period = fan_out.period
+    some = run.rng.sample(run.active_customers(), min(40, len(run.active_customers())))
+    again = run.box.enqueue_many("weekly_digest", run.digest_args(some, period))
+    run.absorbed += again.skipped
+    run.fault(f"duplicate publish of {len(some)} jobs")
+    run.work(replace_config(consume_only=True))
+    broker = RedeliveringTransport(copies=2, seed=run.settings.seed)
+    for customer in some[:10]:
+        broker.publish("weekly_digest", customer_id=customer, period=period)
+    consumer = run.box.consumer(transport=broker)
+    try:
+        while broker.pending:
+            run.absorbed += consumer.run_once().duplicates
+    finally:
+        consumer.session.close()
+    run.fault("20 broker redeliveries of 10 finished jobs")
+    run.drain()
+
+
+def concurrent_consumers(run: RunContext) -> None:
+    """Three processes consume broker deliveries of the same keys while a fourth works the
+    table queue: every claim of a key races in the database, one wins."""
+    fan_out = run.fan_out()
+    keys = [c for c in run.active_customers() if c != run.poison][:25]
+    start = run.barrier(3)  # the racers start claiming together
+    racers = [run.spawn_racer(f"racer-{i}", keys, fan_out.period, start) for i in range(3)]
+    table = run.spawn("table", lanes=CONSUME)
+    for racer in racers:
+        run.join(racer)
+    run.join(table)
+    run.fault(f"3 processes × {len(keys)} deliveries of the same keys, racing the table queue")
+    run.drain()
+
+
+# -- crashes ---------------------------------------------------------------------------------
+
+
+def kill_at(point: str, lanes: Lanes) -> Callable[[RunContext], None]:
+    def script(run: RunContext) -> None:
+        run.fan_out()
+        if point.startswith("dispatcher."):
+            run.work(replace_config(consume_only=True))  # messages waiting for a sender
+        nth = run.rng.randint(1, 2)  # batches of 20: a kill in the first or a later batch
+        victim = run.spawn(f"victim-{point}", (PointPlan(point, "kill", nth),), lanes=lanes)
+        if run.killed(victim):
+            run.fault(f"SIGKILL at {point} (arrival {nth})")
+        else:
+            run.violation(
+                "harness",
+                point,
+                f"the worker was to be killed at arrival {nth} of {point} but exited "
+                f"{victim.exitcode}",
+            )
+        run.advance(PAST_ANY_LEASE)
+        run.drain()
+
+    return script
+
+
+def kill_scheduler(run: RunContext) -> None:
+    """SIGKILL between fan-out batches; another scheduler takes the period over after the lease
+    and enqueues only the customers still missing."""
+    fire = monday_fire(*run.settings.week, tz=run.settings.tz)
+    run.set_clock(fire + timedelta(seconds=30))
+    run.periods.append(run.label(fire))
+    victim = run.spawn(
+        "victim-scheduler",
+        (PointPlan("scheduler.between_batches", "kill", 1),),
+        lanes=Lanes(consume=False, dispatch=False, sweep=False),
+        workload=replace(run.workload, batch_size=max(10, run.settings.customers // 5)),
+    )
+    if run.killed(victim):
+        run.fault("SIGKILL between fan-out batches")
+    else:
+        run.violation("harness", "scheduler", f"scheduler exited {victim.exitcode}, not killed")
+    run.advance(timedelta(minutes=10))  # past the fan-out's lease, within the schedule's grace
+    run.drain()
+
+
+def kill_sweeper(run: RunContext) -> None:
+    """SIGKILL after the holds were marked expired, before that commit: no hold is expired
+    without its notice, none gets two."""
+    run.fan_out()
+    victim = run.spawn(
+        "victim-sweeper",
+        (PointPlan("sweeper.after_transition_before_commit", "kill", 1),),
+        lanes=Lanes(consume=False, dispatch=False, schedule=False),
+    )
+    if run.killed(victim):
+        run.fault("SIGKILL inside the sweeper's transaction")
+    else:
+        run.violation("harness", "sweeper", f"sweeper exited {victim.exitcode}, not killed")
+    run.drain()
+
+
+# -- leases ----------------------------------------------------------------------------------
+
+
+def slow_consumer_past_lease(run: RunContext) -> None:
+    """Worker A leases a batch and stalls; its lease runs out; worker B leases the same jobs and
+    stalls too; A wakes: its settlement must be fenced off — A commits nothing (S9) — and B
+    completes them."""
+    run.fan_out()
+    first, second = run.gate(), run.gate()
+    stalled = PointPlan("consumer.leased", "pause", 1)
+    everything = replace(CONSUME, batch=1000)  # one batch: A's jobs are exactly B's
+    slow = run.spawn("slow", (stalled,), first, lanes=everything)
+    run.wait(first, "the slow worker to lease a batch")
+    run.advance(PAST_ANY_LEASE)
+    taker = run.spawn("taker", (stalled,), second, lanes=everything)
+    run.wait(second, "the second worker to lease the expired batch")
+    first.release.set()
+    run.join(slow)
+    second.release.set()
+    run.join(taker)
+    run.fault("a worker stalled past its lease while another took its jobs over")
+    _superseded_committed_nothing(run, "slow")
+    run.drain()
+
+
+def sigstop_past_lease(run: RunContext) -> None:
+    """SIGSTOP a worker that holds a lease, let the lease run out and the jobs be done by
+    others, then SIGCONT it: it must commit nothing."""
+    run.fan_out()
+    gate = run.gate()
+    frozen = run.spawn(
+        "frozen",
+        (PointPlan("consumer.leased", "stop", 1),),
+        gate,
+        lanes=replace(CONSUME, batch=1000),
+    )
+    run.wait(gate, "the worker to lease a batch and stop")
+    run.advance(PAST_ANY_LEASE)
+    run.drain()
+    frozen_pid = frozen.pid
+    assert frozen_pid is not None
+    import os  # noqa: PLC0415
+
+    os.kill(frozen_pid, signal.SIGCONT)
+    run.join(frozen)
+    run.fault("SIGSTOP past the lease, SIGCONT after the jobs were done")
+    _superseded_committed_nothing(run, "frozen")
+    run.drain()
+
+
+def _superseded_committed_nothing(run: RunContext, worker: str) -> None:
+    commits = [e for e in read_history(run.folder) if e.op == "commit" and e.worker == worker]
+    if any(e.phase == "ok" for e in commits):
+        run.violation(
+            "S9 superseded leases commit nothing",
+            worker,
+            f"worker {worker} committed after its lease was superseded "
+            f"({sum(e.phase == 'ok' for e in commits)} commit(s))",
+        )
+
+
+# -- redrive, replay, periods ----------------------------------------------------------------
+
+
+def redrive_after_hours(run: RunContext) -> None:
+    """Some digests die (the provider answers 503 to every attempt); six hours later an operator
+    redrives them: the same key and message, delivered once (S10)."""
+    run.fan_out()
+    run.work(replace_config(consume_only=True))
+    run.provider.script(*["503"] * 4 * 3)
+    run.fault("503 for every attempt of the first 3 messages")
+    run.drain()
+    dead = run.box.dead_letters(DeadFilter(kind="delivery"))
+    before = {row.id: (row.key, getattr(row, "token", None)) for row in dead}
+    if not dead:
+        run.violation("harness", "redrive", "no message died under the 503s")
+    for hours in (timedelta(minutes=6), timedelta(hours=6)):
+        run.advance(hours)
+        run.box.replay_dead(
+            DeadFilter(kind="delivery"),
+            reason="chaos: provider recovered",
+            per_second=1000,
+            sleep=lambda _s: None,
+        )
+        run.fault(f"redrive of the dead letters after {hours}")
+        run.drain()
+    for row_id, (key, token) in before.items():
+        after = run.box.store.outbox_get(row_id)
+        if after is None or after.key != key or getattr(after, "token", None) != token:
+            run.violation("S10 replays keep the key", key, f"message {row_id} changed: {after}")
+
+
+def manual_rerun(run: RunContext) -> None:
+    """An operator re-runs the week by hand, twice, after it was delivered: nothing new."""
+    fan_out = run.fan_out()
+    run.drain()
+    for _ in range(2):
+        again = run.box.run_schedule("weekly-digest", fan_out.period)
+        run.fault(f"manual re-run of {fan_out.period}: {again.enqueued} enqueued")
+        if again.enqueued:
+            run.violation(
+                "S2 one intent per eligible key",
+                f"weekly-digest/{fan_out.period}",
+                f"a manual re-run enqueued {again.enqueued} jobs for a delivered week",
+            )
+    run.drain()
+
+
+def weeks_across(*weeks: tuple[int, int]) -> Callable[[RunContext], None]:
+    """The clock walks over several weekly fires (an ISO-year boundary, a DST change)."""
+
+    def script(run: RunContext) -> None:
+        for year, week in weeks:
+            run.fan_out(monday_fire(year, week, tz=run.settings.tz))
+            run.drain()
+        run.fault(f"clock advanced over {len(weeks)} weekly fires")
+
+    return script
+
+
+# -- database and provider faults ----------------------------------------------------------------
+
+
+def connection_drops(run: RunContext) -> None:
+    """The server ends a worker's connection in the middle of its consumer transaction
+    (pg_terminate_backend): the transaction rolls back; the worker reconnects; nothing lost."""
+    run.fan_out()
+    gate = run.gate()
+    victim = run.spawn(
+        "dropped", (PointPlan("consumer.after_claim_insert", "pause", 1),), gate, lanes=CONSUME
+    )
+    run.wait(gate, "the worker to be inside its transaction")
+    with psycopg.connect(run.url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name LIKE 'oncebox %dropped%'"
+        ).fetchone()
+    gate.release.set()
+    run.join(victim)
+    run.fault(f"pg_terminate_backend of {ended[0] if ended else 0} worker connection(s)")
+    run.advance(PAST_ANY_LEASE)
+    run.drain()
+
+
+def provider_storm(run: RunContext) -> None:
+    """429 with Retry-After, 5xx, accepted-then-reset and accepted-then-timed-out answers."""
+    run.fan_out()
+    run.work(replace_config(consume_only=True))
+    actions = ["429:30", "500", "accept-then-reset", "503:5", "accept-then-timeout:2", "429:1"]
+    run.provider.script(*actions)
+    run.fault(f"provider answers {', '.join(actions)}")
+    run.drain()
+
+
+def smtp_lost_acks(run: RunContext) -> None:
+    """An SMTP server takes messages and drops the connection before its 250 (the lost
+    acknowledgement), and greylists others (451)."""
+    run.fan_out()
+    run.work(replace_config(consume_only=True))
+    run.provider.script("drop", "451 4.7.1 greylisted", "drop", "421 4.3.2 slow down")
+    run.fault("SMTP: two lost acknowledgements, a 451 and a 421")
+    run.drain()
+
+
+def poison_and_oversized(run: RunContext) -> None:
+    """The poison customer (an address no provider accepts), an oversized message refused at
+    enqueue, and a broker delivery whose arguments are wrong: clear errors, nothing lost."""
+    run.fan_out()
+    try:
+        run.box.enqueue("weekly_digest", customer_id=1, period="2026-W33" + "x" * 300_000)
+        run.violation("G2 oversized refused", "enqueue", "a 300 kB argument was accepted")
+    except PayloadTooLarge:
+        run.fault("an oversized enqueue, refused")
+    broker = RedeliveringTransport(copies=1, seed=run.settings.seed)
+    broker.publish("weekly_digest", customer_id="not-a-number", period=run.periods[-1])
+    consumer = run.box.consumer(transport=broker)
+    try:
+        while broker.pending:
+            consumer.run_once()
+    finally:
+        consumer.session.close()
+    if not broker.acks or broker.acks[0][1] != "dead":
+        run.violation("G1 malformed messages die", "broker", f"acks {broker.acks}")
+    run.fault("a broker delivery with a malformed customer id")
+    run.drain()
+
+
+def soak(run: RunContext) -> None:
+    """Worker processes SIGKILLed at random points for a whole run, until the week settles."""
+    crash_points = [
+        "consumer.after_claim_insert",
+        "consumer.after_handler_before_commit",
+        "dispatcher.after_lease",
+        "dispatcher.after_provider_accept_before_record",
+    ]
+    run.fan_out()
+    for round_number in range(12):
+        plans = tuple(
+            PointPlan(point, "kill", run.rng.randint(1, 6))
+            for point in run.rng.sample(crash_points, 2)
+        )
+        workers = [run.spawn(f"soak-{round_number}-{i}", plans) for i in range(2)]
+        killed = sum(run.killed(worker) for worker in workers)
+        run.fault(f"round {round_number}: {killed} of 2 workers killed")
+        run.advance(PAST_ANY_LEASE)
+    run.drain()
+
+
+def replace_config(*, consume_only: bool = False) -> WorkerConfig:
+    from oncebox.chaos.runner import DRAIN  # noqa: PLC0415
+
+    if consume_only:
+        return replace(DRAIN, dispatch=False, schedule=False, sweep=False)
+    return DRAIN
+
+
+def _crash_scenarios() -> list[Scenario]:
+    found = []
+    for point, lanes, provider, ambiguity in (
+        ("consumer.after_claim_insert", CONSUME, "api", "hold"),
+        ("consumer.after_handler_before_commit", CONSUME, "api", "hold"),
+        ("dispatcher.after_lease", DISPATCH, "api", "hold"),
+        ("dispatcher.after_provider_accept_before_record", DISPATCH, "api", "hold"),
+        ("dispatcher.after_sending_marker", DISPATCH, "smtp", "hold"),
+    ):
+        found.append(
+            Scenario(
+                f"kill-{point}",
+                f"SIGKILL at {point}",
+                kill_at(point, lanes),
+                "S1-S8",
+                provider=provider,
+                ambiguity=ambiguity,
+            )
+        )
+    for policy in ("hold", "retry"):
+        point = "dispatcher.after_provider_accept_before_record"
+        found.append(
+            Scenario(
+                f"kill-{point}-smtp-{policy}",
+                f"SIGKILL after an SMTP server accepted, before the record ({policy})",
+                kill_at(point, DISPATCH),
+                "S6" if policy == "hold" else "S7",
+                provider="smtp",
+                ambiguity=policy,
+            )
+        )
+    return found
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            "duplicate-publish",
+            "duplicate publish and broker redeliveries",
+            duplicate_publish,
+            "S1-S5",
+        ),
+        Scenario(
+            "concurrent-consumers",
+            "processes racing to claim the same keys",
+            concurrent_consumers,
+            "S1, S3",
+        ),
+        *_crash_scenarios(),
+        Scenario(
+            "kill-scheduler.between_batches",
+            "SIGKILL between fan-out batches",
+            kill_scheduler,
+            "S2, S4",
+        ),
+        Scenario(
+            "kill-sweeper.after_transition_before_commit",
+            "SIGKILL inside the hold sweeper's transaction",
+            kill_sweeper,
+            "S3, S4",
+        ),
+        Scenario(
+            "slow-consumer-past-lease",
+            "a stalled worker wakes after its jobs were taken over",
+            slow_consumer_past_lease,
+            "S9",
+        ),
+        Scenario(
+            "sigstop-past-lease",
+            "SIGSTOP past the lease, SIGCONT after the jobs were done",
+            sigstop_past_lease,
+            "S9",
+            # a stopped SQLite process may be stopped inside a write (its heartbeat), and then
+            # holds the only write lock: every writer waits, as documented; the SQLite variant
+            # of this fault is slow-consumer-past-lease, paused where no lock is held
+            stores=("postgres",),
+        ),
+        Scenario(
+            "redrive-after-hours",
+            "dead letters redriven after 6 minutes and after 6 hours",
+            redrive_after_hours,
+            "S8, S10",
+        ),
+        Scenario("manual-rerun", "a delivered week re-run by hand", manual_rerun, "S2"),
+        Scenario(
+            "iso-week-boundary",
+            "weekly fires across the ISO-year boundary (2026-W01 starts 2025-12-29)",
+            weeks_across((2025, 52), (2026, 1), (2026, 2)),
+            "P1",
+            week=(2025, 52),
+        ),
+        Scenario(
+            "dst-change",
+            "weekly fires in Europe/Berlin across the spring and autumn DST changes",
+            weeks_across((2026, 13), (2026, 14), (2026, 43), (2026, 44)),
+            "P1",
+            tz="Europe/Berlin",
+            week=(2026, 13),
+        ),
+        Scenario(
+            "connection-drops",
+            "pg_terminate_backend inside a consumer transaction",
+            connection_drops,
+            "S1-S4",
+            stores=("postgres",),
+        ),
+        Scenario(
+            "provider-storm",
+            "429s, 5xx, accepted-then-reset, accepted-then-timed-out",
+            provider_storm,
+            "S4, S5",
+        ),
+        Scenario(
+            "smtp-lost-acks-hold",
+            "SMTP lost acknowledgements under the hold policy",
+            smtp_lost_acks,
+            "S6",
+            provider="smtp",
+        ),
+        Scenario(
+            "smtp-lost-acks-retry",
+            "SMTP lost acknowledgements under the retry policy",
+            smtp_lost_acks,
+            "S7",
+            provider="smtp",
+            ambiguity="retry",
+        ),
+        Scenario(
+            "poison-and-oversized",
+            "poison, oversized and malformed messages",
+            poison_and_oversized,
+            "S4, S8",
+        ),
+        Scenario("soak", "random SIGKILLs for a whole run", soak, "S1-S8", ci=False),
+    ]
+}

@@ -1,0 +1,80 @@
+"""The database a chaos run works in: always one it creates for the run, and drops after.
+
+The harness kills workers, drops connections and rewrites queries; it must never do that to a
+database someone cares about. Given a PostgreSQL URL it creates a new database on that server
+(`oncebox_chaos_<random>`) and drops it at the end, forcing out any connection a killed worker
+left; given nothing, or a SQLite URL, it uses a new file in a temporary directory. The URL the
+user gave is only ever used to reach the server.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from oncebox.errors import ConfigurationError, StoreUnavailable
+from oncebox.store import open_store
+from oncebox.store.postgres import redact, split_url
+
+
+@contextmanager
+def workspace(server: str | None) -> Iterator[str]:
+    """Yield the URL of a fresh, migrated database for one run; remove it afterwards."""
+    scheme = (server or "sqlite://").split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        with _sqlite_workspace() as url:
+            yield url
+    elif scheme in {"postgresql", "postgres"}:
+        with _postgres_workspace(server or "") as url:
+            yield url
+    else:
+        raise ConfigurationError(
+            f"database URL scheme {scheme!r} is not supported: use postgresql://host/db "
+            "(a database is created on that server for the run) or nothing (a temporary SQLite "
+            "file)"
+        )
+
+
+@contextmanager
+def _sqlite_workspace() -> Iterator[str]:
+    folder = Path(tempfile.mkdtemp(prefix="oncebox-chaos-"))
+    try:
+        url = f"sqlite:///{folder / 'chaos.db'}"
+        open_store(url).close()  # created and migrated
+        yield url
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def _postgres_workspace(server: str) -> Iterator[str]:
+    conninfo, _options = split_url(server)
+    name = f"oncebox_chaos_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise StoreUnavailable(
+            f"cannot reach PostgreSQL at {redact(server)}: {str(exc).strip()}"
+        ) from None
+    with admin:
+        try:
+            admin.execute(f'CREATE DATABASE "{name}"'.encode())
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                f"cannot create a database for the run on {redact(server)} (the harness never "
+                f"works in an existing one): {str(exc).strip()}"
+            ) from None
+        try:
+            parts = urlsplit(server)
+            url = urlunsplit(parts._replace(path=f"/{name}", query=""))
+            open_store(url, migrate=True).close()
+            yield url
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
