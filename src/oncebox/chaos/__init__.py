@@ -13,6 +13,8 @@ the provider's log and the history of every send, and reports per key what broke
     report.py      the table and JSON
 """
 
+from __future__ import annotations
+
 from oncebox.chaos.report import ScenarioResult, run_scenario, run_selected
 from oncebox.chaos.scenarios import SCENARIOS, Scenario
 

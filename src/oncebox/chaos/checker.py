@@ -17,7 +17,7 @@ record before it died (even if the provider had accepted it).
     S6  no idempotency, `hold`: Accepted(t) ≤ 1, and a send with an unknown outcome is
         `ambiguous` (visible), never silently retried
     S7  no idempotency, `retry`: Accepted(t) ≤ 1 + Unknown(t), and every duplicate is reported
-        (possible_duplicates ≥ Accepted(t) − 1)
+        (possible_duplicates ≥ Accepted(t) - 1)
     S8  dead letters are complete: each has its attempts and its last error
     P1  every period label is the ISO week of its fire instant
 Scenarios add their own (S9 superseded leases commit nothing, S10 replays keep the key).
@@ -26,10 +26,10 @@ Scenarios add their own (S9 superseded leases commit nothing, S10 replays keep t
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from oncebox.chaos.history import read_history, send_outcomes
+from oncebox.chaos.history import SendOutcomes, read_history, send_outcomes
 from oncebox.examples.logistics.app import DIGEST_KEY, HOLD_KEY, connect
 
 if TYPE_CHECKING:
@@ -57,12 +57,16 @@ class Tally:
     ambiguous: int = 0
 
 
+Job = tuple[int, str, str, str | None, int, str | None]  # id, key, state, outcome, attempt, error
+Message = tuple[int, str, str, str, str, int, str | None]  # id, intent key, state, token, key, …
+
+
 @dataclass
 class _Rows:
     intents: Counter[str]
-    jobs: list[tuple[int, str, str, str | None, int, str | None]]
+    jobs: list[Job]
     job_attempts: Counter[int]
-    outbox: list[tuple[int, str, str, str, str, int, str | None]]
+    outbox: list[Message]
     delivery_attempts: Counter[int]
     definite_attempts: Counter[int]  # whose outcome the database recorded as known
     digests: set[tuple[int, str]]
@@ -138,153 +142,189 @@ def _read(context: RunContext) -> _Rows:
         conn.close()
 
 
+@dataclass
+class _Facts:
+    """What the checker knows once the run has settled."""
+
+    context: RunContext
+    rows: _Rows
+    eligible: set[str]
+    poison_keys: set[str]
+    jobs_by_key: dict[str, list[Job]]
+    outbox_by_key: dict[str, list[Message]]
+    dead_keys: set[str]
+    accepted: dict[str, int]
+    outcomes: SendOutcomes
+    found: list[Violation] = field(default_factory=list)
+
+    def violate(self, invariant: str, key: str, evidence: str) -> None:
+        self.found.append(Violation(invariant, key, evidence))
+
+
 def check(context: RunContext) -> tuple[list[Violation], Tally]:
     """Every invariant, with per-key evidence; the run's figures."""
     rows = _read(context)
-    found: list[Violation] = []
-    tally = Tally()
-
-    def violate(invariant: str, key: str, evidence: str) -> None:
-        found.append(Violation(invariant, key, evidence))
-
     poison_keys = {DIGEST_KEY.format(customer_id=context.poison, period=p) for p in context.periods}
     digest_keys = {
         DIGEST_KEY.format(customer_id=c, period=p) for c in rows.active for p in context.periods
     }
     notice_keys = {HOLD_KEY.format(hold_id=h) for h in rows.expired_holds}
-    eligible = (digest_keys - poison_keys) | notice_keys
-    tally.eligible = len(digest_keys) + len(notice_keys)
-
-    jobs_by_key: dict[str, list[tuple[int, str, str, str | None, int, str | None]]] = {}
+    jobs_by_key: dict[str, list[Job]] = {}
     for job in rows.jobs:
         jobs_by_key.setdefault(job[1], []).append(job)
-    outbox_by_key: dict[str, list[tuple[int, str, str, str, str, int, str | None]]] = {}
+    outbox_by_key: dict[str, list[Message]] = {}
     for message in rows.outbox:
         outbox_by_key.setdefault(message[1], []).append(message)
-    accepted = context.provider.accepted()
-    outcomes = send_outcomes(read_history(context.folder))
+    facts = _Facts(
+        context=context,
+        rows=rows,
+        eligible=(digest_keys - poison_keys) | notice_keys,
+        poison_keys=poison_keys,
+        jobs_by_key=jobs_by_key,
+        outbox_by_key=outbox_by_key,
+        dead_keys={job[1] for job in rows.jobs if job[2] == "dead"},
+        accepted=context.provider.accepted(),
+        outcomes=send_outcomes(read_history(context.folder)),
+    )
+    for invariant in (_intents, _all_or_nothing, _nothing_lost, _effects, _dead_letters, _periods):
+        invariant(facts)
+    tally = _tally(facts)
+    tally.eligible = len(digest_keys) + len(notice_keys)
+    return facts.found, tally
 
-    # S1, S2
-    for key, count in rows.intents.items():
+
+def _intents(f: _Facts) -> None:
+    """S1 and S2."""
+    intents = f.rows.intents
+    for key, count in intents.items():
         if count > 1:
-            violate("S1 one intent per key", key, f"{count} intents")
-    dead_keys = {job[1] for job in rows.jobs if job[2] == "dead"}
-    for key in sorted(eligible):
-        if rows.intents[key] != 1 and key not in dead_keys and key.startswith("weekly-digest/"):
-            violate(
-                "S2 one intent per eligible key", key, f"{rows.intents[key]} intents at the end"
-            )
-    for key in sorted(poison_keys):
-        states = [job[2] for job in jobs_by_key.get(key, [])]
-        if states != ["dead"] or rows.intents[key]:
-            violate(
+            f.violate("S1 one intent per key", key, f"{count} intents")
+    for key in sorted(f.eligible):
+        if key.startswith("weekly-digest/") and intents[key] != 1 and key not in f.dead_keys:
+            f.violate("S2 one intent per eligible key", key, f"{intents[key]} intents at the end")
+    for key in sorted(f.poison_keys):
+        states = [job[2] for job in f.jobs_by_key.get(key, [])]
+        if states != ["dead"] or intents[key]:
+            f.violate(
                 "S2 one intent per eligible key",
                 key,
                 f"the poison should be one dead job and no intent: jobs {states}, "
-                f"{rows.intents[key]} intents",
+                f"{intents[key]} intents",
             )
 
-    # S3: claim, digest row and outbox row together
-    for key in sorted(set(rows.intents) | {k for k in outbox_by_key if k.startswith("weekly-")}):
-        if not key.startswith("weekly-digest/"):
-            continue
+
+def _all_or_nothing(f: _Facts) -> None:
+    """S3: claim, rendered digest and outbox row together."""
+    rows = f.rows
+    digest_messages = {k for k in f.outbox_by_key if k.startswith("weekly-digest/")}
+    for key in sorted(
+        {k for k in rows.intents if k.startswith("weekly-digest/")} | digest_messages
+    ):
         customer, period = _digest_parts(key)
         has_digest = (customer, period) in rows.digests
-        messages = len(outbox_by_key.get(key, []))
+        messages = len(f.outbox_by_key.get(key, []))
         if not (rows.intents[key] >= 1 and has_digest and messages == 1):
-            violate(
+            f.violate(
                 "S3 all-or-nothing",
                 key,
                 f"intents {rows.intents[key]}, digest row {'yes' if has_digest else 'no'}, "
                 f"outbox rows {messages}",
             )
 
-    # S4: nothing lost, nothing stuck
-    for job_id, key, state, _outcome, _attempt, _error in rows.jobs:
-        if state not in ("done", "dead", "cancelled"):
-            violate("S4 nothing lost", key or f"job {job_id}", f"job {job_id} still {state}")
-    for key in sorted(eligible):
-        if key.startswith("weekly-digest/") and key not in jobs_by_key and not rows.intents[key]:
-            # (a done job may have been pruned since; its intent stays)
-            violate("S4 nothing lost", key, "eligible, but no job was ever enqueued")
-        if not outbox_by_key.get(key) and key not in dead_keys:
-            violate("S4 nothing lost", key, "eligible, but no message was written")
-    for message_id, key, state, token, _mkey, _dups, _error in rows.outbox:
-        if state not in ("sent", "dead", "ambiguous"):
-            violate("S4 nothing lost", key, f"message {message_id} still {state}")
-        if state == "sent" and not accepted.get(token):
-            violate("S4 nothing lost", key, f"message {message_id} is sent, the provider has none")
 
-    # S5-S7: effects against what was reported
-    idempotent = context.provider.kind == "api"
-    policy = context.settings.ambiguity
-    for message_id, key, state, token, _mkey, dups, _error in rows.outbox:
-        took = accepted.get(token, 0)
+def _nothing_lost(f: _Facts) -> None:
+    """S4: nothing stuck, nothing missing, nothing claimed sent that the provider lacks."""
+    for job_id, key, state, _outcome, _attempt, _error in f.rows.jobs:
+        if state not in ("done", "dead", "cancelled"):
+            f.violate("S4 nothing lost", key or f"job {job_id}", f"job {job_id} still {state}")
+    for key in sorted(f.eligible):
+        never = key not in f.jobs_by_key and not f.rows.intents[key]
+        if key.startswith("weekly-digest/") and never:  # (a done job may have been pruned)
+            f.violate("S4 nothing lost", key, "eligible, but no job was ever enqueued")
+        if not f.outbox_by_key.get(key) and key not in f.dead_keys:
+            f.violate("S4 nothing lost", key, "eligible, but no message was written")
+    for message_id, key, state, token, _key, _dups, _error in f.rows.outbox:
+        if state not in ("sent", "dead", "ambiguous"):
+            f.violate("S4 nothing lost", key, f"message {message_id} still {state}")
+        if state == "sent" and not f.accepted.get(token):
+            f.violate(
+                "S4 nothing lost", key, f"message {message_id} is sent; the provider has none"
+            )
+
+
+def _effects(f: _Facts) -> None:
+    """S5-S7: what the provider took against what was reported."""
+    idempotent = f.context.provider.kind == "api"
+    policy = f.context.settings.ambiguity
+    for message_id, key, state, token, _key, dups, _error in f.rows.outbox:
+        took = f.accepted.get(token, 0)
         # a send whose outcome never reached the database is unknown to the system, even if
         # the process that made it heard "accepted" before it died
         unknown = max(
-            outcomes.unknown.get(token, 0),
-            outcomes.invoked.get(token, 0) - rows.definite_attempts[message_id],
+            f.outcomes.unknown.get(token, 0),
+            f.outcomes.invoked.get(token, 0) - f.rows.definite_attempts[message_id],
         )
-        tally.actual_duplicates += max(0, took - 1)
-        tally.possible_duplicates += dups
-        if idempotent:
+        taken = f"message {message_id} accepted {took} times"
+        if idempotent and took > 1:
+            f.violate("S5 one effect per key", key, taken)
+        elif not idempotent and policy == "hold":
             if took > 1:
-                violate("S5 one effect per key", key, f"message {message_id} accepted {took}×")
-        elif policy == "hold":
-            if took > 1:
-                violate("S6 hold: never resent", key, f"message {message_id} accepted {took}×")
+                f.violate("S6 hold: never resent", key, taken)
             if unknown and state not in ("ambiguous", "sent"):
-                violate(
+                f.violate(
                     "S6 hold: never resent",
                     key,
                     f"message {message_id}: {unknown} unknown outcome(s), yet it is {state}",
                 )
-        else:
+        elif not idempotent:
             if took > 1 + unknown:
-                violate(
+                f.violate(
                     "S7 retry: duplicates only from unknowns",
                     key,
-                    f"message {message_id} accepted {took}× with {unknown} unknown outcome(s)",
+                    f"{taken}, with {unknown} unknown outcome(s)",
                 )
             if dups < took - 1:
-                violate(
-                    "S7 retry: duplicates reported",
-                    key,
-                    f"message {message_id} accepted {took}×, {dups} reported",
-                )
+                f.violate("S7 retry: duplicates reported", key, f"{taken}, {dups} reported")
 
-    # S8: dead letters complete
-    for job_id, key, state, _outcome, _attempt, error in rows.jobs:
-        if state == "dead" and (not rows.job_attempts[job_id] or not error):
-            violate("S8 dead letters complete", key, f"job {job_id} dead without history")
-    for message_id, key, state, _token, _mkey, _dups, error in rows.outbox:
-        if state == "dead" and (not rows.delivery_attempts[message_id] or not error):
-            violate("S8 dead letters complete", key, f"message {message_id} dead without history")
 
-    # P1: periods
-    for period in sorted(set(rows.periods) - set(context.periods)):
-        violate(
+def _dead_letters(f: _Facts) -> None:
+    """S8: every dead letter carries its attempts and its last error."""
+    for job_id, key, state, _outcome, _attempt, error in f.rows.jobs:
+        if state == "dead" and (not f.rows.job_attempts[job_id] or not error):
+            f.violate("S8 dead letters complete", key, f"job {job_id} dead without history")
+    for message_id, key, state, _token, _key, _dups, error in f.rows.outbox:
+        if state == "dead" and (not f.rows.delivery_attempts[message_id] or not error):
+            f.violate("S8 dead letters complete", key, f"message {message_id} dead without history")
+
+
+def _periods(f: _Facts) -> None:
+    """P1: every fan-out's period is the ISO week the harness saw the schedule fire in."""
+    fired = sorted(set(f.context.periods))
+    for period in sorted(set(f.rows.periods) - set(fired)):
+        f.violate(
             "P1 periods are ISO weeks",
             f"weekly-digest/{period}",
-            f"a fan-out for {period}, but the schedule fired in {sorted(set(context.periods))}",
+            f"a fan-out for {period}, but the schedule fired in {fired}",
         )
 
-    tally.delivered = sum(
-        1
-        for key in eligible
-        for m in outbox_by_key.get(key, [])
-        if m[2] == "sent" and accepted.get(m[3])
+
+def _tally(f: _Facts) -> Tally:
+    rows = f.rows
+    delivered = 0
+    for key in f.eligible:
+        delivered += sum(
+            1 for m in f.outbox_by_key.get(key, []) if m[2] == "sent" and f.accepted.get(m[3])
+        )
+    return Tally(
+        delivered=delivered,
+        duplicates_absorbed=f.context.absorbed + sum(1 for j in rows.jobs if j[3] == "duplicate"),
+        possible_duplicates=sum(m[5] for m in rows.outbox),
+        actual_duplicates=sum(max(0, f.accepted.get(m[3], 0) - 1) for m in rows.outbox),
+        lost=sum(1 for v in f.found if v.invariant.startswith(("S2", "S4"))),
+        dead=sum(1 for j in rows.jobs if j[2] == "dead")
+        + sum(1 for m in rows.outbox if m[2] == "dead"),
+        ambiguous=sum(1 for m in rows.outbox if m[2] == "ambiguous"),
     )
-    tally.duplicates_absorbed = context.absorbed + sum(
-        1 for job in rows.jobs if job[3] == "duplicate"
-    )
-    tally.lost = sum(1 for v in found if v.invariant.startswith(("S2", "S4")))
-    tally.dead = sum(1 for job in rows.jobs if job[2] == "dead") + sum(
-        1 for m in rows.outbox if m[2] == "dead"
-    )
-    tally.ambiguous = sum(1 for m in rows.outbox if m[2] == "ambiguous")
-    return found, tally
 
 
 def _digest_parts(key: str) -> tuple[int, str]:

@@ -44,7 +44,8 @@ class HistoryWriter:
             self._file.write(json.dumps(asdict(event)) + "\n")
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
 
 def read_history(folder: Path) -> list[Event]:

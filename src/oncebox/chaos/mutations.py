@@ -4,7 +4,7 @@ A checker that never fails proves nothing. Each mutation removes one mechanism o
 guarantee rests on, in every process of a run, and names the scenario that must then fail:
 
     no-lease-fence     settlements and the send marker stop checking the lease token
-                       → `slow-sender-past-lease` fails (a superseded sender sends again)
+                       → `slow-consumer-past-lease` fails (a superseded worker commits)
     ack-before-commit  a job is acknowledged (done) when leased, before its transaction commits
                        → `kill-consumer.after_claim_insert` fails (the digest is lost)
     no-unique-index    the claim is a plain insert and the intents table loses its primary key
@@ -38,7 +38,7 @@ class Mutation:
 MUTATIONS = {
     m.name: m
     for m in (
-        Mutation("no-lease-fence", "the lease-token fence", "slow-sender-past-lease"),
+        Mutation("no-lease-fence", "the lease-token fence", "slow-consumer-past-lease"),
         Mutation(
             "ack-before-commit", "acknowledgement after commit", "kill-consumer.after_claim_insert"
         ),
@@ -87,8 +87,8 @@ def wrong_iso_week() -> PeriodKind:
 
 def apply_to_store(store: Any, names: tuple[str, ...]) -> None:
     """Rewrite this process's copy of the store's queries."""
-    queries: dict[str, str] = store._q  # noqa: SLF001 (a test switch reaches inside on purpose)
-    rewrites = []
+    queries: dict[str, str] = store._q  # a test switch reaches inside, on purpose
+    rewrites: list[tuple[str, str, str]] = []
     if "no-lease-fence" in names:
         rewrites += _FENCES[store.dialect]
     if "no-unique-index" in names:
@@ -115,9 +115,17 @@ def drop_unique_claim(conn: Any, dialect: str) -> None:
     conn.commit()
 
 
+def undo_process_wide() -> None:
+    """Put back what a mutation replaced in this process (the harness runs many scenarios in
+    one process; a worker process simply exits)."""
+    from oncebox import assembly  # noqa: PLC0415
+
+    setattr(assembly, "TableTransport", TableTransport)  # noqa: B010 (mypy: not exported)
+
+
 def _install_ack_on_receipt() -> None:
     """Celery's default (`acks_late=False`): a job is done the moment it is received."""
-    import oncebox.assembly as assembly  # noqa: PLC0415
+    from oncebox import assembly  # noqa: PLC0415
 
     class AckOnReceipt(TableTransport):
         def fetch(self, limit: int) -> list[Delivery]:
@@ -135,4 +143,4 @@ def _install_ack_on_receipt() -> None:
         def settle_in_transaction(self, tx: Any, settlements: Any) -> set[str]:
             return {s.delivery.message_id for s in settlements}
 
-    assembly.TableTransport = AckOnReceipt  # type: ignore[misc]
+    setattr(assembly, "TableTransport", AckOnReceipt)  # noqa: B010

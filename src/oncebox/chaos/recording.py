@@ -45,3 +45,4 @@ class RecordingProvider:
         closer = getattr(self.inner, "close", None)
         if callable(closer):
             closer()
+        self.history.close()

@@ -16,6 +16,7 @@ from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError
 from oncebox.store.postgres import redact
 
+PER_INVARIANT = 5  # violations printed per invariant; --json lists them all
 COLUMNS = (
     ("eligible", "eligible"),
     ("delivered", "delivered"),
@@ -54,7 +55,9 @@ class ScenarioResult:
 
 
 def store_of(server: str | None) -> Store:
-    return "postgres" if server and server.split(":", 1)[0] in ("postgresql", "postgres") else "sqlite"
+    return (
+        "postgres" if server and server.split(":", 1)[0] in ("postgresql", "postgres") else "sqlite"
+    )
 
 
 def run_scenario(
@@ -79,12 +82,17 @@ def run_scenario(
     return result
 
 
-def select(name: str, store: Store, *, allow_server_restart: bool) -> list[Scenario]:
+def select(
+    name: str, store: Store, *, allow_server_restart: bool, soak: bool = False
+) -> list[Scenario]:
+    """`ci`: every scenario that needs no server restart and is not the soak; `all`: every
+    scenario but the soak (restarts only when allowed); `soak` adds the soak."""
     if name in ("ci", "all"):
         chosen = [
             s
             for s in SCENARIOS.values()
-            if (name == "all" or s.ci) and (allow_server_restart or not s.restarts_server)
+            if (s.ci or (name == "all" and s.name != "soak"))
+            and (allow_server_restart or not s.restarts_server)
         ]
     elif name in SCENARIOS:
         chosen = [SCENARIOS[name]]
@@ -96,6 +104,8 @@ def select(name: str, store: Store, *, allow_server_restart: bool) -> list[Scena
         raise ConfigurationError(
             f"unknown scenario {name!r}; use ci, all, or one of: {', '.join(SCENARIOS)}"
         )
+    if soak and SCENARIOS["soak"] not in chosen:
+        chosen.append(SCENARIOS["soak"])
     return [s for s in chosen if store in s.stores]
 
 
@@ -107,12 +117,14 @@ def run_selected(
     seed: int,
     mutations: tuple[str, ...] = (),
     allow_server_restart: bool = False,
-    out: TextIO = sys.stdout,
+    soak: bool = False,
+    out: TextIO | None = None,
     as_json: bool = False,
 ) -> list[ScenarioResult]:
+    out = out or sys.stdout
     store = store_of(server)
     results = []
-    chosen = select(name, store, allow_server_restart=allow_server_restart)
+    chosen = select(name, store, allow_server_restart=allow_server_restart, soak=soak)
     logger = logging.getLogger("oncebox")
     if logger.level == logging.NOTSET:  # faults make expected warnings; -v shows them
         logger.setLevel(logging.ERROR)
@@ -149,10 +161,14 @@ def print_result(result: ScenarioResult, server: str | None, out: TextIO) -> Non
     )
     for fault in result.faults:
         out.write(f"  fault: {fault}\n")
-    for violation in result.violations[:20]:
-        out.write(f"  VIOLATION {violation.invariant}: {violation.key}: {violation.evidence}\n")
-    if len(result.violations) > 20:
-        out.write(f"  … and {len(result.violations) - 20} more\n")
+    by_invariant: dict[str, list[Violation]] = {}
+    for violation in result.violations:
+        by_invariant.setdefault(violation.invariant, []).append(violation)
+    for invariant, found in sorted(by_invariant.items()):
+        for violation in found[:PER_INVARIANT]:
+            out.write(f"  VIOLATION {invariant}: {violation.key}: {violation.evidence}\n")
+        if len(found) > PER_INVARIANT:
+            out.write(f"  … and {len(found) - PER_INVARIANT} more of {invariant} (--json: all)\n")
     if not result.ok:
         out.write(
             f"  run it again: {result.rerun(server)}\n"

@@ -254,6 +254,14 @@ class RunContext:
         for key, count in rows:
             self.violation("S1 one intent per key", key, f"{count} intents observed mid-run")
 
+    def count(self, sql: str) -> int:
+        conn = connect(self.box)
+        try:
+            row = conn.execute(sql).fetchone()
+        finally:
+            conn.close()
+        return int(row[0]) if row else 0
+
     def violation(self, invariant: str, key: str, evidence: str) -> None:
         found = Violation(invariant, key, evidence)
         if found not in self.violations:
@@ -304,9 +312,14 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 poison=poison,
                 history=HistoryWriter(Path(folder), "harness", settings.seed),
             )
-            yield context
+            try:
+                yield context
+            finally:
+                if context.history is not None:
+                    context.history.close()
         finally:
             box.close()
+            mutations.undo_process_wide()
 
 
 def run_in_thread(target: Callable[[], Any]) -> threading.Thread:

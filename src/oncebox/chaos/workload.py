@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from oncebox import Box, Retry, WorkerConfig, points
-from oncebox.consumer import ConsumerConfig
-from oncebox.dispatch import DispatcherConfig
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.recording import RecordingProvider
+from oncebox.consumer import ConsumerConfig
+from oncebox.dispatch import DispatcherConfig
 from oncebox.examples.logistics.app import SENDER, build_box
 from oncebox.periods import iso_week
 from oncebox.providers import from_url

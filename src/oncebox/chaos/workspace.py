@@ -61,7 +61,7 @@ def _postgres_workspace(server: str) -> Iterator[str]:
         admin = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise StoreUnavailable(
-            f"cannot reach PostgreSQL at {redact(server)}: {str(exc).strip()}"
+            f"cannot reach PostgreSQL at {redact(server)}: {_first_line(exc)}"
         ) from None
     with admin:
         try:
@@ -69,7 +69,7 @@ def _postgres_workspace(server: str) -> Iterator[str]:
         except psycopg.Error as exc:
             raise StoreUnavailable(
                 f"cannot create a database for the run on {redact(server)} (the harness never "
-                f"works in an existing one): {str(exc).strip()}"
+                f"works in an existing one): {_first_line(exc)}"
             ) from None
         try:
             parts = urlsplit(server)
@@ -78,3 +78,7 @@ def _postgres_workspace(server: str) -> Iterator[str]:
             yield url
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

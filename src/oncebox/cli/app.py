@@ -7,6 +7,7 @@ import logging
 
 import click
 
+from oncebox.cli.chaos_cmd import chaos
 from oncebox.cli.demo_cmd import demo
 from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
@@ -22,10 +23,23 @@ def main(verbose: int) -> None:
     """oncebox: background jobs whose side effects happen once per business operation.
 
     Commands read ONCEBOX_DB, ONCEBOX_APP and ONCEBOX_EMAIL. Exit 2 on a usage mistake, 1 on a
-    runtime failure (or a failed check); one line on stderr, never a traceback."""
+    runtime failure (or a failed check); one line on stderr, and a traceback only with -v."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for command in (demo, migrate, worker, enqueue, status, schedule, jobs, dlq, outbox, audit, keys):
+for command in (
+    chaos,
+    demo,
+    migrate,
+    worker,
+    enqueue,
+    status,
+    schedule,
+    jobs,
+    dlq,
+    outbox,
+    audit,
+    keys,
+):
     main.add_command(command)

@@ -1,0 +1,129 @@
+"""The chaos harness: the CI set holds on both stores, every mutation makes its named scenario
+fail (a harness that cannot fail proves nothing), and the harness cleans up after itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from conftest import PG_URL as PG_SERVER
+from oncebox.chaos import SCENARIOS, run_scenario, run_selected
+from oncebox.chaos.history import HistoryWriter, read_history, send_outcomes
+from oncebox.chaos.mutations import MUTATIONS
+from oncebox.cli.app import main
+
+CUSTOMERS = 40
+
+
+def test_the_ci_set_holds_on_sqlite(capsys):
+    results = run_selected("ci", server=None, customers=CUSTOMERS, seed=7)
+    assert [r.scenario for r in results if not r.ok] == []
+    assert len(results) == sum(1 for s in SCENARIOS.values() if s.ci and "sqlite" in s.stores)
+    out = capsys.readouterr().out
+    assert f"{len(results)} of {len(results)} scenarios held on sqlite" in out
+
+
+@pytest.mark.postgres
+def test_the_ci_set_holds_on_postgres(pg_template):
+    results = run_selected("ci", server=PG_SERVER, customers=CUSTOMERS, seed=7)
+    assert [r.scenario for r in results if not r.ok] == []
+    assert {r.scenario for r in results} >= {"connection-drops", "sigstop-past-lease"}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_each_mutation_makes_its_named_scenario_fail_on_sqlite(mutation):
+    scenario = SCENARIOS[MUTATIONS[mutation].must_fail]
+    result = run_scenario(scenario, server=None, customers=CUSTOMERS, seed=3, mutations=(mutation,))
+    assert not result.ok, f"{mutation} went unnoticed by {scenario.name}"
+    assert f"--mutation {mutation}" in result.rerun(None)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("mutation", ["no-lease-fence", "no-unique-index", "ack-before-commit"])
+def test_each_concurrency_mutation_fails_on_postgres(pg_template, mutation):
+    scenario = SCENARIOS[MUTATIONS[mutation].must_fail]
+    result = run_scenario(
+        scenario, server=PG_SERVER, customers=CUSTOMERS, seed=3, mutations=(mutation,)
+    )
+    assert not result.ok, f"{mutation} went unnoticed by {scenario.name}"
+
+
+@pytest.mark.postgres
+def test_a_run_creates_its_own_database_and_drops_it(pg_template):
+    def chaos_databases() -> set[str]:
+        with psycopg.connect(PG_SERVER, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'oncebox_chaos_%'"
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    before = chaos_databases()
+    result = run_scenario(SCENARIOS["manual-rerun"], server=PG_SERVER, customers=20, seed=1)
+    assert result.ok and result.store == "postgres"
+    assert chaos_databases() == before
+
+
+def test_the_command_prints_json_and_exits_0_when_the_scenario_holds():
+    outcome = CliRunner().invoke(
+        main, ["chaos", "--scenario", "manual-rerun", "--customers", "20", "--json"]
+    )
+    assert outcome.exit_code == 0, outcome.output
+    [result] = json.loads(outcome.output)
+    assert result["scenario"] == "manual-rerun" and result["ok"] is True
+    assert result["eligible"] > 0 and result["delivered"] == result["eligible"] - 1  # the poison
+    assert result["violations"] == []
+
+
+def test_the_command_exits_1_with_evidence_and_the_rerun_line_on_a_violation():
+    outcome = CliRunner().invoke(
+        main,
+        ["chaos", "--scenario", "iso-week-boundary", "--customers", "20", "--seed", "5",
+         "--mutation", "period-%Y"],
+    )  # fmt: skip
+    assert outcome.exit_code == 1
+    assert "VIOLATION P1 periods are ISO weeks: weekly-digest/2025-W01" in outcome.output
+    assert "run it again: oncebox chaos --scenario iso-week-boundary --seed 5" in outcome.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scenario", "no-such-scenario"], "unknown scenario 'no-such-scenario'"),
+        (["--customers", "3"], "--customers"),
+        (["--mutation", "no-such-mutation", "--scenario", "manual-rerun"], "unknown mutation"),
+        (["--db", "mysql://x/y", "--scenario", "manual-rerun"], "not supported"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args, message):
+    outcome = CliRunner().invoke(main, ["chaos", *args])
+    assert outcome.exit_code == 2, outcome.output
+    assert message in outcome.output
+    assert "Traceback" not in outcome.output
+
+
+def test_an_unreachable_server_is_a_runtime_failure_exit_1():
+    outcome = CliRunner().invoke(
+        main, ["chaos", "--scenario", "manual-rerun", "--db", "postgresql://127.0.0.1:1/x"]
+    )
+    assert outcome.exit_code == 1
+    assert "cannot reach PostgreSQL at postgresql://127.0.0.1:1/x" in outcome.output
+    assert len(outcome.output.strip().splitlines()) == 1
+
+
+def test_a_send_without_a_recorded_outcome_counts_as_unknown(tmp_path: Path):
+    writer = HistoryWriter(tmp_path, "w1", seed=1)
+    writer.write("send", "invoke", "tok-a")
+    writer.write("send", "ok", "tok-a")
+    writer.write("send", "invoke", "tok-b")  # killed here: no outcome
+    writer.write("send", "invoke", "tok-c")
+    writer.write("send", "unknown", "tok-c", "timeout after DATA")
+    writer.close()
+    with (tmp_path / "history-99.jsonl").open("w") as torn:
+        torn.write('{"op": "send", "phase": "inv')  # a process killed mid-line
+    outcomes = send_outcomes(read_history(tmp_path))
+    assert outcomes.invoked == {"tok-a": 1, "tok-b": 1, "tok-c": 1}
+    assert outcomes.unknown == {"tok-b": 1, "tok-c": 1}
