@@ -80,7 +80,9 @@ def dlq_list(
 
 @dlq.command("show")
 @click.argument("key_or_id")
-@click.option("--kind", type=KIND, help="What an id refers to (default: a job).")
+@click.option(
+    "--kind", type=KIND, help="Look only at dead jobs or only at dead messages (default: both)."
+)
 @app_option
 @db_option
 @json_option

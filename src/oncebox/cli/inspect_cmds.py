@@ -166,7 +166,7 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
 
 @click.group()
 def jobs() -> None:
-    """Inspect jobs."""
+    """Inspect jobs, and cancel one."""
 
 
 @jobs.command("list")
@@ -290,7 +290,10 @@ def audit() -> None:
 @click.option("--key", help="Actions on this key.")
 @click.option(
     "--action",
-    help="replay, cancel, resolve-sent, resolve-resend, pause, resume or accept-keys.",
+    type=click.Choice(
+        ["replay", "cancel", "resolve-sent", "resolve-resend", "pause", "resume", "accept-keys"]
+    ),
+    help="Only entries of this action.",
 )
 @click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
 @limit_option()
