@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from oncebox.chaos.checker import Tally, Violation, check
-from oncebox.chaos.runner import run_context
+from oncebox.chaos.runner import NotSettled, run_context
 from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
 from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError
@@ -74,7 +74,10 @@ def run_scenario(
     settings.mutations = mutations
     result = ScenarioResult(scenario.name, store_of(server), seed, customers, mutations=mutations)
     with run_context(settings) as run:
-        scenario.script(run)
+        try:
+            scenario.script(run)
+        except NotSettled as exc:
+            run.violation("L1 the system settles", scenario.name, str(exc))
         violations, result.tally = check(run)
         result.violations = run.violations + [v for v in violations if v not in run.violations]
         result.faults = run.faults

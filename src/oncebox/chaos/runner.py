@@ -43,6 +43,13 @@ from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.schedule import FanOutResult
 
 SPAWN = multiprocessing.get_context("spawn")
+SETTLE_STEP = timedelta(seconds=15)
+
+
+class NotSettled(RuntimeError):
+    """Work remains after every round: a liveness violation (L1), reported, not a crash."""
+
+
 ProviderKind = Literal["api", "smtp"]
 DRAIN = WorkerConfig(until_idle=True, simulated_time=True, exit_on_hung_handler=False)
 PROVIDER_TIMEOUT_S = 1  # accept-then-timeout answers after 2 s: the client has given up by then
@@ -228,7 +235,7 @@ class RunContext:
         """One until-idle pass of an in-process worker (the harness's own, threads included)."""
         self.box.work(config=config)
 
-    def drain(self, rounds: int = 80, on_round: Callable[[], None] | None = None) -> None:
+    def drain(self, rounds: int = 400, on_round: Callable[[], None] | None = None) -> None:
         """Work until nothing is workable, moving the clock to each next event (a retry, a
         channel pause, a lease that must run out): faults have healed, the system settles."""
         for _ in range(rounds):
@@ -239,8 +246,9 @@ class RunContext:
             upcoming = self.box.store.status_times().next_event()
             if upcoming is None:
                 return
-            self.set_clock(max(self.now(), upcoming) + timedelta(seconds=1))
-        raise RuntimeError(f"the system did not settle within {rounds} rounds")
+            # a little past the next event, so retries spread by jitter are taken together
+            self.set_clock(max(self.now(), upcoming) + SETTLE_STEP)
+        raise NotSettled(f"the system did not settle within {rounds} rounds of work")
 
     def observe(self) -> None:
         """S1 during the run, not only at the end: no key ever has two intents."""

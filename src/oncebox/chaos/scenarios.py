@@ -169,8 +169,10 @@ def slow_consumer_past_lease(run: RunContext) -> None:
     run.fan_out()
     first, second = run.gate(), run.gate()
     stalled = PointPlan("consumer.leased", "pause", 1)
-    everything = replace(CONSUME, batch=1000)  # one batch: A's jobs are exactly B's
-    slow = run.spawn("slow", (stalled,), first, lanes=everything)
+    # one batch each: A's jobs are exactly B's; A's heartbeats stall with it
+    everything = replace(CONSUME, batch=1000)
+    slow_lanes = replace(everything, heartbeats=False)
+    slow = run.spawn("slow", (stalled,), first, lanes=slow_lanes)
     run.wait(first, "the slow worker to lease a batch")
     run.advance(PAST_ANY_LEASE)
     taker = run.spawn("taker", (stalled,), second, lanes=everything)

@@ -74,6 +74,7 @@ class Lanes:
     sweep: bool = True
     concurrency: int = 1
     batch: int = 20  # consumer and dispatcher batches: several per run, so nth arrivals exist
+    heartbeats: bool = True  # False: a stop-the-world stall, heartbeats included
 
 
 def build(workload: Workload, worker: str) -> Box:
@@ -172,6 +173,8 @@ def worker_main(
     """A worker process: the run's box, the fault plan, work until idle, exit 0."""
     logging.basicConfig(level=workload.log_level, format=f"{name}: %(levelname)s %(message)s")
     install_plan(plans, gate, HistoryWriter(Path(workload.history), name, workload.seed))
+    if not lanes.heartbeats:
+        _stop_heartbeats()
     box = build(workload, name)
     try:
         box.work(config=worker_config(lanes))
@@ -198,3 +201,14 @@ def racer_main(
     finally:
         consumer.session.close()
         box.close()
+
+
+def _stop_heartbeats() -> None:
+    """This process's leases are never extended: with a pause at a point, the whole worker
+    stalls as in a stop-the-world pause, and its leases run out on the shared clock."""
+    from oncebox.heartbeat import LeaseKeeper, LeaseKeeperResult  # noqa: PLC0415
+
+    def no_heartbeat(self: LeaseKeeper) -> LeaseKeeperResult:
+        return LeaseKeeperResult(tokens=0, extended=0, overdue=0)
+
+    setattr(LeaseKeeper, "run_once", no_heartbeat)  # noqa: B010
