@@ -304,11 +304,15 @@ def connection_drops(run: RunContext) -> None:
         ended = admin.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND application_name LIKE 'oncebox %dropped%'"
+            "AND application_name LIKE %s",
+            (f"oncebox %:{victim.pid}:%",),
         ).fetchone()
     gate.release.set()
     run.join(victim)
-    run.fault(f"pg_terminate_backend of {ended[0] if ended else 0} worker connection(s)")
+    terminated = int(ended[0]) if ended else 0
+    run.fault(f"pg_terminate_backend of {terminated} worker connection(s)")
+    if not terminated:
+        run.violation("harness", "connection-drops", "no connection of the worker was found")
     run.advance(PAST_ANY_LEASE)
     run.drain()
 
