@@ -110,3 +110,36 @@ def test_the_fan_out_benchmark_runs_and_reports_both_stores(pg_template, tmp_pat
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [(r["store"], r["customers"]) for r in rows] == [("sqlite", 300), ("postgres", 300)]
+
+
+def test_the_full_chaos_run_runs_at_its_smallest_size(tmp_path):
+    """bench/chaos.py (all scenarios + soak, both stores, several seeds) at one scenario, one
+    seed, SQLite only: the script works; the scenarios themselves are tests/test_chaos.py's."""
+    out = tmp_path / "chaos.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "chaos.py"),
+            "--scenario",
+            "manual-rerun",
+            "--no-soak",
+            "--customers",
+            "20",
+            "--seeds",
+            "1",
+            "--postgres",
+            "",
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert [(r["store"], r["scenario"], r["ok"]) for r in report["rows"]] == [
+        ("sqlite", "manual-rerun", True)
+    ]
+    assert "1 of 1 runs held" in result.stdout

@@ -4,6 +4,7 @@ fail (a harness that cannot fail proves nothing), and the harness cleans up afte
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import psycopg
@@ -127,3 +128,19 @@ def test_a_send_without_a_recorded_outcome_counts_as_unknown(tmp_path: Path):
     outcomes = send_outcomes(read_history(tmp_path))
     assert outcomes.invoked == {"tok-a": 1, "tok-b": 1, "tok-c": 1}
     assert outcomes.unknown == {"tok-b": 1, "tok-c": 1}
+
+
+def test_a_scenario_that_restarts_the_server_needs_the_flag():
+    outcome = CliRunner().invoke(main, ["chaos", "--scenario", "server-restart", "--db", PG_SERVER])
+    assert outcome.exit_code == 2
+    assert "restarts the database server: add --allow-server-restart" in outcome.output
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(
+    os.environ.get("ONCEBOX_ALLOW_SERVER_RESTART") != "1",
+    reason="restarts the local PostgreSQL server: set ONCEBOX_ALLOW_SERVER_RESTART=1",
+)
+def test_the_week_survives_a_server_restart_mid_transaction():
+    result = run_scenario(SCENARIOS["server-restart"], server=PG_SERVER, customers=30, seed=1)
+    assert result.ok, result.violations

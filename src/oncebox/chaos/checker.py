@@ -155,6 +155,7 @@ class _Facts:
     dead_keys: set[str]
     accepted: dict[str, int]
     outcomes: SendOutcomes
+    absorbed_elsewhere: int = 0  # duplicates worker processes absorbed at the claim
     found: list[Violation] = field(default_factory=list)
 
     def violate(self, invariant: str, key: str, evidence: str) -> None:
@@ -175,6 +176,7 @@ def check(context: RunContext) -> tuple[list[Violation], Tally]:
     outbox_by_key: dict[str, list[Message]] = {}
     for message in rows.outbox:
         outbox_by_key.setdefault(message[1], []).append(message)
+    history = read_history(context.folder)
     facts = _Facts(
         context=context,
         rows=rows,
@@ -184,7 +186,8 @@ def check(context: RunContext) -> tuple[list[Violation], Tally]:
         outbox_by_key=outbox_by_key,
         dead_keys={job[1] for job in rows.jobs if job[2] == "dead"},
         accepted=context.provider.accepted(),
-        outcomes=send_outcomes(read_history(context.folder)),
+        outcomes=send_outcomes(history),
+        absorbed_elsewhere=sum(int(e.detail) for e in history if e.op == "absorb"),
     )
     for invariant in (_intents, _all_or_nothing, _nothing_lost, _effects, _dead_letters, _periods):
         invariant(facts)
@@ -317,7 +320,9 @@ def _tally(f: _Facts) -> Tally:
         )
     return Tally(
         delivered=delivered,
-        duplicates_absorbed=f.context.absorbed + sum(1 for j in rows.jobs if j[3] == "duplicate"),
+        duplicates_absorbed=f.context.absorbed
+        + f.absorbed_elsewhere
+        + sum(1 for j in rows.jobs if j[3] == "duplicate"),
         possible_duplicates=sum(m[5] for m in rows.outbox),
         actual_duplicates=sum(max(0, f.accepted.get(m[3], 0) - 1) for m in rows.outbox),
         lost=sum(1 for v in f.found if v.invariant.startswith(("S2", "S4"))),

@@ -8,6 +8,7 @@ schedule (which customers, which arrival at a point), not the operating system's
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import random
 import secrets
@@ -262,6 +263,13 @@ class RunContext:
         for key, count in rows:
             self.violation("S1 one intent per key", key, f"{count} intents observed mid-run")
 
+    def reconnect(self) -> None:
+        """After a server restart the harness's own pooled connections are dead: open a new
+        box (workers reconnect by themselves; this is the observer's pool)."""
+        with contextlib.suppress(Exception):  # its connections died with the server
+            self.box.close()
+        self.box = build(self.workload, "harness")
+
     def count(self, sql: str) -> int:
         conn = connect(self.box)
         try:
@@ -307,7 +315,8 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                     conn.close()
             fire = monday_fire(*settings.week, tz=settings.tz)
             box.store.clock_set(ClockSetting(frozen_at=fire))
-            rng = random.Random(settings.seed)
+            # one fault schedule per (seed, scenario): scenarios do not all draw alike
+            rng = random.Random(f"{settings.seed}:{settings.scenario}")
             poison = seed_freight(box, settings.customers, iso_label(fire), rng, fire)
             context = RunContext(
                 settings=settings,
@@ -325,6 +334,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
             finally:
                 if context.history is not None:
                     context.history.close()
+                box = context.box  # a scenario may have replaced it (reconnect)
         finally:
             box.close()
             mutations.undo_process_wide()

@@ -19,7 +19,7 @@ from oncebox import WorkerConfig
 from oncebox.chaos.history import read_history
 from oncebox.chaos.runner import RunContext, RunSettings, monday_fire
 from oncebox.chaos.workload import CHANNEL_RETRY, Lanes, PointPlan
-from oncebox.errors import PayloadTooLarge
+from oncebox.errors import ConfigurationError, PayloadTooLarge
 from oncebox.operations import DeadFilter
 from oncebox.testing import RedeliveringTransport
 
@@ -65,7 +65,8 @@ def duplicate_publish(run: RunContext) -> None:
     delivers some of them twice more after they ran (absorbed at the claim)."""
     fan_out = run.fan_out()
     period = fan_out.period
-    some = run.rng.sample(run.active_customers(), min(40, len(run.active_customers())))
+    deliverable = [c for c in run.active_customers() if c != run.poison]
+    some = run.rng.sample(deliverable, min(40, len(deliverable)))
     again = run.box.enqueue_many("weekly_digest", run.digest_args(some, period))
     run.absorbed += again.skipped
     run.fault(f"duplicate publish of {len(some)} jobs")
@@ -317,6 +318,43 @@ def connection_drops(run: RunContext) -> None:
     run.drain()
 
 
+def server_restart(run: RunContext) -> None:
+    """The PostgreSQL server restarts while a worker is inside its consumer transaction (and
+    every pooled connection dies): the transaction rolls back, the workers reconnect, the week
+    is delivered once."""
+    run.fan_out()
+    gate = run.gate()
+    victim = run.spawn(
+        "restarted", (PointPlan("consumer.after_claim_insert", "pause", 1),), gate, lanes=CONSUME
+    )
+    run.wait(gate, "the worker to be inside its transaction")
+    restart_postgres()
+    gate.release.set()
+    code = run.join(victim)
+    run.fault(f"PostgreSQL restarted mid-transaction (the worker then exited {code})")
+    run.reconnect()
+    survivor = run.spawn("after-restart")
+    run.join(survivor)
+    run.advance(PAST_ANY_LEASE)
+    run.drain()
+
+
+def restart_postgres() -> None:
+    """`pg_ctlcluster … restart` of the local cluster (only with --allow-server-restart)."""
+    import subprocess  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    versions = sorted(p.name for p in Path("/etc/postgresql").glob("*"))
+    if not versions:
+        raise ConfigurationError("no local PostgreSQL cluster to restart (/etc/postgresql)")
+    subprocess.run(  # noqa: S603 (a fixed command; the version comes from /etc/postgresql)
+        ["/usr/bin/pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 def provider_storm(run: RunContext) -> None:
     """429 with Retry-After, 5xx, accepted-then-reset and accepted-then-timed-out answers."""
     run.fan_out()
@@ -497,6 +535,15 @@ SCENARIOS: dict[str, Scenario] = {
             connection_drops,
             "S1-S4",
             stores=("postgres",),
+        ),
+        Scenario(
+            "server-restart",
+            "the PostgreSQL server restarted mid-transaction",
+            server_restart,
+            "S1-S4",
+            stores=("postgres",),
+            ci=False,
+            restarts_server=True,
         ),
         Scenario(
             "provider-storm",

@@ -194,11 +194,15 @@ def racer_main(
     for customer in customers:
         broker.publish("weekly_digest", customer_id=customer, period=period)
     consumer = box.consumer(transport=broker, name=name)
+    history = HistoryWriter(Path(workload.history), name, workload.seed)
     try:
         start.wait()
         while broker.pending:
-            consumer.run_once()
+            absorbed = consumer.run_once().duplicates
+            if absorbed:
+                history.write("absorb", "ok", name, str(absorbed))
     finally:
+        history.close()
         consumer.session.close()
         box.close()
 

@@ -57,27 +57,32 @@ def _sqlite_workspace() -> Iterator[str]:
 def _postgres_workspace(server: str) -> Iterator[str]:
     conninfo, _options = split_url(server)
     name = f"oncebox_chaos_{uuid.uuid4().hex[:12]}"
+    _admin(server, conninfo, f'CREATE DATABASE "{name}"', "create a database for the run on")
     try:
-        admin = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
+        parts = urlsplit(server)
+        url = urlunsplit(parts._replace(path=f"/{name}", query=""))
+        open_store(url, migrate=True).close()
+        yield url
+    finally:
+        # a connection of its own: a scenario may have restarted the server meanwhile
+        _admin(
+            server, conninfo, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f"drop {name} on"
+        )
+
+
+def _admin(server: str, conninfo: str, statement: str, doing: str) -> None:
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(statement.encode())
+    except psycopg.OperationalError as exc:
         raise StoreUnavailable(
             f"cannot reach PostgreSQL at {redact(server)}: {_first_line(exc)}"
         ) from None
-    with admin:
-        try:
-            admin.execute(f'CREATE DATABASE "{name}"'.encode())
-        except psycopg.Error as exc:
-            raise StoreUnavailable(
-                f"cannot create a database for the run on {redact(server)} (the harness never "
-                f"works in an existing one): {_first_line(exc)}"
-            ) from None
-        try:
-            parts = urlsplit(server)
-            url = urlunsplit(parts._replace(path=f"/{name}", query=""))
-            open_store(url, migrate=True).close()
-            yield url
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+    except psycopg.Error as exc:
+        raise StoreUnavailable(
+            f"cannot {doing} {redact(server)} (the harness never works in an existing "
+            f"database): {_first_line(exc)}"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:
