@@ -253,6 +253,25 @@ class RunContext:
             self.set_clock(max(now, upcoming) + max(SETTLE_STEP, (upcoming - now) / 2))
         raise NotSettled(f"the system did not settle within {rounds} rounds of work")
 
+    @contextmanager
+    def observing(self, every: float = 0.05) -> Iterator[None]:
+        """Sample S1 from a thread of its own while worker processes run (observation only:
+        nothing waits on it)."""
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(every):
+                self.observe()
+
+        thread = threading.Thread(target=sample, name="chaos-observer", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(10)
+        self.observe()
+
     def observe(self) -> None:
         """S1 during the run, not only at the end: no key ever has two intents."""
         conn = connect(self.box)

@@ -92,9 +92,10 @@ def concurrent_consumers(run: RunContext) -> None:
     start = run.barrier(3)  # the racers start claiming together
     racers = [run.spawn_racer(f"racer-{i}", keys, fan_out.period, start) for i in range(3)]
     table = run.spawn("table", lanes=CONSUME)
-    for racer in racers:
-        run.join(racer)
-    run.join(table)
+    with run.observing():
+        for racer in racers:
+            run.join(racer)
+        run.join(table)
     run.fault(f"3 processes x {len(keys)} deliveries of the same keys, racing the table queue")
     run.drain()
 
@@ -109,7 +110,9 @@ def kill_at(point: str, lanes: Lanes) -> Callable[[RunContext], None]:
             run.work(replace_config(consume_only=True))  # messages waiting for a sender
         nth = run.rng.randint(1, 2)  # batches of 20: a kill in the first or a later batch
         victim = run.spawn(f"victim-{point}", (PointPlan(point, "kill", nth),), lanes=lanes)
-        if run.killed(victim):
+        with run.observing():
+            killed = run.killed(victim)
+        if killed:
             run.fault(f"SIGKILL at {point} (arrival {nth})")
         else:
             run.violation(
@@ -430,8 +433,13 @@ def replace_config(*, consume_only: bool = False) -> WorkerConfig:
 def _crash_scenarios() -> list[Scenario]:
     found = []
     plans: tuple[tuple[str, Lanes, Literal["api", "smtp"], Literal["hold", "retry"]], ...] = (
+        ("consumer.leased", CONSUME, "api", "hold"),
+        ("consumer.before_transaction", CONSUME, "api", "hold"),
         ("consumer.after_claim_insert", CONSUME, "api", "hold"),
+        ("consumer.before_handler", CONSUME, "api", "hold"),
         ("consumer.after_handler_before_commit", CONSUME, "api", "hold"),
+        # committed, not yet acknowledged to the transport: the redelivery is absorbed
+        ("consumer.committed", CONSUME, "api", "hold"),
         ("dispatcher.after_lease", DISPATCH, "api", "hold"),
         ("dispatcher.after_provider_accept_before_record", DISPATCH, "api", "hold"),
         ("dispatcher.after_sending_marker", DISPATCH, "smtp", "hold"),
