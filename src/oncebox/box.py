@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from oncebox.assembly import build_consumer, worker_name
 from oncebox.channels import Channel, make_channel
-from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
+from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_args, encode_args
 from oncebox.consumer import Consumer, ConsumerConfig
 from oncebox.dispatch import DispatcherConfig, OutboxDispatcher
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
@@ -298,9 +298,16 @@ class Box(Operations):
         )
 
     def _row(self, task: Task, args: Mapping[str, Any]) -> tuple[str | None, str, str | None]:
+        """(key, encoded args, group key) for one job. The key and group are rendered from the
+        arguments as stored — what every consumer and broker decodes — not from the caller's
+        objects: a `(str, Enum)` member is stored as its value ("eu"), but `str()` of it is
+        "Region.EU", and one operation must never render two keys."""
         task.check_args(args)
         encoded = encode_args(args, task.name, self.max_payload_bytes)
-        return task.render_key(args), encoded, task.group_of(args)
+        if task.key is None and task.group_by is None:
+            return None, encoded, None
+        stored = decode_args(encoded)
+        return task.render_key(stored), encoded, task.group_of(stored)
 
     # -- the outbox ----------------------------------------------------------------------------
 
@@ -441,6 +448,7 @@ class Box(Operations):
         schedule = self._schedule(name)
         self.key_guard.require_schedule(schedule)
         self.key_guard.require_task(self.registry.resolve(schedule.task))
+        schedule.period.check(period)  # before anything is written
         self.store.schedule_state(schedule.name, schedule.grace)  # known to status from now on
         return run_schedule(self, schedule, period, worker_name("manual"))
 

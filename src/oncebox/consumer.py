@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from oncebox import clock, points
-from oncebox.codec import decode_args
+from oncebox.codec import check_finite, parse_args
 from oncebox.context import JobContext
 from oncebox.errors import (
     HandlerTimeout,
@@ -421,12 +421,20 @@ class Consumer:
         return Settlement(d, "dead", None, timedelta(0), problem)
 
     def _prepare(self, delivery: Delivery) -> _Prepared:
-        """Decode and check a delivery before the transaction; problems are permanent."""
+        """Decode and check a delivery before the transaction; problems are permanent.
+
+        Preparing reads only the delivery and the registry, so whatever fails here would fail
+        the same way on every attempt: the delivery is settled dead with its problem named, and
+        the rest of the batch runs. Nothing may escape: an exception here would release the
+        whole batch unsettled, and the broker would hand the same poison back forever.
+        The arguments' types are checked before their numbers' finiteness, so ``{"n": 1e400}``
+        for an ``n: int`` names the parameter and its type."""
         prepared = _Prepared(delivery)
         try:
             prepared.task = self.registry.get(delivery.task)
-            prepared.args = decode_args(delivery.args_json)
+            prepared.args = parse_args(delivery.args_json)
             prepared.task.check_args(prepared.args)
+            check_finite(prepared.args)
             prepared.key = (
                 delivery.key
                 if delivery.key is not None
@@ -434,8 +442,15 @@ class Consumer:
             )
         except (UnknownTask, InvalidArguments, InvalidKey) as exc:
             prepared.problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
-        except ValueError as exc:
-            prepared.problem = f"InvalidArguments: stored arguments are not JSON: {exc}"
+        except (ValueError, RecursionError) as exc:
+            prepared.problem = (
+                f"InvalidArguments: stored arguments cannot be read: {type(exc).__name__}: "
+                f"{str(exc)[:200]} (permanent: not retried)"
+            )
+        except Exception as exc:  # a bug; a retry would meet it again
+            prepared.problem = (
+                f"could not prepare the delivery (permanent: not retried): {describe_error(exc)}"
+            )
         return prepared
 
     # -- after a rollback ----------------------------------------------------------------------

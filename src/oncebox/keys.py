@@ -14,6 +14,10 @@ different ways:
   segment;
 - a template's placeholders are plain argument names (``{customer_id}``) — no attribute access,
   indexing, conversions or format specs — and each must be a parameter of the task;
+- at most one placeholder per segment: within a segment the boundary between two values is lost
+  (``k/{x}{y}`` renders ``k/123`` for x="1", y="23" and for x="12", y="3"; ``k/{x}-{y}`` renders
+  ``k/a-b-c`` for x="a-b", y="c" and for x="a", y="b-c"), so a second operation would be skipped
+  as already done; no value can hold ``/``, so ``k/{x}/{y}`` cannot collide;
 - a placeholder's value must be a ``str`` or an ``int`` (not ``bool``, not ``float``: their text
   forms are ambiguous) whose text is non-empty and contains no ``/`` (a value must not be able to
   change the number of segments).
@@ -40,6 +44,12 @@ def _describe(text: str, limit: int = 60) -> str:
     """A key or value quoted for an error message, shortened, control characters escaped."""
     shown = text if len(text) <= limit else text[:limit] + "…"
     return ascii(shown)
+
+
+def quote_template(template: str) -> str:
+    """A template quoted for an error message: one line, every non-ASCII or control character
+    escaped (a newline or a bidi override must not reach a log line raw), long ones shortened."""
+    return _describe(template, limit=300)
 
 
 def key_problem(key: str) -> str | None:
@@ -84,23 +94,32 @@ class KeyTemplate:
         """Parse and check a template; every problem is a `KeyTemplateError` at declaration."""
         if not isinstance(source, str) or not source:
             raise KeyTemplateError("a key template must be a non-empty string")
+        quoted = quote_template(source)
         try:
             parsed = list(string.Formatter().parse(source))
         except ValueError as exc:
-            raise KeyTemplateError(f"key template {source!r} is malformed: {exc}") from None
+            raise KeyTemplateError(f"key template {quoted} is malformed: {exc}") from None
         parts: list[tuple[str, str | None]] = []
+        in_segment: list[str] = []  # the placeholders of the segment being read
         for literal, field, spec, conversion in parsed:
+            if "/" in literal:
+                in_segment = []
             if field is not None:
+                shown = _describe("{" + field + "}")
                 if not _FIELD_NAME_RE.fullmatch(field):
                     raise KeyTemplateError(
-                        f"key template {source!r}: placeholder {{{field}}} must be a plain "
+                        f"key template {quoted}: placeholder {shown} must be a plain "
                         "argument name (no attributes, indexes or positional fields)"
                     )
                 if spec or conversion:
                     raise KeyTemplateError(
-                        f"key template {source!r}: placeholder {{{field}}} may not carry a "
+                        f"key template {quoted}: placeholder {shown} may not carry a "
                         "format spec or conversion; format the value before enqueueing"
                     )
+                in_segment.append(field)
+                if len(in_segment) > 1:
+                    first, second = in_segment[0], in_segment[1]
+                    raise KeyTemplateError(_shared_segment(quoted, first, second, literal))
             parts.append((literal, field))
         template = cls(source=source, parts=tuple(parts))
         template._check_literal_shape()
@@ -121,7 +140,7 @@ class KeyTemplate:
         problem = key_problem(sample)
         if problem is not None:
             raise KeyTemplateError(
-                f"key template {self.source!r} cannot make a valid key: {problem}"
+                f"key template {quote_template(self.source)} cannot make a valid key: {problem}"
             )
 
     def render(self, args: Mapping[str, Any]) -> str:
@@ -132,33 +151,51 @@ class KeyTemplate:
             if field is None:
                 continue
             if field not in args:
-                raise InvalidKey(f"key template {self.source!r} needs argument {field!r}")
+                raise InvalidKey(
+                    f"key template {quote_template(self.source)} needs argument {field!r}"
+                )
             pieces.append(_render_value(self.source, field, args[field]))
         key = "".join(pieces)
         problem = key_problem(key)
         if problem is not None:
-            raise InvalidKey(f"key {_describe(key)} from template {self.source!r}: {problem}")
+            raise InvalidKey(
+                f"key {_describe(key)} from template {quote_template(self.source)}: {problem}"
+            )
         return key
 
 
-def _render_value(template: str, field: str, value: object) -> str:
+def _shared_segment(quoted: str, first: str, second: str, between: str) -> str:
+    """Why two placeholders may not share a segment, with two arguments that collide."""
+    advice = f"use one placeholder per segment, e.g. '.../{{{first}}}/{{{second}}}'"
+    if first == second:
+        return f"key template {quoted}: {{{first}}} appears twice in one segment; {advice}"
+    pair = f"{{{first}}}{between}{{{second}}}"
+    return (
+        f"key template {quoted}: {{{first}}} and {{{second}}} share one segment, so different "
+        f"arguments can render the same key ({_describe(pair)} reads "
+        f"{_describe(f'a{between}b{between}c')} for {first}={_describe(f'a{between}b')}, "
+        f"{second}='c' and for {first}='a', {second}={_describe(f'b{between}c')}) and the "
+        f"second operation would be skipped as already done; {advice}"
+    )
+
+
+def _render_value(source: str, field: str, value: object) -> str:
+    """`field`'s value as key text, or `InvalidKey` naming the rule it breaks."""
+
+    def refused(why: str) -> InvalidKey:
+        return InvalidKey(f"key template {quote_template(source)}: argument {field!r} {why}")
+
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise InvalidKey(
-            f"key template {template!r}: argument {field!r} is {type(value).__name__}; key "
-            "arguments must be str or int"
-        )
+        raise refused(f"is {type(value).__name__}; key arguments must be str or int")
     text = str(value)
     if not text:
-        raise InvalidKey(f"key template {template!r}: argument {field!r} is an empty string")
+        raise refused("is an empty string")
     if "/" in text:
-        raise InvalidKey(
-            f"key template {template!r}: argument {field!r} = {_describe(text)} contains '/', "
-            "which would change the key's segments"
-        )
+        raise refused(f"= {_describe(text)} contains '/', which would change the key's segments")
     if not _SEGMENT_RE.fullmatch(text):
         bad = next(ch for ch in text if not _SEGMENT_RE.fullmatch(ch))
-        raise InvalidKey(
-            f"key template {template!r}: argument {field!r} = {_describe(text)} contains "
-            f"{bad!a}; key values use only ASCII letters, digits and - _ . : @ + ="
+        raise refused(
+            f"= {_describe(text)} contains {bad!a}; key values use only ASCII letters, digits "
+            "and - _ . : @ + ="
         )
     return text

@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
-from oncebox.keys import KeyTemplate
+from oncebox.keys import KeyTemplate, quote_template
 from oncebox.retry import Retry
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
@@ -172,8 +172,8 @@ def make_task(
         missing = [f for f in template.fields if f not in names and not accepts_kwargs]
         if missing:
             raise KeyTemplateError(
-                f"task {stored!r}: key template {key!r} uses {', '.join(missing)}, which the "
-                "handler does not take as parameters"
+                f"task {stored!r}: key template {quote_template(key)} uses "
+                f"{', '.join(missing)}, which the handler does not take as parameters"
             )
     if group_by is not None and group_by not in names:
         raise ConfigurationError(f"task {stored!r}: group_by={group_by!r} is not a parameter")
@@ -200,6 +200,10 @@ def make_task(
     )
 
 
+def _template_text(template: KeyTemplate | None) -> str:
+    return "no key" if template is None else quote_template(template.source)
+
+
 class Registry:
     """The tasks one box knows, by stored name."""
 
@@ -217,7 +221,7 @@ class Registry:
         if existing is not None and existing.key != task.key:
             raise ConfigurationError(
                 f"task {task.name!r} is declared twice with different key templates "
-                f"({existing.key and existing.key.source!r} and {task.key and task.key.source!r})"
+                f"({_template_text(existing.key)} and {_template_text(task.key)})"
             )
         self._tasks[task.name] = task
 
