@@ -62,7 +62,7 @@ class Operations:
 
     def find(self, key_or_id: str | int) -> list[JobRow]:
         """Jobs for a key (its active job and the job that claimed it) or the job with an id."""
-        if isinstance(key_or_id, int) or (isinstance(key_or_id, str) and key_or_id.isdigit()):
+        if isinstance(key_or_id, int) or (isinstance(key_or_id, str) and _is_id(key_or_id)):
             job = self.store.job_get(int(key_or_id))
             return [job] if job is not None else []
         return self.store.job_find_by_key(validate_key(key_or_id))
@@ -94,7 +94,7 @@ class Operations:
         claimed meanwhile completes as a duplicate.
         """
         reason = reason_text(reason)
-        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
+        is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
         if kind == "delivery" or (kind is None and not is_id and self._prefers_delivery(key_or_id)):
             row = self._dead_delivery(key_or_id, is_id)
             done = self.store.outbox_replay(OperatorAction(row.id, actor, reason))
@@ -240,7 +240,7 @@ class Operations:
         if resolution not in ("sent", "resend"):
             raise ConfigurationError("a resolution is 'sent' or 'resend'")
         reason = reason_text(reason)
-        is_id = isinstance(key_or_id, int) or str(key_or_id).isdigit()
+        is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
         row = self._one_delivery(key_or_id, is_id, "ambiguous", "resolve")
         done = self.store.outbox_resolve(OperatorAction(row.id, actor, reason), resolution, receipt)
         if done is None:
@@ -269,3 +269,8 @@ def reason_text(reason: str) -> str:
     if len(reason) > MAX_REASON_CHARS:
         raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
     return reason.strip()
+
+
+def _is_id(text: str) -> bool:
+    """A row id is ASCII digits: `str.isdigit()` is true of "²" too, which `int()` refuses."""
+    return text.isascii() and text.isdigit()

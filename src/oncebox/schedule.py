@@ -46,9 +46,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from cronsim import CronSim, CronSimError
 
 from oncebox import points
-from oncebox.errors import ConfigurationError, InvalidState, KeyDrift
+from oncebox.errors import ConfigurationError, InvalidArguments, InvalidState, KeyDrift
+from oncebox.keys import key_problem
 from oncebox.lane import run_forever
-from oncebox.periods import PeriodKind, zone
+from oncebox.periods import PeriodKind, aware, zone
 from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, Store
 from oncebox.tasks import check_name
 
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncebox.schedule")
 CatchUp = Literal["latest", "all", "none"]
 Overlap = Literal["wait", "skip", "parallel"]
+_TIMES = "fire times are computed from"  # the start of the error for a naive instant
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,12 @@ class Schedule:
     lease: timedelta = timedelta(minutes=5)
 
     def fires_between(self, after: datetime, until: datetime) -> list[datetime]:
-        """Fire times in (after, until], in UTC; at most ~10 000 (a runaway is a config bug)."""
+        """Fire times in (after, until], in UTC; at most ~10 000 (a runaway is a config bug).
+        Both instants must be timezone-aware (a naive one is refused, never read as local)."""
         where = zone(self.tz)
+        aware(until, _TIMES)
         fires: list[datetime] = []
-        for fire in CronSim(self.cron, after.astimezone(where)):
+        for fire in CronSim(self.cron, aware(after, _TIMES).astimezone(where)):
             if fire > until:
                 break
             fires.append(fire.astimezone(until.tzinfo))
@@ -100,11 +104,13 @@ class Schedule:
         return fires
 
     def next_fire(self, after: datetime) -> datetime:
-        """The first fire time after `after`, in UTC."""
-        return next(iter(CronSim(self.cron, after.astimezone(zone(self.tz))))).astimezone(UTC)
+        """The first fire time after `after` (timezone-aware), in UTC."""
+        start = aware(after, _TIMES).astimezone(zone(self.tz))
+        return next(iter(CronSim(self.cron, start))).astimezone(UTC)
 
     def period_of(self, fire: datetime) -> str:
-        return self.period(fire.astimezone(zone(self.tz)))
+        """The period of a (timezone-aware) fire time, in the schedule's timezone."""
+        return self.period(aware(fire).astimezone(zone(self.tz)))
 
 
 def make_schedule(
@@ -313,8 +319,16 @@ class ScheduleTicker:
 
 
 def run_schedule(box: Box, schedule: Schedule, period: str, owner: str) -> FanOutResult:
-    """A manual re-run of one period (see the module docstring)."""
+    """A manual re-run of one period (see the module docstring). The period is checked in full
+    — its kind's rules, then as a key segment — before the run is claimed: a period refused
+    after the claim would leave the run `running` until its lease ran out."""
     schedule.period.check(period)
+    problem = key_problem(period)
+    if problem is not None or "/" in period:
+        raise InvalidArguments(
+            f"period {period[:60]!r} of schedule {schedule.name!r} cannot be part of a key: "
+            f"{problem or 'it contains /'}"
+        )
     result = FanOut(box, owner).run(schedule, period, None, rescan=True)
     if not result.claimed:
         raise InvalidState(

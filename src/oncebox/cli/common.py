@@ -152,12 +152,29 @@ def load_app(app: str | None, db: str | None, email: str | None = None) -> Box:
     if box is None:
         fail(f"{app} holds no oncebox.Box (expected an attribute named {attr or 'box'!r})", 2)
     if db and box.store.url != db:
+        from oncebox.store.postgres import redact  # noqa: PLC0415 (psycopg only on this error)
+
         fail(
-            f"--db {db} differs from the database of {app} ({box.where}); create the Box "
-            "with Box() so it reads ONCEBOX_DB",
+            f"--db {redact(db)} differs from the database of {app} ({box.where}); create the "
+            "Box with Box() so it reads ONCEBOX_DB",
             2,
         )
     return box
+
+
+def is_id(key_or_id: str) -> bool:
+    """Whether a KEY_OR_ID argument is a row id: ASCII digits only. `str.isdigit()` is true of
+    superscripts and other scripts' digits too, which `int()` refuses or reads as a number."""
+    return key_or_id.isascii() and key_or_id.isdigit()
+
+
+def id_or_key(key_or_id: str, what: str) -> str:
+    """A KEY_OR_ID argument, refused as NotFound when it is digits but not ASCII ones ('²',
+    '٤٢'): no row has such an id (ids are ASCII digits) nor such a key (keys are ASCII), and
+    the operations that take it would read it as an id."""
+    if key_or_id.isdigit() and not is_id(key_or_id):
+        raise NotFound(f"no {what} with id or key {key_or_id!r}")
+    return key_or_id
 
 
 def box_for_admin(app: str | None, db: str | None) -> Box:

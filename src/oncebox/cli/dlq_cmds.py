@@ -14,6 +14,8 @@ from oncebox.cli.common import (
     box_for_admin,
     db_option,
     fail,
+    id_or_key,
+    is_id,
     json_option,
     limit_option,
     print_json,
@@ -97,7 +99,7 @@ def dlq_show(
     """A dead letter with every attempt and its last error."""
     with reported():
         box = box_for_admin(app, db)
-        is_id = key_or_id.isdigit()
+        by_id = is_id(id_or_key(key_or_id, "dead job or delivery"))
         records = []
         if kind != "delivery":
             records += [
@@ -106,7 +108,7 @@ def dlq_show(
                 if j.state == "dead"
             ]
         if kind != "job":
-            if is_id:
+            if by_id:
                 found = box.store.outbox_get(int(key_or_id))
                 rows = [found] if found is not None else []
             else:
@@ -197,7 +199,8 @@ def dlq_replay(
     with reported():
         box = box_for_admin(app, db)
         if key_or_id is not None:
-            outcomes.append(box.replay(key_or_id, reason=reason, actor=actor, kind=kind))
+            target = id_or_key(key_or_id, "job or outbox row")
+            outcomes.append(box.replay(target, reason=reason, actor=actor, kind=kind))
             if not as_json:
                 _echo_outcome(outcomes[0])
         else:

@@ -14,6 +14,7 @@ from oncebox.cli.common import (
     app_option,
     box_for_admin,
     db_option,
+    id_or_key,
     json_option,
     limit_option,
     print_json,
@@ -237,7 +238,7 @@ def jobs_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) ->
     """A job (by id) or a key's jobs, with every recorded attempt."""
     with reported():
         box = box_for_admin(app, db)
-        found = box.find(key_or_id)
+        found = box.find(id_or_key(key_or_id, "job"))
         if not found:
             raise NotFound(f"no job with id or key {key_or_id!r}")
         records = [shapes.job(job, box.store.job_attempt_list(job.id)) for job in found]
@@ -274,7 +275,7 @@ def jobs_cancel(
     cancelled (it may be committing); a cancelled key can be enqueued again."""
     with reported():
         box = box_for_admin(app, db)
-        outcome = box.cancel(key_or_id, reason=reason, actor=actor)
+        outcome = box.cancel(id_or_key(key_or_id, "job"), reason=reason, actor=actor)
     if as_json:
         print_json({"id": outcome.id, "key": outcome.key, "audit_id": outcome.audit_id})
     else:

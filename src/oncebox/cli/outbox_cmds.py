@@ -11,6 +11,8 @@ from oncebox.cli.common import (
     box_for_admin,
     db_option,
     fail,
+    id_or_key,
+    is_id,
     json_option,
     limit_option,
     print_json,
@@ -90,7 +92,7 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
     attempt."""
     with reported():
         box = box_for_admin(app, db)
-        if key_or_id.isdigit():
+        if is_id(id_or_key(key_or_id, "message")):
             row = box.store.outbox_get(int(key_or_id))
             rows = [row] if row is not None else []
         else:
@@ -148,7 +150,7 @@ def outbox_resolve(
     with reported():
         box = box_for_admin(app, db)
         outcome = box.resolve(
-            key_or_id,
+            id_or_key(key_or_id, "message"),
             "sent" if resolution == "sent" else "resend",
             reason=reason,
             actor=actor,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from oncebox.cli.common import (
     print_json,
     reported,
 )
+from oncebox.codec import MAX_DEPTH
 from oncebox.errors import InvalidArguments
 from oncebox.store import open_store
 from oncebox.tasks import Task
@@ -87,7 +89,7 @@ def worker(
     )
 
 
-INTEGER = re.compile(r"[+-]?\d+")
+INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII: int() reads other scripts' digits too
 
 
 def _finite(value: float | None) -> float | None:
@@ -111,27 +113,80 @@ def split_assignments(pairs: tuple[str, ...]) -> dict[str, str]:
     return raw
 
 
+NOT_JSON = object()  # what _json_value returns for text that is not JSON
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300  # what int() reads (0: no limit set)
+
+
+def _shown(text: str) -> str:
+    """A value quoted in a one-line error: shortened, anything unprintable escaped."""
+    return ascii(text if len(text) <= 40 else text[:40] + "…")
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose names are all different: `{"x": 1, "x": 2}` is refused rather than
+    read as {"x": 2} (another reader of the same text may keep the first)."""
+    value: dict[str, Any] = {}
+    for name, item in pairs:
+        if name in value:
+            raise InvalidArguments(f"a JSON object names {_shown(name)} more than once")
+        value[name] = item
+    return value
+
+
+def _json_value(text: str) -> Any:
+    """`text` parsed as JSON; NOT_JSON when it is not JSON (it is then taken as text). JSON that
+    cannot be taken faithfully is refused: duplicated names, nesting so deep the parser would
+    overflow, an integer longer than Python reads."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_names)
+    except json.JSONDecodeError:
+        return NOT_JSON
+    except RecursionError:
+        raise InvalidArguments(f"the value is nested deeper than {MAX_DEPTH}") from None
+    except ValueError:  # int() refuses a number longer than sys.get_int_max_str_digits()
+        raise InvalidArguments(
+            f"the value holds a number longer than {_MAX_DIGITS} digits, too long to read"
+        ) from None
+
+
 def typed_arguments(task: Task, raw: dict[str, str]) -> dict[str, Any]:
     """Values by the handler's annotations: an `int` parameter takes an integer (`01` is 1, so
     it renders the same key as 1), a `str` parameter the text as typed (`2026-W33`, `42`);
-    anything else is parsed as JSON when it is valid JSON, else taken as text."""
+    anything else is parsed as JSON when it is valid JSON, else taken as text.
+
+    Values the shell passed that are not UTF-8 (a lone surrogate), integers longer than Python
+    reads, JSON with duplicated names or nested beyond what the parser can take are refused here
+    with InvalidArguments (a usage error), never passed on to fail as something unexpected."""
     args: dict[str, Any] = {}
     for name, text in raw.items():
+        where = f"argument {name!r} of task {task.name!r}"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start : exc.end]
+            raise InvalidArguments(
+                f"{where} is not UTF-8 text: {_shown(bad)} (a byte the shell could not decode; "
+                "check the terminal's encoding)"
+            ) from None
         parameter = task.signature.parameters.get(name)
         annotation = parameter.annotation if parameter is not None else None
         if annotation in (int, "int"):
             if not INTEGER.fullmatch(text.strip()):
+                raise InvalidArguments(f"{where} is an int: {_shown(text)}")
+            try:
+                args[name] = int(text)
+            except ValueError:  # longer than sys.get_int_max_str_digits()
                 raise InvalidArguments(
-                    f"argument {name!r} of task {task.name!r} is an int: {text!r}"
-                )
-            args[name] = int(text)
+                    f"{where} is an int longer than {_MAX_DIGITS} digits, too long to read"
+                ) from None
         elif annotation in (str, "str"):
             args[name] = text
         else:
             try:
-                args[name] = json.loads(text)
-            except ValueError:
-                args[name] = text
+                value = _json_value(text)
+            except InvalidArguments as exc:
+                raise InvalidArguments(f"{where}: {exc}") from None
+            args[name] = text if value is NOT_JSON else value
     return args
 
 

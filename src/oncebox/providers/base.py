@@ -5,7 +5,7 @@ None means forever, as for the file sink). It reports the outcome of a send by r
 `Receipt`, or by raising one of four errors — the classification the dispatcher acts on:
 
     SendError
-    ├── SendRetryable   not delivered; try again later (connection refused, 5xx, 408, SMTP 4xx)
+    ├── SendRetryable   not delivered; try again later (connection refused, 5xx, 408, 425, SMTP 4xx)
     ├── SendThrottled   not delivered; pause the whole channel (HTTP 429 + Retry-After, SMTP 421)
     ├── SendPermanent   not delivered and never will be (HTTP 400/422, SMTP 5xx); `alarm` when
     │                   the provider saw this key with a different body

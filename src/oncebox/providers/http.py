@@ -10,16 +10,17 @@ is never logged. Options: `?timeout=SECONDS&window_hours=24`.
 Classification (see providers/base.py): 2xx sent (the receipt is the body's `id`); connection
 refused or connect timeout → retryable (nothing was sent); a timeout or a broken connection after
 the request was written → ambiguous (resent with the same key: the provider replays the first
-answer); 408 and 5xx → retryable; 429 → the whole channel pauses until `Retry-After`; 409 "a
-request with this key is in progress" → retryable soon; 409 "this key was used with a different
-body" → permanent, and an alarm (content changed under a key); other 4xx → permanent. Redirects
-are never followed.
+answer); 408, 425 Too Early (RFC 8470 asks the client to retry) and 5xx → retryable; 429 → the
+whole channel pauses until `Retry-After`; 409 "a request with this key is in progress" →
+retryable soon; 409 "this key was used with a different body" → permanent, and an alarm (content
+changed under a key); other 4xx → permanent. Redirects are never followed. A body that cannot be
+parsed (not JSON, not UTF-8, nested too deeply for the parser) counts as no body: a 2xx is still a
+receipt, without an id.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -73,6 +74,15 @@ def parse_retry_after(value: str | None, date_header: str | None = None) -> time
     if not math.isfinite(seconds):
         return None
     return timedelta(seconds=max(seconds, 0.0)) if seconds < 1e9 else timedelta(days=36500)
+
+
+def _parsed(response: httpx2.Response) -> Any:
+    """The body as JSON, or None when it is not JSON the parser can take (a deeply nested body
+    raises RecursionError from the parser, not ValueError)."""
+    try:
+        return response.json()
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
 
 
 def _error_code(body: Any) -> str:
@@ -152,10 +162,7 @@ class HttpEmailProvider:
     def _classify(self, response: httpx2.Response) -> Receipt:
         status = response.status_code
         text = response.text[:500]
-        try:
-            body = response.json()
-        except (json.JSONDecodeError, ValueError):
-            body = None
+        body = _parsed(response)
         reason = f"{self.where}: HTTP {status} {text}".strip()
         if 200 <= status < 300:
             if isinstance(body, dict) and isinstance(body.get("id"), str):
@@ -176,7 +183,7 @@ class HttpEmailProvider:
             raise SendRetryable(f"{reason} (a request with this key is in progress)", wait)
         if status in (401, 403):  # credentials: every message would fail alike
             raise SendThrottled(f"{reason} (check the channel's API key)")
-        if status == 408 or status >= 500:
+        if status in (408, 425) or status >= 500:
             raise SendRetryable(reason, parse_retry_after(response.headers.get("retry-after")))
         raise SendPermanent(reason)
 

@@ -8,6 +8,7 @@ libpq).
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -17,6 +18,7 @@ from oncebox.metrics import Metrics
 from oncebox.store.base import Store
 
 __all__ = ["Store", "open_store"]
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 def open_store(
@@ -29,11 +31,13 @@ def open_store(
     """Open the store a URL names. SQLite is migrated on open unless `migrate=False`, and its
     file created unless `must_exist` (operator commands: a mistyped path is an error, not a new
     empty database)."""
-    if not isinstance(url, str) or "://" not in url:
+    scheme = url.split("://", 1)[0].lower() if isinstance(url, str) and "://" in url else ""
+    if not _SCHEME_RE.fullmatch(scheme):  # the text is never echoed: it may hold a password
         raise ConfigurationError(
-            f"database URL {url!r} is not a URL: use sqlite:///path.db or postgresql://host/db"
+            "the database URL is not a URL (scheme://…): use sqlite:///path.db or "
+            "postgresql://user@host:5432/db (keyword DSNs such as 'host=… dbname=…' are not "
+            "accepted)"
         )
-    scheme = url.split("://", 1)[0].lower()
     if scheme == "sqlite":
         return _open_sqlite(
             url, metrics=metrics, migrate=migrate is not False, must_exist=must_exist
@@ -53,12 +57,16 @@ def open_store(
 def _open_sqlite(url: str, *, metrics: Metrics | None, migrate: bool, must_exist: bool) -> Store:
     from oncebox.store.sqlite import SqliteStore
 
-    parts = urlsplit(url)
+    host_part = ConfigurationError(
+        "SQLite URL has a host part (sqlite://HOST/…); write sqlite:///relative.db or "
+        "sqlite:////absolute/path.db"
+    )
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed '[' in the host part
+        raise host_part from None
     if parts.netloc:
-        raise ConfigurationError(
-            f"SQLite URL {url!r} has a host part; write sqlite:///relative.db or "
-            "sqlite:////absolute/path.db"
-        )
+        raise host_part
     raw_path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
     if not raw_path or raw_path == ":memory:":
         raise ConfigurationError(

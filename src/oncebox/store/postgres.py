@@ -15,17 +15,19 @@ LISTEN. The schema is `public` unless the URL says `?schema=name`; it must be mi
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, LiteralString
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
 
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
@@ -82,23 +84,99 @@ def _seconds(delta: timedelta | None) -> float | None:
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:
-    """Separate oncebox's own URL options (schema, pool sizes) from what libpq receives."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in _OPTIONS}
-    rest = [(k, v) for k, v in query if k not in _OPTIONS]
-    scheme = "postgresql" if parts.scheme in {"postgres", "postgresql"} else parts.scheme
-    conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+    """Separate oncebox's own URL options (schema, pool sizes) from what libpq receives, and
+    refuse a URL libpq could not parse (ConfigurationError: a usage mistake, not an outage).
+
+    The URL is cut as text, not rebuilt with `urlunsplit` — which drops the `//` of a host-less
+    URL (`postgresql:///db`, the socket form) — and libpq's query parameters are passed on
+    exactly as written (re-encoding them would turn `%20` into `+`, which libpq does not
+    decode)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in {"postgres", "postgresql"}:
+        raise ConfigurationError(f"{redact(url)} is not a postgresql:// URL")
+    rest, hash_sign, fragment = rest.partition("#")
+    base, _, query = rest.partition("?")
+    ours: dict[str, str] = {}
+    kept: list[str] = []
+    for piece in query.split("&"):
+        name, _, value = piece.partition("=")
+        if unquote(name) in _OPTIONS:
+            ours[unquote(name)] = unquote(value)
+        elif piece:
+            kept.append(piece)
+    conninfo = f"postgresql://{base}" + ("?" + "&".join(kept) if kept else "")
+    conninfo += hash_sign + fragment
+    _check_conninfo(url, conninfo)
     return conninfo, ours
 
 
+def _check_conninfo(url: str, conninfo: str) -> None:
+    """What libpq would refuse only when connecting (or silently cut short), refused now: an
+    unclosed `[`, an unknown parameter, a port that is not a number, a NUL."""
+    shown = redact(url)
+    shown = shown if len(shown) <= 120 else shown[:120] + "…"
+    if "\x00" in conninfo:  # libpq would read the URL up to it and ignore the rest
+        raise ConfigurationError(f"PostgreSQL URL '{shown}' is malformed: it contains a NUL")
+    try:
+        parsed = conninfo_to_dict(conninfo)
+    except (psycopg.Error, ValueError) as exc:  # ValueError: a lone surrogate
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = detail.split(" in URI:")[0]  # libpq quotes the whole URL, password and all
+        detail = _printable(_scrubbed(detail, url))[:200]
+        raise ConfigurationError(f"PostgreSQL URL '{shown}' is malformed: {detail}") from None
+    for port in str(parsed.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port[:6]) < 65536):
+            raise ConfigurationError(
+                f"PostgreSQL URL '{shown}' is malformed: port {_scrubbed(port, url)[:20]!r} is "
+                "not a number within 1..65535"
+            )
+
+
+_MASK = "***"  # what a password is shown as
+# The password of `scheme://user:password@host`: up to the last `@` before the path, which
+# covers both readings of an unencoded `@` in it (libpq stops at the first, urlsplit at the last).
+_URL_PASSWORD = re.compile(r"^(?P<keep>[A-Za-z][A-Za-z0-9+.-]*://[^:@/]*:)(?P<secret>[^/]*)@")
+# A `password=` (or `sslpassword=`, …) query parameter of a URL.
+_QUERY_PASSWORD = re.compile(r"(?P<keep>(?:^|[?&;])[^&;=#]*password[^&;=#]*=)(?P<secret>[^&;#]*)",
+                             re.IGNORECASE)  # fmt: skip
+# A `password = …` pair of a keyword DSN (`host=… password=…`), quoted or not.
+_KEYWORD_PASSWORD = re.compile(
+    r"(?P<keep>\b\w*password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE
+)
+
+
+def _secrets(url: str) -> list[str]:
+    """Every password a URL (or keyword DSN) carries, as written and percent-decoded."""
+    found = [m["secret"] for m in _URL_PASSWORD.finditer(url)]
+    _, _, query = url.partition("?")
+    found += [m["secret"] for m in _QUERY_PASSWORD.finditer(query)]
+    if "://" not in url:
+        found += [m["secret"] for m in _KEYWORD_PASSWORD.finditer(url)]
+    found += [unquote(secret) for secret in found]
+    return sorted({s for s in found if s and s != _MASK}, key=len, reverse=True)
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """`text` (a driver's message) with any password of `url` in it replaced by ***."""
+    for secret in _secrets(url):
+        text = text.replace(secret, _MASK)
+    return text
+
+
+def _printable(text: str) -> str:
+    """`text` on one line: control and other unprintable characters escaped (`\\n`, `\\x1b`)."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its passwords — in `user:password@`, and in `password=` query parameters
+    (or keyword-DSN pairs) — and with unprintable characters escaped, for messages and logs.
+    Works on text that is not a valid URL too."""
+    if "://" not in url:
+        return _printable(_KEYWORD_PASSWORD.sub(r"\g<keep>***", url))
+    url = _URL_PASSWORD.sub(r"\g<keep>***@", url, count=1)
+    head, mark, query = url.partition("?")
+    return _printable(head + mark + _QUERY_PASSWORD.sub(r"\g<keep>***", query))
 
 
 MIGRATION_LOCK_TIMEOUT_MS = 10_000
@@ -120,9 +198,12 @@ class PostgresStore(ReadOperations):
             self.pool_min = int(options.get("pool_min", "1"))
             self.pool_max = int(options.get("pool_max", "10"))
             self.connect_timeout = float(options.get("connect_timeout", "10"))
+            if self.pool_min < 0 or self.pool_max < 1 or not 0 < self.connect_timeout < 1e6:
+                raise ValueError
         except ValueError:
             raise ConfigurationError(
-                f"pool_min, pool_max and connect_timeout in {self.where} must be numbers"
+                f"pool_min, pool_max and connect_timeout in {self.where} must be numbers "
+                "(pool_min 0 or more, pool_max 1 or more, connect_timeout above 0 seconds)"
             ) from None
         self._q = load_queries("postgres", self.schema)
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
@@ -133,6 +214,7 @@ class PostgresStore(ReadOperations):
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = _printable(_scrubbed(detail, self.url))
         return StoreUnavailable(f"PostgreSQL at {self.where} is unavailable: {detail}")
 
     def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
