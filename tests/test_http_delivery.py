@@ -136,6 +136,24 @@ def test_an_unknown_outcome_past_the_idempotency_window_is_held(api, store_url, 
     assert api.tokens() == [token(1)]
 
 
+def test_an_ambiguous_row_resolved_resend_past_the_window_is_sent_once(api, store_url, mail_box):
+    """The operator decided it was not delivered: the next send is a first one, not another
+    "uncertain past the window" that holds it ambiguous again (found by the state machine)."""
+    box = mail_box(store_url, f"{api.url}?timeout=0.5&window_hours=1")
+    api.script("reset")  # nothing delivered, and the client cannot tell
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, [1])
+        drain(box, raise_on_failure=False)
+        clock.advance(timedelta(hours=2))
+        drain(box, raise_on_failure=False)
+        held = row(box, 1)
+        assert held.state == "ambiguous" and api.tokens() == []
+        box.resolve(held.id, "resend", reason="the provider's log has no such message")
+        drain(box)
+    assert row(box, 1).state == "sent"
+    assert api.tokens() == [token(1)]
+
+
 def test_a_dispatcher_that_died_holding_a_lease_past_the_window_leaves_it_ambiguous(
     api, store_url, mail_box
 ):

@@ -461,7 +461,11 @@ resolved AS (
     SET state = CASE WHEN %(resolution)s = 'sent' THEN 'sent' ELSE 'pending' END,
         sent_at = CASE WHEN %(resolution)s = 'sent' THEN clock.now ELSE o.sent_at END,
         receipt = COALESCE(%(receipt)s, o.receipt),
-        next_attempt_at = clock.now
+        next_attempt_at = clock.now,
+        -- resend: the operator decided it was not delivered, so the next send is a first one
+        -- (not "uncertain past the idempotency window", which would hold it ambiguous again)
+        uncertain = CASE WHEN %(resolution)s = 'sent' THEN o.uncertain ELSE false END,
+        first_leased_at = CASE WHEN %(resolution)s = 'sent' THEN o.first_leased_at END
     FROM clock
     WHERE o.id = %(id)s AND o.state = 'ambiguous'
     RETURNING o.id, o.key, o.channel, clock.now

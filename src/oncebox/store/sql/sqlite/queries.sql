@@ -337,7 +337,10 @@ UPDATE oncebox_outbox
 SET state = CASE WHEN :resolution = 'sent' THEN 'sent' ELSE 'pending' END,
     sent_at = CASE WHEN :resolution = 'sent' THEN :now ELSE sent_at END,
     receipt = COALESCE(:receipt, receipt),
-    next_attempt_at = :now
+    next_attempt_at = :now,
+    -- resend: the operator decided it was not delivered, so the next send is a first one
+    uncertain = CASE WHEN :resolution = 'sent' THEN uncertain ELSE 0 END,
+    first_leased_at = CASE WHEN :resolution = 'sent' THEN first_leased_at ELSE NULL END
 WHERE id = :id AND state = 'ambiguous'
 RETURNING id, key, channel;
 
