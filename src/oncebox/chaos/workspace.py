@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -59,8 +58,7 @@ def _postgres_workspace(server: str) -> Iterator[str]:
     name = f"oncebox_chaos_{uuid.uuid4().hex[:12]}"
     _admin(server, conninfo, f'CREATE DATABASE "{name}"', "create a database for the run on")
     try:
-        parts = urlsplit(server)
-        url = urlunsplit(parts._replace(path=f"/{name}", query=""))
+        url = _with_database(server, name)
         open_store(url, migrate=True).close()
         yield url
     finally:
@@ -87,3 +85,13 @@ def _admin(server: str, conninfo: str, statement: str, doing: str) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _with_database(server: str, name: str) -> str:
+    """The server's URL naming another database, as text (urlunsplit would drop the `//` of a
+    host-less `postgresql:///db?host=…` URL); the query's libpq options are kept."""
+    scheme, rest = server.split("://", 1)
+    authority, _, path_and_query = rest.partition("/")
+    _path, _, query = path_and_query.partition("?")
+    kept = "&".join(p for p in query.split("&") if p and not p.startswith("schema="))
+    return f"{scheme}://{authority}/{name}" + (f"?{kept}" if kept else "")
