@@ -370,11 +370,21 @@ def provider_storm(run: RunContext) -> None:
 
 def smtp_lost_acks(run: RunContext) -> None:
     """An SMTP server takes messages and drops the connection before its 250 (the lost
-    acknowledgement), and greylists others (451)."""
+    acknowledgement), answers 250 only after the client gave up (accept-then-timeout), greylists
+    (451) and throttles (421)."""
     run.fan_out()
     run.work(replace_config(consume_only=True))
-    run.provider.script("drop", "451 4.7.1 greylisted", "drop", "421 4.3.2 slow down")
-    run.fault("SMTP: two lost acknowledgements, a 451 and a 421")
+    actions = [
+        "drop",
+        "451 4.7.1 greylisted",
+        "accept-then-timeout:2",
+        "drop",
+        "421 4.3.2 slow down",
+    ]
+    run.provider.script(*actions)
+    run.fault(
+        "SMTP: two lost acknowledgements, one 250 after the client's timeout, a 451 and a 421"
+    )
     run.drain()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
@@ -32,7 +33,8 @@ class SmtpSink:
     """Replies, in order, with the scripted actions, then accepts. An action is an SMTP reply
     (`"451 4.7.1 greylisted"`, `"421 4.3.2 slow down"`, `"550 5.1.1 no such user"`) — the message
     is then *not* received — or `"drop"`: the message is received, and the connection is closed
-    before the reply (the lost acknowledgement)."""
+    before the reply (the lost acknowledgement); or `"accept-then-timeout:SECONDS"`: received,
+    and the 250 sent only after SECONDS (past the client's timeout)."""
 
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
@@ -120,6 +122,12 @@ class _Handler:
             with self.sink._lock:
                 self.sink.received.append(received)
             server.transport.close()  # the server has the message; the client never hears so
+            return "250 OK"
+        if action.startswith("accept-then-timeout"):
+            # the server has the message; its 250 comes after the client's timeout
+            with self.sink._lock:
+                self.sink.received.append(received)
+            await asyncio.sleep(float(action.partition(":")[2] or "2"))
             return "250 OK"
         if action.startswith("2"):
             with self.sink._lock:
