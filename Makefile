@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean schema-snapshot
+.PHONY: demo test lint typecheck pytest bench peers-env compare clean schema-snapshot
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,20 @@ pytest: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/core.py
 
+# The peers (pgqueuer, procrastinate) in an environment of their own, for bench/compare.py only.
+peers-env: .venv-peers/.installed
+
+.venv-peers/.installed: bench/peers/requirements.txt
+	$(PYTHON) -m venv .venv-peers
+	.venv-peers/bin/python -m pip install --quiet --upgrade pip
+	.venv-peers/bin/python -m pip install --quiet -r bench/peers/requirements.txt
+	touch .venv-peers/.installed
+
+compare: $(STAMP) peers-env
+	$(BIN)/python bench/compare.py --json bench/results/latest.json
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache oncebox-demo.db*
+	rm -rf $(VENV) .venv-peers .mypy_cache .pytest_cache .ruff_cache oncebox-demo.db*
 
 schema-snapshot: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python tests/support/schema_dump.py --write

@@ -143,3 +143,35 @@ def test_the_full_chaos_run_runs_at_its_smallest_size(tmp_path):
         ("sqlite", "manual-rerun", True)
     ]
     assert "1 of 1 runs held" in result.stdout
+
+
+@pytest.mark.postgres
+def test_the_peer_comparison_runs_at_its_smallest_size_without_peers(pg_template, tmp_path):
+    """bench/compare.py with no peers (the suite never installs them): oncebox's rows and the
+    ratio column are produced; speed is not asserted."""
+    from conftest import PG_URL
+
+    out = tmp_path / "latest.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "compare.py"),
+            "--jobs",
+            "200",
+            "--repeat",
+            "1",
+            "--peers",
+            "--postgres",
+            PG_URL,
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["library"] for r in rows] == ["oncebox keyed", "oncebox keyless"]
+    assert rows[0]["process_ratio"] == 1.0 and all(r["process_per_s"] > 0 for r in rows)
