@@ -90,6 +90,9 @@ class EnqueueManyResult:
     run_held: bool = True  # for a schedule's fan-out: False if another scheduler took it over
 
 
+_PLAIN = (str, int)  # argument types whose JSON form renders the same key as the value itself
+
+
 class Box(Operations):
     """The user's handle; see the module docstring."""
 
@@ -306,7 +309,10 @@ class Box(Operations):
         encoded = encode_args(args, task.name, self.max_payload_bytes)
         if task.key is None and task.group_by is None:
             return None, encoded, None
-        stored = decode_args(encoded)
+        fields = (task.key.fields if task.key else ()) + ((task.group_by,) if task.group_by else ())
+        # a plain str or int is stored as itself: only other values need the round trip
+        plain = all(type(args.get(name)) in _PLAIN for name in fields)
+        stored = args if plain else decode_args(encoded)
         return task.render_key(stored), encoded, task.group_of(stored)
 
     # -- the outbox ----------------------------------------------------------------------------
