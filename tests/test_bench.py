@@ -175,3 +175,32 @@ def test_the_peer_comparison_runs_at_its_smallest_size_without_peers(pg_template
     rows = json.loads(out.read_text())["rows"]
     assert [r["library"] for r in rows] == ["oncebox keyed", "oncebox keyless"]
     assert rows[0]["process_ratio"] == 1.0 and all(r["process_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.postgres
+def test_the_idle_query_rate_benchmark_runs_at_its_smallest_size(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "idle.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "idle.py"),
+            "--seconds",
+            "1",
+            "--warmup",
+            "1",
+            "--postgres",
+            PG_URL,
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["seconds"] == 1 and figures["transactions"] >= 0
+    assert "transactions in 1 s" in result.stdout
