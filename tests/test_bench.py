@@ -12,29 +12,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A bench/ script at its smallest size, as a user runs it (its own process)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_the_core_benchmark_runs_and_reports_every_row(pg_template, tmp_path):
     from conftest import PG_URL
 
     out = tmp_path / "core.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "core.py"),
-            "--jobs",
-            "200",
-            "--repeat",
-            "1",
-            "--postgres",
-            PG_URL,
-            "--json",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_bench(
+        "core.py",
+        "--jobs",
+        "200",
+        "--repeat",
+        "1",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -53,25 +57,18 @@ def test_the_outbox_benchmark_runs_and_reports_every_row(pg_template, tmp_path):
     from conftest import PG_URL
 
     out = tmp_path / "outbox.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "outbox.py"),
-            "--jobs",
-            "100",
-            "--smtp-jobs",
-            "10",
-            "--repeat",
-            "1",
-            "--postgres",
-            PG_URL,
-            "--json",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_bench(
+        "outbox.py",
+        "--jobs",
+        "100",
+        "--smtp-jobs",
+        "10",
+        "--repeat",
+        "1",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -89,23 +86,16 @@ def test_the_fan_out_benchmark_runs_and_reports_both_stores(pg_template, tmp_pat
     from conftest import PG_URL
 
     out = tmp_path / "fanout.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "fanout.py"),
-            "--postgres-customers",
-            "300",
-            "--sqlite-customers",
-            "300",
-            "--postgres",
-            PG_URL,
-            "--json",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_bench(
+        "fanout.py",
+        "--postgres-customers",
+        "300",
+        "--sqlite-customers",
+        "300",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -116,26 +106,19 @@ def test_the_full_chaos_run_runs_at_its_smallest_size(tmp_path):
     """bench/chaos.py (all scenarios + soak, both stores, several seeds) at one scenario, one
     seed, SQLite only: the script works; the scenarios themselves are tests/test_chaos.py's."""
     out = tmp_path / "chaos.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "chaos.py"),
-            "--scenario",
-            "manual-rerun",
-            "--no-soak",
-            "--customers",
-            "20",
-            "--seeds",
-            "1",
-            "--postgres",
-            "",
-            "--json",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_bench(
+        "chaos.py",
+        "--scenario",
+        "manual-rerun",
+        "--no-soak",
+        "--customers",
+        "20",
+        "--seeds",
+        "1",
+        "--postgres",
+        "",
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
@@ -152,24 +135,17 @@ def test_the_peer_comparison_runs_at_its_smallest_size_without_peers(pg_template
     from conftest import PG_URL
 
     out = tmp_path / "latest.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "compare.py"),
-            "--jobs",
-            "200",
-            "--repeat",
-            "1",
-            "--peers",
-            "--postgres",
-            PG_URL,
-            "--json",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_bench(
+        "compare.py",
+        "--jobs",
+        "200",
+        "--repeat",
+        "1",
+        "--peers",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -182,23 +158,16 @@ def test_the_idle_query_rate_benchmark_runs_at_its_smallest_size(pg_template, tm
     from conftest import PG_URL
 
     out = tmp_path / "idle.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "idle.py"),
-            "--seconds",
-            "1",
-            "--warmup",
-            "1",
-            "--postgres",
-            PG_URL,
-            "--json",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_bench(
+        "idle.py",
+        "--seconds",
+        "1",
+        "--warmup",
+        "1",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())

@@ -38,7 +38,7 @@ from oncebox.chaos.workload import (
 from oncebox.chaos.workspace import workspace
 from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import connect, create_tables
-from oncebox.examples.logistics.seed import seed_freight
+from oncebox.examples.logistics.seed import is_active, seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.schedule import FanOutResult
@@ -175,7 +175,7 @@ class RunContext:
         return [{"customer_id": c, "period": period} for c in customers]
 
     def active_customers(self) -> list[int]:
-        return [c for c in range(1, self.settings.customers + 1) if c % 10 != 7]
+        return [c for c in range(1, self.settings.customers + 1) if is_active(c)]
 
     # -- faults and processes ------------------------------------------------------------------
 
@@ -359,9 +359,3 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
         finally:
             box.close()
             mutations.undo_process_wide()
-
-
-def run_in_thread(target: Callable[[], Any]) -> threading.Thread:
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread

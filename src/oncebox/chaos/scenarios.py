@@ -7,6 +7,7 @@ Which arrival at a point is hit, which customers a fault touches: drawn from the
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -15,9 +16,8 @@ from typing import Literal
 
 import psycopg
 
-from oncebox import WorkerConfig
 from oncebox.chaos.history import read_history
-from oncebox.chaos.runner import RunContext, RunSettings, monday_fire
+from oncebox.chaos.runner import DRAIN, RunContext, RunSettings, monday_fire
 from oncebox.chaos.workload import CHANNEL_RETRY, Lanes, PointPlan
 from oncebox.errors import ConfigurationError, PayloadTooLarge
 from oncebox.operations import DeadFilter
@@ -27,6 +27,7 @@ Store = Literal["sqlite", "postgres"]
 BOTH: tuple[Store, ...] = ("sqlite", "postgres")
 CONSUME = Lanes(dispatch=False, schedule=False, sweep=False)
 DISPATCH = Lanes(consume=False, schedule=False, sweep=False)
+CONSUME_ONLY = replace(DRAIN, dispatch=False, schedule=False, sweep=False)  # messages then wait
 PAST_ANY_LEASE = timedelta(hours=1)  # SQLite consumer leases outlast a transaction (~5 min)
 
 
@@ -70,7 +71,7 @@ def duplicate_publish(run: RunContext) -> None:
     again = run.box.enqueue_many("weekly_digest", run.digest_args(some, period))
     run.absorbed += again.skipped
     run.fault(f"duplicate publish of {len(some)} jobs")
-    run.work(replace_config(consume_only=True))
+    run.work(CONSUME_ONLY)
     broker = RedeliveringTransport(copies=2, seed=run.settings.seed)
     for customer in some[:10]:
         broker.publish("weekly_digest", customer_id=customer, period=period)
@@ -107,7 +108,7 @@ def kill_at(point: str, lanes: Lanes) -> Callable[[RunContext], None]:
     def script(run: RunContext) -> None:
         run.fan_out()
         if point.startswith("dispatcher."):
-            run.work(replace_config(consume_only=True))  # messages waiting for a sender
+            run.work(CONSUME_ONLY)  # messages waiting for a sender
         nth = run.rng.randint(1, 2)  # batches of 20: a kill in the first or a later batch
         victim = run.spawn(f"victim-{point}", (PointPlan(point, "kill", nth),), lanes=lanes)
         with run.observing():
@@ -206,8 +207,6 @@ def sigstop_past_lease(run: RunContext) -> None:
     run.drain()
     frozen_pid = frozen.pid
     assert frozen_pid is not None
-    import os  # noqa: PLC0415
-
     os.kill(frozen_pid, signal.SIGCONT)
     run.join(frozen)
     run.fault("SIGSTOP past the lease, SIGCONT after the jobs were done")
@@ -234,7 +233,7 @@ def redrive_after_hours(run: RunContext) -> None:
     redrives half the dead letters six minutes later and the rest six hours later: the same key
     and message, delivered once (S10)."""
     run.fan_out()
-    run.work(replace_config(consume_only=True))
+    run.work(CONSUME_ONLY)
     waiting = run.count("SELECT count(*) FROM oncebox_outbox WHERE state = 'pending'")
     run.provider.script(*["503"] * waiting * CHANNEL_RETRY.max_attempts)
     run.fault(f"503 for every attempt of {waiting} messages")
@@ -361,7 +360,7 @@ def restart_postgres() -> None:
 def provider_storm(run: RunContext) -> None:
     """429 with Retry-After, 5xx, accepted-then-reset and accepted-then-timed-out answers."""
     run.fan_out()
-    run.work(replace_config(consume_only=True))
+    run.work(CONSUME_ONLY)
     actions = ["429:30", "500", "accept-then-reset", "503:5", "accept-then-timeout:2", "429:1"]
     run.provider.script(*actions)
     run.fault(f"provider answers {', '.join(actions)}")
@@ -373,7 +372,7 @@ def smtp_lost_acks(run: RunContext) -> None:
     acknowledgement), answers 250 only after the client gave up (accept-then-timeout), greylists
     (451) and throttles (421)."""
     run.fan_out()
-    run.work(replace_config(consume_only=True))
+    run.work(CONSUME_ONLY)
     actions = [
         "drop",
         "451 4.7.1 greylisted",
@@ -430,14 +429,6 @@ def soak(run: RunContext) -> None:
         run.fault(f"round {round_number}: {killed} of 2 workers killed")
         run.advance(PAST_ANY_LEASE)
     run.drain()
-
-
-def replace_config(*, consume_only: bool = False) -> WorkerConfig:
-    from oncebox.chaos.runner import DRAIN  # noqa: PLC0415
-
-    if consume_only:
-        return replace(DRAIN, dispatch=False, schedule=False, sweep=False)
-    return DRAIN
 
 
 def _crash_scenarios() -> list[Scenario]:

@@ -22,6 +22,11 @@ CITIES = [
 ]
 
 
+def is_active(customer: int) -> bool:
+    """Every tenth customer (ids ending in 7) is inactive: eligible for nothing."""
+    return customer % 10 != 7
+
+
 def seed_freight(box: Box, customers: int, period: str, rng: random.Random, at: datetime) -> int:
     """Customers (every tenth inactive, one poison: an address no provider accepts), their
     shipments in `period`, and dock-slot holds around `at` (half already due); returns the
@@ -32,7 +37,7 @@ def seed_freight(box: Box, customers: int, period: str, rng: random.Random, at: 
     try:
         poison = customers // 2
         for customer in range(1, customers + 1):
-            active = 0 if customer % 10 == 7 else 1
+            active = 1 if is_active(customer) else 0
             email = POISON_EMAIL if customer == poison else f"ops{customer}@customer.example"
             conn.execute(
                 f"INSERT INTO freight_customers (id, name, email, active) VALUES ({ph}, {ph}, "
