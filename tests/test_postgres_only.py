@@ -386,3 +386,38 @@ def test_confirm_versus_expire_when_the_confirm_locks_first_ends_confirmed_witho
         "hold-confirmed/hold-1"
     ]
     box.close()
+
+
+@pytest.mark.slow
+def test_a_lease_right_after_a_bulk_enqueue_walks_the_claim_index_instead_of_sorting(pg_url):
+    """Right after a bulk enqueue the table's statistics say it has no ready jobs; left to
+    itself the planner then collects every ready job and sorts them, per lease — O(backlog).
+    The lease must read the claim index in order and stop at its limit, whatever the
+    statistics say (here: never analyzed)."""
+    box = Box(pg_url)
+
+    @box.task(key="bulk/{n}")
+    def bulk(ctx, n: int) -> None:
+        pass
+
+    box.enqueue_many("bulk", [{"n": n} for n in range(20_000)])
+    consumer = box.consumer(ConsumerConfig(batch_size=1000))
+    for _ in range(10):  # a queue in the middle of its backlog: half done, half ready
+        assert consumer.run_once().completed == 1000
+    conn = consumer.session._conn
+    if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+        pytest.skip("auto_explain needs a superuser to LOAD it")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_level = 'notice'")
+    try:
+        assert consumer.run_once().completed == 1000
+    finally:
+        consumer.session.close()
+        box.close()
+    lease = [p for p in plans if "picked AS" in p]
+    assert lease, f"no lease plan was logged: {plans}"
+    assert "Sort" not in lease[0], lease[0]
+    assert "Index Scan using oncebox_jobs_claim" in lease[0], lease[0]

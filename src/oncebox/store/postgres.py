@@ -925,10 +925,15 @@ class PostgresConsumerSession:
             "token": params.token,
             "lease_s": params.lease_for.total_seconds(),
         }
-        rows = self._run(
-            "job_lease", lambda: self._conn.execute(self._q["job_lease"], values).fetchall()
-        )
-        return self._store._leased_jobs(rows)
+        return self._store._leased_jobs(self._run("job_lease", lambda: self._lease(values)))
+
+    def _lease(self, values: dict[str, Any]) -> list[Any]:
+        """The lease and its planner settings, sent together: one round trip, one commit."""
+        conn = self._conn
+        with conn.pipeline(), conn.transaction():
+            conn.execute(self._q["job_lease_plan"])
+            cursor = conn.execute(self._q["job_lease"], values)
+        return cursor.fetchall()
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {

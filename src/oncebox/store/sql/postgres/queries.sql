@@ -86,6 +86,12 @@ LEFT JOIN __S__.oncebox_jobs j
        ON j.key = %(key)s AND j.state <> 'cancelled'
 LEFT JOIN __S__.oncebox_intents i ON i.key = %(key)s;
 
+-- name: job_lease_plan
+-- Run before job_lease, in its transaction: the claim must walk the claim index in order and stop
+-- at the limit. Right after a bulk enqueue the statistics still say the table has no ready jobs,
+-- and the planner then prefers to collect every ready job and sort them — per lease, O(backlog).
+SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true);
+
 -- name: job_lease
 -- Lease up to %(limit)s due ready jobs of the given tasks and queues under one owner token.
 -- Ordered groups: a job is eligible only if its group has no leased job and no ready job
