@@ -146,6 +146,9 @@ def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_object_once)
+
+
 def _check_stored_depth(value: object, depth: int = 0) -> None:
     if depth > MAX_DEPTH:
         raise InvalidArguments(f"stored arguments are nested deeper than {MAX_DEPTH}")
@@ -164,9 +167,12 @@ def parse_args(text: str | bytes | Mapping[str, Any]) -> dict[str, Any]:
         value: object = dict(text)
     else:
         try:
-            value = json.loads(
-                text, parse_constant=_refuse_constant, object_pairs_hook=_object_once
-            )
+            if isinstance(text, str) and not text.startswith("\ufeff"):
+                value = _DECODER.decode(text)  # json.loads would build a decoder per call
+            else:
+                value = json.loads(
+                    text, parse_constant=_refuse_constant, object_pairs_hook=_object_once
+                )
         except RecursionError:
             raise InvalidArguments(
                 f"stored arguments are nested too deeply to read (the limit is {MAX_DEPTH})"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -49,21 +49,28 @@ class Task:
     group_by: str | None
     keep_intents: timedelta | None
     signature: inspect.Signature
+    _shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
         return self.fn(ctx, **kwargs)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_shape", _Shape.of(self.signature))
 
     def check_args(self, args: Mapping[str, Any]) -> None:
         """Raise `InvalidArguments` if `args` do not fit the handler's signature, or a value
         does not have its parameter's scalar type (`int`, `str`, `float`, `bool`, or one of them
         `| None`): a message whose customer id is "abc" dies at once with its field named,
         instead of running with a value the handler never expected."""
-        try:
-            self.signature.bind(**args)
-        except TypeError as exc:
-            raise InvalidArguments(f"arguments do not fit task {self.name!r}: {exc}") from None
+        shape = self._shape
+        if not shape.fits(args):
+            try:
+                self.signature.bind(**args)  # says what does not fit, in Python's words
+            except TypeError as exc:
+                raise InvalidArguments(f"arguments do not fit task {self.name!r}: {exc}") from None
+        checks = shape.checks
         for name, value in args.items():
-            expected = _SCALARS.get(_annotation_text(self.signature, name))
+            expected = checks.get(name)
             if expected is not None and not expected(value):
                 raise InvalidArguments(
                     f"argument {name!r} of task {self.name!r} must be "
@@ -110,6 +117,46 @@ _SCALARS: dict[str, Callable[[Any], bool]] = {
     **_BASE_SCALARS,
     **{f"{name} | None": _or_none(check) for name, check in _BASE_SCALARS.items()},
 }
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What `signature.bind(**args)` accepts, worked out once per task: the consumer checks
+    every delivery against it, and `bind` costs more than the no-op handler it guards."""
+
+    names: frozenset[str]  # parameters that can be passed by name
+    required: frozenset[str]
+    open: bool  # the handler takes **kwargs
+    simple: bool  # no positional-only parameter (those always take the slow path)
+    checks: dict[str, Callable[[Any], bool]]
+
+    @classmethod
+    def of(cls, signature: inspect.Signature) -> _Shape:
+        kinds = inspect.Parameter
+        by_name = [
+            p
+            for p in signature.parameters.values()
+            if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        ]
+        checks = {
+            p.name: check
+            for p in by_name
+            if (check := _SCALARS.get(_annotation_text(signature, p.name))) is not None
+        }
+        return cls(
+            names=frozenset(p.name for p in by_name),
+            required=frozenset(p.name for p in by_name if p.default is kinds.empty),
+            open=any(p.kind is kinds.VAR_KEYWORD for p in signature.parameters.values()),
+            simple=all(p.kind is not kinds.POSITIONAL_ONLY for p in signature.parameters.values()),
+            checks=checks,
+        )
+
+    def fits(self, args: Mapping[str, Any]) -> bool:
+        """True when `bind(**args)` would succeed; False when it might not (then ask it)."""
+        if not isinstance(args, dict):
+            return False
+        given = args.keys()
+        return self.simple and self.required <= given and (self.open or given <= self.names)
 
 
 def _annotation_text(signature: inspect.Signature, name: str) -> str:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -43,20 +41,11 @@ class HandlerWatch:
         self._running: dict[int, Running] = {}
         self._lock = threading.Lock()
 
-    @contextmanager
     def running(
         self, task: str, key: str | None, timeout: timedelta, token: str | None = None
-    ) -> Iterator[None]:
+    ) -> _Marked:
         """Mark a handler as running in this thread, under the lease `token` it works for."""
-        ident = threading.get_ident()
-        started = clock.monotonic()
-        with self._lock:
-            self._running[ident] = Running(task, key, started, timeout.total_seconds(), token)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._running.pop(ident, None)
+        return _Marked(self, Running(task, key, clock.monotonic(), timeout.total_seconds(), token))
 
     def overdue(self, grace: float = 0.0) -> list[Running]:
         now = clock.monotonic()
@@ -81,3 +70,23 @@ class HandlerWatch:
             logging.shutdown()
             os._exit(EXIT_HUNG_HANDLER)
         return hung
+
+
+class _Marked:
+    """`with watch.running(...)`: a plain class, not a generator — it wraps every handler call."""
+
+    __slots__ = ("_ident", "_run", "_watch")
+
+    def __init__(self, watch: HandlerWatch, run: Running) -> None:
+        self._watch = watch
+        self._run = run
+        self._ident = 0
+
+    def __enter__(self) -> None:
+        self._ident = threading.get_ident()
+        with self._watch._lock:
+            self._watch._running[self._ident] = self._run
+
+    def __exit__(self, *exc: object) -> None:
+        with self._watch._lock:
+            self._watch._running.pop(self._ident, None)

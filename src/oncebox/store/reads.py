@@ -77,7 +77,18 @@ class ReadOperations:
 
     def _leased_jobs(self, rows: Sequence[Sequence[Any]]) -> list[LeasedJob]:
         """Rows of `job_lease`, in claim order (RETURNING gives no order)."""
-        required = self._required_instant
+        seen: dict[Any, datetime | None] = {}  # a batch shares its lease time, often more
+
+        def at(value: Any) -> datetime | None:
+            if value not in seen:
+                seen[value] = self._instant(value)
+            return seen[value]
+
+        def required(value: Any) -> datetime:
+            instant = at(value)
+            assert instant is not None
+            return instant
+
         leased = [
             LeasedJob(
                 id=r[0],
@@ -92,7 +103,7 @@ class ReadOperations:
                 group_key=r[9],
                 run_at=required(r[10]),
                 created_at=required(r[11]),
-                expires_at=self._instant(r[12]),
+                expires_at=at(r[12]),
                 leased_at=required(r[13]),
             )
             for r in rows
