@@ -928,10 +928,10 @@ class PostgresConsumerSession:
         return self._store._leased_jobs(self._run("job_lease", lambda: self._lease(values)))
 
     def _lease(self, values: dict[str, Any]) -> list[Any]:
-        """The lease and its planner settings, sent together: one round trip, one commit."""
+        """The lease and its settings (see `job_lease_settings`), sent together: one round trip."""
         conn = self._conn
         with conn.pipeline(), conn.transaction():
-            conn.execute(self._q["job_lease_plan"])
+            conn.execute(self._q["job_lease_settings"])
             cursor = conn.execute(self._q["job_lease"], values)
         return cursor.fetchall()
 

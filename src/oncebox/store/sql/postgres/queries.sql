@@ -86,11 +86,18 @@ LEFT JOIN __S__.oncebox_jobs j
        ON j.key = %(key)s AND j.state <> 'cancelled'
 LEFT JOIN __S__.oncebox_intents i ON i.key = %(key)s;
 
--- name: job_lease_plan
--- Run before job_lease, in its transaction: the claim must walk the claim index in order and stop
--- at the limit. Right after a bulk enqueue the statistics still say the table has no ready jobs,
--- and the planner then prefers to collect every ready job and sort them — per lease, O(backlog).
-SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true);
+-- name: job_lease_settings
+-- Run before job_lease, in its transaction.
+-- Planner: the lease must walk the claim index in order and stop at the limit. Right after a bulk
+-- enqueue the statistics still say the table has no ready jobs, and the planner then prefers to
+-- collect every ready job and sort them — per lease, O(backlog).
+-- Commit: the lease does not wait for its WAL flush. Only a crash of the server itself can lose
+-- it, and then the job is simply ready again with its attempt unspent; the consumer transaction
+-- that follows commits synchronously, and its flush covers the lease's earlier WAL, so no claim,
+-- outbox row or settlement is ever durable while its lease is not. It saves one disk flush per
+-- batch (about 4 ms on the benchmark machine: half the pick-up latency at low load).
+SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('synchronous_commit', 'off', true);
 
 -- name: job_lease
 -- Lease up to %(limit)s due ready jobs of the given tasks and queues under one owner token.
