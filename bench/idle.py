@@ -4,21 +4,30 @@
 
 A worker process (consumer, dispatcher, scheduler, sweeper, rescuer, pruner lanes; one task,
 one schedule, one sweeper, one channel) runs on a fresh database with nothing to do. After a
-warm-up, the server's own counters for that database (`pg_stat_database.xact_commit +
-xact_rollback`: every autocommit query is a transaction) are read before and after the window;
-the figure is transactions per second. The target is at most 1 per second (LISTEN/NOTIFY wakes
-the lanes; polls are the fallback).
+warm-up, two counts over the window:
+- the worker's own: every transaction it starts — an autocommit statement, or a transaction
+  block however many statements it holds (pipelined or not) — recorded by wrapping psycopg in the
+  worker process, with the statement that began it; this is the figure against the target;
+- the server's: `pg_stat_database.xact_commit + xact_rollback` for the database, a cross-check
+  only: backends report their counters lazily (an idle one at most every 10 s), so a 30 s
+  window can catch a report from before it or miss one from its end.
+The target is at most 1 per second (LISTEN/NOTIFY wakes the lanes; polls are the fallback).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +39,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from core import postgres_url
 
 
-def idle_worker(url: str) -> None:
+def count_transactions(log: list[tuple[float, str]]) -> None:
+    """Record (time, first statement) for every transaction this process starts."""
+    depth = threading.local()
+    execute, transaction = psycopg.Cursor.execute, psycopg.Connection.transaction
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(depth, "n", 0):
+            text = query.decode() if isinstance(query, bytes) else str(query)
+            lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+            log.append((time.time(), " ".join(" ".join(lines).split())[:70]))
+        return execute(self, query, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def counted_transaction(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        if not getattr(depth, "n", 0):
+            log.append((time.time(), "BEGIN … COMMIT"))
+        depth.n = getattr(depth, "n", 0) + 1
+        try:
+            with transaction(self, *args, **kwargs) as tx:
+                yield tx
+        finally:
+            depth.n -= 1
+
+    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+    psycopg.Connection.transaction = counted_transaction  # type: ignore[method-assign]
+
+
+def idle_worker(url: str, log_path: str) -> None:
     from oncebox import Box, JobContext
     from oncebox.periods import iso_week
     from oncebox.schedule import ScheduleContext
@@ -51,7 +87,10 @@ def idle_worker(url: str) -> None:
     def sweep(ctx: SweepContext) -> int:
         return 0
 
-    box.work()
+    log: list[tuple[float, str]] = []
+    count_transactions(log)
+    box.work()  # until SIGTERM (a graceful stop)
+    Path(log_path).write_text(json.dumps(log))
 
 
 def transactions(conn: psycopg.Connection[Any], database: str) -> int:
@@ -62,25 +101,36 @@ def transactions(conn: psycopg.Connection[Any], database: str) -> int:
     return int(row[0]) if row else 0
 
 
-def measure(server: str, seconds: float, warmup: float) -> dict[str, float]:
-    with postgres_url(server)() as url:
+def measure(server: str, seconds: float, warmup: float) -> dict[str, Any]:
+    with postgres_url(server)() as url, tempfile.TemporaryDirectory() as folder:
         database = url.rsplit("/", 1)[1]
+        log_path = str(Path(folder) / "transactions.json")
         context = multiprocessing.get_context("spawn")
-        worker = context.Process(target=idle_worker, args=(url,), daemon=True)
+        worker = context.Process(target=idle_worker, args=(url, log_path), daemon=True)
         worker.start()
         try:
             time.sleep(warmup)  # a benchmark's window, not a test's synchronisation
             with psycopg.connect(server, autocommit=True) as conn:
                 conn.execute("SELECT pg_stat_clear_snapshot()")
-                before = transactions(conn, database)
+                before, start = transactions(conn, database), time.time()
                 time.sleep(seconds)
                 conn.execute("SELECT pg_stat_clear_snapshot()")
-                after = transactions(conn, database)
+                after, end = transactions(conn, database), time.time()
         finally:
             if worker.pid is not None:
                 os.kill(worker.pid, signal.SIGTERM)
             worker.join(30)
-    return {"seconds": seconds, "transactions": after - before, "per_s": (after - before) / seconds}
+        if not Path(log_path).exists():
+            raise SystemExit("the idle worker did not write its transaction log (did it crash?)")
+        window = [what for at, what in json.loads(Path(log_path).read_text()) if start <= at < end]
+    return {
+        "seconds": seconds,
+        "worker_transactions": len(window),
+        "per_s": len(window) / seconds,
+        "by_statement": dict(collections.Counter(window).most_common()),
+        "server_transactions": after - before,
+        "server_per_s": (after - before) / seconds,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,9 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     figures = measure(args.postgres, args.seconds, args.warmup)
     print(
-        f"idle worker on PostgreSQL: {figures['transactions']} transactions in "
-        f"{args.seconds:g} s = {figures['per_s']:.2f}/s (target ≤ 1/s)"
+        f"idle worker on PostgreSQL: {figures['worker_transactions']} transactions in "
+        f"{args.seconds:g} s = {figures['per_s']:.2f}/s (target ≤ 1/s); the server counted "
+        f"{figures['server_per_s']:.2f}/s in that database (a lagging cross-check)"
     )
+    for what, count in figures["by_statement"].items():
+        print(f"{count:6d}  {what}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

@@ -421,3 +421,27 @@ def test_a_lease_right_after_a_bulk_enqueue_walks_the_claim_index_instead_of_sor
     assert lease, f"no lease plan was logged: {plans}"
     assert "Sort" not in lease[0], lease[0]
     assert "Index Scan using oncebox_jobs_claim" in lease[0], lease[0]
+
+
+def test_an_idle_poll_reads_the_next_due_time_in_the_leases_own_transaction(pg_url):
+    """Idle on PostgreSQL, a consumer's poll is one transaction: the lease that finds nothing
+    also reads when the next job falls due (a retry, a delayed job), so the wait is computed
+    without asking the store again."""
+    box = Box(pg_url)
+
+    @box.task(key="later/{n}")
+    def later(ctx, n: int) -> None:
+        pass
+
+    box.enqueue(later, n=1, delay=timedelta(seconds=60))
+    consumer = box.consumer()
+    asked: list[object] = []
+    consumer.transport._next_due = lambda *args: asked.append(args)  # type: ignore[attr-defined]
+    try:
+        assert consumer.run_once().leased == 0
+        due_in = consumer.transport.next_due_in()
+    finally:
+        consumer.session.close()
+        box.close()
+    assert asked == []
+    assert due_in is not None and 50 < due_in <= 60

@@ -268,7 +268,7 @@ class RedeliveringTransport:
     def held_tokens(self) -> list[str]:
         return []
 
-    def next_due(self) -> datetime | None:
+    def next_due_in(self) -> float | None:
         return None
 
     @property

@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 from oncebox.store.base import (
     ConsumerSession,
     ConsumerTx,
+    DueTime,
     JobFinish,
     JobLeaseParams,
     JobReleaseParams,
@@ -87,8 +88,9 @@ class Transport(Protocol):
         """Lease tokens this transport currently holds (for heartbeats)."""
         ...
 
-    def next_due(self) -> datetime | None:
-        """When the next delivery may become available, if the transport knows."""
+    def next_due_in(self) -> float | None:
+        """Seconds until the next delivery may become available (0 or less: now), if the
+        transport knows; by the store's clock."""
         ...
 
 
@@ -201,9 +203,10 @@ class TableTransport:
         with self._lock:
             return list(self._held)
 
-    def next_due(self) -> datetime | None:
-        return self._next_due(self._allowed(self._tasks), self._queues)
+    def next_due_in(self) -> float | None:
+        due = self._session.due_seen() or self._next_due(self._allowed(self._tasks), self._queues)
+        return due.seconds()
 
 
 class NextDue(Protocol):
-    def __call__(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None: ...
+    def __call__(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime: ...

@@ -340,15 +340,13 @@ class Worker:
     def _idle_wait(self, consumer: Consumer) -> float:
         wait = self.poll_interval
         try:
-            due = consumer.transport.next_due()
+            until = consumer.transport.next_due_in()
         except StoreUnavailable:
             return wait
-        if due is not None:
-            until = (due - self.box.store.clock_now()).total_seconds()
-            # a due job the lease did not take (its group's head is busy or retrying) is not
-            # worth spinning for: wait the poll interval then
-            if until > 0:
-                wait = min(wait, until)
+        # a due job the lease did not take (its group's head is busy or retrying) is not worth
+        # spinning for: wait the poll interval then
+        if until is not None and until > 0:
+            wait = min(wait, until)
         return wait
 
     def _listen(self) -> None:

@@ -95,6 +95,18 @@ class JobLeaseParams:
 
 
 @dataclass(frozen=True, slots=True)
+class DueTime:
+    """When the earliest ready job falls due (`at`; None when there is none), and the store's
+    time `now` when that was read: the wait is their difference, with no clock read of its own."""
+
+    at: datetime | None
+    now: datetime
+
+    def seconds(self) -> float | None:
+        return None if self.at is None else (self.at - self.now).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
 class JobReleaseParams:
     ids: Sequence[int]
     token: str
@@ -573,6 +585,12 @@ class ConsumerSession(Protocol):
 
     def job_release(self, params: JobReleaseParams) -> int: ...
 
+    def due_seen(self) -> DueTime | None:
+        """The next due time, if the last lease read it on its way (PostgreSQL folds the read
+        into the lease's round trip and transaction when the queue is running dry); None: ask
+        the store. Taken once: a second call returns None."""
+        ...
+
     def transaction(self) -> AbstractContextManager[ConsumerTx]:
         """Begin a consumer transaction; commit when the block exits normally, else roll back."""
         ...
@@ -623,7 +641,7 @@ class Store(Protocol):
     def job_find_by_key(self, key: str) -> list[JobRow]: ...
     def job_attempt_list(self, job_id: int) -> list[AttemptRow]: ...
     def job_count_by_state(self) -> StateCounts: ...
-    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None: ...
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime: ...
     def job_prune(self, older_than: timedelta, limit: int) -> int: ...
 
     # intents

@@ -40,6 +40,7 @@ from oncebox.store.base import (
     BucketSpec,
     ClaimLockTimeout,
     ConsumerSettings,
+    DueTime,
     EnqueueConflict,
     HandlerConnection,
     InsertManyResult,
@@ -508,9 +509,9 @@ class PostgresStore(ReadOperations):
     # -- reads ---------------------------------------------------------------------------------
 
     @operation
-    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None:
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
         rows = self._rows("job_next_due", {"tasks": list(tasks), "queues": list(queues)})
-        return _utc(rows[0][0]) if rows else None
+        return DueTime(_utc(rows[0][0]), _required_utc(rows[0][1]))
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
@@ -892,6 +893,8 @@ class PostgresConsumerSession:
         self._settings = settings
         self._q = store._q
         self._conn = store.consumer_connection(settings)
+        self._ran_dry = True  # the first lease of a worker looks ahead too
+        self._due: DueTime | None = None
 
     def _ensure(self) -> psycopg.Connection[Any]:
         """The connection, reopened if the last one was lost (server restart, terminated
@@ -928,12 +931,29 @@ class PostgresConsumerSession:
         return self._store._leased_jobs(self._run("job_lease", lambda: self._lease(values)))
 
     def _lease(self, values: dict[str, Any]) -> list[Any]:
-        """The lease and its settings (see `job_lease_settings`), sent together: one round trip."""
+        """The lease and its settings (see `job_lease_settings`), sent together: one round trip.
+        When the last lease came back short (the queue is running dry, or idle), the next due
+        time is read in the same transaction, so an idle poll is one transaction, not two."""
         conn = self._conn
+        look_ahead = self._ran_dry
+        due = None
         with conn.pipeline(), conn.transaction():
             conn.execute(self._q["job_lease_settings"])
             cursor = conn.execute(self._q["job_lease"], values)
-        return cursor.fetchall()
+            if look_ahead:
+                due = conn.execute(
+                    self._q["job_next_due"], {"tasks": values["tasks"], "queues": values["queues"]}
+                )
+        rows = cursor.fetchall()
+        self._ran_dry = len(rows) < values["limit"]
+        if due is not None:
+            at, now = due.fetchall()[0]
+            self._due = DueTime(_utc(at), _required_utc(now))
+        return rows
+
+    def due_seen(self) -> DueTime | None:
+        due, self._due = self._due, None
+        return due
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {

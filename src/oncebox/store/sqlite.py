@@ -34,6 +34,7 @@ from oncebox.store.base import (
     Audit,
     BucketSpec,
     ConsumerSettings,
+    DueTime,
     EnqueueConflict,
     HandlerConnection,
     InsertManyResult,
@@ -416,11 +417,11 @@ class SqliteStore(ReadOperations):
     # -- reads ---------------------------------------------------------------------------------
 
     @operation
-    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> datetime | None:
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
         rows = self._rows(
             "job_next_due", {"tasks": json.dumps(list(tasks)), "queues": json.dumps(list(queues))}
         )
-        return _dt(rows[0][0]) if rows else None
+        return DueTime(_dt(rows[0][0]), _required_dt(rows[0][1]))
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
@@ -862,6 +863,9 @@ class SqliteConsumerSession:
             values["now"] = self._store._now()  # read under the write lock, not before it
             rows = conn.execute(self._q["job_lease"], values).fetchall()
         return self._store._leased_jobs(rows)
+
+    def due_seen(self) -> DueTime | None:
+        return None  # a local read costs no round trip: the transport asks the store
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {

@@ -317,8 +317,8 @@ FROM __S__.oncebox_job_attempts WHERE job_id = %(id)s ORDER BY attempt;
 SELECT state, COALESCE(outcome, ''), count(*) FROM __S__.oncebox_jobs GROUP BY 1, 2;
 
 -- name: job_next_due
--- When the earliest ready job of these tasks and queues falls due (NULL if none).
-SELECT min(run_at) FROM __S__.oncebox_jobs
+-- When the earliest ready job of these tasks and queues falls due (NULL if none), and the time now.
+SELECT min(run_at), (SELECT __S__.oncebox_now()) FROM __S__.oncebox_jobs
 WHERE state = 'ready' AND task = ANY(%(tasks)s::text[]) AND queue = ANY(%(queues)s::text[]);
 
 -- name: job_prune

@@ -211,7 +211,7 @@ FROM oncebox_job_attempts WHERE job_id = :id ORDER BY attempt;
 SELECT state, COALESCE(outcome, ''), count(*) FROM oncebox_jobs GROUP BY 1, 2;
 
 -- name: job_next_due
-SELECT min(run_at) FROM oncebox_jobs
+SELECT min(run_at), :now FROM oncebox_jobs
 WHERE state = 'ready'
   AND task IN (SELECT value FROM json_each(:tasks))
   AND queue IN (SELECT value FROM json_each(:queues));
