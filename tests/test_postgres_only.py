@@ -445,3 +445,48 @@ def test_an_idle_poll_reads_the_next_due_time_in_the_leases_own_transaction(pg_u
         box.close()
     assert asked == []
     assert due_in is not None and 50 < due_in <= 60
+
+
+@pytest.mark.slow
+def test_an_outbox_lease_reads_each_channels_head_not_the_whole_backlog(pg_url):
+    """A fan-out writes a million outbox rows at once; a dispatcher's lease must read its
+    limit's worth from the due index, not every due row (sorted, per lease: O(backlog))."""
+    import re
+
+    from oncebox.dispatch import DispatcherConfig
+
+    writer = Box(pg_url, secret="s" * 32)
+    writer.channel("email", provider="null:")
+
+    @writer.task(key="mail/{n}")
+    def mail(ctx, n: int) -> None:
+        ctx.outbox.email(to=f"c{n}@example.com", subject="digest", text="hello")
+
+    writer.enqueue_many("mail", [{"n": n} for n in range(3000)])
+    writer.work(config=WorkerConfig(until_idle=True, dispatch=False))
+    writer.close()
+    box = Box(pg_url + "?pool_min=1&pool_max=1", secret="s" * 32)  # one pooled connection
+    box.channel("email", provider="null:")
+    box.task(key="mail/{n}", name="mail")(lambda ctx, n: None)
+    plans: list[str] = []
+    try:
+        with box.store.pool().connection() as conn:
+            if not conn.execute(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()[0]:
+                pytest.skip("auto_explain needs a superuser to LOAD it")
+            conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+            for statement in [
+                "LOAD 'auto_explain'",
+                "SET auto_explain.log_min_duration = 0",
+                "SET auto_explain.log_analyze = on",
+                "SET auto_explain.log_level = 'notice'",
+            ]:
+                conn.execute(statement.encode())
+        assert box.dispatcher(DispatcherConfig(batch_size=50)).run_once().sent == 50
+    finally:
+        box.close()
+    text = "\n".join(plans)
+    scans = re.findall(r"Index Scan using oncebox_outbox_due .*?actual time=\S+ rows=(\d+)", text)
+    assert scans, f"no plan read the due index: {text[:3000]}"
+    assert all(int(rows) <= 50 for rows in scans), scans

@@ -111,6 +111,7 @@ class OutboxDispatcher:
         )
         result.leased = len(rows)
         if not rows:
+            points.reach("dispatcher.found_nothing")
             return result
         points.reach("dispatcher.after_lease")
         started = clock.monotonic()

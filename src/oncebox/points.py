@@ -13,6 +13,8 @@ Points (each documented where it is reached):
     consumer.after_handler_before_commit  all settled, about to commit (inside the tx)
     consumer.committed                 the consumer transaction committed
     consumer.lease_lost                a fenced settlement found a superseded lease
+    dispatcher.found_nothing           a dispatcher's lease came back empty
+    worker.woken                       a worker woke its polling lanes (new work may exist)
 """
 
 from __future__ import annotations

@@ -527,16 +527,18 @@ class PostgresStore(ReadOperations):
 
     @operation
     def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]:
-        rows = self._rows(
-            "outbox_lease",
-            {
-                "channels": list(params.channels),
-                "limit": params.limit,
-                "worker": params.worker,
-                "token": params.token,
-                "lease_s": params.lease_for.total_seconds(),
-            },
-        )
+        values = {
+            "channels": list(params.channels),
+            "limit": params.limit,
+            "worker": params.worker,
+            "token": params.token,
+            "lease_s": params.lease_for.total_seconds(),
+        }
+        with self._connection() as conn:
+            with conn.pipeline(), conn.transaction():
+                conn.execute(self._q["outbox_lease_settings"])
+                cursor = conn.execute(self._q["outbox_lease"], values)
+            rows = cursor.fetchall()
         return self._leased_outbox(rows, params.token)
 
     @operation

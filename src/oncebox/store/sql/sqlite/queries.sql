@@ -277,11 +277,15 @@ SET state = 'leased',
     lease_expires_at = :now + :lease_us,
     first_leased_at = COALESCE(first_leased_at, :now)
 WHERE id IN (
-    SELECT id FROM oncebox_outbox
-    WHERE state = 'pending'
-      AND channel IN (SELECT value FROM json_each(:channels))
-      AND next_attempt_at <= :now
-    ORDER BY next_attempt_at, id
+    -- each channel's head read on its own, in the due index's order (`channel IN (...)` would
+    -- read every due row and sort them: O(backlog) per lease); the earliest heads win
+    SELECT o.id FROM json_each(:channels) AS c
+    JOIN oncebox_outbox AS o ON o.id IN (
+        SELECT h.id FROM oncebox_outbox AS h
+        WHERE h.state = 'pending' AND h.channel = c.value AND h.next_attempt_at <= :now
+        ORDER BY h.next_attempt_at, h.id
+        LIMIT :limit)
+    ORDER BY o.next_attempt_at, o.id
     LIMIT :limit)
 RETURNING id, key, intent_key, channel, payload, token, attempt, attempt_base,
           possible_duplicates, first_leased_at, leased_at, uncertain;
