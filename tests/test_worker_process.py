@@ -116,3 +116,50 @@ def test_a_handler_that_returns_after_its_timeout_fails_its_attempt(store_url):
     assert HandlerTimeout.__name__ in result.failures[0].error
     assert effects(box) == []
     box.close()
+
+
+def test_until_idle_does_not_stop_on_a_dispatcher_round_that_looked_before_the_outbox_rows(
+    store_url,
+):
+    """The dispatcher finds nothing; before it reports idle, a consumer commits outbox rows and
+    wakes the lanes. The dispatcher's empty round began before the rows existed, so it proves
+    nothing: an until-idle run must look again and send them, not stop with them unsent."""
+    from oncebox import WorkerConfig, points
+
+    box = Box(store_url, secret="s" * 32)
+    box.channel("email", provider="null:")
+
+    @box.task(key="mail/{n}")
+    def mail(ctx, n: int) -> None:
+        ctx.outbox.email(to=f"c{n}@example.com", subject="digest", text="hello")
+
+    box.enqueue(mail, n=1)
+    looked = threading.Event()
+    committed = threading.Event()
+    woken_after_commit = threading.Event()
+
+    def dispatcher_found_nothing(_name: str) -> None:
+        if not looked.is_set():
+            looked.set()  # let the consumer write its rows now, then wake everyone
+            assert woken_after_commit.wait(20), "the consumer never committed and woke the lanes"
+
+    def consumer_before_transaction(_name: str) -> None:
+        assert looked.wait(20), "the dispatcher never looked"
+
+    def woken(_name: str) -> None:
+        if committed.is_set():
+            woken_after_commit.set()
+
+    actions = {
+        "dispatcher.found_nothing": dispatcher_found_nothing,
+        "consumer.before_transaction": consumer_before_transaction,
+        "consumer.committed": lambda _name: committed.set(),
+        "worker.woken": woken,
+    }
+    try:
+        with points.installed(actions):
+            result = box.work(config=WorkerConfig(until_idle=True))
+    finally:
+        box.close()
+    assert result.consumed.completed == 1
+    assert result.dispatched.sent == 1

@@ -33,6 +33,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from oncebox import points
 from oncebox.assembly import build_consumer, worker_name
 from oncebox.channels import Channel
 from oncebox.consumer import Consumer, ConsumerConfig, ConsumerResult
@@ -95,6 +96,7 @@ class Worker:
         self.stop_event = threading.Event()
         self._wakes: list[threading.Event] = []
         self._idle: set[int] = set()
+        self._wakes_seen = 0  # wake-ups so far: a round that began before one proves nothing
         self._pollers = 0
         self._idle_lock = threading.Lock()
         self._result = WorkerResult()
@@ -115,8 +117,10 @@ class Worker:
         stop between a consumer writing outbox rows and the dispatcher seeing them)."""
         with self._idle_lock:
             self._idle.clear()
+            self._wakes_seen += 1
         for event in self._wakes:
             event.set()
+        points.reach("worker.woken")
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -303,7 +307,7 @@ class Worker:
         backoff = 0.0
         while not self.stop_event.is_set():
             wake.clear()
-            self._set_idle(index, False)  # busy until a round of its own finds nothing
+            began = self._busy(index)  # busy until a round of its own finds nothing
             try:
                 leased = round_()
                 backoff = 0.0
@@ -323,18 +327,25 @@ class Worker:
                 continue
             if leased:
                 continue
-            if self.config.until_idle and self._set_idle(index, True):
+            if self.config.until_idle and self._all_idle(index, began):
                 self.stop()
                 return
             wake.wait(idle_wait())
 
-    def _set_idle(self, index: int, idle: bool) -> bool:
-        """Mark a polling lane idle or busy; True when every one is idle."""
+    def _busy(self, index: int) -> int:
+        """Mark a polling lane busy; returns the wake-ups seen so far, for `_all_idle`."""
         with self._idle_lock:
-            if idle:
-                self._idle.add(index)
-            else:
-                self._idle.discard(index)
+            self._idle.discard(index)
+            return self._wakes_seen
+
+    def _all_idle(self, index: int, began: int) -> bool:
+        """Mark a lane idle after a round that found nothing; True when every lane is. A round
+        that began before the latest wake-up may have looked before the new work committed (a
+        consumer's outbox rows, say): the lane is not idle until a round after it finds nothing."""
+        with self._idle_lock:
+            if self._wakes_seen != began:
+                return False
+            self._idle.add(index)
             return len(self._idle) == self._pollers
 
     def _idle_wait(self, consumer: Consumer) -> float:
