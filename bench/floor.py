@@ -1,0 +1,265 @@
+"""Workload 8, the reference floor: the SQL a job needs, batched, from a minimal psycopg 3 script.
+
+    .venv/bin/python bench/floor.py [--server URL] [--jobs 100000] [--repeat 3]
+                                    [--mode noop|full|all] [--json PATH]
+
+What a minimal hand-written client reaches on this machine, so oncebox's figures have a floor to
+be read against. Its own three-table schema (not oncebox's), one fresh database per mode and run
+(created on the server, dropped after), one sync connection per lane, batches of 100, each batch
+one transaction in pipeline mode (two round trips: the claim, then the rest with the commit).
+Claims select with `id = ANY(ARRAY(subquery))` rather than `id IN (subquery)`: the same rows, but
+the planner always locks the 100 first and then fetches them by primary key, whatever the stats
+(with `IN` it can pick a sequential scan and hash join on a freshly analysed small table). The
+dispatcher does not let psycopg prepare its statements: a plan cached while the outbox was
+nearly empty went on scanning the whole outbox on every lease once it held 100,000 rows,
+dropping full_per_s from ~7,000 to ~800; planned afresh, each lease costs under a millisecond.
+
+- noop: N jobs COPYed in (copy_per_s, the raw COPY rate); one connection claims 100 with
+  FOR UPDATE SKIP LOCKED and marks them done (noop_per_s), or deletes them (noop_delete_per_s).
+- full: the guarantee path. The consumer claims 100, inserts their intents (ON CONFLICT DO
+  NOTHING) and one outbox row per fresh intent, marks the jobs done; the dispatcher, concurrently
+  on its own connection, leases 100 pending outbox rows, "sends" them to a null provider and
+  records the receipts. full_per_s is N / (first claim .. last receipt); full_consumer_per_s and
+  full_dispatch_per_s are each lane alone, one after the other.
+
+Each figure is the median of `--repeat` runs; the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+BATCH = 100
+SCHEMA = """
+CREATE TABLE jobs (
+    id bigserial PRIMARY KEY, key text NOT NULL, args jsonb, state text NOT NULL DEFAULT 'ready',
+    run_at timestamptz DEFAULT now(), attempt int DEFAULT 0, lease_token uuid, leased_at timestamptz
+);
+CREATE INDEX jobs_ready ON jobs (id) WHERE state = 'ready';
+CREATE TABLE intents (key text PRIMARY KEY, job_id bigint, claimed_at timestamptz);
+CREATE TABLE outbox (
+    id bigserial PRIMARY KEY, key text UNIQUE, payload jsonb, state text DEFAULT 'pending',
+    receipt text, sent_at timestamptz
+);
+CREATE INDEX outbox_pending ON outbox (id) WHERE state = 'pending';
+"""
+CLAIM = f"""UPDATE jobs SET state = 'leased', lease_token = %s, leased_at = now(),
+    attempt = attempt + 1
+WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE state = 'ready' ORDER BY id LIMIT {BATCH}
+                     FOR UPDATE SKIP LOCKED))
+RETURNING id, key"""
+DONE = "UPDATE jobs SET state = 'done' WHERE id = ANY(%(ids)s)"
+DELETE = "DELETE FROM jobs WHERE id = ANY(%(ids)s)"
+INTENTS_AND_OUTBOX = """WITH fresh AS (
+    INSERT INTO intents SELECT unnest(%(keys)s::text[]), unnest(%(ids)s::bigint[]), now()
+    ON CONFLICT DO NOTHING RETURNING key
+)
+INSERT INTO outbox (key, payload) SELECT key, jsonb_build_object('key', key) FROM fresh"""
+FULL = (INTENTS_AND_OUTBOX, DONE)
+LEASE = f"""UPDATE outbox SET state = 'leased'
+WHERE id = ANY(ARRAY(SELECT id FROM outbox WHERE state = 'pending' ORDER BY id LIMIT {BATCH}
+                     FOR UPDATE SKIP LOCKED))
+RETURNING id, key, payload"""
+MARK_SENT = """UPDATE outbox SET state = 'sent', receipt = r.receipt, sent_at = now()
+FROM unnest(%s::bigint[], %s::text[]) AS r(id, receipt) WHERE outbox.id = r.id"""
+
+
+@contextmanager
+def fresh_database(server: str) -> Iterator[str]:
+    name = f"floor_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"'.encode())
+    try:
+        url = psycopg.conninfo.make_conninfo(server, dbname=name)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(SCHEMA.encode())
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def copy_jobs(url: str, jobs: int) -> float:
+    """COPY `jobs` ready jobs into an empty table; returns rows per second."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs, intents, outbox RESTART IDENTITY")
+        started = time.perf_counter()
+        with conn.cursor() as cur, cur.copy("COPY jobs (key, args) FROM STDIN") as copy:
+            for n in range(jobs):
+                copy.write_row((f"floor/{n}", f'{{"n": {n}}}'))
+        elapsed = time.perf_counter() - started
+        conn.execute("ANALYZE jobs")
+    return jobs / elapsed
+
+
+def consume(
+    url: str, finish: tuple[str, ...], start: threading.Event | None = None
+) -> tuple[int, float]:
+    """Claim batches until none are ready; `finish` is the SQL run on each batch's ids and keys
+    before the commit. Returns (jobs, the perf_counter at the first claim)."""
+    done = 0
+    with psycopg.connect(url) as conn, conn.pipeline():
+        if start is not None:
+            start.wait()
+        started = time.perf_counter()
+        while rows := conn.execute(CLAIM, (uuid.uuid4(),)).fetchall():
+            batch = {"ids": [row[0] for row in rows], "keys": [row[1] for row in rows]}
+            for sql in finish:
+                conn.execute(sql, batch)
+            conn.commit()
+            done += len(rows)
+        conn.commit()
+    return done, started
+
+
+def null_send(key: str, payload: object) -> str:
+    """The null provider: accepts everything, returns a receipt."""
+    return f"null:{key}"
+
+
+def dispatch(url: str, total: int, consumer_done: threading.Event) -> tuple[int, float]:
+    """Lease, send and record receipts until `total` are sent (or the consumer has finished and
+    nothing is pending). Returns (receipts, the perf_counter after the last commit)."""
+    sent = 0
+    with psycopg.connect(url, prepare_threshold=None) as conn, conn.pipeline():
+        while sent < total:
+            finished = consumer_done.is_set()
+            rows = conn.execute(LEASE).fetchall()
+            if not rows:
+                conn.commit()
+                if finished:
+                    break
+                time.sleep(0.0005)
+                continue
+            receipts = [null_send(key, payload) for _, key, payload in rows]
+            conn.execute(MARK_SENT, ([row[0] for row in rows], receipts))
+            conn.commit()
+            sent += len(rows)
+    return sent, time.perf_counter()
+
+
+def check(url: str, query: str, expected: int, what: str) -> None:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query.encode()).fetchone()
+    if row is None or row[0] != expected:
+        raise SystemExit(f"floor: expected {expected} {what}, found {row and row[0]}")
+
+
+def run_noop(server: str, jobs: int) -> dict[str, float]:
+    with fresh_database(server) as url:
+        copy_per_s = copy_jobs(url, jobs)
+        started = time.perf_counter()
+        done, _ = consume(url, (DONE,))
+        noop = time.perf_counter() - started
+        check(url, "SELECT count(*) FROM jobs WHERE state = 'done'", jobs, "jobs done")
+        copy_jobs(url, jobs)
+        started = time.perf_counter()
+        deleted, _ = consume(url, (DELETE,))
+        noop_delete = time.perf_counter() - started
+        check(url, "SELECT count(*) FROM jobs", 0, "jobs left after claim-and-delete")
+    assert done == deleted == jobs, (done, deleted)
+    return {
+        "copy_per_s": copy_per_s,
+        "noop_per_s": jobs / noop,
+        "noop_delete_per_s": jobs / noop_delete,
+    }
+
+
+def check_full(url: str, jobs: int) -> None:
+    check(url, "SELECT count(*) FROM jobs WHERE state = 'done'", jobs, "jobs done")
+    check(url, "SELECT count(*) FROM intents", jobs, "intents")
+    check(url, "SELECT count(*) FROM outbox WHERE state = 'sent'", jobs, "outbox rows sent")
+
+
+def run_full(server: str, jobs: int) -> dict[str, float]:
+    with fresh_database(server) as url:
+        copy_jobs(url, jobs)
+        start, consumer_done = threading.Event(), threading.Event()
+
+        def consumer() -> tuple[int, float]:
+            try:
+                return consume(url, FULL, start)
+            finally:
+                consumer_done.set()
+
+        with ThreadPoolExecutor(2) as pool:
+            dispatched = pool.submit(dispatch, url, jobs, consumer_done)
+            consumed = pool.submit(consumer)
+            start.set()
+            (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
+        if claimed != jobs or sent != jobs:
+            raise SystemExit(f"floor: full path claimed {claimed} and sent {sent} of {jobs}")
+        check_full(url, jobs)
+
+        copy_jobs(url, jobs)
+        started = time.perf_counter()
+        consume(url, FULL)
+        consumer_alone = time.perf_counter() - started
+        started, finished = time.perf_counter(), threading.Event()
+        finished.set()
+        dispatch(url, jobs, finished)
+        dispatch_alone = time.perf_counter() - started
+        check_full(url, jobs)
+    return {
+        "full_per_s": jobs / (last_receipt - first_claim),
+        "full_consumer_per_s": jobs / consumer_alone,
+        "full_dispatch_per_s": jobs / dispatch_alone,
+    }
+
+
+MODES: dict[str, Callable[[str, int], dict[str, float]]] = {"noop": run_noop, "full": run_full}
+LABELS = {
+    "copy_per_s": "COPY (raw bulk insert)",
+    "noop_per_s": "claim 100 + mark done",
+    "noop_delete_per_s": "claim 100 + delete",
+    "full_per_s": "full path, lanes concurrent",
+    "full_consumer_per_s": "full path, consumer alone",
+    "full_dispatch_per_s": "full path, dispatcher alone",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--mode", choices=["noop", "full", "all"], default="all")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    modes = list(MODES) if args.mode == "all" else [args.mode]
+    runs: list[dict[str, float]] = []
+    for _ in range(args.repeat):
+        figures: dict[str, float] = {}
+        for mode in modes:
+            figures.update(MODES[mode](args.server, args.jobs))
+        runs.append(figures)
+    medians = {k: round(statistics.median(r[k] for r in runs)) for k in runs[0]}
+    print(
+        f"reference floor (psycopg {psycopg.__version__}, batch {BATCH}) · {args.jobs} jobs · "
+        f"median of {args.repeat} · Python {platform.python_version()} · {platform.machine()}"
+    )
+    print(f"{'figure':<30}{'per second':>12}")
+    for key, value in medians.items():
+        print(f"{LABELS[key]:<30}{value:>12,}")
+    result = {**medians, "jobs": args.jobs, "repeat": args.repeat}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
