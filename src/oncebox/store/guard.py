@@ -106,10 +106,16 @@ class GuardedCursor:
 class GuardedConnection:
     """Forwards to the driver connection, refusing transaction control; see the module doc."""
 
+    _raw: Any
+    _on_first_use: Callable[[], None] | None
+    _closed: bool
+
     def __init__(self, raw: Any, on_first_use: Callable[[], None]) -> None:
-        self._raw = raw
-        self._on_first_use: Callable[[], None] | None = on_first_use
-        self._closed = False
+        # object.__setattr__: the guard's own __setattr__ is for what a handler sets (one per
+        # job, on the consumer's hot path)
+        object.__setattr__(self, "_raw", raw)
+        object.__setattr__(self, "_on_first_use", on_first_use)
+        object.__setattr__(self, "_closed", False)
 
     @property
     def touched(self) -> bool:
