@@ -23,11 +23,12 @@ import json
 import multiprocessing
 import os
 import signal
+import sqlite3
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from core import postgres_url
+from core import postgres_url, sqlite_url
 
 
 def count_transactions(log: list[tuple[float, str]]) -> None:
@@ -66,13 +67,31 @@ def count_transactions(log: list[tuple[float, str]]) -> None:
     psycopg.Connection.transaction = counted_transaction  # type: ignore[method-assign]
 
 
+def count_sqlite_transactions(log: list[tuple[float, str]]) -> None:
+    """The same for SQLite: the store's connections run in autocommit mode (its writes begin
+    with an explicit BEGIN IMMEDIATE), so a statement run outside a transaction starts one."""
+    connect = sqlite3.connect
+
+    class Counted(sqlite3.Connection):
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if not self.in_transaction:
+                lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+                log.append((time.time(), " ".join(" ".join(lines).split())[:70]))
+            return super().execute(sql, *args)
+
+    def counted_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        return connect(*args, **{**kwargs, "factory": Counted})
+
+    sqlite3.connect = counted_connect  # type: ignore[assignment]
+
+
 def idle_worker(url: str, log_path: str) -> None:
     from oncebox import Box, JobContext
     from oncebox.periods import iso_week
     from oncebox.schedule import ScheduleContext
     from oncebox.sweeper import SweepContext
 
-    box = Box(url)  # the worker stores a secret of its own
+    box = Box(url)  # the worker stores a secret of its own (a new connection: counted or not)
     box.channel("email", provider="null:")
 
     @box.task(key="idle/{n}")
@@ -89,6 +108,7 @@ def idle_worker(url: str, log_path: str) -> None:
 
     log: list[tuple[float, str]] = []
     count_transactions(log)
+    count_sqlite_transactions(log)
     box.work()  # until SIGTERM (a graceful stop)
     Path(log_path).write_text(json.dumps(log))
 
@@ -102,20 +122,37 @@ def transactions(conn: psycopg.Connection[Any], database: str) -> int:
 
 
 def measure(server: str, seconds: float, warmup: float) -> dict[str, Any]:
-    with postgres_url(server)() as url, tempfile.TemporaryDirectory() as folder:
+    """Workload 7 on a fresh PostgreSQL database of `server`."""
+    with postgres_url(server)() as url:
         database = url.rsplit("/", 1)[1]
+        with psycopg.connect(server, autocommit=True) as conn:
+
+            def counter() -> int:
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                return transactions(conn, database)
+
+            return watch_idle(url, seconds, warmup, counter)
+
+
+def measure_sqlite(seconds: float, warmup: float) -> dict[str, Any]:
+    """Workload 7 on a temporary SQLite file (no notifications: the lanes poll)."""
+    with sqlite_url() as url:
+        return watch_idle(url, seconds, warmup, None)
+
+
+def watch_idle(
+    url: str, seconds: float, warmup: float, server_count: Callable[[], int] | None
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
         log_path = str(Path(folder) / "transactions.json")
         context = multiprocessing.get_context("spawn")
         worker = context.Process(target=idle_worker, args=(url, log_path), daemon=True)
         worker.start()
         try:
             time.sleep(warmup)  # a benchmark's window, not a test's synchronisation
-            with psycopg.connect(server, autocommit=True) as conn:
-                conn.execute("SELECT pg_stat_clear_snapshot()")
-                before, start = transactions(conn, database), time.time()
-                time.sleep(seconds)
-                conn.execute("SELECT pg_stat_clear_snapshot()")
-                after, end = transactions(conn, database), time.time()
+            before, start = server_count() if server_count else 0, time.time()
+            time.sleep(seconds)
+            after, end = server_count() if server_count else 0, time.time()
         finally:
             if worker.pid is not None:
                 os.kill(worker.pid, signal.SIGTERM)
@@ -128,8 +165,8 @@ def measure(server: str, seconds: float, warmup: float) -> dict[str, Any]:
         "worker_transactions": len(window),
         "per_s": len(window) / seconds,
         "by_statement": dict(collections.Counter(window).most_common()),
-        "server_transactions": after - before,
-        "server_per_s": (after - before) / seconds,
+        "server_transactions": (after - before) if server_count else None,
+        "server_per_s": (after - before) / seconds if server_count else None,
     }
 
 
@@ -148,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     for what, count in figures["by_statement"].items():
         print(f"{count:6d}  {what}")
+    local = measure_sqlite(args.seconds, args.warmup)
+    print(
+        f"idle worker on SQLite: {local['worker_transactions']} transactions in "
+        f"{args.seconds:g} s = {local['per_s']:.2f}/s (target ≤ 2/s)"
+    )
+    for what, count in local["by_statement"].items():
+        print(f"{count:6d}  {what}")
+    figures = {**figures, "sqlite": local}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

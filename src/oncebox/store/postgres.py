@@ -510,8 +510,14 @@ class PostgresStore(ReadOperations):
 
     @operation
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
-        rows = self._rows("job_next_due", {"tasks": list(tasks), "queues": list(queues)})
-        return DueTime(_utc(rows[0][0]), _required_utc(rows[0][1]))
+        with self._connection() as conn:
+            with conn.pipeline(), conn.transaction():  # planned as the lease is: index order
+                conn.execute(self._q["job_lease_settings"])
+                cursor = conn.execute(
+                    self._q["job_next_due"], {"tasks": list(tasks), "queues": list(queues)}
+                )
+            at, now = cursor.fetchall()[0]
+        return DueTime(_utc(at), _required_utc(now))
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:

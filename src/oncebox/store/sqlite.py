@@ -849,6 +849,7 @@ class SqliteConsumerSession:
         self._store = store
         self._conn = conn
         self._q = store._q
+        self._due: DueTime | None = None
 
     def job_lease(self, params: JobLeaseParams) -> list[LeasedJob]:
         values = {
@@ -862,10 +863,16 @@ class SqliteConsumerSession:
         with self._store.metrics.timed("job_lease"), self._store._write(self._conn) as conn:
             values["now"] = self._store._now()  # read under the write lock, not before it
             rows = conn.execute(self._q["job_lease"], values).fetchall()
+            if len(rows) < params.limit:  # running dry: when is the next one due?
+                due = conn.execute(self._q["job_next_due"], values).fetchone()
+                self._due = DueTime(_dt(due[0]), _required_dt(due[1]))
         return self._store._leased_jobs(rows)
 
     def due_seen(self) -> DueTime | None:
-        return None  # a local read costs no round trip: the transport asks the store
+        """Read in the lease's own transaction when it came back short: an idle poll is one
+        transaction, as on PostgreSQL."""
+        due, self._due = self._due, None
+        return due
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {

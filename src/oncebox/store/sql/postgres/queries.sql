@@ -319,8 +319,13 @@ SELECT state, COALESCE(outcome, ''), count(*) FROM __S__.oncebox_jobs GROUP BY 1
 
 -- name: job_next_due
 -- When the earliest ready job of these tasks and queues falls due (NULL if none), and the time now.
-SELECT min(run_at), (SELECT __S__.oncebox_now()) FROM __S__.oncebox_jobs
-WHERE state = 'ready' AND task = ANY(%(tasks)s::text[]) AND queue = ANY(%(queues)s::text[]);
+-- The first match in the due index's order, not min(): with stale statistics the planner would
+-- aggregate over every ready job (0.6 s at a 1 000 000-job backlog).
+SELECT (SELECT run_at FROM __S__.oncebox_jobs
+         WHERE state = 'ready' AND task = ANY(%(tasks)s::text[])
+           AND queue = ANY(%(queues)s::text[])
+         ORDER BY run_at LIMIT 1),
+       (SELECT __S__.oncebox_now());
 
 -- name: job_prune
 -- Delete a batch of done and cancelled jobs finished before the cutoff, with their attempts.
