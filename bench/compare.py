@@ -263,6 +263,13 @@ def targets(figures: dict[str, Any]) -> list[Target]:
             "transactions/s",
             higher_is_better=False,
         ),
+        Target(
+            "idle worker, SQLite",
+            figures.get("idle_sqlite", {}).get("per_s"),
+            2.0,
+            "transactions/s",
+            higher_is_better=False,
+        ),
     ]
 
 
@@ -319,7 +326,10 @@ def report(figures: dict[str, Any], checked: list[Target]) -> None:
         row = figures["fanout"]
         print(f"\n6. fan-out: {row['customers']:,} customers in {row['seconds']} s")
     if "idle" in figures:
-        print(f"\n7. idle worker: {figures['idle']['per_s']:.2f} transactions/s")
+        print(
+            f"\n7. idle worker: {figures['idle']['per_s']:.2f} transactions/s on PostgreSQL, "
+            f"{figures['idle_sqlite']['per_s']:.2f}/s on SQLite"
+        )
     print("\ntargets")
     for target in checked:
         verdict = {True: "met", False: "NOT MET", None: "not measured"}[target.met]
@@ -366,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["fanout"] = fanout.measure("postgres", size.fanout, args.postgres)
     if 7 in chosen:
         figures["idle"] = idle.measure(args.postgres, size.idle_s, warmup=5.0)
+        figures["idle_sqlite"] = idle.measure_sqlite(size.idle_s, warmup=5.0)
     checked = targets(figures)
     figures["targets"] = [t.row() for t in checked]
     found = figures["versions"]
