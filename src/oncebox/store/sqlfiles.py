@@ -32,6 +32,8 @@ DIALECT_ONLY: dict[str, str] = {
     "clock_read": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_write": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
+    "job_lease_settings": "postgres: planner and commit settings for the lease's transaction",
+    "outbox_lease_settings": "postgres: planner settings for the outbox lease's transaction",
 }
 
 
