@@ -21,7 +21,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,12 +31,11 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from core import postgres_url
+from peerrun import PEERS_PYTHON, run_peer
 
 import oncebox
 from oncebox import Box
 
-ROOT = Path(__file__).resolve().parents[1]
-PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEERS = {
     # name: (script, arguments for its best documented single-worker setting)
     "pgqueuer": ("pgqueuer_backlog.py", ["--batch", "100"]),
@@ -123,18 +121,8 @@ def measure_oncebox(server: str, backlog: int, measure: int) -> dict[str, Any]:
 def measure_peer(name: str, server: str, backlog: int, measure: int) -> dict[str, Any]:
     """Workload 5 for a peer, run in .venv-peers: one backlog size, one run."""
     script, extra = PEERS[name]
-    command = [str(PEERS_PYTHON), str(ROOT / "bench" / "peers" / script), "--server", server]
-    result = subprocess.run(
-        [*command, "--backlog", str(backlog), "--measure", str(measure), *extra],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=7200,
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed: {result.stderr.strip().splitlines()[-1:]}")
-    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return figures
+    sizes = ["--backlog", str(backlog), "--measure", str(measure)]
+    return run_peer(name, script, server, [*sizes, *extra], timeout=7200)
 
 
 def median(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -53,11 +53,10 @@ import idle
 import latency
 from core import postgres_url, run_once, sqlite_url
 from outbox import full_path
+from peerrun import PEERS_PYTHON, run_peer
 
 import oncebox
 
-ROOT = Path(__file__).resolve().parents[1]
-PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEERS = {
     # name: (script, arguments for its best documented single-worker setting, share of N)
     "pgqueuer": ("pgqueuer_noop.py", ["--batch", "100"], 1.0),
@@ -91,17 +90,7 @@ SIZES = {
 
 def peer_noop(name: str, server: str, jobs: int) -> dict[str, float]:
     script, extra, _share = PEERS[name]
-    command = [str(PEERS_PYTHON), str(ROOT / "bench" / "peers" / script), "--server", server]
-    result = subprocess.run(
-        [*command, "--jobs", str(jobs), *extra],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed: {result.stderr.strip().splitlines()[-1:]}")
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    figures = run_peer(name, script, server, ["--jobs", str(jobs), *extra], timeout=3600)
     return {"enqueue": figures["enqueue_per_s"], "process": figures["process_per_s"]}
 
 

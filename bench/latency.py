@@ -38,7 +38,6 @@ import os
 import platform
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,9 +54,8 @@ from oncebox import Box, JobContext, Task, WorkerConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from core import postgres_url, sqlite_url
+from peerrun import PEERS_PYTHON, run_peer
 
-ROOT = Path(__file__).resolve().parents[1]
-PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEERS = {
     # name: (script, arguments): each one's default worker, procrastinate at the concurrency
     # bench/compare.py gives it (its default, 1, keeps up with far less than 200 jobs/s)
@@ -204,19 +202,8 @@ def measure_peer(
 ) -> dict[str, Any]:
     """Workload 4 for a peer, in .venv-peers, on a fresh database of `server`."""
     script, extra = PEERS[name]
-    command = [str(PEERS_PYTHON), str(ROOT / "bench" / "peers" / script), "--server", server]
     timing = ["--seconds", str(seconds), "--rate", str(rate), "--warmup", str(warmup)]
-    result = subprocess.run(
-        [*command, *timing, *extra],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=seconds + warmup + 300,
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed: {result.stderr.strip().splitlines()[-1:]}")
-    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return figures
+    return run_peer(name, script, server, [*timing, *extra], timeout=seconds + warmup + 300)
 
 
 def main(argv: list[str] | None = None) -> int:
