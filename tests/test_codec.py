@@ -3,8 +3,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from oncebox.codec import decode_args, encode_args
+from oncebox.codec import _encode_checked, decode_args, encode_args
 from oncebox.errors import InvalidArguments, PayloadTooLarge
 
 
@@ -43,3 +45,27 @@ def test_non_json_arguments_are_refused(args):
 def test_stored_arguments_must_be_an_object():
     with pytest.raises(InvalidArguments):
         decode_args("[1, 2]")
+
+
+_SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),  # NaN and the infinities included: both paths must refuse them
+    st.text(),  # NUL, lone surrogates and non-ASCII included
+)
+
+
+@settings(max_examples=400)
+@given(args=st.dictionaries(st.text(max_size=8), _SCALAR, max_size=5), limit=st.integers(2, 120))
+def test_the_flat_argument_shortcut_encodes_and_refuses_exactly_as_the_full_checks(args, limit):
+    """Flat arguments skip the nested walks; the text they get, and every refusal with its
+    message, must be what the full checks give."""
+
+    def outcome(encode):
+        try:
+            return encode(args, "t", limit)
+        except (InvalidArguments, PayloadTooLarge) as exc:
+            return type(exc), str(exc)
+
+    assert outcome(encode_args) == outcome(_encode_checked)

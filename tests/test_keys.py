@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oncebox.errors import InvalidKey, KeyTemplateError
-from oncebox.keys import MAX_KEY_LENGTH, KeyTemplate, key_problem, validate_key
+from oncebox.keys import MAX_KEY_LENGTH, KeyTemplate, _rule_broken, key_problem, validate_key
 
 DIGEST = KeyTemplate.parse("weekly-digest/customer-{customer_id}/{period}")
 
@@ -97,3 +97,11 @@ def test_rendering_either_yields_a_valid_key_or_refuses(customer, period):
         return
     assert key_problem(key) is None
     assert key.count("/") == 2  # a value can never add segments
+
+
+_KEY_TEXT = st.text(alphabet="az09-_.:@+=/~ é\n", max_size=12) | st.text(max_size=12)
+
+
+@given(key=_KEY_TEXT | st.builds(lambda n: "k" * n, st.integers(250, 260)))
+def test_the_one_match_shortcut_agrees_with_the_rule_by_rule_check(key):
+    assert key_problem(key) == _rule_broken(key)

@@ -271,11 +271,13 @@ class Box(Operations):
     ) -> EnqueueManyResult:
         """Enqueue many jobs of one task as one set, in one transaction.
 
-        Every job is checked first; one bad job means nothing is written. Jobs whose key is
-        claimed or active are skipped (counted), like `enqueue` would.
+        One bad job means nothing is written: jobs are checked and encoded as they are sent (the
+        server inserts one chunk while the next is encoded), and a job that fails its check
+        rolls the whole set back. Jobs whose key is claimed or active are skipped (counted),
+        like `enqueue` would.
         """
         resolved = self.registry.resolve(task)
-        rows = [self._row(resolved, args) for args in args_list]
+        rows = (self._row(resolved, args) for args in args_list)
         timing = _timing(run_at, delay)
         self.key_guard.require_task(resolved)
         inserted = self.store.job_insert_many(
@@ -292,13 +294,12 @@ class Box(Operations):
             )
         )
         created = inserted.created
+        skipped = inserted.offered - len(created)
         self.metrics.count("jobs_enqueued", len(created))
-        self.metrics.count("enqueue_deduplicated", len(rows) - len(created))
+        self.metrics.count("enqueue_deduplicated", skipped)
         if created:
             self._wake_local()
-        return EnqueueManyResult(
-            len(created), len(rows) - len(created), [c[0] for c in created], inserted.run_held
-        )
+        return EnqueueManyResult(len(created), skipped, [c[0] for c in created], inserted.run_held)
 
     def _row(self, task: Task, args: Mapping[str, Any]) -> tuple[str | None, str, str | None]:
         """(key, encoded args, group key) for one job. The key and group are rendered from the

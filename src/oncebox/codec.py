@@ -90,8 +90,30 @@ def _not_utf8(text: str) -> bool:
     return False
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def encode_args(args: Mapping[str, Any], task: str, max_bytes: int) -> str:
     """The canonical JSON text of `args`; raises before anything is written if it cannot be."""
+    if type(args) is dict and all(
+        type(name) is str and type(value) in _SCALARS for name, value in args.items()
+    ):
+        # The common case, flat arguments of exact scalar types: nothing nested to walk, and
+        # the text shows the rest — JSON escapes NUL as \u0000, and ASCII text is valid UTF-8
+        # of its own length. Anything else takes the full checks below for their messages.
+        try:
+            text = _encoder.encode(args)
+        except ValueError:
+            pass  # NaN or Infinity: the full checks name it
+        else:
+            if text.isascii() and "\\u0000" not in text:
+                if len(text) > max_bytes:
+                    raise PayloadTooLarge(size=len(text), limit=max_bytes, task=task)
+                return text
+    return _encode_checked(args, task, max_bytes)
+
+
+def _encode_checked(args: Mapping[str, Any], task: str, max_bytes: int) -> str:
     if not isinstance(args, Mapping):
         raise InvalidArguments(f"arguments of task {task!r} must be a mapping of names to values")
     for name in args:

@@ -29,6 +29,7 @@ import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from oncebox.errors import InvalidKey, KeyTemplateError
@@ -38,6 +39,9 @@ _SEGMENT_CHARS = r"A-Za-z0-9\-_.:@+="
 _SEGMENT_RE = re.compile(rf"[{_SEGMENT_CHARS}]+")
 _FIELD_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BAD_SEGMENTS = frozenset({".", ".."})
+# A key every rule accepts, save the ones about "." segments and the length, in one match: the
+# common case costs one regex instead of one per segment (key_problem says why for the rest).
+_PLAIN_KEY_RE = re.compile(rf"[{_SEGMENT_CHARS}]+(?:/[{_SEGMENT_CHARS}]+)*")
 
 
 def _describe(text: str, limit: int = 60) -> str:
@@ -56,6 +60,14 @@ def key_problem(key: str) -> str | None:
     """Why `key` is not a valid business key, or None when it is."""
     if not isinstance(key, str):
         return f"a key must be a string, not {type(key).__name__}"
+    plain = len(key) <= MAX_KEY_LENGTH and _PLAIN_KEY_RE.fullmatch(key)
+    if plain and "/." not in key and not key.startswith("."):
+        return None  # no segment can be "." or ".."
+    return _rule_broken(key)
+
+
+def _rule_broken(key: str) -> str | None:
+    """The first rule `key` breaks, checked one by one (None: it breaks none)."""
     if not key:
         return "the key is empty"
     if len(key) > MAX_KEY_LENGTH:
@@ -125,7 +137,7 @@ class KeyTemplate:
         template._check_literal_shape()
         return template
 
-    @property
+    @cached_property
     def fields(self) -> tuple[str, ...]:
         """The argument names the template uses, in order of first use."""
         seen: dict[str, None] = {}
@@ -185,6 +197,8 @@ def _render_value(source: str, field: str, value: object) -> str:
     def refused(why: str) -> InvalidKey:
         return InvalidKey(f"key template {quote_template(source)}: argument {field!r} {why}")
 
+    if type(value) is int:
+        return str(value)  # digits, perhaps a leading "-": always a valid segment
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise refused(f"is {type(value).__name__}; key arguments must be str or int")
     text = str(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from oncebox import (
     PayloadTooLarge,
     UnknownTask,
 )
+from oncebox.store.base import insert_chunks
 from oncebox.testing import FrozenClock, assert_enqueued, drain, refute_enqueued
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -75,6 +77,29 @@ def test_one_bad_job_in_a_bulk_enqueue_writes_nothing(box: Box):
     with pytest.raises(InvalidKey):
         box.enqueue_many(task, rows)
     assert box.store.job_count_by_state().counts == {}
+
+
+def test_a_bad_job_after_chunks_were_sent_rolls_the_whole_set_back(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+):
+    """Chunks go to the server while later jobs are still being checked: a bad job found after
+    that must still leave nothing behind."""
+    task = declare(box)
+    monkeypatch.setattr(type(box.store).__module__ + ".INSERT_CHUNK", 10)
+    drawn: list[int] = []
+
+    def rows() -> Iterator[dict[str, object]]:
+        for i in range(35):
+            drawn.append(i)
+            yield {"customer_id": i, "period": "2026-W33"}
+        yield {"customer_id": 35, "period": "a/b"}
+
+    with pytest.raises(InvalidKey):
+        box.enqueue_many(task, rows())
+    assert len(drawn) == 35  # three chunks of ten were sent before the bad job
+    assert box.store.job_count_by_state().counts == {}
+    again = box.enqueue_many(task, ({"customer_id": i, "period": "2026-W33"} for i in range(35)))
+    assert (again.created, again.skipped, len(again.job_ids)) == (35, 0, 35)
 
 
 def test_oversized_args_are_rejected_with_size_and_limit_and_nothing_written(store_url: str):
@@ -201,3 +226,14 @@ def test_keyless_tasks_are_plain_at_least_once_jobs(box: Box):
     assert box.enqueue(ping, n=1).created and box.enqueue(ping, n=1).created
     assert drain(box).completed == 2
     assert box.store.intent_count() == 0
+
+
+def test_bulk_rows_are_chunked_by_count_and_by_argument_size():
+    rows = [(f"k/{i}", "x" * size, None) for i, size in enumerate([3, 3, 3, 9, 1, 1, 1, 1])]
+    chunks = list(insert_chunks(iter(rows), count=3, chars=8))
+    assert [[row[0] for row in chunk] for chunk in chunks] == [
+        ["k/0", "k/1", "k/2"],  # three rows: the count
+        ["k/3"],  # one row over the size alone
+        ["k/4", "k/5", "k/6"],
+        ["k/7"],
+    ]

@@ -13,7 +13,7 @@ transaction, in which the handler runs on the same connection as the claim.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -61,17 +61,22 @@ class ScheduleRunRef:
     lease_for: timedelta
 
 
+InsertRow = tuple[str | None, str, str | None]  # key, args as JSON text, group key
+
+
 @dataclass(frozen=True, slots=True)
 class JobInsertMany:
-    """Many jobs of one task, inserted as one set; rows are (key, args_json, group_key).
-    With `for_run`, the schedule run's enqueued count and lease are updated in the same
-    transaction, so a fan-out killed between batches never miscounts what it committed."""
+    """Many jobs of one task, inserted as one set in one transaction; rows are (key, args_json,
+    group_key), drawn lazily while earlier chunks are already on their way to the server (a row
+    that raises rolls the whole set back). With `for_run`, the schedule run's enqueued count and
+    lease are updated in the same transaction, so a fan-out killed between batches never
+    miscounts what it committed."""
 
     task: str
     queue: str
     priority: int
     max_attempts: int
-    rows: Sequence[tuple[str | None, str, str | None]]
+    rows: Iterable[InsertRow]
     run_at: datetime | None = None
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
@@ -81,6 +86,7 @@ class JobInsertMany:
 @dataclass(frozen=True, slots=True)
 class InsertManyResult:
     created: list[tuple[int, str | None]]
+    offered: int  # rows drawn from `JobInsertMany.rows`
     run_held: bool = True  # False: `for_run` was taken over by another scheduler
 
 
@@ -608,7 +614,8 @@ class Store(Protocol):
 
     @property
     def supports_notifications(self) -> bool:
-        """PostgreSQL: idle workers are woken by NOTIFY. SQLite: they poll."""
+        """Whether `wait_for_jobs` can tell that work may have arrived (PostgreSQL: a NOTIFY;
+        SQLite: a commit seen in the database files), so idle lanes poll only as a fallback."""
         ...
 
     def close(self) -> None: ...
@@ -775,6 +782,17 @@ class ClaimLockTimeout(Exception):
     chosen as a deadlock victim); the consumer retries its batch one job per transaction."""
 
 
-def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def insert_chunks(rows: Iterable[InsertRow], count: int, chars: int) -> Iterator[list[InsertRow]]:
+    """`rows` in chunks of at most `count` rows and about `chars` characters of arguments, drawn
+    lazily: the caller sends one chunk while the next is still being encoded, and one statement's
+    parameter stays far below the server's 1 GB limit even when every job is at the size limit."""
+    chunk: list[InsertRow] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += len(row[1])
+        if len(chunk) >= count or size >= chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk

@@ -57,7 +57,7 @@ from oncebox.store.base import (
     ScheduleState,
     SchemaStatus,
     T,
-    chunked,
+    insert_chunks,
 )
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.reads import ReadOperations
@@ -65,6 +65,7 @@ from oncebox.store.sqlfiles import load_migrations, load_queries
 
 _MICRO = timedelta(microseconds=1)
 INSERT_CHUNK = 5000
+INSERT_CHUNK_CHARS = 16 * 1024 * 1024
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
 
 
@@ -310,10 +311,12 @@ class SqliteStore(ReadOperations):
             "now": self._now(),
         }
         created: list[tuple[int, str | None]] = []
+        offered = 0
         with self._write() as conn:
             params["now"] = self._now()
-            for chunk in chunked(jobs.rows, INSERT_CHUNK):
-                params["rows"] = json.dumps([list(row) for row in chunk])
+            for chunk in insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
+                offered += len(chunk)
+                params["rows"] = json.dumps(chunk)
                 created += [
                     (int(r[0]), r[1]) for r in conn.execute(self._q["job_insert_many"], params)
                 ]
@@ -334,7 +337,7 @@ class SqliteStore(ReadOperations):
                     ).fetchone()
                     is not None
                 )
-        return InsertManyResult(created, held)
+        return InsertManyResult(created, offered, held)
 
     @operation
     def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:

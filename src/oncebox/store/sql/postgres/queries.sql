@@ -59,16 +59,16 @@ RETURNING id, state;
 
 -- name: job_insert_many
 -- Many jobs of one task in one statement; rows whose key is claimed or active are skipped.
+-- %(rows)s is a JSON array of [key, args, group key].
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 rows AS (
-    SELECT r.key, r.args, r.group_key
-    FROM unnest(%(keys)s::text[], %(args)s::text[], %(group_keys)s::text[])
-        AS r(key, args, group_key)
+    SELECT r ->> 0 AS key, r -> 1 AS args, r ->> 2 AS group_key
+    FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 )
 INSERT INTO __S__.oncebox_jobs
     (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
      schedule, period)
-SELECT r.key, %(task)s, %(queue)s, r.args::jsonb, %(priority)s, r.group_key, %(max_attempts)s,
+SELECT r.key, %(task)s, %(queue)s, r.args, %(priority)s, r.group_key, %(max_attempts)s,
        COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
        clock.now + make_interval(secs => %(max_age_s)s),
        clock.now, %(schedule)s, %(period)s
