@@ -18,7 +18,6 @@ import pytest
 from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, drain
-from oncebox.worker import Worker
 from support.db import create_effects, effects, record_effect, sql
 from support.procs import hold_key_in_handler
 
@@ -142,34 +141,6 @@ def test_concurrent_workers_never_overlap_jobs_of_one_group(pg_url):
     assert overlaps == []
     assert order == {c: list(range(15)) for c in ("c1", "c2", "c3")}
     box.close()
-
-
-def test_an_idle_worker_is_woken_by_notify_not_by_polling(pg_url):
-    box = Box(pg_url)
-    ran = threading.Event()
-
-    @box.task(key="wake/{n}")
-    def wake(ctx, n: int) -> None:
-        ran.set()
-
-    worker = Worker(box, WorkerConfig(poll_interval=timedelta(hours=1)))
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    producer = Box(pg_url)  # another box: no in-process wake-up shortcut
-    try:
-        producer.task(key="wake/{n}", name="wake")(lambda ctx, n: None)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not sql(
-            producer, "SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN oncebox_jobs'"
-        ):
-            threading.Event().wait(0.01)
-        producer.enqueue("wake", n=1)
-        assert ran.wait(10), "the worker did not wake for a NOTIFY within 10 s (its poll: 1 h)"
-    finally:
-        producer.close()
-        worker.stop()
-        thread.join(10)
-        box.close()
 
 
 def test_tables_can_live_in_a_schema_of_the_users_choice(pg_url):

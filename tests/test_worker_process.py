@@ -6,20 +6,37 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import Box, HandlerTimeout, Retry
+from oncebox import Box, HandlerTimeout, Retry, WorkerConfig, points
 from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, drain
 from oncebox.watch import EXIT_HUNG_HANDLER
-from support.db import create_effects, effects, record_effect
-from support.procs import crash_in_handler, hang_in_handler, work_until_stopped
+from oncebox.worker import Worker
+from support.apps import digest_box
+from support.db import create_effects, effects, record_effect, sql
+from support.procs import (
+    crash_in_handler,
+    enqueue_digest,
+    hang_in_handler,
+    work_until_stopped,
+)
 
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 pytestmark = pytest.mark.slow
+
+
+def wait_until_listening(box: Box) -> None:
+    """PostgreSQL: a NOTIFY sent before the listener's LISTEN is lost, so wait for the LISTEN."""
+    deadline = time.monotonic() + 10
+    listening = "SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN oncebox_jobs'"
+    while not sql(box, listening):
+        assert time.monotonic() < deadline, "the worker never ran LISTEN"
+        threading.Event().wait(0.01)
 
 
 def test_sigterm_finishes_the_running_transaction_and_releases_the_rest(store_url):
@@ -163,3 +180,33 @@ def test_until_idle_does_not_stop_on_a_dispatcher_round_that_looked_before_the_o
         box.close()
     assert result.consumed.completed == 1
     assert result.dispatched.sent == 1
+
+
+def test_an_idle_worker_wakes_for_a_job_another_process_enqueued_not_by_its_poll(store_url):
+    """The listener: a NOTIFY on PostgreSQL, a commit seen in the database files on SQLite. The
+    worker's poll is an hour, so only the listener can explain the job running in seconds."""
+    box = digest_box(store_url)
+    create_effects(box)
+    idle, committed = threading.Event(), threading.Event()
+    worker = Worker(box, WorkerConfig(poll_interval=timedelta(hours=1), dispatch=False))
+    actions = {
+        "consumer.found_nothing": lambda _name: idle.set(),
+        "consumer.committed": lambda _name: committed.set(),
+    }
+    with points.installed(actions):
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert idle.wait(30), "the worker's first round never came back empty"
+            if box.store.dialect == "postgres":
+                wait_until_listening(box)
+            producer = SPAWN.Process(target=enqueue_digest, args=(store_url, 42))
+            producer.start()
+            producer.join(60)
+            assert producer.exitcode == 0
+            assert committed.wait(10), "no wake-up within 10 s (the worker's poll is 1 h)"
+            assert [row[0] for row in effects(box)] == ["weekly-digest/customer-42/2026-W33"]
+        finally:
+            worker.stop()
+            thread.join(30)
+            box.close()

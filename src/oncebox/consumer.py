@@ -204,6 +204,7 @@ class Consumer:
         deliveries = self.transport.fetch(self.config.batch_size)
         result.leased = len(deliveries)
         if not deliveries:
+            points.reach("consumer.found_nothing")
             return result
         points.reach("consumer.leased")
         self.process(deliveries, result)

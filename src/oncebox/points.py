@@ -6,6 +6,7 @@ pause on a barrier the test releases, raise, or kill the process with SIGKILL (n
 atexit). Tests synchronise on these points, never on sleeps.
 
 Points (each documented where it is reached):
+    consumer.found_nothing             a consumer's lease came back empty
     consumer.leased                    a batch was leased (committed), before any transaction
     consumer.before_transaction        just before a consumer transaction begins
     consumer.after_claim_insert        intents inserted, handlers not yet run (inside the tx)

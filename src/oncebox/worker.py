@@ -2,17 +2,19 @@
 
 Lanes, each in its own thread:
 - consumers (`concurrency` of them): lease a batch, run consumer transactions (`consumer.py`);
-  idle, they wait for a wake-up — a NOTIFY on PostgreSQL, an enqueue in this process, the next
-  due job, or the poll interval, whichever comes first;
+  idle, they wait for a wake-up — from the listener, an enqueue in this process, the next due
+  job, or the poll interval, whichever comes first;
 - a dispatcher (when the box has channels): delivers outbox rows (`dispatch.py`); woken by
-  consumers of this process that wrote outbox rows, by NOTIFY, or the poll interval;
+  consumers of this process that wrote outbox rows, by the listener, or the poll interval;
 - the resolver (when a channel's provider can look messages up): settles ambiguous sends;
 - the scheduler (when the box has schedules): fans out due periods (`schedule.py`);
 - a sweeper per declared sweeper: due-row transitions with their notices (`sweeper.py`);
 - the lease keeper: heartbeats held leases; the watchdog for hung handlers (`heartbeat.py`);
 - the lease rescuer: expired job and outbox leases (`rescuer.py`, `delivery_rescuer.py`);
 - the pruner: finished-job retention and explicit intent policies (`pruner.py`);
-- the listener (PostgreSQL only): LISTEN for new jobs.
+- the listener: wakes the lanes when work may have arrived — a NOTIFY on PostgreSQL, a commit
+  seen in the database files on SQLite (`SqliteStore.wait_for_jobs`); the poll interval is only
+  the fallback.
 
 Shutdown is graceful: SIGTERM or SIGINT stops claiming, lets the running transaction finish and
 gives back leased jobs it has not started, without spending their attempt. A second signal exits
@@ -57,8 +59,8 @@ log = logging.getLogger("oncebox.worker")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """How a worker runs. `poll_interval` defaults to 5 s on PostgreSQL (NOTIFY wakes it sooner)
-    and 1 s on SQLite (which has no notifications)."""
+    """How a worker runs. `poll_interval` (default 5 s) is the fallback: the listener wakes idle
+    lanes sooner, on a NOTIFY (PostgreSQL) or a commit seen in the database files (SQLite)."""
 
     concurrency: int = 1
     queues: tuple[str, ...] | None = None

@@ -157,3 +157,12 @@ def sweep_and_die(url: str) -> None:
     points.install("sweeper.after_transition_before_commit", points.kill)
     box.expiry_sweeper("hold-expiry").run_once()
     os._exit(3)
+
+
+def enqueue_digest(url: str, customer: int) -> None:
+    """Enqueue one weekly digest from a process of its own (no in-process wake-up shortcut)."""
+    box = digest_box(url)
+    try:
+        box.enqueue(box.registry.get("weekly_digest"), customer_id=customer, period="2026-W33")
+    finally:
+        box.close()

@@ -66,6 +66,7 @@ from oncebox.store.sqlfiles import load_migrations, load_queries
 _MICRO = timedelta(microseconds=1)
 INSERT_CHUNK = 5000
 INSERT_CHUNK_CHARS = 16 * 1024 * 1024
+WATCH_EVERY = 0.05  # seconds between two looks at the database files for a commit
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
 
 
@@ -101,7 +102,7 @@ class SqliteStore(ReadOperations):
     """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
 
     dialect: Literal["sqlite"] = "sqlite"
-    supports_notifications = False
+    supports_notifications = True  # by watching the database files: see `wait_for_jobs`
 
     def __init__(
         self,
@@ -123,6 +124,7 @@ class SqliteStore(ReadOperations):
         self.busy_timeout = busy_timeout
         self.synchronous = _SYNCHRONOUS[synchronous.lower()]
         self.clock_file = ClockFile(Path(f"{path}.clock"))
+        self._wal = Path(f"{path}-wal")
         self._q = load_queries("sqlite")
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -131,6 +133,7 @@ class SqliteStore(ReadOperations):
             raise ConfigurationError(f"the directory of the SQLite database {path} does not exist")
         if migrate:
             self.schema_migrate()
+        self._watched = self._files_state()  # a commit from now on wakes `wait_for_jobs`
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -758,11 +761,35 @@ class SqliteStore(ReadOperations):
         return SqliteConsumerSession(self, self.connect())
 
     def wait_for_jobs(self, timeout: float) -> bool:
-        clock.sleep(timeout)
-        return False
+        """Wait for a commit by any process. SQLite has no notifications, but every commit writes
+        the database files — the write-ahead log, or the database itself when the log is
+        checkpointed — so a change of their size or modification time, seen with a `stat` every
+        `WATCH_EVERY` seconds, wakes an idle worker without a query. A change it cannot see
+        (a filesystem with coarse timestamps) still reaches the lanes by their poll interval."""
+        deadline = clock.monotonic() + timeout
+        while True:
+            state = self._files_state()
+            if state != self._watched:
+                self._watched = state
+                return True
+            remaining = deadline - clock.monotonic()
+            if remaining <= 0:
+                return False
+            clock.sleep(min(WATCH_EVERY, remaining))
+
+    def _files_state(self) -> tuple[tuple[int, int] | None, ...]:
+        def state(path: Path) -> tuple[int, int] | None:
+            try:
+                found = path.stat()
+            except FileNotFoundError:
+                return None
+            return found.st_mtime_ns, found.st_size
+
+        return state(self.path), state(self._wal)
 
     def notify_jobs(self) -> None:
-        """SQLite has no notifications; workers poll."""
+        """Nothing to send: the commit that made rows ready changed the files (see
+        `wait_for_jobs`)."""
 
 
 class SqliteConsumerTx:
