@@ -246,6 +246,13 @@ def targets(figures: dict[str, Any]) -> list[Target]:
             higher_is_better=False,
         ),
         Target(
+            "SQLite p50 pick-up at 200/s (≤ the 50 ms file watch)",
+            lat.get("oncebox (SQLite) 200/s", {}).get("p50_ms"),
+            50.0,
+            "ms",
+            higher_is_better=False,
+        ),
+        Target(
             "idle worker, PostgreSQL",
             figures.get("idle", {}).get("per_s"),
             1.0,

@@ -20,12 +20,13 @@ it is stopped (SIGTERM, graceful), so no measurement goes through the database. 
 job must have been handled, or the run fails.
 
 Wake-ups: on PostgreSQL an insert trigger NOTIFYs and the worker's listener thread wakes its
-consumer; SQLite has no notifications, so the consumer polls every second (the documented
-interval): expect a p50 near half of it. The peers (bench/peers/*_latency.py, run in
-.venv-peers) each run their own default LISTEN/NOTIFY worker in a process of its own
-(procrastinate at concurrency 10, as in bench/compare.py). The table also shows the enqueue
-call's p50 and the rate the producer reached: one call at a time, each waiting for its commit,
-so a slow disk or a busy machine can hold it below --rate (such rows are named under the table).
+consumer; SQLite has no notifications, so the listener looks at the database files every 50 ms and
+wakes the consumer when a commit changed them: expect a p50 near half of that. The peers
+(bench/peers/*_latency.py, run in .venv-peers) each run their own default LISTEN/NOTIFY worker in a
+process of its own (procrastinate at concurrency 10, as in bench/compare.py). The table also shows
+the enqueue call's p50 and the rate the producer reached: one call at a time, each waiting for its
+commit, so a slow disk or a busy machine can hold it below --rate (such rows are named under the
+table).
 Prints the table and, as the last line, one JSON object with every row (also written to --json).
 """
 

@@ -161,7 +161,7 @@ def test_the_comparison_runs_every_workload_at_its_smallest_size_and_checks_ever
     assert figures["fanout"]["customers"] == 500
     assert figures["idle"]["seconds"] == figures["idle_sqlite"]["seconds"] == 1
     measured = {t["target"]: t["measured"] for t in figures["targets"]}
-    assert len(measured) == 10
+    assert len(measured) == 11
     # without peers, only the ratios against a peer are missing
     assert [name for name, value in measured.items() if value is None] == [
         "no-op processing, PostgreSQL ÷ fastest peer",
