@@ -93,7 +93,7 @@ class OutboxWriter:
             text = json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, sort_keys=True)
         except (TypeError, ValueError) as exc:
             raise InvalidArguments(f"outbox payload for {key!r} is not JSON: {exc}") from None
-        if has_nul(payload):
+        if "\\u0000" in text and has_nul(payload):  # JSON writes a NUL as \u0000
             raise InvalidArguments(f"outbox payload for {key!r} contains a NUL character")
         if len(text.encode("utf-8")) > MAX_PAYLOAD_BYTES:
             raise InvalidArguments(f"outbox payload for {key!r} exceeds {MAX_PAYLOAD_BYTES} bytes")

@@ -195,9 +195,10 @@ SELECT id, key, task, state, attempt, leased_by FROM rescued;
 -- name: intent_claim
 -- The claim: insert each key's intent; keys already claimed (by anyone, ever) are not returned.
 -- Waits at most lock_timeout for a key another live transaction is claiming.
+-- %(claims)s is a JSON array of [key, task, job id].
 INSERT INTO __S__.oncebox_intents (key, task, job_id, claimed_at)
-SELECT c.key, c.task, c.job_id, (SELECT __S__.oncebox_now())
-FROM unnest(%(keys)s::text[], %(tasks)s::text[], %(job_ids)s::bigint[]) AS c(key, task, job_id)
+SELECT c ->> 0, c ->> 1, (c ->> 2)::bigint, (SELECT __S__.oncebox_now())
+FROM jsonb_array_elements(%(claims)s::jsonb) AS c
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
@@ -215,10 +216,10 @@ DELETE FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
 -- after a delay (failed attempt), or dead. Failed attempts are recorded. Returns the ids settled;
 -- a job whose lease was superseded is not among them.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
-input AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(outcomes)s::text[],
-                         %(delays_s)s::float8[], %(errors)s::text[])
-        AS i(id, state, outcome, delay_s, error)
+input AS (  -- %(finishes)s is a JSON array of [id, state, outcome, delay in s, error]
+    SELECT (f ->> 0)::bigint AS id, f ->> 1 AS state, f ->> 2 AS outcome,
+           (f ->> 3)::float8 AS delay_s, f ->> 4 AS error
+    FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
 ),
 settled AS (
     UPDATE __S__.oncebox_jobs j
@@ -382,12 +383,9 @@ LIMIT %(limit)s;
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_outbox
     (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at)
-SELECT r.key, r.intent_key, r.channel, r.payload::jsonb, r.token, r.job_id, clock.now, clock.now
-FROM unnest(%(keys)s::text[], %(intent_keys)s::text[], %(channels)s::text[],
-            %(payloads)s::text[], %(tokens)s::text[], %(job_ids)s::bigint[])
-    AS r(key, intent_key, channel, payload, token, job_id),
-     clock
-ON CONFLICT (key) DO NOTHING;
+SELECT r ->> 0, r ->> 1, r ->> 2, r -> 3, r ->> 4, (r ->> 5)::bigint, clock.now, clock.now
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r, clock  -- [key, intent key, channel, payload,
+ON CONFLICT (key) DO NOTHING;                             -- token, job id] per row
 
 -- name: outbox_lease_settings
 -- Run before outbox_lease, in its transaction: each channel's due rows are read in the due index's
