@@ -51,9 +51,17 @@ MUTATIONS = {
 # whose text is missing is an error, so a refactor cannot silently turn a mutation into a no-op.
 _FENCES = {
     "postgres": (
-        ("job_finish", "j.lease_token = %(token)s AND ", ""),
+        (
+            "job_finish",
+            "j.id = i.id AND j.lease_token = %(token)s",
+            "j.id = i.id AND j.state = 'leased'",
+        ),
         ("outbox_mark_sending", "lease_token = %(token)s AND ", ""),
-        ("outbox_finish", "o.lease_token = %(token)s AND ", ""),
+        (
+            "outbox_finish",
+            "o.id = i.id AND o.lease_token = %(token)s",
+            "o.id = i.id AND o.state IN ('leased', 'sending')",
+        ),
     ),
     "sqlite": (
         ("job_finish", "j.lease_token = :token AND ", ""),

@@ -80,10 +80,12 @@ _OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout"}
 _text = json.encoder.encode_basestring_ascii  # the C encoder of one JSON string
 
 
-def _dumps(value: str | int | None) -> str:
-    """A str, int or None as JSON, without `json.dumps`'s per-call set-up."""
+def _dumps(value: str | int | bool | None) -> str:
+    """A str, int, bool or None as JSON, without `json.dumps`'s per-call set-up."""
     if value is None:
         return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     return _text(value)
@@ -109,6 +111,19 @@ def _outbox_json(rows: Sequence[OutboxInsert]) -> str:
             f"[{_dumps(r.key)},{_dumps(r.intent_key)},{_dumps(r.channel)},{r.payload_json},"
             f"{_dumps(r.token)},{_dumps(r.job_id)}]"
             for r in rows
+        )
+        + "]"
+    )
+
+
+def _outbox_finishes_json(finishes: Sequence[OutboxFinish]) -> str:
+    return (
+        "["
+        + ",".join(
+            f"[{f.id},{_dumps(f.state)},{_dumps(f.outcome)},{_dumps(f.counts_attempt)},"
+            f"{f.delay.total_seconds()!r},{_dumps(f.error)},{_dumps(f.receipt)},"
+            f"{_dumps(f.possible_duplicate)},{_dumps(f.uncertain)}]"
+            for f in finishes
         )
         + "]"
     )
@@ -617,18 +632,7 @@ class PostgresStore(ReadOperations):
     def _outbox_finish_in(
         self, conn: psycopg.Connection[Any], token: str, finishes: Sequence[OutboxFinish]
     ) -> set[int]:
-        params = {
-            "token": token,
-            "ids": [f.id for f in finishes],
-            "states": [f.state for f in finishes],
-            "outcomes": [f.outcome for f in finishes],
-            "counts": [f.counts_attempt for f in finishes],
-            "delays_s": [f.delay.total_seconds() for f in finishes],
-            "errors": [f.error for f in finishes],
-            "receipts": [f.receipt for f in finishes],
-            "dups": [f.possible_duplicate for f in finishes],
-            "uncertain": [f.uncertain for f in finishes],
-        }
+        params = {"token": token, "finishes": _outbox_finishes_json(finishes)}
         return {row[0] for row in conn.execute(self._q["outbox_finish"], params)}
 
     @operation
