@@ -143,6 +143,41 @@ def test_concurrent_workers_never_overlap_jobs_of_one_group(pg_url):
     box.close()
 
 
+def test_a_heartbeat_skips_a_row_its_settlement_holds_instead_of_waiting_on_it(pg_url):
+    """A settlement locks its batch's rows in its own order; a heartbeat that waited for one of
+    them while holding others it had already extended would deadlock with it (seen with two
+    consumer threads: one batch lost a second to deadlock detection and was retried)."""
+    box = Box(pg_url)
+    box.task(key="beat/{n}", name="beat")(lambda ctx, n: None)
+    box.enqueue_many("beat", [{"n": 1}, {"n": 2}])
+    consumer = box.consumer()
+    deliveries = consumer.transport.fetch(2)
+    token = deliveries[0].lease_token
+    assert token is not None and len(deliveries) == 2
+    settling = psycopg.connect(pg_url)
+    extended: list[int] = []
+    try:
+        settling.execute(
+            "UPDATE oncebox_jobs SET last_error = 'settling' WHERE id = %s",
+            (deliveries[1].job_id,),
+        )  # the settlement's row lock, its transaction still open
+        beat = threading.Thread(
+            target=lambda: extended.append(
+                box.store.job_lease_extend([token], timedelta(seconds=30))
+            )
+        )
+        beat.start()
+        beat.join(10)
+        assert not beat.is_alive(), "the heartbeat waited on a row its settlement holds"
+        assert extended == [1]
+    finally:
+        settling.rollback()
+        settling.close()
+    assert box.store.job_lease_extend([token], timedelta(seconds=30)) == 2
+    consumer.session.close()
+    box.close()
+
+
 def test_tables_can_live_in_a_schema_of_the_users_choice(pg_url):
     url = f"{pg_url}?schema=jobs_here"
     from oncebox.store import open_store

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, LiteralString
@@ -80,65 +80,28 @@ _OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout"}
 _text = json.encoder.encode_basestring_ascii  # the C encoder of one JSON string
 
 
-def _dumps(value: str | int | bool | None) -> str:
-    """A str, int, bool or None as JSON, without `json.dumps`'s per-call set-up."""
+class _Json(str):
+    """Text that is already JSON (job arguments, an outbox payload): spliced in as it is."""
+
+
+_Cell = str | int | float | bool | None
+
+
+def _cell(value: _Cell) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return _text(value)
+    if isinstance(value, _Json):
+        return value
+    if isinstance(value, str):
+        return _text(value)
+    return repr(value)  # int, float
 
 
-def _rows_json(rows: list[tuple[str | None, str, str | None]]) -> str:
-    """A bulk enqueue's chunk: [key, args, group key] per job."""
-    return "[" + ",".join(f"[{_dumps(k)},{a},{_dumps(g)}]" for k, a, g in rows) + "]"
-
-
-def _claims_json(claims: Sequence[IntentClaim]) -> str:
-    return (
-        "["
-        + ",".join(f"[{_dumps(c.key)},{_dumps(c.task)},{_dumps(c.job_id)}]" for c in claims)
-        + "]"
-    )
-
-
-def _outbox_json(rows: Sequence[OutboxInsert]) -> str:
-    return (
-        "["
-        + ",".join(
-            f"[{_dumps(r.key)},{_dumps(r.intent_key)},{_dumps(r.channel)},{r.payload_json},"
-            f"{_dumps(r.token)},{_dumps(r.job_id)}]"
-            for r in rows
-        )
-        + "]"
-    )
-
-
-def _outbox_finishes_json(finishes: Sequence[OutboxFinish]) -> str:
-    return (
-        "["
-        + ",".join(
-            f"[{f.id},{_dumps(f.state)},{_dumps(f.outcome)},{_dumps(f.counts_attempt)},"
-            f"{f.delay.total_seconds()!r},{_dumps(f.error)},{_dumps(f.receipt)},"
-            f"{_dumps(f.possible_duplicate)},{_dumps(f.uncertain)}]"
-            for f in finishes
-        )
-        + "]"
-    )
-
-
-def _finishes_json(finishes: Sequence[JobFinish]) -> str:
-    return (
-        "["
-        + ",".join(
-            f"[{f.id},{_dumps(f.state)},{_dumps(f.outcome)},{f.delay.total_seconds()!r},"
-            f"{_dumps(f.error)}]"
-            for f in finishes
-        )
-        + "]"
-    )
+def _json_rows(rows: Iterable[Iterable[_Cell]]) -> str:
+    """Rows as one JSON array of arrays, without `json.dumps`'s per-call set-up."""
+    return "[" + ",".join("[" + ",".join(map(_cell, row)) + "]" for row in rows) + "]"
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -498,7 +461,10 @@ class PostgresStore(ReadOperations):
             with conn.pipeline():
                 for chunk in insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
                     offered += len(chunk)
-                    chunk_params = {**params, "rows": _rows_json(chunk)}
+                    chunk_params = {
+                        **params,
+                        "rows": _json_rows((k, _Json(a), g) for k, a, g in chunk),
+                    }
                     inserts.append(conn.execute(self._q["job_insert_many"], chunk_params))
             created = [(int(r[0]), r[1]) for cursor in inserts for r in cursor.fetchall()]
             held = True
@@ -632,7 +598,21 @@ class PostgresStore(ReadOperations):
     def _outbox_finish_in(
         self, conn: psycopg.Connection[Any], token: str, finishes: Sequence[OutboxFinish]
     ) -> set[int]:
-        params = {"token": token, "finishes": _outbox_finishes_json(finishes)}
+        cells = (
+            (
+                f.id,
+                f.state,
+                f.outcome,
+                f.counts_attempt,
+                f.delay.total_seconds(),
+                f.error,
+                f.receipt,
+                f.possible_duplicate,
+                f.uncertain,
+            )
+            for f in finishes
+        )
+        params = {"token": token, "finishes": _json_rows(cells)}
         return {row[0] for row in conn.execute(self._q["outbox_finish"], params)}
 
     @operation
@@ -885,7 +865,7 @@ class PostgresConsumerTx:
     def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
         if not claims:
             return set()
-        params = {"claims": _claims_json(claims)}
+        params = {"claims": _json_rows((c.key, c.task, c.job_id) for c in claims)}
         try:
             return {row[0] for row in self._conn.execute(self._q["intent_claim"], params)}
         except (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected):
@@ -893,7 +873,11 @@ class PostgresConsumerTx:
 
     def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
         if rows:
-            self._conn.execute(self._q["outbox_insert"], {"rows": _outbox_json(rows)})
+            cells = (
+                (r.key, r.intent_key, r.channel, _Json(r.payload_json), r.token, r.job_id)
+                for r in rows
+            )
+            self._conn.execute(self._q["outbox_insert"], {"rows": _json_rows(cells)})
 
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
         if not keys:
@@ -928,7 +912,8 @@ class PostgresConsumerTx:
     def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
         if not finishes:
             return set()
-        params = {"token": token, "finishes": _finishes_json(finishes)}
+        cells = ((f.id, f.state, f.outcome, f.delay.total_seconds(), f.error) for f in finishes)
+        params = {"token": token, "finishes": _json_rows(cells)}
         return {row[0] for row in self._conn.execute(self._q["job_finish"], params)}
 
 

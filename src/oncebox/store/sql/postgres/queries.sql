@@ -135,10 +135,16 @@ RETURNING j.id, j.key, j.task, j.queue, j.args::text, j.attempt, j.max_attempts,
 
 -- name: job_lease_extend
 -- Heartbeat: push the deadline of live leases out (never earlier); never revives an ended lease.
+-- A row locked right now is skipped: its consumer transaction is settling it. Waiting for it
+-- while holding the rows this statement already updated would deadlock with that settlement,
+-- which takes its rows in its own order; skipped, a row keeps a deadline at least two thirds of
+-- a lease away, and the next beat extends it if the settlement rolled back.
 UPDATE __S__.oncebox_jobs
 SET lease_expires_at = GREATEST(lease_expires_at,
     (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s))
-WHERE state = 'leased' AND lease_token = ANY(%(tokens)s::uuid[]);
+WHERE id IN (SELECT id FROM __S__.oncebox_jobs
+             WHERE state = 'leased' AND lease_token = ANY(%(tokens)s::uuid[])
+             FOR UPDATE SKIP LOCKED);
 
 -- name: job_release
 -- Give leased jobs back without spending an attempt (shutdown, lock timeout on the claim).
