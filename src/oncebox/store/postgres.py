@@ -691,6 +691,9 @@ class PostgresStore(ReadOperations):
         ],
     ) -> T:
         params = {"channel": channel, "names": list(names)}
+        if not names:  # no buckets to lock and update: the pause alone, one statement
+            now, paused = self._rows("channel_pause_read", params)[0]
+            return decide([], _required_utc(now), _utc(paused))[1]
         with self._connection() as conn, conn.transaction():
             rows = conn.execute(self._q["rate_bucket_select"], params).fetchall()
             if rows:
