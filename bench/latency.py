@@ -35,10 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import platform
-import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -55,6 +52,7 @@ from oncebox import Box, JobContext, Task, WorkerConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from core import postgres_url, sqlite_url
+from latency_figures import DRAIN_TIMEOUT, percentiles, stop
 from peerrun import PEERS_PYTHON, run_peer
 
 PEERS = {
@@ -65,7 +63,6 @@ PEERS = {
 }
 PROBE = -1  # the job that tells the worker is up; never counted
 IDLE_BEFORE = 1.0  # seconds the ready worker idles before the first timed job
-DRAIN_TIMEOUT = 30.0  # seconds after the last enqueue for the worker to start every job
 
 
 def declare(box: Box, handler: Callable[[int, float], None]) -> Task:
@@ -126,43 +123,6 @@ def wait_handled(
         time.sleep(0.01)  # a benchmark's window, not a test's synchronisation
 
 
-def stop(worker: BaseProcess) -> None:
-    if worker.pid is not None and worker.is_alive():
-        os.kill(worker.pid, signal.SIGTERM)
-    worker.join(30)
-    if worker.is_alive():
-        worker.kill()
-        worker.join(5)
-
-
-def percentiles(
-    started: dict[int, float], before: list[float], after: list[float], warm: int
-) -> dict[str, float]:
-    """The figures of the jobs after the warm-up; SystemExit if one was never started."""
-    measured = range(warm, len(after))
-    missing = [n for n in measured if n not in started]
-    if missing:
-        raise SystemExit(
-            f"{len(missing)} of {len(measured)} measured jobs never reached their handler "
-            f"within {DRAIN_TIMEOUT:g} s (first: n={missing[0]})"
-        )
-    pickup = sorted(started[n] - after[n] for n in measured)
-    call = [started[n] - before[n] for n in measured]
-    enqueue = [after[n] - before[n] for n in measured]
-    cuts = statistics.quantiles(pickup, n=100, method="inclusive")
-    call_cuts = statistics.quantiles(call, n=100, method="inclusive")
-    return {
-        "p50_ms": round(cuts[49] * 1000, 2),
-        "p90_ms": round(cuts[89] * 1000, 2),
-        "p99_ms": round(cuts[98] * 1000, 2),
-        "max_ms": round(pickup[-1] * 1000, 2),
-        "count": len(pickup),
-        "call_p50_ms": round(call_cuts[49] * 1000, 2),
-        "call_p99_ms": round(call_cuts[98] * 1000, 2),
-        "enqueue_p50_ms": round(statistics.median(enqueue) * 1000, 2),
-    }
-
-
 def measure_oncebox(
     make_url: Callable[[], AbstractContextManager[str]],
     seconds: float,
@@ -195,7 +155,7 @@ def measure_oncebox(
         if not out.exists():
             raise SystemExit(f"the worker wrote no start times (exit code {worker.exitcode})")
         started = {int(n): t for n, t in json.loads(out.read_text()).items()}
-    return {**percentiles(started, before, after, warm), "rate": round(achieved, 1)}
+    return {**percentiles("oncebox", started, before, after, warm), "rate": round(achieved, 1)}
 
 
 def measure_peer(

@@ -22,9 +22,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
-import signal
-import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -38,9 +36,12 @@ import psycopg
 from procrastinate import App, PsycopgConnector
 from procrastinate.tasks import Task
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for the shared figures
+
+from latency_figures import DRAIN_TIMEOUT, percentiles, stop
+
 PROBE = -1
 IDLE_BEFORE = 1.0
-DRAIN_TIMEOUT = 30.0
 
 
 def declare(url: str, handler: Callable[[int, float], None]) -> tuple[App, Task[Any, Any, Any]]:
@@ -84,42 +85,6 @@ async def wait_handled(
         if not worker.is_alive():
             raise SystemExit(f"the worker process exited (code {worker.exitcode}) mid-run")
         await asyncio.sleep(0.01)
-
-
-def stop(worker: BaseProcess) -> None:
-    if worker.pid is not None and worker.is_alive():
-        os.kill(worker.pid, signal.SIGTERM)
-    worker.join(30)
-    if worker.is_alive():
-        worker.kill()
-        worker.join(5)
-
-
-def percentiles(
-    started: dict[int, float], before: list[float], after: list[float], warm: int
-) -> dict[str, float]:
-    measured = range(warm, len(after))
-    missing = [n for n in measured if n not in started]
-    if missing:
-        raise SystemExit(
-            f"procrastinate: {len(missing)} of {len(measured)} measured jobs never reached their "
-            f"handler within {DRAIN_TIMEOUT:g} s (first: n={missing[0]})"
-        )
-    pickup = sorted(started[n] - after[n] for n in measured)
-    call = [started[n] - before[n] for n in measured]
-    enqueue = [after[n] - before[n] for n in measured]
-    cuts = statistics.quantiles(pickup, n=100, method="inclusive")
-    call_cuts = statistics.quantiles(call, n=100, method="inclusive")
-    return {
-        "p50_ms": round(cuts[49] * 1000, 2),
-        "p90_ms": round(cuts[89] * 1000, 2),
-        "p99_ms": round(cuts[98] * 1000, 2),
-        "max_ms": round(pickup[-1] * 1000, 2),
-        "count": len(pickup),
-        "call_p50_ms": round(call_cuts[49] * 1000, 2),
-        "call_p99_ms": round(call_cuts[98] * 1000, 2),
-        "enqueue_p50_ms": round(statistics.median(enqueue) * 1000, 2),
-    }
 
 
 async def produce(
@@ -178,7 +143,10 @@ async def run(
                     f"procrastinate: the worker wrote no start times ({worker.exitcode})"
                 )
             started = {int(n): t for n, t in json.loads(out.read_text()).items()}
-        return {**percentiles(started, before, after, warm), "rate": round(achieved, 1)}
+        return {
+            **percentiles("procrastinate", started, before, after, warm),
+            "rate": round(achieved, 1),
+        }
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
