@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import ConfigurationError
+from oncebox import ConfigurationError, WorkerConfig, points
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.ratelimit import BucketState, Limit, take
 from oncebox.testing import FrozenClock, MemoryProvider, drain
+from oncebox.worker import Worker
 from support.outbox import enqueue_customers
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -58,6 +59,52 @@ def test_three_dispatchers_sharing_ten_per_second_never_exceed_the_bucket(store_
     ]
     assert sum(r.state == "sent" for r in rows) == len(memory.sent) == 45
     assert {r.attempt for r in rows if r.state == "pending"} == {0}  # waiting spent nothing
+
+
+def test_an_idle_dispatcher_waits_for_its_next_due_message_not_for_the_poll(store_url, mail_box):
+    """Rows a rate limit gave back fall due within a second; an idle dispatcher lane must wake
+    for them rather than sleep its 5 s poll (a 10/s channel would send 10 per 5 s)."""
+    box = mail_box(store_url, MemoryProvider(), limits=["10/s"])
+    worker = Worker(box, WorkerConfig())
+    with FrozenClock(box, at=T0) as clock:
+        enqueue_customers(box, range(30))
+        drain(box, dispatch=False)
+        dispatcher = box.dispatcher()
+        assert dispatcher.run_once().sent == 10  # the bucket's burst; the rest given back
+        due_in = dispatcher.next_due_in()
+        assert due_in is not None and 0 < due_in <= 1.0
+        assert worker._idle_wait(dispatcher.next_due_in) == pytest.approx(due_in)
+        clock.advance(timedelta(seconds=due_in))
+        assert dispatcher.run_once().sent > 0
+        for _ in range(5):  # 10/s: the remaining rows within a few seconds
+            clock.advance(timedelta(seconds=1))
+            dispatcher.run_once()
+        assert dispatcher.next_due_in() is None  # nothing pending: the poll interval
+    assert worker._idle_wait(dispatcher.next_due_in) == worker.poll_interval == 5.0
+
+
+@pytest.mark.slow
+def test_a_rate_limited_worker_keeps_sending_at_its_rate_between_polls(store_url, mail_box):
+    """The same, end to end: a worker whose poll is an hour still sends 25 messages through a
+    10/s channel in a few seconds, each given-back batch sent as it falls due."""
+    memory = MemoryProvider()
+    box = mail_box(store_url, memory, limits=["10/s"])
+    enqueue_customers(box, range(25))
+    all_sent = threading.Event()
+
+    def count(_name: str) -> None:
+        if len(memory.sent) >= 25:
+            all_sent.set()
+
+    worker = Worker(box, WorkerConfig(poll_interval=timedelta(hours=1)))
+    with points.installed({"dispatcher.after_provider_accept_before_record": count}):
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert all_sent.wait(30), f"{len(memory.sent)} of 25 sent in 30 s (the poll: 1 h)"
+        finally:
+            worker.stop()
+            thread.join(30)
 
 
 def test_a_daily_limit_holds_across_the_per_second_refills(store_url, mail_box):

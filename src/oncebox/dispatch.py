@@ -97,6 +97,11 @@ class OutboxDispatcher:
             if channel.limits:
                 store.rate_bucket_configure(channel.name, channel.bucket_specs())
 
+    def next_due_in(self) -> float | None:
+        """Seconds until the earliest pending message of this dispatcher's channels falls due
+        (negative: due already; None: there is none), by the store's clock."""
+        return self.store.outbox_next_due(sorted(self.channels)).seconds()
+
     def run_once(self) -> DispatcherResult:
         result = DispatcherResult()
         token = str(uuid.uuid4())

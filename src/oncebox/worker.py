@@ -111,7 +111,7 @@ class Worker:
     def poll_interval(self) -> float:
         if self.config.poll_interval is not None:
             return self.config.poll_interval.total_seconds()
-        return 5.0 if self.box.store.supports_notifications else 1.0
+        return 5.0 if self.box.store.supports_notifications else 1.0  # a store without a listener
 
     def wake(self) -> None:
         """New work may exist (an enqueue or an outbox row in this process, a NOTIFY): every
@@ -212,7 +212,7 @@ class Worker:
                 self._poller(
                     f"consumer-{len(pollers)}",
                     self._consumer_round(consumer),
-                    functools.partial(self._idle_wait, consumer),
+                    functools.partial(self._idle_wait, consumer.transport.next_due_in),
                 )
             )
         if channels:
@@ -226,7 +226,9 @@ class Worker:
             )
             pollers.append(
                 self._poller(
-                    "dispatcher", self._dispatcher_round(dispatcher), lambda: self.poll_interval
+                    "dispatcher",
+                    self._dispatcher_round(dispatcher),
+                    functools.partial(self._idle_wait, dispatcher.next_due_in),
                 )
             )
         if not pollers:
@@ -350,14 +352,16 @@ class Worker:
             self._idle.add(index)
             return len(self._idle) == self._pollers
 
-    def _idle_wait(self, consumer: Consumer) -> float:
+    def _idle_wait(self, due_in: Callable[[], float | None]) -> float:
+        """How long an idle lane waits: until its next job or message falls due (a delayed job,
+        a retry's backoff, a rate limit's give-back), at most the poll interval."""
         wait = self.poll_interval
         try:
-            until = consumer.transport.next_due_in()
+            until = due_in()
         except StoreUnavailable:
             return wait
-        # a due job the lease did not take (its group's head is busy or retrying) is not worth
-        # spinning for: wait the poll interval then
+        # something due that the lease did not take (a group's head busy or retrying, a row
+        # another dispatcher holds) is not worth spinning for: wait the poll interval then
         if until is not None and until > 0:
             wait = min(wait, until)
         return wait

@@ -102,8 +102,9 @@ class JobLeaseParams:
 
 @dataclass(frozen=True, slots=True)
 class DueTime:
-    """When the earliest ready job falls due (`at`; None when there is none), and the store's
-    time `now` when that was read: the wait is their difference, with no clock read of its own."""
+    """When the earliest ready job (or pending outbox row) falls due (`at`; None when there is
+    none), and the store's time `now` when that was read: the wait is their difference, with no
+    clock read of its own."""
 
     at: datetime | None
     now: datetime
@@ -662,6 +663,7 @@ class Store(Protocol):
 
     # outbox
     def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]: ...
+    def outbox_next_due(self, channels: Sequence[str]) -> DueTime: ...
     def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
         """The durable marker written right before a non-idempotent send; False if the lease
         was superseded."""

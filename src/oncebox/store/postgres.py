@@ -557,6 +557,15 @@ class PostgresStore(ReadOperations):
         return DueTime(_utc(at), _required_utc(now))
 
     @operation
+    def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
+        with self._connection() as conn:
+            with conn.pipeline(), conn.transaction():  # in index order, as job_next_due
+                conn.execute(self._q["job_lease_settings"])
+                cursor = conn.execute(self._q["outbox_next_due"], {"channels": list(channels)})
+            at, now = cursor.fetchall()[0]
+        return DueTime(_utc(at), _required_utc(now))
+
+    @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         rows = self._rows("job_prune", {"older_than_s": older_than.total_seconds(), "limit": limit})
         return len(rows)

@@ -430,6 +430,11 @@ class SqliteStore(ReadOperations):
         return DueTime(_dt(rows[0][0]), _required_dt(rows[0][1]))
 
     @operation
+    def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
+        rows = self._rows("outbox_next_due", {"channels": json.dumps(list(channels))})
+        return DueTime(_dt(rows[0][0]), _required_dt(rows[0][1]))
+
+    @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         with self._write() as conn:
             ids = [

@@ -436,6 +436,20 @@ WHERE o.id = picked.id
 RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text, o.token, o.attempt,
           o.attempt_base, o.possible_duplicates, o.first_leased_at, clock.now, o.uncertain;
 
+-- name: outbox_next_due
+-- When the earliest pending row of these channels falls due (NULL if none), and the time now:
+-- how long an idle dispatcher may wait (a retry's backoff, a rate limit's give-back, a pause).
+-- Each channel's head is read from the due index, as the lease reads it.
+SELECT (SELECT min(head.next_attempt_at)
+        FROM unnest(%(channels)s::text[]) AS c(channel)
+        CROSS JOIN LATERAL (
+            SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
+            WHERE o.state = 'pending' AND o.channel = c.channel
+            ORDER BY o.next_attempt_at
+            LIMIT 1
+        ) AS head),
+       (SELECT __S__.oncebox_now());
+
 -- name: outbox_mark_sending
 -- The one durable write before a send through a channel without provider idempotency.
 UPDATE __S__.oncebox_outbox SET state = 'sending'

@@ -290,6 +290,14 @@ WHERE id IN (
 RETURNING id, key, intent_key, channel, payload, token, attempt, attempt_base,
           possible_duplicates, first_leased_at, leased_at, uncertain;
 
+-- name: outbox_next_due
+SELECT (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox AS o
+                    WHERE o.state = 'pending' AND o.channel = c.value
+                    ORDER BY o.next_attempt_at
+                    LIMIT 1))
+        FROM json_each(:channels) AS c),
+       :now;
+
 -- name: outbox_mark_sending
 UPDATE oncebox_outbox SET state = 'sending'
 WHERE id = :id AND lease_token = :token AND state = 'leased'
