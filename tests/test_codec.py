@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import enum
+import json
 import math
 
 import pytest
@@ -69,3 +71,33 @@ def test_the_flat_argument_shortcut_encodes_and_refuses_exactly_as_the_full_chec
             return type(exc), str(exc)
 
     assert outcome(encode_args) == outcome(_encode_checked)
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.none() | st.booleans() | st.integers() | st.text(),
+            st.floats(allow_nan=False, allow_infinity=False),
+        ),
+        max_size=5,
+    )
+)
+def test_rows_sent_to_postgresql_as_json_read_back_as_written(rows):
+    """The consumer's sets go to PostgreSQL as one JSON text (`_json_rows`): every cell must
+    parse back to itself — a bool not as an int, a str with any character, a float exactly."""
+    from oncebox.store.postgres import _json_rows
+
+    text = _json_rows(rows)
+    assert [tuple(row) for row in json.loads(text)] == rows
+    assert text.isascii()
+
+
+def test_json_rows_splice_json_text_and_refuse_what_json_cannot_carry():
+    from oncebox.store.postgres import _Json, _json_rows
+
+    class Shade(enum.IntEnum):
+        DARK = 7
+
+    assert json.loads(_json_rows([(_Json('{"a":[1,2]}'), Shade.DARK)])) == [[{"a": [1, 2]}, 7]]
+    with pytest.raises(ValueError):
+        _json_rows([(math.nan,)])

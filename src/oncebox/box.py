@@ -271,10 +271,10 @@ class Box(Operations):
     ) -> EnqueueManyResult:
         """Enqueue many jobs of one task as one set, in one transaction.
 
-        One bad job means nothing is written: jobs are checked and encoded as they are sent (the
-        server inserts one chunk while the next is encoded), and a job that fails its check
-        rolls the whole set back. Jobs whose key is claimed or active are skipped (counted),
-        like `enqueue` would.
+        One bad job means nothing is written: a job that fails its check rolls the whole set
+        back, even on PostgreSQL, where jobs are checked and encoded as they are sent (the
+        server inserts one chunk while the next is encoded). Jobs whose key is claimed or active
+        are skipped (counted), like `enqueue` would.
         """
         resolved = self.registry.resolve(task)
         rows = (self._row(resolved, args) for args in args_list)

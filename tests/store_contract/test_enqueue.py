@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -79,27 +80,35 @@ def test_one_bad_job_in_a_bulk_enqueue_writes_nothing(box: Box):
     assert box.store.job_count_by_state().counts == {}
 
 
-def test_a_bad_job_after_chunks_were_sent_rolls_the_whole_set_back(
+def test_a_bad_job_after_earlier_chunks_rolls_the_whole_set_back(
     box: Box, monkeypatch: pytest.MonkeyPatch
 ):
-    """Chunks go to the server while later jobs are still being checked: a bad job found after
-    that must still leave nothing behind."""
+    """On PostgreSQL chunks go to the server while later jobs are still being checked: a bad
+    job found after that must still leave nothing behind (SQLite checks all before writing)."""
     task = declare(box)
-    monkeypatch.setattr(type(box.store).__module__ + ".INSERT_CHUNK", 10)
-    drawn: list[int] = []
+    store_module = type(box.store).__module__
+    monkeypatch.setattr(f"{store_module}.INSERT_CHUNK", 10)
+    chunks: list[int] = []
+    split = insert_chunks
+
+    def recorded(*args: Any) -> Iterator[list[Any]]:
+        for chunk in split(*args):
+            chunks.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(f"{store_module}.insert_chunks", recorded)
 
     def rows() -> Iterator[dict[str, object]]:
-        for i in range(35):
-            drawn.append(i)
-            yield {"customer_id": i, "period": "2026-W33"}
+        yield from ({"customer_id": i, "period": "2026-W33"} for i in range(35))
         yield {"customer_id": 35, "period": "a/b"}
 
     with pytest.raises(InvalidKey):
         box.enqueue_many(task, rows())
-    assert len(drawn) == 35  # three chunks of ten were sent before the bad job
+    assert chunks == [10, 10, 10]  # three whole chunks came before the bad job
     assert box.store.job_count_by_state().counts == {}
     again = box.enqueue_many(task, ({"customer_id": i, "period": "2026-W33"} for i in range(35)))
     assert (again.created, again.skipped, len(again.job_ids)) == (35, 0, 35)
+    assert chunks[3:] == [10, 10, 10, 5]
 
 
 def test_oversized_args_are_rejected_with_size_and_limit_and_nothing_written(store_url: str):

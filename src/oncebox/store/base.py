@@ -67,7 +67,7 @@ InsertRow = tuple[str | None, str, str | None]  # key, args as JSON text, group 
 @dataclass(frozen=True, slots=True)
 class JobInsertMany:
     """Many jobs of one task, inserted as one set in one transaction; rows are (key, args_json,
-    group_key), drawn lazily while earlier chunks are already on their way to the server (a row
+    group_key), drawn lazily (PostgreSQL sends earlier chunks while later ones are drawn; a row
     that raises rolls the whole set back). With `for_run`, the schedule run's enqueued count and
     lease are updated in the same transaction, so a fan-out killed between batches never
     miscounts what it committed."""

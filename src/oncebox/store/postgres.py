@@ -15,6 +15,7 @@ LISTEN. The schema is `public` unless the URL says `?schema=name`; it must be mi
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -96,7 +97,11 @@ def _cell(value: _Cell) -> str:
         return value
     if isinstance(value, str):
         return _text(value)
-    return repr(value)  # int, float
+    if isinstance(value, float):
+        if not math.isfinite(value):  # delays only, always finite: NaN would not be JSON
+            raise ValueError(f"{value!r} cannot be sent as JSON")
+        return float.__repr__(value)
+    return int.__repr__(value)  # an IntEnum's own repr would not be JSON
 
 
 def _json_rows(rows: Iterable[Iterable[_Cell]]) -> str:

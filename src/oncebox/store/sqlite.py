@@ -133,7 +133,8 @@ class SqliteStore(ReadOperations):
             raise ConfigurationError(f"the directory of the SQLite database {path} does not exist")
         if migrate:
             self.schema_migrate()
-        self._watched = self._files_state()  # a commit from now on wakes `wait_for_jobs`
+        self._opened = self._files_state()  # a commit from now on wakes `wait_for_jobs`
+        self._watchers = threading.local()  # each listener's last look (a box can run several)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -315,9 +316,12 @@ class SqliteStore(ReadOperations):
         }
         created: list[tuple[int, str | None]] = []
         offered = 0
+        # checked and encoded before the write lock: one writer at a time, so no overlap to win,
+        # and every other writer would wait on the caller's rows
+        chunks = list(insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS))
         with self._write() as conn:
             params["now"] = self._now()
-            for chunk in insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
+            for chunk in chunks:
                 offered += len(chunk)
                 params["rows"] = json.dumps(chunk)
                 created += [
@@ -768,27 +772,31 @@ class SqliteStore(ReadOperations):
     def wait_for_jobs(self, timeout: float) -> bool:
         """Wait for a commit by any process. SQLite has no notifications, but every commit writes
         the database files — the write-ahead log, or the database itself when the log is
-        checkpointed — so a change of their size or modification time, seen with a `stat` every
-        `WATCH_EVERY` seconds, wakes an idle worker without a query. A change it cannot see
-        (a filesystem with coarse timestamps) still reaches the lanes by their poll interval."""
+        checkpointed — so a change of their size, modification time or inode, seen with a `stat`
+        every `WATCH_EVERY` seconds, wakes an idle worker without a query. Each calling thread
+        compares with its own last look, from the state when the store was opened. A change it
+        cannot see (a filesystem with coarse timestamps, where a rewritten log can keep its size)
+        still reaches the lanes by their poll interval."""
         deadline = clock.monotonic() + timeout
+        seen = getattr(self._watchers, "state", self._opened)
         while True:
             state = self._files_state()
-            if state != self._watched:
-                self._watched = state
+            if state != seen:
+                self._watchers.state = state
                 return True
             remaining = deadline - clock.monotonic()
             if remaining <= 0:
+                self._watchers.state = state
                 return False
             clock.sleep(min(WATCH_EVERY, remaining))
 
-    def _files_state(self) -> tuple[tuple[int, int] | None, ...]:
-        def state(path: Path) -> tuple[int, int] | None:
+    def _files_state(self) -> tuple[tuple[int, int, int] | None, ...]:
+        def state(path: Path) -> tuple[int, int, int] | None:
             try:
                 found = path.stat()
-            except FileNotFoundError:
+            except OSError:  # not there (yet), or not readable: nothing to compare, the poll covers
                 return None
-            return found.st_mtime_ns, found.st_size
+            return found.st_ino, found.st_mtime_ns, found.st_size
 
         return state(self.path), state(self._wal)
 
