@@ -155,6 +155,6 @@ def test_an_idle_worker_does_not_spin_on_a_due_job_it_cannot_lease(box: Box):
         try:
             worker = Worker(box, WorkerConfig(poll_interval=timedelta(seconds=7)))
             assert consumer.run_once().leased == 0
-            assert worker._idle_wait(consumer) == pytest.approx(7.0, abs=0.01)
+            assert worker._idle_wait(consumer.transport.next_due_in) == pytest.approx(7.0, abs=0.01)
         finally:
             consumer.session.close()
