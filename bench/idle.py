@@ -135,7 +135,7 @@ def measure(server: str, seconds: float, warmup: float) -> dict[str, Any]:
 
 
 def measure_sqlite(seconds: float, warmup: float) -> dict[str, Any]:
-    """Workload 7 on a temporary SQLite file (no notifications: the lanes poll)."""
+    """Workload 7 on a temporary SQLite file (the listener watches its files; no queries)."""
     with sqlite_url() as url:
         return watch_idle(url, seconds, warmup, None)
 
