@@ -93,6 +93,11 @@ class OutboxDispatcher:
         self.metrics = metrics
         self.worker = worker
         self.rng = rng or random.Random()
+        # How many rows the next lease asks for: the batch size, until a round has to give rows
+        # back unsent (a rate limit, a lease running out); then what that round could send, and
+        # doubling back from there. A throttled channel is sent at its rate by leasing about as
+        # many rows as its bucket grants, not a full batch of which all but one go back.
+        self._lease_size = config.batch_size
         for channel in self.channels.values():
             if channel.limits:
                 store.rate_bucket_configure(channel.name, channel.bucket_specs())
@@ -108,7 +113,7 @@ class OutboxDispatcher:
         rows = self.store.outbox_lease(
             OutboxLeaseParams(
                 channels=sorted(self.channels),
-                limit=self.config.batch_size,
+                limit=self._lease_size,
                 worker=self.worker,
                 token=token,
                 lease_for=self.config.lease,
@@ -123,6 +128,10 @@ class OutboxDispatcher:
         for name in sorted({row.channel for row in rows}):
             batch = [row for row in rows if row.channel == name]
             self._channel_round(self.channels[name], batch, token, started, result)
+        if result.waited:
+            self._lease_size = max(1, result.leased - result.waited)
+        else:
+            self._lease_size = min(self.config.batch_size, self._lease_size * 2)
         self._count(result)
         return result
 
