@@ -158,3 +158,24 @@ def test_an_idle_worker_does_not_spin_on_a_due_job_it_cannot_lease(box: Box):
             assert worker._idle_wait(consumer.transport.next_due_in) == pytest.approx(7.0, abs=0.01)
         finally:
             consumer.session.close()
+
+
+def test_an_error_message_no_store_can_hold_is_kept_escaped_and_the_job_still_dies(box: Box):
+    """A handler's error is whatever it raised: a file name decoded with `surrogateescape`
+    carries a lone surrogate (not Unicode: no UTF-8, no JSON), a NUL cannot be in PostgreSQL's
+    text. Recording the failed attempt must not fail with it (the batch would roll back and the
+    job come back forever)."""
+    ran: list[int] = []
+
+    @box.task(key="odd/{n}", retry=Retry(max_attempts=1))
+    def odd(ctx, n: int) -> None:
+        ran.append(n)
+        if n == 1:
+            raise ValueError("cannot open b'\\xff.csv' (\udcff.csv)\x00")
+
+    box.enqueue_many(odd, [{"n": 1}, {"n": 2}])
+    result = drain(box, raise_on_failure=False)
+    assert (result.dead, result.completed) == (1, 1)
+    [job] = box.find("odd/1")
+    assert job.state == "dead"
+    assert job.last_error is not None and "(\\udcff.csv)\\0" in job.last_error

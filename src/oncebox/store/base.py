@@ -120,6 +120,21 @@ class JobReleaseParams:
     delay: timedelta = timedelta(0)
 
 
+def storable_text(text: str) -> str:
+    """`text` as both stores can keep it: a NUL written as ``\\0`` (PostgreSQL's text cannot
+    hold one), a lone surrogate (bytes decoded with ``surrogateescape``, e.g. a file name) as its
+    backslash escape (it is not Unicode, so neither UTF-8 nor JSON can carry it). An error message
+    from a handler or a provider is whatever they raised: writing it must not fail the write
+    that records the outcome."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class JobFinish:
     """How one leased job ends this attempt. `delay` applies when `state` is 'ready'."""
@@ -129,6 +144,10 @@ class JobFinish:
     outcome: Outcome | None = None
     delay: timedelta = timedelta(0)
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            object.__setattr__(self, "error", storable_text(self.error))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +212,12 @@ class OutboxFinish:
     receipt: str | None = None
     possible_duplicate: bool = False
     uncertain: bool | None = None  # set (True/False) or leave (None) the row's flag
+
+    def __post_init__(self) -> None:
+        for name in ("error", "receipt"):
+            text = getattr(self, name)
+            if text is not None:
+                object.__setattr__(self, name, storable_text(text))
 
 
 @dataclass(frozen=True, slots=True)
