@@ -58,6 +58,7 @@ from oncebox.store.base import (
     ConsumerTx,
     IntentClaim,
     OutboxInsert,
+    storable_text,
 )
 from oncebox.tasks import Registry, Task
 from oncebox.transport import Delivery, Settlement, Transport
@@ -155,7 +156,7 @@ def describe_error(error: BaseException) -> str:
     """The error as stored with the attempt: type, message and a short traceback."""
     lines = traceback.format_exception(type(error), error, error.__traceback__, limit=12)
     text = f"{type(error).__name__}: {error}\n" + "".join(lines[1:] if len(lines) > 1 else lines)
-    return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # NUL cannot be stored in text
+    return storable_text(text)[:MAX_ERROR_CHARS]
 
 
 DRIFT_RETRY = timedelta(seconds=60)
