@@ -46,14 +46,17 @@ def dump_postgres(url: str, schema: str = "public") -> str:
         ]
         for table in tables:
             lines.append(f"\nTABLE {table}")
-            for name, kind, nullable, default in conn.execute(
-                "SELECT column_name, data_type, is_nullable, column_default "
+            for name, kind, nullable, default, collation in conn.execute(
+                "SELECT column_name, data_type, is_nullable, column_default, collation_name "
                 "FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
                 "ORDER BY ordinal_position",
                 (schema, table),
             ):
                 null = "" if nullable == "YES" else " NOT NULL"
-                lines.append(f"  {name} {kind}{null}{f' DEFAULT {default}' if default else ''}")
+                collate = f' COLLATE "{collation}"' if collation else ""
+                lines.append(
+                    f"  {name} {kind}{collate}{null}{f' DEFAULT {default}' if default else ''}"
+                )
             for (definition,) in conn.execute(
                 "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c "
                 "JOIN pg_class t ON t.oid = c.conrelid "

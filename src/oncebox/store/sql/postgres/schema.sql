@@ -40,7 +40,7 @@ TABLE oncebox_delivery_attempts
   CONSTRAINT PRIMARY KEY (id)
 
 TABLE oncebox_intents
-  key text NOT NULL
+  key text COLLATE "C" NOT NULL
   task text NOT NULL
   job_id bigint
   claimed_at timestamp with time zone NOT NULL
@@ -60,14 +60,14 @@ TABLE oncebox_job_attempts
 
 TABLE oncebox_jobs
   id bigint NOT NULL
-  key text
+  key text COLLATE "C"
   task text NOT NULL
-  queue text NOT NULL
+  queue text COLLATE "C" NOT NULL
   args jsonb NOT NULL
   state text NOT NULL DEFAULT 'ready'::text
   outcome text
   priority integer NOT NULL DEFAULT 0
-  group_key text
+  group_key text COLLATE "C"
   attempt integer NOT NULL DEFAULT 0
   max_attempts integer NOT NULL
   attempt_base integer NOT NULL DEFAULT 0
@@ -108,9 +108,9 @@ TABLE oncebox_migrations
 
 TABLE oncebox_outbox
   id bigint NOT NULL
-  key text NOT NULL
-  intent_key text NOT NULL
-  channel text NOT NULL
+  key text COLLATE "C" NOT NULL
+  intent_key text COLLATE "C" NOT NULL
+  channel text COLLATE "C" NOT NULL
   payload jsonb NOT NULL
   token text NOT NULL
   job_id bigint
