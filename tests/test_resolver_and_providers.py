@@ -140,3 +140,29 @@ def test_provider_urls_pick_their_provider(tmp_path):
     http.close()  # type: ignore[attr-defined]
     assert "secret" not in repr(vars(smtp).get("where"))
     assert Path(str(tmp_path)).exists()
+
+
+def test_an_email_date_header_is_the_instant_in_its_own_zone_even_after_an_equal_instant():
+    from datetime import timezone
+
+    from oncebox.providers.email import email_payload
+
+    def date_of(at: datetime) -> str:
+        payload = email_payload(
+            to="a@example.com",
+            subject="s",
+            text="t",
+            html=None,
+            headers=None,
+            sender=None,
+            reply_to=None,
+            date=at,
+        )
+        return str(payload["date"])
+
+    noon = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    assert date_of(noon) == "Tue, 01 Dec 2026 12:00:00 +0000"
+    # the same instant, an hour east: an equal datetime, formatted in its own zone
+    east = noon.astimezone(timezone(timedelta(hours=1)))
+    assert date_of(east) == "Tue, 01 Dec 2026 13:00:00 +0100"
+    assert date_of(noon + timedelta(seconds=1)) == "Tue, 01 Dec 2026 12:00:01 +0000"
