@@ -22,6 +22,14 @@ dropping full_per_s from ~7,000 to ~800; planned afresh, each lease costs under 
   records the receipts. full_per_s is N / (first claim .. last receipt); full_consumer_per_s and
   full_dispatch_per_s are each lane alone, one after the other.
 
+- ours: the same full path, but oncebox's own schema and the very statements its worker sends
+  (`src/oncebox/store/sql/postgres/queries.sql`, with the parameters built as the store builds
+  them: one JSON array per set), still from this minimal script: no handler, no argument
+  checks, a constant rendered email per job. ours_per_s (lanes concurrent) and
+  ours_consumer_per_s / ours_dispatch_per_s (each alone) split oncebox's gap to the floor in
+  two: what its schema and statements cost (the floor ÷ ours), and what its Python costs (ours ÷
+  oncebox's worker).
+
 Each figure is the median of `--repeat` runs; the last stdout line is one JSON object.
 """
 
@@ -41,6 +49,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+
+from oncebox.store import open_store
+from oncebox.store.sqlfiles import load_queries
 
 BATCH = 100
 SCHEMA = """
@@ -220,7 +231,157 @@ def run_full(server: str, jobs: int) -> dict[str, float]:
     }
 
 
-MODES: dict[str, Callable[[str, int], dict[str, float]]] = {"noop": run_noop, "full": run_full}
+OURS = load_queries("postgres", "public")
+# what the benchmark's handler writes: one rendered email (bench/outbox.py), about 170 bytes
+EMAIL = (
+    '{{"date": "Tue, 01 Dec 2026 12:00:00 +0000", "from": null, "headers": {{}}, "html": null, '
+    '"reply_to": null, "subject": "digest", "text": "hello", "to": ["c{n}@bench.example"]}}'
+)
+
+
+@contextmanager
+def oncebox_database(server: str, jobs: int) -> Iterator[str]:
+    """A fresh database with oncebox's schema (migrated) and `jobs` ready keyed jobs."""
+    name = f"floor_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"'.encode())
+    try:
+        base = psycopg.conninfo.conninfo_to_dict(server)
+        url = f"postgresql://{base.get('host', '127.0.0.1')}:{base.get('port', 5432)}/{name}"
+        open_store(url, migrate=True).close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO oncebox_jobs (key, task, queue, args, max_attempts, run_at, "
+                "created_at) SELECT 'bench/' || n, 'mail', 'default', jsonb_build_object('n', n), "
+                "5, now(), now() FROM generate_series(0, %s - 1) AS n",
+                (jobs,),
+            )
+            conn.execute("ANALYZE")
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def consume_ours(url: str, start: threading.Event | None = None) -> tuple[int, float]:
+    """oncebox's consumer, statement for statement: the lease (its own transaction, asynchronous
+    commit), then one transaction of claim, outbox rows and settlement."""
+    done = 0
+    lease = {
+        "tasks": ["mail"],
+        "queues": ["default"],
+        "limit": BATCH,
+        "worker": "floor",
+        "lease_s": 300.0,
+    }
+    with psycopg.connect(url) as conn:
+        if start is not None:
+            start.wait()
+        started = time.perf_counter()
+        while True:
+            token = str(uuid.uuid4())
+            with conn.pipeline(), conn.transaction():
+                conn.execute(OURS["job_lease_settings"])
+                leased = conn.execute(OURS["job_lease"], {**lease, "token": token})
+            rows = leased.fetchall()
+            if not rows:
+                break
+            with conn.transaction():
+                claims = json.dumps([[r[1], r[2], r[0]] for r in rows])
+                claimed = {k for (k,) in conn.execute(OURS["intent_claim"], {"claims": claims})}
+                outbox = (
+                    "["
+                    + ",".join(
+                        f'["{r[1]}","{r[1]}","email",{EMAIL.format(n=r[0])},"{token[:32]}",{r[0]}]'
+                        for r in rows
+                        if r[1] in claimed
+                    )
+                    + "]"
+                )
+                conn.execute(OURS["outbox_insert"], {"rows": outbox})
+                finishes = json.dumps([[r[0], "done", "completed", 0.0, None] for r in rows])
+                conn.execute(OURS["job_finish"], {"token": token, "finishes": finishes})
+            done += len(rows)
+    return done, started
+
+
+def dispatch_ours(url: str, total: int, consumer_done: threading.Event) -> tuple[int, float]:
+    """oncebox's dispatcher, statement for statement: the lease (synchronous commit), the
+    channel's pause read, the null provider, the receipts with their delivery attempts."""
+    sent = 0
+    lease = {"channels": ["email"], "limit": BATCH, "worker": "floor", "lease_s": 300.0}
+    with psycopg.connect(url, autocommit=True) as conn:
+        while sent < total:
+            finished = consumer_done.is_set()
+            token = str(uuid.uuid4())
+            with conn.pipeline(), conn.transaction():
+                conn.execute(OURS["outbox_lease_settings"])
+                leased = conn.execute(OURS["outbox_lease"], {**lease, "token": token})
+            rows = leased.fetchall()
+            if not rows:
+                if finished:
+                    break
+                time.sleep(0.0005)
+                continue
+            conn.execute(OURS["channel_pause_read"], {"channel": "email"}).fetchall()
+            receipts = [null_send(r[1], json.loads(r[4])) for r in rows]
+            finishes = json.dumps(
+                [
+                    [r[0], "sent", "sent", True, 0.0, None, receipt, False, None]
+                    for r, receipt in zip(rows, receipts, strict=True)
+                ]
+            )
+            with conn.transaction():
+                conn.execute(OURS["outbox_finish"], {"token": token, "finishes": finishes})
+            sent += len(rows)
+    return sent, time.perf_counter()
+
+
+def check_ours(url: str, jobs: int) -> None:
+    check(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'done'", jobs, "jobs done")
+    check(url, "SELECT count(*) FROM oncebox_intents", jobs, "intents")
+    check(url, "SELECT count(*) FROM oncebox_outbox WHERE state = 'sent'", jobs, "messages sent")
+
+
+def run_ours(server: str, jobs: int) -> dict[str, float]:
+    with oncebox_database(server, jobs) as url:
+        start, consumer_done = threading.Event(), threading.Event()
+
+        def consumer() -> tuple[int, float]:
+            try:
+                return consume_ours(url, start)
+            finally:
+                consumer_done.set()
+
+        with ThreadPoolExecutor(2) as pool:
+            dispatched = pool.submit(dispatch_ours, url, jobs, consumer_done)
+            consumed = pool.submit(consumer)
+            start.set()
+            (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
+        if claimed != jobs or sent != jobs:
+            raise SystemExit(f"floor: oncebox's SQL claimed {claimed} and sent {sent} of {jobs}")
+        check_ours(url, jobs)
+    with oncebox_database(server, jobs) as url:
+        started = time.perf_counter()
+        consume_ours(url)
+        consumer_alone = time.perf_counter() - started
+        started, finished = time.perf_counter(), threading.Event()
+        finished.set()
+        dispatch_ours(url, jobs, finished)
+        dispatch_alone = time.perf_counter() - started
+        check_ours(url, jobs)
+    return {
+        "ours_per_s": jobs / (last_receipt - first_claim),
+        "ours_consumer_per_s": jobs / consumer_alone,
+        "ours_dispatch_per_s": jobs / dispatch_alone,
+    }
+
+
+MODES: dict[str, Callable[[str, int], dict[str, float]]] = {
+    "noop": run_noop,
+    "full": run_full,
+    "ours": run_ours,
+}
 LABELS = {
     "copy_per_s": "COPY (raw bulk insert)",
     "noop_per_s": "claim 100 + mark done",
@@ -228,6 +389,9 @@ LABELS = {
     "full_per_s": "full path, lanes concurrent",
     "full_consumer_per_s": "full path, consumer alone",
     "full_dispatch_per_s": "full path, dispatcher alone",
+    "ours_per_s": "oncebox's SQL, lanes concurrent",
+    "ours_consumer_per_s": "oncebox's SQL, consumer alone",
+    "ours_dispatch_per_s": "oncebox's SQL, dispatcher alone",
 }
 
 
@@ -236,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--mode", choices=["noop", "full", "all"], default="all")
+    parser.add_argument("--mode", choices=["noop", "full", "ours", "all"], default="all")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     modes = list(MODES) if args.mode == "all" else [args.mode]

@@ -70,12 +70,12 @@ def dispatch(url: str, jobs: int, provider: str) -> float:
         box.close()
 
 
-def full_path(url: str, jobs: int) -> float:
+def full_path(url: str, jobs: int, concurrency: int = 1) -> float:
     box = make_box(url, "null:")
     try:
         box.enqueue_many("mail", [{"n": i} for i in range(jobs)])
         started = time.perf_counter()
-        result = box.work(config=WorkerConfig(until_idle=True))
+        result = box.work(config=WorkerConfig(until_idle=True, concurrency=concurrency))
         elapsed = time.perf_counter() - started
         assert result.consumed.completed == jobs and result.dispatched.sent == jobs, result
         return jobs / elapsed

@@ -150,7 +150,11 @@ def test_the_comparison_runs_every_workload_at_its_smallest_size_and_checks_ever
         "oncebox keyed (SQLite)",
     ]
     assert all(row["process"] > 0 and row["enqueue"] > 0 for row in figures["throughput"].values())
-    assert figures["full_path"]["oncebox_full_per_s"] > 0 and figures["full_path"]["full_per_s"] > 0
+    full = figures["full_path"]
+    assert full["oncebox_full_per_s"] > 0 and full["full_per_s"] > 0
+    # the split of the gap: oncebox's own statements from the floor's minimal script, and two
+    # consumer lanes
+    assert full["ours_per_s"] > 0 and full["oncebox_full_2_consumers_per_s"] > 0
     counts = {name: row["count"] for name, row in figures["latency"].items()}
     assert counts == {  # every job of the 1 s window at its rate
         "oncebox (PostgreSQL) 200/s": 200,
