@@ -243,10 +243,12 @@ BEGIN
 END
 
 FUNCTION oncebox_now
-SELECT COALESCE(
+BEGIN
+    RETURN COALESCE(
         (SELECT COALESCE(c.frozen_at, now() + c.offset_by)
            FROM __S__.oncebox_clock c WHERE c.singleton),
-        now())
+        now());
+END
 
 CREATE TRIGGER oncebox_jobs_notify AFTER INSERT ON __S__.oncebox_jobs FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()
 

@@ -1,3 +1,0 @@
--- Keys, channels and queues compare byte by byte. On SQLite they always have (its default
--- collation is BINARY); this migration only keeps the two dialects' schema versions in step with
--- PostgreSQL's 0005, which moves those columns off the database's locale (COLLATE "C").

@@ -1,0 +1,3 @@
+-- Keeps the two dialects' schema versions in step with PostgreSQL's 0005, which moves keys,
+-- channels and queues to byte-wise comparison and the clock to PL/pgSQL. Nothing to do here:
+-- SQLite compares text as BINARY by default, and its oncebox_now() is a registered function.
