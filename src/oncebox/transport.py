@@ -52,7 +52,7 @@ class Delivery:
     lease_token: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per job: see `oncebox.store.base.LeasedJob`
 class Settlement:
     delivery: Delivery
     state: SettleState

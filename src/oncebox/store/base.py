@@ -135,7 +135,7 @@ def storable_text(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per job: see `LeasedJob`
 class JobFinish:
     """How one leased job ends this attempt. `delay` applies when `state` is 'ready'."""
 
@@ -147,10 +147,10 @@ class JobFinish:
 
     def __post_init__(self) -> None:
         if self.error is not None:
-            object.__setattr__(self, "error", storable_text(self.error))
+            self.error = storable_text(self.error)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per job: see `LeasedJob`
 class IntentClaim:
     key: str
     task: str
@@ -166,7 +166,7 @@ class OperatorAction:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per job: see `LeasedJob`
 class OutboxInsert:
     """One outbox row a handler wrote; inserted with the claim, in the same transaction."""
 
@@ -246,8 +246,12 @@ class EnqueueConflict:
         return self.active_job_id is not None or self.intent_claimed_at is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LeasedJob:
+    """Not frozen, like the other records built once per job on the consumer's path (its
+    claims, outbox rows and settlements): a frozen dataclass sets each field through
+    `object.__setattr__`, five times slower, and nothing here is mutated after it is built."""
+
     id: int
     key: str | None
     task: str

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from oncebox.errors import TransactionControlRefused, TransactionEnded
@@ -173,13 +172,12 @@ _ENDED = (
 )
 
 
-@contextmanager
 def handler_scope(
     raw: Any,
     execute: Callable[[str], None],
     transaction_status: Callable[[], str],
     protect: Callable[[], Callable[[], None]] | None = None,
-) -> Iterator[GuardedConnection]:
+) -> HandlerScope:
     """Run one handler against `raw` inside a lazily opened savepoint.
 
     `execute` runs a statement on the raw connection; `transaction_status` says whether the
@@ -189,38 +187,75 @@ def handler_scope(
     given, installs a driver-level refusal of transaction statements and returns its undo.
     Whatever the handler did, a "gone" transaction raises `TransactionEnded`.
     """
+    return HandlerScope(raw, execute, transaction_status, protect)
 
-    guarded = GuardedConnection(raw, lambda: execute(f"SAVEPOINT {SAVEPOINT}"))
-    undo = protect() if protect is not None else None
-    try:
+
+class HandlerScope:
+    """`with handler_scope(...) as connection:` — a plain class, not a generator: it wraps
+    every handler call."""
+
+    __slots__ = ("_execute", "_guarded", "_protect", "_status", "_undo")
+
+    def __init__(
+        self,
+        raw: Any,
+        execute: Callable[[str], None],
+        transaction_status: Callable[[], str],
+        protect: Callable[[], Callable[[], None]] | None,
+    ) -> None:
+        self._execute = execute
+        self._status = transaction_status
+        self._protect = protect
+        self._undo: Callable[[], None] | None = None
+        self._guarded = GuardedConnection(raw, self._open_savepoint)
+
+    def _open_savepoint(self) -> None:
+        self._execute(f"SAVEPOINT {SAVEPOINT}")
+
+    def __enter__(self) -> GuardedConnection:
+        self._undo = self._protect() if self._protect is not None else None
+        return self._guarded
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: object
+    ) -> None:
         try:
-            yield guarded
-        finally:
-            guarded.end()
-            if undo is not None:
-                undo()
-    except BaseException as exc:
-        if guarded.touched:
-            status = transaction_status()
-            if status == "lost":
-                raise  # the connection itself is gone: a store failure, not the handler's
-            if status == "gone":
-                raise TransactionEnded(_ENDED) from exc
-            execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-            execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
-        raise
-    if not guarded.touched:
-        return
-    status = transaction_status()
-    if status == "lost":
-        return  # settling will report the lost connection
-    if status == "gone":
-        raise TransactionEnded(_ENDED)
-    if status == "aborted":
-        execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-        execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
-        raise TransactionControlRefused(
-            "the handler returned with its transaction aborted (it caught a database error and "
-            "carried on); its writes were undone and the attempt counts as failed"
-        )
-    execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            self._guarded.end()
+            if self._undo is not None:
+                self._undo()
+        except BaseException as failure:
+            self._after_failure(failure)
+            raise
+        if error is not None:
+            self._after_failure(error)
+            return  # the handler's exception goes on
+        self._after_return()
+
+    def _after_failure(self, error: BaseException) -> None:
+        """The handler raised: undo what it wrote, unless the transaction is beyond that."""
+        if not self._guarded.touched:
+            return
+        status = self._status()
+        if status == "lost":
+            return  # the connection itself is gone: a store failure, not the handler's
+        if status == "gone":
+            raise TransactionEnded(_ENDED) from error
+        self._execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        self._execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+
+    def _after_return(self) -> None:
+        if not self._guarded.touched:
+            return
+        status = self._status()
+        if status == "lost":
+            return  # settling will report the lost connection
+        if status == "gone":
+            raise TransactionEnded(_ENDED)
+        if status == "aborted":
+            self._execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+            self._execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            raise TransactionControlRefused(
+                "the handler returned with its transaction aborted (it caught a database error "
+                "and carried on); its writes were undone and the attempt counts as failed"
+            )
+        self._execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
