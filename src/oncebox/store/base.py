@@ -194,7 +194,7 @@ DeliveryOutcome = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per message: see `LeasedJob`
 class OutboxFinish:
     """How one leased outbox row ends this round.
 
@@ -214,10 +214,10 @@ class OutboxFinish:
     uncertain: bool | None = None  # set (True/False) or leave (None) the row's flag
 
     def __post_init__(self) -> None:
-        for name in ("error", "receipt"):
-            text = getattr(self, name)
-            if text is not None:
-                object.__setattr__(self, name, storable_text(text))
+        if self.error is not None:
+            self.error = storable_text(self.error)
+        if self.receipt is not None:
+            self.receipt = storable_text(self.receipt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +248,10 @@ class EnqueueConflict:
 
 @dataclass(slots=True)
 class LeasedJob:
-    """Not frozen, like the other records built once per job on the consumer's path (its
-    claims, outbox rows and settlements): a frozen dataclass sets each field through
-    `object.__setattr__`, five times slower, and nothing here is mutated after it is built."""
+    """Not frozen, like the other records built once per job or message on the lanes' paths
+    (claims, outbox rows, settlements, leased messages and their outcomes): a frozen dataclass
+    sets each field through `object.__setattr__`, five times slower, and nothing here is
+    mutated after it is built."""
 
     id: int
     key: str | None
@@ -354,7 +355,7 @@ class ActionResult:
     audit_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per message: see `LeasedJob`
 class OutboxLeased:
     id: int
     key: str
