@@ -19,8 +19,10 @@ dropping full_per_s from ~7,000 to ~800; planned afresh, each lease costs under 
 - full: the guarantee path. The consumer claims 100, inserts their intents (ON CONFLICT DO
   NOTHING) and one outbox row per fresh intent, marks the jobs done; the dispatcher, concurrently
   on its own connection, leases 100 pending outbox rows, "sends" them to a null provider and
-  records the receipts. full_per_s is N / (first claim .. last receipt); full_consumer_per_s and
-  full_dispatch_per_s are each lane alone, one after the other.
+  records the receipts; when it finds nothing it waits for the consumer's next commit, as
+  oncebox's dispatcher is woken by the consumer in its process. full_per_s is N / (first
+  claim .. last receipt); full_consumer_per_s and full_dispatch_per_s are each lane alone, one
+  after the other.
 
 - ours: the same full path, but oncebox's own schema and the very statements its worker sends
   (`src/oncebox/store/sql/postgres/queries.sql`, with the parameters built as the store builds
@@ -117,7 +119,10 @@ def copy_jobs(url: str, jobs: int) -> float:
 
 
 def consume(
-    url: str, finish: tuple[str, ...], start: threading.Event | None = None
+    url: str,
+    finish: tuple[str, ...],
+    start: threading.Event | None = None,
+    written: threading.Event | None = None,
 ) -> tuple[int, float]:
     """Claim batches until none are ready; `finish` is the SQL run on each batch's ids and keys
     before the commit. Returns (jobs, the perf_counter at the first claim)."""
@@ -131,9 +136,21 @@ def consume(
             for sql in finish:
                 conn.execute(sql, batch)
             conn.commit()
+            if written is not None:
+                written.set()
             done += len(rows)
         conn.commit()
     return done, started
+
+
+def idle(written: threading.Event | None) -> None:
+    """Nothing to send yet: wait for the consumer's next commit, as oncebox's dispatcher is woken
+    by the consumer in its process (polling every half millisecond instead burnt a core the
+    consumer needed)."""
+    if written is not None:
+        written.wait(0.05)
+    else:
+        time.sleep(0.0005)
 
 
 def null_send(key: str, payload: object) -> str:
@@ -141,19 +158,23 @@ def null_send(key: str, payload: object) -> str:
     return f"null:{key}"
 
 
-def dispatch(url: str, total: int, consumer_done: threading.Event) -> tuple[int, float]:
+def dispatch(
+    url: str, total: int, consumer_done: threading.Event, written: threading.Event | None = None
+) -> tuple[int, float]:
     """Lease, send and record receipts until `total` are sent (or the consumer has finished and
     nothing is pending). Returns (receipts, the perf_counter after the last commit)."""
     sent = 0
     with psycopg.connect(url, prepare_threshold=None) as conn, conn.pipeline():
         while sent < total:
             finished = consumer_done.is_set()
+            if written is not None:
+                written.clear()
             rows = conn.execute(LEASE).fetchall()
             if not rows:
                 conn.commit()
                 if finished:
                     break
-                time.sleep(0.0005)
+                idle(written)
                 continue
             receipts = [null_send(key, payload) for _, key, payload in rows]
             conn.execute(MARK_SENT, ([row[0] for row in rows], receipts))
@@ -198,16 +219,17 @@ def check_full(url: str, jobs: int) -> None:
 def run_full(server: str, jobs: int) -> dict[str, float]:
     with fresh_database(server) as url:
         copy_jobs(url, jobs)
-        start, consumer_done = threading.Event(), threading.Event()
+        start, consumer_done, written = threading.Event(), threading.Event(), threading.Event()
 
         def consumer() -> tuple[int, float]:
             try:
-                return consume(url, FULL, start)
+                return consume(url, FULL, start, written)
             finally:
                 consumer_done.set()
+                written.set()
 
         with ThreadPoolExecutor(2) as pool:
-            dispatched = pool.submit(dispatch, url, jobs, consumer_done)
+            dispatched = pool.submit(dispatch, url, jobs, consumer_done, written)
             consumed = pool.submit(consumer)
             start.set()
             (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
@@ -263,7 +285,9 @@ def oncebox_database(server: str, jobs: int) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
-def consume_ours(url: str, start: threading.Event | None = None) -> tuple[int, float]:
+def consume_ours(
+    url: str, start: threading.Event | None = None, written: threading.Event | None = None
+) -> tuple[int, float]:
     """oncebox's consumer, statement for statement: the lease (its own transaction, asynchronous
     commit), then one transaction of claim, outbox rows and settlement."""
     done = 0
@@ -301,11 +325,15 @@ def consume_ours(url: str, start: threading.Event | None = None) -> tuple[int, f
                 conn.execute(OURS["outbox_insert"], {"rows": outbox})
                 finishes = json.dumps([[r[0], "done", "completed", 0.0, None] for r in rows])
                 conn.execute(OURS["job_finish"], {"token": token, "finishes": finishes})
+            if written is not None:
+                written.set()
             done += len(rows)
     return done, started
 
 
-def dispatch_ours(url: str, total: int, consumer_done: threading.Event) -> tuple[int, float]:
+def dispatch_ours(
+    url: str, total: int, consumer_done: threading.Event, written: threading.Event | None = None
+) -> tuple[int, float]:
     """oncebox's dispatcher, statement for statement: the lease (synchronous commit), the
     channel's pause read, the null provider, the receipts with their delivery attempts."""
     sent = 0
@@ -313,6 +341,8 @@ def dispatch_ours(url: str, total: int, consumer_done: threading.Event) -> tuple
     with psycopg.connect(url, autocommit=True) as conn:
         while sent < total:
             finished = consumer_done.is_set()
+            if written is not None:
+                written.clear()
             token = str(uuid.uuid4())
             with conn.pipeline(), conn.transaction():
                 conn.execute(OURS["outbox_lease_settings"])
@@ -321,7 +351,7 @@ def dispatch_ours(url: str, total: int, consumer_done: threading.Event) -> tuple
             if not rows:
                 if finished:
                     break
-                time.sleep(0.0005)
+                idle(written)
                 continue
             conn.execute(OURS["channel_pause_read"], {"channel": "email"}).fetchall()
             receipts = [null_send(r[1], json.loads(r[4])) for r in rows]
@@ -345,16 +375,17 @@ def check_ours(url: str, jobs: int) -> None:
 
 def run_ours(server: str, jobs: int) -> dict[str, float]:
     with oncebox_database(server, jobs) as url:
-        start, consumer_done = threading.Event(), threading.Event()
+        start, consumer_done, written = threading.Event(), threading.Event(), threading.Event()
 
         def consumer() -> tuple[int, float]:
             try:
-                return consume_ours(url, start)
+                return consume_ours(url, start, written)
             finally:
                 consumer_done.set()
+                written.set()
 
         with ThreadPoolExecutor(2) as pool:
-            dispatched = pool.submit(dispatch_ours, url, jobs, consumer_done)
+            dispatched = pool.submit(dispatch_ours, url, jobs, consumer_done, written)
             consumed = pool.submit(consumer)
             start.set()
             (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
