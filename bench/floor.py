@@ -216,25 +216,44 @@ def check_full(url: str, jobs: int) -> None:
     check(url, "SELECT count(*) FROM outbox WHERE state = 'sent'", jobs, "outbox rows sent")
 
 
+Consume = Callable[[threading.Event, threading.Event], tuple[int, float]]
+Dispatch = Callable[[threading.Event, threading.Event], tuple[int, float]]
+
+
+def lanes_concurrently(
+    consume_lane: Consume, dispatch_lane: Dispatch, jobs: int, what: str
+) -> float:
+    """Both lanes at once, on their own connections: jobs per second from the first claim to the
+    last receipt. `consume_lane(start, written)` begins at `start` and sets `written` after each
+    commit; `dispatch_lane(consumer_done, written)` waits on `written` when it finds nothing."""
+    start, consumer_done, written = threading.Event(), threading.Event(), threading.Event()
+
+    def consumer() -> tuple[int, float]:
+        try:
+            return consume_lane(start, written)
+        finally:
+            consumer_done.set()
+            written.set()
+
+    with ThreadPoolExecutor(2) as pool:
+        dispatched = pool.submit(dispatch_lane, consumer_done, written)
+        consumed = pool.submit(consumer)
+        start.set()
+        (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
+    if claimed != jobs or sent != jobs:
+        raise SystemExit(f"floor: {what} claimed {claimed} and sent {sent} of {jobs}")
+    return jobs / (last_receipt - first_claim)
+
+
 def run_full(server: str, jobs: int) -> dict[str, float]:
     with fresh_database(server) as url:
         copy_jobs(url, jobs)
-        start, consumer_done, written = threading.Event(), threading.Event(), threading.Event()
-
-        def consumer() -> tuple[int, float]:
-            try:
-                return consume(url, FULL, start, written)
-            finally:
-                consumer_done.set()
-                written.set()
-
-        with ThreadPoolExecutor(2) as pool:
-            dispatched = pool.submit(dispatch, url, jobs, consumer_done, written)
-            consumed = pool.submit(consumer)
-            start.set()
-            (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
-        if claimed != jobs or sent != jobs:
-            raise SystemExit(f"floor: full path claimed {claimed} and sent {sent} of {jobs}")
+        full_per_s = lanes_concurrently(
+            lambda start, written: consume(url, FULL, start, written),
+            lambda done, written: dispatch(url, jobs, done, written),
+            jobs,
+            "the full path",
+        )
         check_full(url, jobs)
 
         copy_jobs(url, jobs)
@@ -247,7 +266,7 @@ def run_full(server: str, jobs: int) -> dict[str, float]:
         dispatch_alone = time.perf_counter() - started
         check_full(url, jobs)
     return {
-        "full_per_s": jobs / (last_receipt - first_claim),
+        "full_per_s": full_per_s,
         "full_consumer_per_s": jobs / consumer_alone,
         "full_dispatch_per_s": jobs / dispatch_alone,
     }
@@ -375,22 +394,12 @@ def check_ours(url: str, jobs: int) -> None:
 
 def run_ours(server: str, jobs: int) -> dict[str, float]:
     with oncebox_database(server, jobs) as url:
-        start, consumer_done, written = threading.Event(), threading.Event(), threading.Event()
-
-        def consumer() -> tuple[int, float]:
-            try:
-                return consume_ours(url, start, written)
-            finally:
-                consumer_done.set()
-                written.set()
-
-        with ThreadPoolExecutor(2) as pool:
-            dispatched = pool.submit(dispatch_ours, url, jobs, consumer_done, written)
-            consumed = pool.submit(consumer)
-            start.set()
-            (claimed, first_claim), (sent, last_receipt) = consumed.result(), dispatched.result()
-        if claimed != jobs or sent != jobs:
-            raise SystemExit(f"floor: oncebox's SQL claimed {claimed} and sent {sent} of {jobs}")
+        ours_per_s = lanes_concurrently(
+            lambda start, written: consume_ours(url, start, written),
+            lambda done, written: dispatch_ours(url, jobs, done, written),
+            jobs,
+            "oncebox's SQL",
+        )
         check_ours(url, jobs)
     with oncebox_database(server, jobs) as url:
         started = time.perf_counter()
@@ -402,7 +411,7 @@ def run_ours(server: str, jobs: int) -> dict[str, float]:
         dispatch_alone = time.perf_counter() - started
         check_ours(url, jobs)
     return {
-        "ours_per_s": jobs / (last_receipt - first_claim),
+        "ours_per_s": ours_per_s,
         "ours_consumer_per_s": jobs / consumer_alone,
         "ours_dispatch_per_s": jobs / dispatch_alone,
     }
