@@ -27,8 +27,8 @@ from core import postgres_url, sqlite_url
 
 def run(kind: str, customers: int, server: str, results: Any) -> None:
     from oncebox import Box, JobContext
-    from oncebox.periods import iso_week
-    from oncebox.schedule import ScheduleContext
+    from oncebox.jobs.periods import iso_week
+    from oncebox.schedules.schedule import ScheduleContext
 
     make = sqlite_url if kind == "sqlite" else postgres_url(server)
     with make() as url:

@@ -87,9 +87,9 @@ def count_sqlite_transactions(log: list[tuple[float, str]]) -> None:
 
 def idle_worker(url: str, log_path: str) -> None:
     from oncebox import Box, JobContext
-    from oncebox.periods import iso_week
-    from oncebox.schedule import ScheduleContext
-    from oncebox.sweeper import SweepContext
+    from oncebox.jobs.periods import iso_week
+    from oncebox.schedules.schedule import ScheduleContext
+    from oncebox.timers.sweeper import SweepContext
 
     box = Box(url)  # the worker stores a secret of its own (a new connection: counted or not)
     box.channel("email", provider="null:")

@@ -29,8 +29,8 @@ from core import postgres_url, sqlite_url
 
 import oncebox
 from oncebox import Box, WorkerConfig
-from oncebox.dispatch import DispatcherConfig
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.outbox.dispatcher import DispatcherConfig
 
 SECRET = "bench-secret-0123456789"  # noqa: S105 (a benchmark's throwaway secret)
 

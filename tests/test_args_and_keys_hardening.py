@@ -20,9 +20,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import oncebox.consumer as consumer_module
+import oncebox.queue.consumer as consumer_module
 from oncebox import Box, Retry
-from oncebox.codec import (
+from oncebox.errors import InvalidArguments, InvalidKey, KeyTemplateError
+from oncebox.jobs.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_DEPTH,
     check_finite,
@@ -30,8 +31,7 @@ from oncebox.codec import (
     encode_args,
     parse_args,
 )
-from oncebox.errors import InvalidArguments, InvalidKey, KeyTemplateError
-from oncebox.keys import KeyTemplate
+from oncebox.jobs.keys import KeyTemplate
 from oncebox.testing import RedeliveringTransport
 
 SECRET = "test-secret-not-for-production"
@@ -400,7 +400,7 @@ def test_the_precomputed_argument_check_agrees_with_python_binding(handler, args
     """The consumer checks arguments against a shape worked out once per task; it must refuse
     exactly what calling the handler with those arguments would refuse (and then the scalar
     annotations), no more, no less."""
-    from oncebox.tasks import make_task
+    from oncebox.jobs.tasks import make_task
 
     task = make_task(handler, name="t", key=None, retry=None, timeout=60, priority=0,
                      queue="default", group_by=None, keep_intents=None)  # fmt: skip

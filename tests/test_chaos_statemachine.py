@@ -53,8 +53,6 @@ from hypothesis.stateful import (
 from oncebox import Box, Retry, WorkerConfig, points
 from oncebox.chaos.runner import iso_label, monday_fire
 from oncebox.clock import ClockSetting, to_micros
-from oncebox.consumer import ConsumerConfig
-from oncebox.dispatch import DispatcherConfig
 from oncebox.errors import StoreUnavailable
 from oncebox.examples.logistics.app import (
     DIGEST_KEY,
@@ -66,8 +64,10 @@ from oncebox.examples.logistics.app import (
 )
 from oncebox.examples.logistics.seed import seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.jobs.periods import zone
 from oncebox.operations import DeadFilter
-from oncebox.periods import zone
+from oncebox.outbox.dispatcher import DispatcherConfig
+from oncebox.queue.consumer import ConsumerConfig
 from oncebox.testing import RedeliveringTransport
 
 EXAMPLES = int(os.environ.get("ONCEBOX_HYPOTHESIS_EXAMPLES", "40"))

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncebox.codec import _encode_checked, decode_args, encode_args
 from oncebox.errors import InvalidArguments, PayloadTooLarge
+from oncebox.jobs.codec import _encode_checked, decode_args, encode_args
 
 
 def test_arguments_encode_canonically():

@@ -11,8 +11,8 @@ import pytest
 
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.outbox.tokens import derive_token
 from oncebox.testing import FrozenClock, drain
-from oncebox.tokens import derive_token
 from support.outbox import SECRET, enqueue_customers
 from support.procs import dispatch_and_die
 

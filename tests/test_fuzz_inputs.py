@@ -38,8 +38,6 @@ from hypothesis import strategies as st
 from conftest import PG_URL
 from oncebox import Box, Retry
 from oncebox.cli.app import main
-from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_args, encode_args
-from oncebox.consumer import ConsumerResult
 from oncebox.errors import (
     ConfigurationError,
     EnqueueError,
@@ -50,8 +48,9 @@ from oncebox.errors import (
     UnknownTask,
 )
 from oncebox.fakes.email_api import FakeEmailApi
-from oncebox.keys import MAX_KEY_LENGTH, KeyTemplate, validate_key
-from oncebox.periods import day, in_zone, iso_week, month
+from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_args, encode_args
+from oncebox.jobs.keys import MAX_KEY_LENGTH, KeyTemplate, validate_key
+from oncebox.jobs.periods import day, in_zone, iso_week, month
 from oncebox.providers import Outgoing, Receipt, from_url
 from oncebox.providers.base import (
     SendAmbiguous,
@@ -61,7 +60,8 @@ from oncebox.providers.base import (
     SendThrottled,
 )
 from oncebox.providers.http import parse_retry_after
-from oncebox.schedule import make_schedule
+from oncebox.queue.consumer import ConsumerResult
+from oncebox.schedules.schedule import make_schedule
 from oncebox.testing import FrozenClock, RedeliveringTransport, drain
 from support.db import sql
 from support.outbox import enqueue_customers

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.outbox.tokens import derive_token, idempotency_key
 from oncebox.testing import FrozenClock, drain
-from oncebox.tokens import derive_token, idempotency_key
 from support.outbox import SECRET, enqueue_customers
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -157,7 +157,7 @@ def test_an_ambiguous_row_resolved_resend_past_the_window_is_sent_once(api, stor
 def test_a_dispatcher_that_died_holding_a_lease_past_the_window_leaves_it_ambiguous(
     api, store_url, mail_box
 ):
-    from oncebox.delivery_rescuer import DeliveryRescuer
+    from oncebox.outbox.delivery_rescuer import DeliveryRescuer
     from oncebox.store.base import OutboxLeaseParams
 
     box = mail_box(store_url, f"{api.url}?window_hours=1")

@@ -22,11 +22,11 @@ from oncebox.cli.app import main
 from oncebox.cli.run_cmds import typed_arguments
 from oncebox.errors import ConfigurationError, InvalidArguments
 from oncebox.fakes.email_api import FakeEmailApi
-from oncebox.periods import PeriodKind, custom, day, in_zone, iso_week, month
+from oncebox.jobs.periods import PeriodKind, custom, day, in_zone, iso_week, month
 from oncebox.providers import Receipt, from_url
 from oncebox.providers.base import SendPermanent, SendRetryable
 from oncebox.providers.http import HttpEmailProvider
-from oncebox.schedule import make_schedule
+from oncebox.schedules.schedule import make_schedule
 from oncebox.store import open_store
 from oncebox.store.postgres import PostgresStore, redact, split_url
 

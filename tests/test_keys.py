@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oncebox.errors import InvalidKey, KeyTemplateError
-from oncebox.keys import MAX_KEY_LENGTH, KeyTemplate, _rule_broken, key_problem, validate_key
+from oncebox.jobs.keys import MAX_KEY_LENGTH, KeyTemplate, _rule_broken, key_problem, validate_key
 
 DIGEST = KeyTemplate.parse("weekly-digest/customer-{customer_id}/{period}")
 

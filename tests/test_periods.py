@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oncebox import ConfigurationError, InvalidArguments
-from oncebox.periods import custom, day, in_zone, iso_week, month, weeks_in_iso_year
-from oncebox.schedule import make_schedule
+from oncebox.jobs.periods import custom, day, in_zone, iso_week, month, weeks_in_iso_year
+from oncebox.schedules.schedule import make_schedule
 
 
 def utc(*args: int) -> datetime:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
-from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, drain
 from support.db import create_effects, effects, record_effect, sql
 from support.procs import hold_key_in_handler
@@ -244,7 +244,7 @@ def test_a_consumer_survives_its_connection_being_terminated(pg_url):
 
 @pytest.mark.slow
 def test_the_server_ends_a_hung_handlers_transaction_and_releases_its_claim(pg_url):
-    from oncebox.watch import HandlerWatch
+    from oncebox.queue.watch import HandlerWatch
 
     box = Box(pg_url)
     create_effects(box)
@@ -464,7 +464,7 @@ def test_an_outbox_lease_reads_each_channels_head_not_the_whole_backlog(pg_url):
     limit's worth from the due index, not every due row (sorted, per lease: O(backlog))."""
     import re
 
-    from oncebox.dispatch import DispatcherConfig
+    from oncebox.outbox.dispatcher import DispatcherConfig
 
     writer = Box(pg_url, secret="s" * 32)
     writer.channel("email", provider="null:")

@@ -10,9 +10,9 @@ import pytest
 
 from oncebox import ConfigurationError, WorkerConfig, points
 from oncebox.fakes.email_api import FakeEmailApi
-from oncebox.ratelimit import BucketState, Limit, take
+from oncebox.lanes.worker import Worker
+from oncebox.outbox.ratelimit import BucketState, Limit, take
 from oncebox.testing import FrozenClock, MemoryProvider, drain
-from oncebox.worker import Worker
 from support.outbox import enqueue_customers
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from oncebox import ConfigurationError
+from oncebox.outbox.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous, from_url
 from oncebox.providers.http import parse_retry_after
 from oncebox.providers.local import FileProvider
 from oncebox.providers.smtp import dot_stuffed
-from oncebox.resolver import AmbiguityResolver
 from oncebox.testing import drain
 from support.outbox import enqueue_customers
 

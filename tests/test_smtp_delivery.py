@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.outbox.tokens import derive_token
 from oncebox.testing import FrozenClock, drain
-from oncebox.tokens import derive_token
 from support.outbox import SECRET, enqueue_customers
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, HandlerTimeout, Retry, WorkerConfig, points
-from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.worker import Worker
+from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.watch import EXIT_HUNG_HANDLER
 from oncebox.testing import FrozenClock, drain
-from oncebox.watch import EXIT_HUNG_HANDLER
-from oncebox.worker import Worker
 from support.apps import digest_box
 from support.db import create_effects, effects, record_effect, sql
 from support.procs import (

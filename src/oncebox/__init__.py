@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from oncebox.box import Box, EnqueueManyResult, EnqueueResult
 from oncebox.clock import ClockSetting
-from oncebox.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
-from oncebox.context import JobContext
 from oncebox.errors import (
     ConfigurationError,
     DrainFailed,
@@ -30,10 +28,12 @@ from oncebox.errors import (
     TransactionControlRefused,
     UnknownTask,
 )
+from oncebox.jobs.context import JobContext
+from oncebox.jobs.retry import Retry
+from oncebox.jobs.tasks import Task
+from oncebox.lanes.worker import WorkerConfig, WorkerResult
 from oncebox.operations import ActionOutcome
-from oncebox.retry import Retry
-from oncebox.tasks import Task
-from oncebox.worker import WorkerConfig, WorkerResult
+from oncebox.queue.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
 
 __version__ = "0.1.0.dev0"
 

@@ -27,20 +27,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, overload
 
-from oncebox.assembly import build_consumer, worker_name
-from oncebox.channels import Channel, make_channel
-from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_args, encode_args
-from oncebox.consumer import Consumer, ConsumerConfig
-from oncebox.dispatch import DispatcherConfig, OutboxDispatcher
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
-from oncebox.keyguard import KeyGuard
+from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_args, encode_args
+from oncebox.jobs.keyguard import KeyGuard
+from oncebox.jobs.periods import PeriodKind
+from oncebox.jobs.retry import Retry
+from oncebox.jobs.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
+from oncebox.lanes.assembly import build_consumer, worker_name
+from oncebox.lanes.worker import Worker, WorkerConfig, WorkerResult
 from oncebox.metrics import Metrics
 from oncebox.operations import Operations, reason_text
-from oncebox.outbox import OutboxWriter
-from oncebox.periods import PeriodKind
+from oncebox.outbox.channels import Channel, make_channel
+from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
+from oncebox.outbox.tokens import SECRET_SETTING, check_secret, new_secret, secret_from_env
+from oncebox.outbox.writer import OutboxWriter
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider
-from oncebox.retry import Retry
-from oncebox.schedule import (
+from oncebox.queue.consumer import Consumer, ConsumerConfig
+from oncebox.queue.transport import Transport
+from oncebox.queue.watch import HandlerWatch
+from oncebox.schedules.schedule import (
     CatchUp,
     FanOutResult,
     Overlap,
@@ -52,12 +57,7 @@ from oncebox.schedule import (
 )
 from oncebox.store import open_store
 from oncebox.store.base import Audit, JobInsert, JobInsertMany, ScheduleRunRef, Store
-from oncebox.sweeper import ExpirySweeper, SweepContext, Sweeper, make_sweeper
-from oncebox.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
-from oncebox.tokens import SECRET_SETTING, check_secret, new_secret, secret_from_env
-from oncebox.transport import Transport
-from oncebox.watch import HandlerWatch
-from oncebox.worker import Worker, WorkerConfig, WorkerResult
+from oncebox.timers.sweeper import ExpirySweeper, SweepContext, Sweeper, make_sweeper
 
 log = logging.getLogger("oncebox")
 MAX_DELAY = timedelta(days=100 * 366)

@@ -14,7 +14,7 @@ from typing import Literal
 from oncebox.clock import monotonic
 from oncebox.clock import sleep as clock_sleep
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
-from oncebox.keys import validate_key
+from oncebox.jobs.keys import validate_key
 from oncebox.metrics import Metrics
 from oncebox.store.base import JobFilter, JobRow, OperatorAction, OutboxFilter, OutboxRow, Store
 

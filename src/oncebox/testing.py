@@ -28,15 +28,15 @@ from typing import Any
 
 from oncebox.box import Box
 from oncebox.clock import EPOCH, ClockSetting
-from oncebox.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
-from oncebox.consumer import ConsumerResult, FailedAttempt
-from oncebox.delivery_rescuer import DeliveryRescuer
-from oncebox.dispatch import DispatcherResult
 from oncebox.errors import DrainFailed
+from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
+from oncebox.outbox.delivery_rescuer import DeliveryRescuer
+from oncebox.outbox.dispatcher import DispatcherResult
 from oncebox.providers import Outgoing, Receipt
-from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.consumer import ConsumerResult, FailedAttempt
+from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.base import ConsumerTx, JobRow
-from oncebox.transport import Delivery, Settlement
 
 
 @dataclass

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, ConsumerConfig, DrainFailed, Permanent, Retry, RetryLater, points
-from oncebox.pruner import Pruner, PrunerConfig
-from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.testing import FrozenClock, RedeliveringTransport, drain
 from support.db import create_effects, effects, record_effect
 from support.procs import broker_consumer
@@ -486,8 +486,8 @@ def test_higher_priority_jobs_run_first(box: Box):
 
 
 def test_heartbeats_extend_held_leases_until_a_handler_overruns(box: Box):
-    from oncebox.heartbeat import LeaseKeeper, LeaseKeeperConfig
-    from oncebox.watch import HandlerWatch
+    from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperConfig
+    from oncebox.queue.watch import HandlerWatch
 
     task = digest_task(box)
     with FrozenClock(box, at=T0) as clock:

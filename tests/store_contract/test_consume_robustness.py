@@ -140,8 +140,8 @@ def test_a_same_key_delivery_set_aside_is_not_lost_when_the_budget_cuts_the_batc
 def test_an_idle_worker_does_not_spin_on_a_due_job_it_cannot_lease(box: Box):
     from datetime import UTC, datetime
 
+    from oncebox.lanes.worker import Worker, WorkerConfig
     from oncebox.testing import FrozenClock
-    from oncebox.worker import Worker, WorkerConfig
 
     @box.task(key="g/{name}", group_by="group", retry=Retry(max_attempts=3))
     def g(ctx, group: str, name: str) -> None:

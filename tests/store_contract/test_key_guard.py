@@ -13,10 +13,10 @@ import pytest
 
 from oncebox import Box, JobContext
 from oncebox.errors import ConfigurationError, KeyDrift, NotFound
-from oncebox.keyguard import KeyGuard, schedule_canary, task_canary
-from oncebox.periods import day, iso_week
-from oncebox.schedule import make_schedule
-from oncebox.tasks import make_task
+from oncebox.jobs.keyguard import KeyGuard, schedule_canary, task_canary
+from oncebox.jobs.periods import day, iso_week
+from oncebox.jobs.tasks import make_task
+from oncebox.schedules.schedule import make_schedule
 from oncebox.testing import FrozenClock, drain
 from support.db import record_effect, sql
 from support.digest_schedule import scheduled_box

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, Retry
+from oncebox.outbox.tokens import derive_token
 from oncebox.testing import FrozenClock, MemoryProvider, drain, outbox_sent
-from oncebox.tokens import derive_token
 from support.db import create_effects, effects, record_effect
 from support.outbox import SECRET, enqueue_customers
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from oncebox import Box, JobContext
-from oncebox.periods import iso_week
-from oncebox.schedule import ScheduleContext
+from oncebox.jobs.periods import iso_week
+from oncebox.schedules.schedule import ScheduleContext
 
 box = Box()
 box.channel("email")

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from oncebox import Box
 from oncebox.clock import to_micros
-from oncebox.sweeper import SweepContext
+from oncebox.timers.sweeper import SweepContext
 from support.db import sql
 
 SECRET = "holds-test-secret-0123456789"

@@ -23,9 +23,9 @@ from datetime import datetime
 from typing import Any
 
 from oncebox.errors import ConfigurationError
-from oncebox.periods import PeriodKind, iso_week
+from oncebox.jobs.periods import PeriodKind, iso_week
+from oncebox.queue.transport import Delivery, TableTransport
 from oncebox.store.base import JobFinish
-from oncebox.transport import Delivery, TableTransport
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,14 @@ def drop_unique_claim(conn: Any, dialect: str) -> None:
 def undo_process_wide() -> None:
     """Put back what a mutation replaced in this process (the harness runs many scenarios in
     one process; a worker process simply exits)."""
-    from oncebox import assembly  # noqa: PLC0415
+    from oncebox.lanes import assembly  # noqa: PLC0415
 
     setattr(assembly, "TableTransport", TableTransport)  # noqa: B010 (mypy: not exported)
 
 
 def _install_ack_on_receipt() -> None:
     """Celery's default (`acks_late=False`): a job is done the moment it is received."""
-    from oncebox import assembly  # noqa: PLC0415
+    from oncebox.lanes import assembly  # noqa: PLC0415
 
     class AckOnReceipt(TableTransport):
         def fetch(self, limit: int) -> list[Delivery]:

@@ -41,7 +41,7 @@ from oncebox.examples.logistics.app import connect, create_tables
 from oncebox.examples.logistics.seed import is_active, seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
-from oncebox.schedule import FanOutResult
+from oncebox.schedules.schedule import FanOutResult
 
 SPAWN = multiprocessing.get_context("spawn")
 SETTLE_STEP = timedelta(seconds=15)
@@ -58,7 +58,7 @@ PROVIDER_TIMEOUT_S = 1  # accept-then-timeout answers after 2 s: the client has 
 
 def monday_fire(year: int, week: int, tz: str = "UTC") -> datetime:
     """Monday 09:00 of an ISO week in `tz`, as UTC: when the weekly-digest schedule fires."""
-    from oncebox.periods import zone  # noqa: PLC0415
+    from oncebox.jobs.periods import zone  # noqa: PLC0415
 
     local = datetime.fromisocalendar(year, week, 1).replace(hour=9, tzinfo=zone(tz))
     return local.astimezone(UTC)
@@ -66,7 +66,7 @@ def monday_fire(year: int, week: int, tz: str = "UTC") -> datetime:
 
 def iso_label(instant: datetime, tz: str = "UTC") -> str:
     """The checker's own ISO-week label for an instant (independent of oncebox.periods)."""
-    from oncebox.periods import zone  # noqa: PLC0415
+    from oncebox.jobs.periods import zone  # noqa: PLC0415
 
     year, week, _ = instant.astimezone(zone(tz)).isocalendar()
     return f"{year:04d}-W{week:02d}"

@@ -20,11 +20,11 @@ from oncebox import Box, Retry, WorkerConfig, points
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.recording import RecordingProvider
-from oncebox.consumer import ConsumerConfig
-from oncebox.dispatch import DispatcherConfig
 from oncebox.examples.logistics.app import SENDER, build_box
-from oncebox.periods import iso_week
+from oncebox.jobs.periods import iso_week
+from oncebox.outbox.dispatcher import DispatcherConfig
 from oncebox.providers import from_url
+from oncebox.queue.consumer import ConsumerConfig
 from oncebox.testing import RedeliveringTransport
 
 Action = Literal["kill", "stop", "pause", "raise"]
@@ -210,7 +210,7 @@ def racer_main(
 def _stop_heartbeats() -> None:
     """This process's leases are never extended: with a pause at a point, the whole worker
     stalls as in a stop-the-world pause, and its leases run out on the shared clock."""
-    from oncebox.heartbeat import LeaseKeeper, LeaseKeeperResult  # noqa: PLC0415
+    from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperResult  # noqa: PLC0415
 
     def no_heartbeat(self: LeaseKeeper) -> LeaseKeeperResult:
         return LeaseKeeperResult(tokens=0, extended=0, overdue=0)

@@ -11,7 +11,7 @@ from oncebox.errors import OnceboxError
 
 
 def _check_week(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    from oncebox.periods import iso_week  # noqa: PLC0415 (keeps start-up light)
+    from oncebox.jobs.periods import iso_week  # noqa: PLC0415 (keeps start-up light)
 
     if value is not None:
         try:

@@ -23,7 +23,7 @@ from oncebox.cli.common import (
     reported,
 )
 from oncebox.errors import NotFound
-from oncebox.keys import validate_key
+from oncebox.jobs.keys import validate_key
 from oncebox.store.base import AuditFilter, JobFilter
 
 JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]

@@ -22,7 +22,7 @@ from oncebox.cli.common import (
 )
 from oncebox.cli.inspect_cmds import OUTBOX_STATES
 from oncebox.errors import NotFound
-from oncebox.keys import validate_key
+from oncebox.jobs.keys import validate_key
 from oncebox.store.base import OutboxFilter
 
 

@@ -21,11 +21,11 @@ from oncebox.cli.common import (
     print_json,
     reported,
 )
-from oncebox.codec import MAX_DEPTH
 from oncebox.errors import InvalidArguments
+from oncebox.jobs.codec import MAX_DEPTH
+from oncebox.jobs.tasks import Task
+from oncebox.lanes.worker import WorkerConfig
 from oncebox.store import open_store
-from oncebox.tasks import Task
-from oncebox.worker import WorkerConfig
 
 
 @click.command()

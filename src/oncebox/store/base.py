@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from oncebox.clock import ClockSetting
-from oncebox.ratelimit import BucketState
+from oncebox.outbox.ratelimit import BucketState
 
 T = TypeVar("T")
 

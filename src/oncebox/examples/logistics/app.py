@@ -15,10 +15,10 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from oncebox import Box, JobContext, Retry
 from oncebox.clock import to_micros
-from oncebox.periods import PeriodKind, iso_week
-from oncebox.schedule import ScheduleContext
-from oncebox.sweeper import SweepContext
-from oncebox.tokens import derive_token
+from oncebox.jobs.periods import PeriodKind, iso_week
+from oncebox.outbox.tokens import derive_token
+from oncebox.schedules.schedule import ScheduleContext
+from oncebox.timers.sweeper import SweepContext
 
 DIGEST_KEY = "weekly-digest/customer-{customer_id}/{period}"
 HOLD_KEY = "hold-expired/hold-{hold_id}"

@@ -47,11 +47,11 @@ from oncebox.examples.logistics.app import (
 )
 from oncebox.examples.logistics.faults import FaultyFileSink
 from oncebox.examples.logistics.seed import seed_freight
-from oncebox.periods import iso_week
+from oncebox.jobs.periods import iso_week
+from oncebox.outbox.tokens import derive_token
 from oncebox.providers.local import FileProvider
 from oncebox.store import open_store
 from oncebox.testing import RedeliveringTransport
-from oncebox.tokens import derive_token
 
 DEFAULT_DB = "oncebox-demo.db"
 DIGEST_SUBJECT = "Your shipments, "

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from oncebox import points
 from oncebox.errors import ConfigurationError
-from oncebox.keys import validate_key
-from oncebox.lane import run_forever
-from oncebox.outbox import OutboxWriter
+from oncebox.jobs.keys import validate_key
+from oncebox.jobs.tasks import check_name
+from oncebox.lanes.loop import run_forever
+from oncebox.outbox.writer import OutboxWriter
 from oncebox.store.base import ConsumerSession, ConsumerSettings, IntentClaim
-from oncebox.tasks import check_name
 
 if TYPE_CHECKING:
     from oncebox.box import Box

@@ -39,8 +39,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from oncebox import clock, points
-from oncebox.codec import check_finite, parse_args
-from oncebox.context import JobContext
 from oncebox.errors import (
     HandlerTimeout,
     InvalidArguments,
@@ -50,8 +48,13 @@ from oncebox.errors import (
     TransactionEnded,
     UnknownTask,
 )
+from oncebox.jobs.codec import check_finite, parse_args
+from oncebox.jobs.context import JobContext
+from oncebox.jobs.tasks import Registry, Task
 from oncebox.metrics import Metrics
-from oncebox.outbox import OutboxWriter
+from oncebox.outbox.writer import OutboxWriter
+from oncebox.queue.transport import Delivery, Settlement, Transport
+from oncebox.queue.watch import HandlerWatch
 from oncebox.store.base import (
     ClaimLockTimeout,
     ConsumerSession,
@@ -60,9 +63,6 @@ from oncebox.store.base import (
     OutboxInsert,
     storable_text,
 )
-from oncebox.tasks import Registry, Task
-from oncebox.transport import Delivery, Settlement, Transport
-from oncebox.watch import HandlerWatch
 
 MAX_ERROR_CHARS = 8000
 log = logging.getLogger("oncebox.consumer")

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from oncebox.channels import Channel
 from oncebox.metrics import Metrics
+from oncebox.outbox.channels import Channel
 from oncebox.store.base import OutboxFinish, OutboxRow, Store
 
 

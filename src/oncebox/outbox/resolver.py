@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from oncebox.channels import Channel
-from oncebox.lane import run_forever
+from oncebox.lanes.loop import run_forever
+from oncebox.outbox.channels import Channel
+from oncebox.outbox.tokens import idempotency_key
 from oncebox.providers import Outgoing, StatusLookup
 from oncebox.store.base import OperatorAction, Store
-from oncebox.tokens import idempotency_key
 
 log = logging.getLogger("oncebox.resolver")
 

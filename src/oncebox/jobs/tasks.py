@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
-from oncebox.keys import KeyTemplate, quote_template
-from oncebox.retry import Retry
+from oncebox.jobs.keys import KeyTemplate, quote_template
+from oncebox.jobs.retry import Retry
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
 DEFAULT_QUEUE = "default"

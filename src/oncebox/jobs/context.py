@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from oncebox.outbox import OutboxWriter
+from oncebox.outbox.writer import OutboxWriter
 from oncebox.store.base import HandlerConnection
 
 

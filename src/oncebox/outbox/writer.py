@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from oncebox.channels import Channel
-from oncebox.codec import has_nul
 from oncebox.errors import ConfigurationError, InvalidArguments
-from oncebox.keys import key_problem, validate_key
+from oncebox.jobs.codec import has_nul
+from oncebox.jobs.keys import key_problem, validate_key
+from oncebox.outbox.channels import Channel
+from oncebox.outbox.tokens import derive_token
 from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
 from oncebox.store.base import OutboxInsert
-from oncebox.tokens import derive_token
 
 MAX_PAYLOAD_BYTES = MAX_EMAIL_BYTES
 SUFFIX_SEPARATOR = "~"

@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from oncebox import clock, points
-from oncebox.channels import Channel
-from oncebox.lane import run_forever
+from oncebox.lanes.loop import run_forever
 from oncebox.metrics import Metrics
+from oncebox.outbox.channels import Channel
+from oncebox.outbox.ratelimit import Grant, take
+from oncebox.outbox.tokens import idempotency_key
 from oncebox.providers import (
     Outgoing,
     SendAmbiguous,
@@ -41,9 +43,7 @@ from oncebox.providers import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.ratelimit import Grant, take
 from oncebox.store.base import OutboxFinish, OutboxLeased, OutboxLeaseParams, Store
-from oncebox.tokens import idempotency_key
 
 log = logging.getLogger("oncebox.dispatcher")
 MAX_ERROR_CHARS = 4000

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from oncebox.lane import run_forever
+from oncebox.jobs.tasks import Task
+from oncebox.lanes.loop import run_forever
 from oncebox.store.base import Store
-from oncebox.tasks import Task
 
 DEFAULT_JOB_RETENTION = timedelta(days=14)
 

@@ -47,11 +47,11 @@ from cronsim import CronSim, CronSimError
 
 from oncebox import points
 from oncebox.errors import ConfigurationError, InvalidArguments, InvalidState, KeyDrift
-from oncebox.keys import key_problem
-from oncebox.lane import run_forever
-from oncebox.periods import PeriodKind, aware, zone
+from oncebox.jobs.keys import key_problem
+from oncebox.jobs.periods import PeriodKind, aware, zone
+from oncebox.jobs.tasks import check_name
+from oncebox.lanes.loop import run_forever
 from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, Store
-from oncebox.tasks import check_name
 
 if TYPE_CHECKING:
     from oncebox.box import Box

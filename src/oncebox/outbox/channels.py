@@ -24,11 +24,11 @@ from datetime import timedelta
 from typing import Literal
 
 from oncebox.errors import ConfigurationError
+from oncebox.jobs.retry import Retry
+from oncebox.jobs.tasks import check_name
+from oncebox.outbox.ratelimit import Limit
 from oncebox.providers import Provider, from_url
-from oncebox.ratelimit import Limit
-from oncebox.retry import Retry
 from oncebox.store.base import BucketSpec
-from oncebox.tasks import check_name
 
 Ambiguity = Literal["hold", "retry"]
 DEFAULT_CHANNEL_RETRY = Retry(

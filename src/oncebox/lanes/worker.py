@@ -36,20 +36,20 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from oncebox import points
-from oncebox.assembly import build_consumer, worker_name
-from oncebox.channels import Channel
-from oncebox.consumer import Consumer, ConsumerConfig, ConsumerResult
-from oncebox.delivery_rescuer import DeliveryRescuer
-from oncebox.dispatch import DispatcherConfig, DispatcherResult, OutboxDispatcher
 from oncebox.errors import ConfigurationError, StoreUnavailable
-from oncebox.heartbeat import LeaseKeeper, LeaseKeeperConfig
-from oncebox.pruner import Pruner, PrunerConfig
-from oncebox.rescuer import LeaseRescuer, LeaseRescuerConfig
-from oncebox.resolver import AmbiguityResolver
+from oncebox.lanes.assembly import build_consumer, worker_name
+from oncebox.outbox.channels import Channel
+from oncebox.outbox.delivery_rescuer import DeliveryRescuer
+from oncebox.outbox.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
+from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.queue.consumer import Consumer, ConsumerConfig, ConsumerResult
+from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperConfig
+from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.transport import Transport
+from oncebox.queue.watch import HandlerWatch
+from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.store.migrations import check_runnable
-from oncebox.sweeper import ExpirySweeper
-from oncebox.transport import Transport
-from oncebox.watch import HandlerWatch
+from oncebox.timers.sweeper import ExpirySweeper
 
 if TYPE_CHECKING:
     from oncebox.box import Box

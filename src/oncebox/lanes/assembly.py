@@ -9,11 +9,11 @@ import random
 import socket
 from typing import TYPE_CHECKING
 
-from oncebox.consumer import Consumer, ConsumerConfig
 from oncebox.errors import ConfigurationError
+from oncebox.queue.consumer import Consumer, ConsumerConfig
+from oncebox.queue.transport import Delivery, TableTransport, Transport
+from oncebox.queue.watch import HandlerWatch
 from oncebox.store.base import ConsumerSettings
-from oncebox.transport import Delivery, TableTransport, Transport
-from oncebox.watch import HandlerWatch
 
 if TYPE_CHECKING:
     from oncebox.box import Box

@@ -1,0 +1,1 @@
+"""Retention: which finished rows are pruned, when, and what is never pruned."""
