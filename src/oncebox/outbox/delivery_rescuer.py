@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from oncebox.metrics import Metrics
+from oncebox.outbox import transitions
 from oncebox.outbox.channels import Channel
+from oncebox.outbox.transitions import past_window
 from oncebox.store.base import OutboxFinish, OutboxRow, Store
 
 
@@ -34,50 +36,34 @@ class DeliveryRescuerResult:
 
 
 def decide_expired(channel: Channel, row: OutboxRow, now: datetime) -> OutboxFinish:
+    """The transition of a row whose dispatcher lease expired (see the module docstring and
+    `transitions.py`)."""
     worker = row.leased_by or "a dispatcher"
     if row.state == "sending":
         if channel.ambiguity == "retry":
-            return OutboxFinish(
+            return transitions.resend_possible_duplicate(
                 row.id,
-                "pending",
-                "lease_expired",
-                True,
-                possible_duplicate=True,
-                error=f"{worker} stopped after marking the message sending; "
+                f"{worker} stopped after marking the message sending; "
                 "resent under policy retry (a possible duplicate)",
+                outcome="lease_expired",
             )
-        return OutboxFinish(
+        return transitions.hold_ambiguous(
             row.id,
-            "ambiguous",
-            "ambiguous",
-            True,
-            error=f"{worker} stopped after marking the message sending; it may "
+            f"{worker} stopped after marking the message sending; it may "
             "have been sent (policy hold: not resent)",
         )
     if not channel.idempotent:
-        return OutboxFinish(row.id, "pending", None, False)  # nothing was sent: no marker
-    window = channel.window
-    if (
-        window is not None
-        and row.first_leased_at is not None
-        and row.first_leased_at + window <= now
-    ):
-        return OutboxFinish(
+        return transitions.unsent_after_expiry(row.id)  # no marker: nothing was sent
+    if past_window(channel.window, row.first_leased_at, now):
+        assert row.first_leased_at is not None  # past_window is False without it
+        return transitions.hold_past_window(
             row.id,
-            "ambiguous",
-            "ambiguous",
-            False,
-            error=f"{worker}'s lease expired and the row was first leased at "
+            f"{worker}'s lease expired and the row was first leased at "
             f"{row.first_leased_at.isoformat()}, past the provider's "
-            f"idempotency window of {window}: a resend could duplicate",
+            f"idempotency window of {channel.window}: a resend could duplicate",
         )
-    return OutboxFinish(
-        row.id,
-        "pending",
-        "lease_expired",
-        False,
-        error=f"{worker}'s lease expired; resent with the same idempotency key",
-        uncertain=True,
+    return transitions.resend_after_expiry(
+        row.id, f"{worker}'s lease expired; resent with the same idempotency key"
     )
 
 

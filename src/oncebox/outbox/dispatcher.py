@@ -33,9 +33,11 @@ from datetime import datetime, timedelta
 from oncebox import clock, points
 from oncebox.lanes.loop import run_forever
 from oncebox.metrics import Metrics
+from oncebox.outbox import transitions
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.ratelimit import Grant, take
 from oncebox.outbox.tokens import idempotency_key
+from oncebox.outbox.transitions import past_window
 from oncebox.providers import (
     Outgoing,
     SendAmbiguous,
@@ -43,12 +45,18 @@ from oncebox.providers import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.store.base import OutboxFinish, OutboxLeased, OutboxLeaseParams, Store
+from oncebox.store.base import OutboxFinish, OutboxLeased, OutboxLeaseParams, OutboxRow, Store
 
 log = logging.getLogger("oncebox.dispatcher")
 MAX_ERROR_CHARS = 4000
 ZERO = timedelta(0)
 MIN_PAUSE = timedelta(seconds=1)
+
+
+def outgoing_of(row: OutboxLeased | OutboxRow, attempt: int) -> Outgoing:
+    """The message a provider is handed for an outbox row: its frozen payload and its token
+    (the idempotency key and Message-ID derive from it), never the raw key."""
+    return Outgoing(row.id, row.channel, row.token, json.loads(row.payload_json), attempt)
 
 
 @dataclass(frozen=True)
@@ -180,7 +188,7 @@ class OutboxDispatcher:
         """Unsent rows back to pending, due after `delay`, without spending an attempt."""
         if not rows:
             return
-        finishes = [OutboxFinish(row.id, "pending", None, False, delay) for row in rows]
+        finishes = [transitions.give_back(row.id, delay) for row in rows]
         result.waited += len(self.store.outbox_finish(token, finishes))
 
     def _record(self, token: str, finishes: list[OutboxFinish], result: DispatcherResult) -> None:
@@ -221,18 +229,13 @@ class OutboxDispatcher:
         started: float,
         result: DispatcherResult,
     ) -> OutboxFinish | None:
-        outgoing = Outgoing(
-            row.id, channel.name, row.token, json.loads(row.payload_json), row.attempt + 1
-        )
+        outgoing = outgoing_of(row, row.attempt + 1)
         if channel.idempotent and row.uncertain and self._past_window(channel, row, started):
             # an earlier outcome is unknown and the provider may have forgotten the key: a
             # resend now could deliver a second copy, so the row waits for reconciliation
-            return OutboxFinish(
+            return transitions.hold_past_window(
                 row.id,
-                "ambiguous",
-                "ambiguous",
-                False,
-                error="an earlier attempt's outcome is unknown and the provider's idempotency "
+                "an earlier attempt's outcome is unknown and the provider's idempotency "
                 "window has passed since the row was first leased: not resent",
             )
         if not channel.idempotent:
@@ -251,7 +254,7 @@ class OutboxDispatcher:
                 result.alarms += 1
                 self.metrics.count("delivery_alarms")
                 log.error("ALARM outbox row %s (%s): %s", row.id, row.key, exc.reason)
-            return OutboxFinish(row.id, "dead", "dead", True, error=exc.reason[:MAX_ERROR_CHARS])
+            return transitions.dead(row.id, exc.reason[:MAX_ERROR_CHARS])
         except SendAmbiguous as exc:
             return self._ambiguous(channel, row, exc.reason, started)
         except Exception as exc:  # a provider bug: assume the worst about what was sent
@@ -260,9 +263,7 @@ class OutboxDispatcher:
             )
             return self._ambiguous(channel, row, f"{type(exc).__name__}: {exc}", started)
         points.reach("dispatcher.after_provider_accept_before_record")
-        return OutboxFinish(
-            row.id, "sent", "sent", True, receipt=receipt.provider_id or receipt.detail or None
-        )
+        return transitions.sent(row.id, receipt.provider_id or receipt.detail or None)
 
     def _now(self, row: OutboxLeased, started: float) -> datetime:
         """The database time now, from the lease's own timestamp and elapsed monotonic time."""
@@ -271,10 +272,7 @@ class OutboxDispatcher:
     def _past_window(
         self, channel: Channel, row: OutboxLeased, started: float, later: timedelta = ZERO
     ) -> bool:
-        window = channel.window
-        return (
-            window is not None and row.first_leased_at + window <= self._now(row, started) + later
-        )
+        return past_window(channel.window, row.first_leased_at, self._now(row, started) + later)
 
     def _attempts_left(self, channel: Channel, row: OutboxLeased) -> int:
         return channel.retry.max_attempts - (row.attempt + 1 - row.attempt_base)
@@ -291,11 +289,9 @@ class OutboxDispatcher:
         )
         reason = str(exc)[:MAX_ERROR_CHARS]
         if not decision.retry:
-            return OutboxFinish(
-                row.id, "dead", "dead", True, error=f"{reason} (final: {decision.reason})"
-            )
+            return transitions.dead(row.id, f"{reason} (final: {decision.reason})")
         delay = min(max(retry_after or ZERO, decision.delay), channel.max_pause)
-        return OutboxFinish(row.id, "pending", "failed", True, delay, error=reason)
+        return transitions.retry(row.id, delay, reason)
 
     def _throttled(self, channel: Channel, row: OutboxLeased, exc: SendThrottled) -> OutboxFinish:
         wanted = exc.retry_after
@@ -312,9 +308,7 @@ class OutboxDispatcher:
         until = self.store.channel_pause(channel.name, pause, exc.reason[:500])
         self.metrics.count("channel_pauses")
         log.warning("channel %s paused until %s: %s", channel.name, until.isoformat(), exc.reason)
-        return OutboxFinish(
-            row.id, "pending", "throttled", False, pause, error=exc.reason[:MAX_ERROR_CHARS]
-        )
+        return transitions.throttled(row.id, pause, exc.reason[:MAX_ERROR_CHARS])
 
     def _ambiguous(
         self, channel: Channel, row: OutboxLeased, reason: str, started: float
@@ -326,29 +320,15 @@ class OutboxDispatcher:
             # the resend must happen within the window, not merely be decided within it
             if self._past_window(channel, row, started, later=delay) or left <= 0:
                 why = "past the provider's idempotency window" if left > 0 else "attempts spent"
-                return OutboxFinish(
-                    row.id,
-                    "ambiguous",
-                    "ambiguous",
-                    True,
-                    error=f"{reason} ({why}: a resend could duplicate)",
+                return transitions.hold_ambiguous(
+                    row.id, f"{reason} ({why}: a resend could duplicate)"
                 )
             # resend with the same key: the provider deduplicates within its window
-            return OutboxFinish(
-                row.id, "pending", "ambiguous", True, delay, error=reason, uncertain=True
-            )
+            return transitions.resend_same_key(row.id, delay, reason)
         if channel.ambiguity == "retry" and left > 0:
             delay = channel.retry.backoff(row.attempt + 1, self.rng)
-            return OutboxFinish(
-                row.id, "pending", "ambiguous", True, delay, error=reason, possible_duplicate=True
-            )
-        return OutboxFinish(
-            row.id,
-            "ambiguous",
-            "ambiguous",
-            True,
-            error=f"{reason} (held for reconciliation: no resend)",
-        )
+            return transitions.resend_possible_duplicate(row.id, reason, delay)
+        return transitions.hold_ambiguous(row.id, f"{reason} (held for reconciliation: no resend)")
 
     def _count(self, result: DispatcherResult) -> None:
         for name in (

@@ -8,7 +8,6 @@ under the actor `resolver`.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -17,8 +16,9 @@ from typing import Literal
 
 from oncebox.lanes.loop import run_forever
 from oncebox.outbox.channels import Channel
+from oncebox.outbox.dispatcher import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
-from oncebox.providers import Outgoing, StatusLookup
+from oncebox.providers import StatusLookup
 from oncebox.store.base import OperatorAction, Store
 
 log = logging.getLogger("oncebox.resolver")
@@ -62,9 +62,7 @@ class AmbiguityResolver:
         for row in self.store.outbox_ambiguous_list(sorted(self.channels), self.batch_size):
             provider = self.channels[row.channel].provider
             assert isinstance(provider, StatusLookup)
-            outgoing = Outgoing(
-                row.id, row.channel, row.token, json.loads(row.payload_json), row.attempt
-            )
+            outgoing = outgoing_of(row, row.attempt)
             try:
                 answer, receipt = provider.status(outgoing, idempotency_key(row.token))
             except Exception:
