@@ -45,19 +45,13 @@ from oncebox.providers import DEFAULT_EMAIL_URL, Provider
 from oncebox.queue.consumer import Consumer, ConsumerConfig
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
-from oncebox.schedules.schedule import (
-    CatchUp,
-    FanOutResult,
-    Overlap,
-    Schedule,
-    ScheduleContext,
-    ScheduleTicker,
-    make_schedule,
-    run_schedule,
-)
+from oncebox.schedules.fanout import FanOutResult, run_schedule
+from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
+from oncebox.schedules.ticker import ScheduleTicker
 from oncebox.store import open_store
 from oncebox.store.base import Audit, JobInsert, JobInsertMany, ScheduleRunRef, Store
-from oncebox.timers.sweeper import ExpirySweeper, SweepContext, Sweeper, make_sweeper
+from oncebox.timers.expiry_sweeper import ExpirySweeper
+from oncebox.timers.sweeper import SweepContext, Sweeper, make_sweeper
 
 log = logging.getLogger("oncebox")
 MAX_DELAY = timedelta(days=100 * 366)

@@ -41,7 +41,7 @@ from oncebox.examples.logistics.app import connect, create_tables
 from oncebox.examples.logistics.seed import is_active, seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
-from oncebox.schedules.schedule import FanOutResult
+from oncebox.schedules.fanout import FanOutResult
 
 SPAWN = multiprocessing.get_context("spawn")
 SETTLE_STEP = timedelta(seconds=15)

@@ -49,7 +49,7 @@ from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.store.migrations import check_runnable
-from oncebox.timers.sweeper import ExpirySweeper
+from oncebox.timers.expiry_sweeper import ExpirySweeper
 
 if TYPE_CHECKING:
     from oncebox.box import Box

@@ -18,16 +18,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import check_name
 from oncebox.outbox.ratelimit import Limit
-from oncebox.providers import Provider, from_url
+from oncebox.providers import DEFAULT_EMAIL_URL, Provider, from_url
 from oncebox.store.base import BucketSpec
 
 Ambiguity = Literal["hold", "retry"]
@@ -102,3 +103,32 @@ def make_channel(
         sender=sender,
         batch_size=batch_size,
     )
+
+
+class ChannelSet:
+    """The channels a box declares. Handlers write to `email` unless told otherwise, so an
+    `email` channel exists even when none was declared: on `ONCEBOX_EMAIL`, or the embedded
+    default (`file://oncebox-outbox`)."""
+
+    def __init__(self) -> None:
+        self._declared: dict[str, Channel] = {}
+
+    def declare(self, name: str, provider: Provider | str | None, **policies: Any) -> Channel:
+        url = (
+            provider if provider is not None else os.environ.get("ONCEBOX_EMAIL", DEFAULT_EMAIL_URL)
+        )
+        channel = make_channel(name, url, **policies)
+        self._declared[name] = channel
+        return channel
+
+    def all(self) -> dict[str, Channel]:
+        if "email" not in self._declared:
+            self.declare("email", None)
+        return dict(self._declared)
+
+    def close(self) -> None:
+        """Close the providers that hold connections (SMTP sessions, HTTP pools)."""
+        for channel in self._declared.values():
+            closer = getattr(channel.provider, "close", None)
+            if callable(closer):
+                closer()

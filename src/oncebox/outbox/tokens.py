@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 
 from oncebox.errors import ConfigurationError
+from oncebox.store.base import Store
+
+log = logging.getLogger("oncebox")
 
 SECRET_ENV = "ONCEBOX_SECRET"  # noqa: S105 (the variable's name, not a secret)
 SECRET_SETTING = "secret"  # noqa: S105 (a settings row name)
@@ -48,3 +52,42 @@ def check_secret(secret: str, where: str) -> str:
 def secret_from_env() -> str | None:
     value = os.environ.get(SECRET_ENV)
     return check_secret(value, SECRET_ENV) if value else None
+
+
+class SecretSource:
+    """Where a process's HMAC secret comes from, in order: the one given in code
+    (`Box(secret=...)`), `ONCEBOX_SECRET`, or one stored in the database — which every process
+    without the variable then shares, so all workers of one database derive the same tokens."""
+
+    def __init__(self, store: Store, where: str, explicit: str | None = None) -> None:
+        self.store = store
+        self.where = where  # the database, as it may be shown (no password)
+        self._secret = check_secret(explicit, "Box(secret=...)") if explicit else None
+
+    def get(self) -> str:
+        if self._secret is None:
+            self._secret = secret_from_env() or self.store.setting_get(SECRET_SETTING)
+        if self._secret is None:
+            raise ConfigurationError(
+                "no HMAC secret for outbox tokens: set ONCEBOX_SECRET (16+ random characters) "
+                "on every worker, or store one in the database with box.init_secret()"
+            )
+        return self._secret
+
+    def ensure(self) -> str:
+        """The secret; when none is configured anywhere, a random one stored in the database.
+        Workers call this at start, so a missing secret never turns into a dead letter per
+        message."""
+        try:
+            return self.get()
+        except ConfigurationError:
+            stored = self.init()
+            log.info("stored a new HMAC secret for outbox tokens in %s", self.where)
+            return stored
+
+    def init(self) -> str:
+        """Store a random secret in the database unless one is there (every worker then
+        agrees); an explicit or environment secret still wins."""
+        stored = self.store.setting_put_if_absent(SECRET_SETTING, new_secret())
+        self._secret = self._secret or secret_from_env() or stored
+        return self._secret

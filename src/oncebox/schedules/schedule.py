@@ -36,25 +36,19 @@ Each complete scan records its eligible count: the latest is the period's covera
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal
 
 from cronsim import CronSim, CronSimError
 
-from oncebox import points
-from oncebox.errors import ConfigurationError, InvalidArguments, InvalidState, KeyDrift
-from oncebox.jobs.keys import key_problem
+from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import PeriodKind, aware, zone
 from oncebox.jobs.tasks import check_name
-from oncebox.lanes.loop import run_forever
-from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, Store
 
 if TYPE_CHECKING:
-    from oncebox.box import Box
+    pass
 
 log = logging.getLogger("oncebox.schedule")
 CatchUp = Literal["latest", "all", "none"]
@@ -157,182 +151,3 @@ def make_schedule(
         grace,
         batch_size,
     )
-
-
-@dataclass
-class FanOutResult:
-    schedule: str
-    period: str
-    claimed: bool
-    eligible: int = 0
-    enqueued: int = 0
-    late: bool = False
-
-
-@dataclass
-class TickerResult:
-    fan_outs: list[FanOutResult] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)  # drifted keys (see oncebox.keyguard)
-
-
-def _batches(rows: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
-    iterator = iter(rows)
-    while batch := list(islice(iterator, size)):
-        yield batch
-
-
-class FanOut:
-    """One period's fan-out: claim the run, stream the eligible set, enqueue in batches."""
-
-    def __init__(self, box: Box, owner: str) -> None:
-        self.box = box
-        self.store: Store = box.store
-        self.owner = owner
-
-    def run(
-        self,
-        schedule: Schedule,
-        period: str,
-        fire_at: datetime | None,
-        *,
-        late: bool = False,
-        rescan: bool = False,
-    ) -> FanOutResult:
-        result = FanOutResult(schedule.name, period, False, late=late)
-        claim = ScheduleRunClaim(
-            schedule.name, period, fire_at, self.owner, schedule.lease, late, rescan
-        )
-        if not self.store.schedule_run_claim(claim):
-            return result
-        result.claimed = True
-        connection = self._reader()
-        try:
-            ctx = ScheduleContext(schedule.name, period, fire_at, connection, self.store.dialect)
-            run = ScheduleRunRef(schedule.name, period, self.owner, schedule.lease)
-            for batch in _batches(schedule.eligible(ctx), schedule.batch_size):
-                enqueued = self.box.enqueue_many(schedule.task, batch, schedule_run=run)
-                result.eligible += len(batch)
-                result.enqueued += enqueued.created
-                points.reach("scheduler.between_batches")
-                if not enqueued.run_held:
-                    log.warning(
-                        "schedule %s %s: the run was taken over; stopping this fan-out",
-                        schedule.name,
-                        period,
-                    )
-                    return result
-        finally:
-            connection.close()
-        self.store.schedule_run_finish(schedule.name, period, self.owner, result.eligible, 0)
-        log.info(
-            "schedule %s %s: %d eligible, %d enqueued%s",
-            schedule.name,
-            period,
-            result.eligible,
-            result.enqueued,
-            " (late)" if late else "",
-        )
-        return result
-
-    def _reader(self) -> Any:
-        """A connection for the eligible-set query, in a read transaction of its own (on
-        PostgreSQL a server-side cursor — `ctx.connection.cursor(name=...)` — streams the set)."""
-        connect = getattr(self.store, "connect")  # noqa: B009 (both stores have one)
-        return connect()
-
-
-class ScheduleTicker:
-    """The scheduler lane: fans out due periods of every schedule of a box."""
-
-    def __init__(
-        self,
-        box: Box,
-        schedules: Mapping[str, Schedule],
-        owner: str,
-        interval: timedelta = timedelta(seconds=15),
-    ) -> None:
-        self.box = box
-        self.store = box.store
-        self.schedules = dict(schedules)
-        self.fan_out = FanOut(box, owner)
-        self.interval = interval
-
-    def run_once(self) -> TickerResult:
-        result = TickerResult()
-        for schedule in self.schedules.values():
-            self._tick(schedule, result)
-        return result
-
-    def _tick(self, schedule: Schedule, result: TickerResult) -> None:
-        state = self.store.schedule_state(schedule.name, schedule.grace)
-        if state.paused or state.last_fire_at is None:
-            return
-        fires = schedule.fires_between(state.last_fire_at, state.now)
-        if not fires:
-            return
-        try:  # a drifted schedule keeps its fires due, for after `oncebox keys accept`
-            self.box.key_guard.require_schedule(schedule)
-            self.box.key_guard.require_task(self.box.registry.resolve(schedule.task))
-        except KeyDrift as refused:
-            self.box.key_guard.report(refused)
-            result.refused.append(schedule.name)
-            return
-        due = self._due(schedule, fires, state.now, result)
-        for fire in due:
-            period = schedule.period_of(fire)
-            if schedule.overlap != "parallel":
-                busy = self.store.schedule_run_busy(schedule.name, period)
-                if busy is not None and schedule.overlap == "wait":
-                    return  # try again next tick; last_fire_at stays put
-                if busy is not None:
-                    result.skipped.append((schedule.name, period))
-                    self.store.schedule_state_advance(schedule.name, fire)
-                    continue
-            late = state.now - fire > schedule.grace
-            outcome = self.fan_out.run(schedule, period, fire, late=late)
-            result.fan_outs.append(outcome)
-            if not outcome.claimed:
-                return  # another scheduler has this period; it advances the schedule
-            self.store.schedule_state_advance(schedule.name, fire)
-        self.store.schedule_state_advance(schedule.name, fires[-1])
-
-    def _due(
-        self, schedule: Schedule, fires: list[datetime], now: datetime, result: TickerResult
-    ) -> list[datetime]:
-        on_time = [fire for fire in fires if now - fire <= schedule.grace]
-        if schedule.catch_up == "none":
-            due = on_time[-1:]
-        elif schedule.catch_up == "latest":
-            due = fires[-1:]
-        else:
-            due = [fire for fire in fires if now - fire <= schedule.catch_up_window]
-        for fire in fires:
-            if fire not in due:
-                result.skipped.append((schedule.name, schedule.period_of(fire)))
-        return due
-
-    def run_forever(self, stop: threading.Event) -> None:
-        run_forever(
-            "scheduler", lambda: bool(self.run_once().fan_outs), stop, self.interval.total_seconds()
-        )
-
-
-def run_schedule(box: Box, schedule: Schedule, period: str, owner: str) -> FanOutResult:
-    """A manual re-run of one period (see the module docstring). The period is checked in full
-    — its kind's rules, then as a key segment — before the run is claimed: a period refused
-    after the claim would leave the run `running` until its lease ran out."""
-    schedule.period.check(period)
-    problem = key_problem(period)
-    if problem is not None or "/" in period:
-        raise InvalidArguments(
-            f"period {period[:60]!r} of schedule {schedule.name!r} cannot be part of a key: "
-            f"{problem or 'it contains /'}"
-        )
-    result = FanOut(box, owner).run(schedule, period, None, rescan=True)
-    if not result.claimed:
-        raise InvalidState(
-            f"schedule {schedule.name!r} period {period}: a fan-out is running now; try again "
-            "when it has finished"
-        )
-    return result

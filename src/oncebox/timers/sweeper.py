@@ -25,22 +25,17 @@ ran twice would write its notice once. The handler returns how many rows it hand
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from oncebox import points
 from oncebox.errors import ConfigurationError
-from oncebox.jobs.keys import validate_key
 from oncebox.jobs.tasks import check_name
-from oncebox.lanes.loop import run_forever
 from oncebox.outbox.writer import OutboxWriter
-from oncebox.store.base import ConsumerSession, ConsumerSettings, IntentClaim
 
 if TYPE_CHECKING:
-    from oncebox.box import Box
+    pass
 
 
 @dataclass
@@ -83,64 +78,3 @@ def make_sweeper(
     if not 1 <= batch_size <= 10_000:
         raise ConfigurationError(f"sweeper {name!r}: batch_size must be within 1..10000")
     return Sweeper(name, handler, every, batch_size, timeout)
-
-
-@dataclass
-class SweepResult:
-    handled: int = 0
-    notices: int = 0
-    duplicates: int = 0
-    keys: list[str] = field(default_factory=list)
-
-
-class ExpirySweeper:
-    """The lane for one sweeper, on its own connection."""
-
-    def __init__(self, box: Box, sweeper: Sweeper, lock_timeout: timedelta) -> None:
-        self.box = box
-        self.sweeper = sweeper
-        self.session: ConsumerSession = box.store.consumer_session(
-            ConsumerSettings(
-                lock_timeout=lock_timeout,
-                transaction_timeout=sweeper.timeout,
-                application_name=f"oncebox sweeper {sweeper.name}"[:63],
-            )
-        )
-
-    def run_once(self) -> SweepResult:
-        result = SweepResult()
-        writers: dict[str, OutboxWriter] = {}
-        now = self.box.store.clock_now()
-
-        def notice(key: str) -> OutboxWriter:
-            validate_key(key)
-            if key not in writers:
-                writers[key] = self.box.outbox_writer(key, None, now)
-            return writers[key]
-
-        with self.session.transaction() as tx:
-            with tx.handler_scope() as connection:
-                ctx = SweepContext(
-                    connection, now, self.sweeper.batch_size, self.session.dialect, notice
-                )
-                result.handled = int(self.sweeper.handler(ctx) or 0)
-            claims = [
-                IntentClaim(key, f"sweeper:{self.sweeper.name}", None) for key in sorted(writers)
-            ]
-            claimed = tx.intent_claim(claims)
-            rows = [row for key in sorted(claimed) for row in writers[key].rows]
-            tx.outbox_insert(rows)
-            result.notices = len(claimed)
-            result.duplicates = len(writers) - len(claimed)
-            result.keys = sorted(claimed)
-            points.reach("sweeper.after_transition_before_commit")
-        return result
-
-    def run_forever(self, stop: threading.Event) -> None:
-        def once() -> bool:
-            return self.run_once().handled >= self.sweeper.batch_size
-
-        run_forever(f"sweeper {self.sweeper.name}", once, stop, self.sweeper.every.total_seconds())
-
-    def close(self) -> None:
-        self.session.close()

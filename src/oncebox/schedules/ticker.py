@@ -1,0 +1,101 @@
+"""`ScheduleTicker`: the scheduler lane — fans out the due periods of every schedule, by its
+catch-up and overlap policies (see `schedule.py`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from oncebox.errors import KeyDrift
+from oncebox.lanes.loop import run_forever
+from oncebox.schedules.fanout import FanOut, FanOutResult
+from oncebox.schedules.schedule import Schedule
+
+if TYPE_CHECKING:
+    from oncebox.box import Box
+
+
+@dataclass
+class TickerResult:
+    fan_outs: list[FanOutResult] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # drifted keys (see oncebox.keyguard)
+
+
+class ScheduleTicker:
+    """The scheduler lane: fans out due periods of every schedule of a box."""
+
+    def __init__(
+        self,
+        box: Box,
+        schedules: Mapping[str, Schedule],
+        owner: str,
+        interval: timedelta = timedelta(seconds=15),
+    ) -> None:
+        self.box = box
+        self.store = box.store
+        self.schedules = dict(schedules)
+        self.fan_out = FanOut(box, owner)
+        self.interval = interval
+
+    def run_once(self) -> TickerResult:
+        result = TickerResult()
+        for schedule in self.schedules.values():
+            self._tick(schedule, result)
+        return result
+
+    def _tick(self, schedule: Schedule, result: TickerResult) -> None:
+        state = self.store.schedule_state(schedule.name, schedule.grace)
+        if state.paused or state.last_fire_at is None:
+            return
+        fires = schedule.fires_between(state.last_fire_at, state.now)
+        if not fires:
+            return
+        try:  # a drifted schedule keeps its fires due, for after `oncebox keys accept`
+            self.box.key_guard.require_schedule(schedule)
+            self.box.key_guard.require_task(self.box.registry.resolve(schedule.task))
+        except KeyDrift as refused:
+            self.box.key_guard.report(refused)
+            result.refused.append(schedule.name)
+            return
+        due = self._due(schedule, fires, state.now, result)
+        for fire in due:
+            period = schedule.period_of(fire)
+            if schedule.overlap != "parallel":
+                busy = self.store.schedule_run_busy(schedule.name, period)
+                if busy is not None and schedule.overlap == "wait":
+                    return  # try again next tick; last_fire_at stays put
+                if busy is not None:
+                    result.skipped.append((schedule.name, period))
+                    self.store.schedule_state_advance(schedule.name, fire)
+                    continue
+            late = state.now - fire > schedule.grace
+            outcome = self.fan_out.run(schedule, period, fire, late=late)
+            result.fan_outs.append(outcome)
+            if not outcome.claimed:
+                return  # another scheduler has this period; it advances the schedule
+            self.store.schedule_state_advance(schedule.name, fire)
+        self.store.schedule_state_advance(schedule.name, fires[-1])
+
+    def _due(
+        self, schedule: Schedule, fires: list[datetime], now: datetime, result: TickerResult
+    ) -> list[datetime]:
+        on_time = [fire for fire in fires if now - fire <= schedule.grace]
+        if schedule.catch_up == "none":
+            due = on_time[-1:]
+        elif schedule.catch_up == "latest":
+            due = fires[-1:]
+        else:
+            due = [fire for fire in fires if now - fire <= schedule.catch_up_window]
+        for fire in fires:
+            if fire not in due:
+                result.skipped.append((schedule.name, schedule.period_of(fire)))
+        return due
+
+    def run_forever(self, stop: threading.Event) -> None:
+        run_forever(
+            "scheduler", lambda: bool(self.run_once().fan_outs), stop, self.interval.total_seconds()
+        )
