@@ -26,9 +26,8 @@ from core import postgres_url, sqlite_url
 
 
 def run(kind: str, customers: int, server: str, results: Any) -> None:
-    from oncebox import Box, JobContext
+    from oncebox import Box, JobContext, ScheduleContext
     from oncebox.jobs.periods import iso_week
-    from oncebox.schedules.schedule import ScheduleContext
 
     make = sqlite_url if kind == "sqlite" else postgres_url(server)
     with make() as url:

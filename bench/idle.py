@@ -86,10 +86,8 @@ def count_sqlite_transactions(log: list[tuple[float, str]]) -> None:
 
 
 def idle_worker(url: str, log_path: str) -> None:
-    from oncebox import Box, JobContext
+    from oncebox import Box, JobContext, ScheduleContext, SweepContext
     from oncebox.jobs.periods import iso_week
-    from oncebox.schedules.schedule import ScheduleContext
-    from oncebox.timers.sweeper import SweepContext
 
     box = Box(url)  # the worker stores a secret of its own (a new connection: counted or not)
     box.channel("email", provider="null:")

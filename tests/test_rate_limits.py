@@ -10,8 +10,8 @@ import pytest
 
 from oncebox import ConfigurationError, WorkerConfig, points
 from oncebox.fakes.email_api import FakeEmailApi
-from oncebox.lanes.worker import Worker
-from oncebox.outbox.ratelimit import BucketState, Limit, take
+from oncebox.outbox.ratelimit import Limit, take
+from oncebox.store.base import BucketState
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.outbox import enqueue_customers
 
@@ -70,7 +70,7 @@ def test_an_idle_dispatcher_waits_for_its_next_due_message_not_for_the_poll(stor
     """Rows a rate limit gave back fall due within a second; an idle dispatcher lane must wake
     for them rather than sleep its 5 s poll (a 10/s channel would send 10 per 5 s)."""
     box = mail_box(store_url, MemoryProvider(), limits=["10/s"])
-    worker = Worker(box, WorkerConfig())
+    worker = box.worker(WorkerConfig())
     with FrozenClock(box, at=T0) as clock:
         enqueue_customers(box, range(30))
         drain(box, dispatch=False)
@@ -105,7 +105,7 @@ def test_a_rate_limited_worker_keeps_sending_at_its_rate_between_polls(store_url
         if len(memory.sent) >= 25:
             all_sent.set()
 
-    worker = Worker(box, WorkerConfig(poll_interval=timedelta(hours=1)))
+    worker = box.worker(WorkerConfig(poll_interval=timedelta(hours=1)))
     with points.installed({"dispatcher.after_provider_accept_before_record": count}):
         thread = threading.Thread(target=worker.run)
         thread.start()

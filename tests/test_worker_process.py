@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, HandlerTimeout, Retry, WorkerConfig, points
-from oncebox.lanes.worker import Worker
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.watch import EXIT_HUNG_HANDLER
 from oncebox.testing import FrozenClock, drain
@@ -188,7 +187,7 @@ def test_an_idle_worker_wakes_for_a_job_another_process_enqueued_not_by_its_poll
     box = digest_box(store_url)
     create_effects(box)
     idle, committed = threading.Event(), threading.Event()
-    worker = Worker(box, WorkerConfig(poll_interval=timedelta(hours=1), dispatch=False))
+    worker = box.worker(WorkerConfig(poll_interval=timedelta(hours=1), dispatch=False))
     actions = {
         "consumer.found_nothing": lambda _name: idle.set(),
         "consumer.committed": lambda _name: committed.set(),

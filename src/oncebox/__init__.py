@@ -28,12 +28,14 @@ from oncebox.errors import (
     TransactionControlRefused,
     UnknownTask,
 )
-from oncebox.jobs.context import JobContext
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import Task
 from oncebox.lanes.worker import WorkerConfig, WorkerResult
 from oncebox.operations import ActionOutcome
 from oncebox.queue.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
+from oncebox.queue.context import JobContext
+from oncebox.schedules.schedule import ScheduleContext
+from oncebox.timers.sweeper import SweepContext
 
 __version__ = "0.1.0.dev0"
 
@@ -62,8 +64,10 @@ __all__ = [
     "Permanent",
     "Retry",
     "RetryLater",
+    "ScheduleContext",
     "SchemaError",
     "StoreUnavailable",
+    "SweepContext",
     "Task",
     "TransactionControlRefused",
     "UnknownTask",

@@ -16,9 +16,16 @@ from oncebox.clock import sleep as clock_sleep
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.metrics import Metrics
-from oncebox.store.base import JobFilter, JobRow, OperatorAction, OutboxFilter, OutboxRow, Store
-
-MAX_REASON_CHARS = 2000
+from oncebox.runtime import Runtime
+from oncebox.store.base import (
+    JobFilter,
+    JobRow,
+    OperatorAction,
+    OutboxFilter,
+    OutboxRow,
+    Store,
+    reason_text,
+)
 
 
 @dataclass(frozen=True)
@@ -54,11 +61,19 @@ class ActionOutcome:
 class Operations:
     """Mixed into `Box`: the actions an operator (or the CLI) takes on rows."""
 
-    store: Store
-    metrics: Metrics
+    runtime: Runtime
+
+    @property
+    def store(self) -> Store:
+        return self.runtime.store
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.runtime.metrics
 
     def _wake_local(self) -> None:
-        """Wake this process's workers; `Box` knows them."""
+        """Wake this process's workers: a replayed job or message is due now."""
+        self.runtime.workers.wake()
 
     def find(self, key_or_id: str | int) -> list[JobRow]:
         """Jobs for a key (its active job and the job that claimed it) or the job with an id."""
@@ -261,14 +276,6 @@ class Operations:
         return ActionOutcome(result.job_id, result.key, result.audit_id)
 
     # -- working -------------------------------------------------------------------------------
-
-
-def reason_text(reason: str) -> str:
-    if not isinstance(reason, str) or not reason.strip():
-        raise ConfigurationError("a reason is required (it is written to the audit log)")
-    if len(reason) > MAX_REASON_CHARS:
-        raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
-    return reason.strip()
 
 
 def _is_id(text: str) -> bool:

@@ -140,7 +140,7 @@ def test_a_same_key_delivery_set_aside_is_not_lost_when_the_budget_cuts_the_batc
 def test_an_idle_worker_does_not_spin_on_a_due_job_it_cannot_lease(box: Box):
     from datetime import UTC, datetime
 
-    from oncebox.lanes.worker import Worker, WorkerConfig
+    from oncebox.lanes.worker import WorkerConfig
     from oncebox.testing import FrozenClock
 
     @box.task(key="g/{name}", group_by="group", retry=Retry(max_attempts=3))
@@ -153,7 +153,7 @@ def test_an_idle_worker_does_not_spin_on_a_due_job_it_cannot_lease(box: Box):
         drain(box, raise_on_failure=False)
         consumer = box.consumer()
         try:
-            worker = Worker(box, WorkerConfig(poll_interval=timedelta(seconds=7)))
+            worker = box.worker(WorkerConfig(poll_interval=timedelta(seconds=7)))
             assert consumer.run_once().leased == 0
             assert worker._idle_wait(consumer.transport.next_due_in) == pytest.approx(7.0, abs=0.01)
         finally:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from oncebox import Box, JobContext
+from oncebox import Box, JobContext, ScheduleContext
 from oncebox.jobs.periods import iso_week
-from oncebox.schedules.schedule import ScheduleContext
 
 box = Box()
 box.channel("email")

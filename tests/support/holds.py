@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from oncebox import Box
+from oncebox import Box, SweepContext
 from oncebox.clock import to_micros
-from oncebox.timers.sweeper import SweepContext
 from support.db import sql
 
 SECRET = "holds-test-secret-0123456789"

@@ -10,7 +10,7 @@ the provider's log and the history of every send, and reports per key what broke
     workload.py    the workload and its processes  recording.py  provider wrapper for history
     runner.py      RunContext: clock, spawn, drain  checker.py    the invariants
     scenarios.py   the scenarios                 mutations.py  switches that must make it fail
-    report.py      the table and JSON
+    report.py      the table and JSON         violation.py  one broken invariant
 """
 
 from __future__ import annotations

@@ -30,17 +30,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from oncebox.chaos.history import SendOutcomes, read_history, send_outcomes
+from oncebox.chaos.violation import Violation
 from oncebox.examples.logistics.app import DIGEST_KEY, HOLD_KEY, connect
 
 if TYPE_CHECKING:
     from oncebox.chaos.runner import RunContext
-
-
-@dataclass(frozen=True)
-class Violation:
-    invariant: str
-    key: str
-    evidence: str
 
 
 @dataclass

@@ -9,9 +9,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
-from oncebox.chaos.checker import Tally, Violation, check
+from oncebox.chaos.checker import Tally, check
 from oncebox.chaos.runner import NotSettled, run_context
 from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
+from oncebox.chaos.violation import Violation
 from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError
 from oncebox.store.postgres import redact

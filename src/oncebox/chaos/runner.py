@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from oncebox import Box, WorkerConfig
 from oncebox.chaos import mutations
-from oncebox.chaos.checker import Violation
 from oncebox.chaos.history import HistoryWriter
+from oncebox.chaos.violation import Violation
 from oncebox.chaos.workload import (
     Gate,
     Lanes,

@@ -20,8 +20,7 @@ from oncebox.cli.common import (
 )
 from oncebox.cli.shapes import instant
 from oncebox.errors import NotFound
-from oncebox.operations import reason_text
-from oncebox.store.base import Audit
+from oncebox.store.base import Audit, reason_text
 
 
 @click.group()

@@ -22,22 +22,35 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from oncebox.clock import monotonic
 from oncebox.errors import KeyDrift, NotFound, StoreUnavailable
-from oncebox.operations import reason_text
-from oncebox.store.base import JobFilter, KeyCanary
+from oncebox.store.base import JobFilter, KeyCanary, reason_text
 
 if TYPE_CHECKING:
+    from oncebox.jobs.periods import PeriodKind
     from oncebox.jobs.tasks import Task
-    from oncebox.schedules.schedule import Schedule
     from oncebox.store.base import Store
 
 log = logging.getLogger("oncebox.keys")
 
 Kind = Literal["task", "schedule"]
 RECHECK_AFTER = 60.0  # seconds a verified canary is trusted before it is read again
+
+
+class Schedule(Protocol):
+    """What the guard reads of a schedule (`oncebox.schedules.schedule.Schedule`): its period
+    function is guarded as a task's key template is. A protocol, so that the guard, which the
+    schedules' lanes consult, does not depend on them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def tz(self) -> str: ...
+    @property
+    def period(self) -> PeriodKind: ...
+    def period_of(self, fire: datetime) -> str: ...
 
 
 def _utc(year: int, month: int, day: int, hour: int, minute: int) -> datetime:

@@ -7,16 +7,13 @@ import logging
 import os
 import random
 import socket
-from typing import TYPE_CHECKING
 
 from oncebox.errors import ConfigurationError
 from oncebox.queue.consumer import Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
+from oncebox.runtime import Runtime
 from oncebox.store.base import ConsumerSettings
-
-if TYPE_CHECKING:
-    from oncebox.box import Box
 
 log = logging.getLogger("oncebox.worker")
 
@@ -26,7 +23,7 @@ def worker_name(index: int | str) -> str:
 
 
 def build_consumer(
-    box: Box,
+    runtime: Runtime,
     config: ConsumerConfig,
     watch: HandlerWatch,
     *,
@@ -37,13 +34,13 @@ def build_consumer(
 ) -> tuple[Consumer, Transport]:
     """A consumer with its own dedicated connection, on the built-in table queue unless another
     transport is given."""
-    tasks = box.registry.all()
+    tasks = runtime.registry.all()
     if not tasks:
         raise ConfigurationError("this box has no tasks registered; there is nothing to work on")
     longest = max(task.timeout for task in tasks)
     # A hung handler's transaction is ended by the server after its timeout plus grace.
     worker = worker_name(name)
-    session = box.store.consumer_session(
+    session = runtime.store.consumer_session(
         ConsumerSettings(
             lock_timeout=config.lock_timeout,
             transaction_timeout=longest + watch.grace_delta,
@@ -51,7 +48,7 @@ def build_consumer(
         )
     )
     lease = config.lease
-    if box.store.dialect == "sqlite":
+    if runtime.store.dialect == "sqlite":
         # Heartbeats cannot run while a SQLite transaction holds the write lock: the lease must
         # outlast one transaction on its own.
         lease = max(lease, longest + watch.grace_delta + config.transaction_budget)
@@ -61,27 +58,27 @@ def build_consumer(
         queues=list(queues or sorted({task.queue for task in tasks})),
         worker=worker,
         lease_for=lease,
-        next_due=box.store.job_next_due,
-        allowed=box.key_guard.allowed,
+        next_due=runtime.store.job_next_due,
+        allowed=runtime.key_guard.allowed,
     )
 
     def note(delivery: Delivery, text: str) -> None:
         if delivery.job_id is not None:
-            box.store.job_attempt_note(delivery.job_id, delivery.attempt, worker, text)
+            runtime.store.job_attempt_note(delivery.job_id, delivery.attempt, worker, text)
         log.warning("job %s: %s", delivery.job_id, text)
 
     consumer = Consumer(
-        outbox=box.outbox_writer,
-        registry=box.registry,
+        outbox=runtime.outbox_writer,
+        registry=runtime.registry,
         session=session,
         transport=transport,
         config=config,
-        metrics=box.metrics,
+        metrics=runtime.metrics,
         watch=watch,
-        now=box.store.clock_now,
-        rng=rng or box.rng,
+        now=runtime.store.clock_now,
+        rng=rng or runtime.rng,
         worker=worker,
         note_superseded=note,
     )
-    consumer.may_render = lambda task: bool(box.key_guard.allowed([task]))
+    consumer.may_render = lambda task: bool(runtime.key_guard.allowed([task]))
     return consumer, transport

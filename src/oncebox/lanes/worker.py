@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from oncebox import points
 from oncebox.errors import ConfigurationError, StoreUnavailable
@@ -48,11 +47,10 @@ from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.retention.pruner import Pruner, PrunerConfig
+from oncebox.runtime import Runtime
+from oncebox.schedules.ticker import ScheduleTicker
 from oncebox.store.migrations import check_runnable
 from oncebox.timers.expiry_sweeper import ExpirySweeper
-
-if TYPE_CHECKING:
-    from oncebox.box import Box
 
 log = logging.getLogger("oncebox.worker")
 
@@ -92,8 +90,8 @@ class WorkerResult:
 
 
 class Worker:
-    def __init__(self, box: Box, config: WorkerConfig | None = None) -> None:
-        self.box = box
+    def __init__(self, runtime: Runtime, config: WorkerConfig | None = None) -> None:
+        self.runtime = runtime
         self.config = config or WorkerConfig()
         self.stop_event = threading.Event()
         self._wakes: list[threading.Event] = []
@@ -111,7 +109,9 @@ class Worker:
     def poll_interval(self) -> float:
         if self.config.poll_interval is not None:
             return self.config.poll_interval.total_seconds()
-        return 5.0 if self.box.store.supports_notifications else 1.0  # a store without a listener
+        return (
+            5.0 if self.runtime.store.supports_notifications else 1.0
+        )  # a store without a listener
 
     def wake(self) -> None:
         """New work may exist (an enqueue or an outbox row in this process, a NOTIFY): every
@@ -130,13 +130,13 @@ class Worker:
 
     def _preflight(self) -> None:
         """Refuse to start on what would fail every job, and say what is unusual."""
-        check_runnable(self.box.store.schema_status(), self.box.where)
-        self.box.ensure_secret()  # without one, every message would fail its job
-        if not self.config.simulated_time and not self.box.store.clock_get().is_real:
+        check_runnable(self.runtime.store.schema_status(), self.runtime.where)
+        self.runtime.secrets.ensure()  # without one, every message would fail its job
+        if not self.config.simulated_time and not self.runtime.store.clock_get().is_real:
             log.warning(
                 "the database clock of %s is frozen or offset (%s): only tests should do that",
-                self.box.where,
-                self.box.store.clock_get(),
+                self.runtime.where,
+                self.runtime.store.clock_get(),
             )
 
     def run(self) -> WorkerResult:
@@ -144,21 +144,25 @@ class Worker:
         self._preflight()
         consumers = [
             build_consumer(
-                self.box,
+                self.runtime,
                 self.config.consumer,
                 self.watch,
                 queues=self.config.queues,
                 name=f"c{i}",
-                rng=random.Random(self.box.rng.random()),
+                rng=random.Random(self.runtime.rng.random()),
             )
             for i in range(self.config.concurrency if self.config.consume else 0)
         ]
-        channels = self.box.channels if self.config.dispatch else {}
+        channels = self.runtime.channels if self.config.dispatch else {}
         sweepers = [
-            ExpirySweeper(self.box, sweeper, self.config.consumer.lock_timeout)
-            for sweeper in (self.box.sweepers.values() if self.config.sweep else ())
+            ExpirySweeper(self.runtime, sweeper, self.config.consumer.lock_timeout)
+            for sweeper in (self.runtime.sweepers.values() if self.config.sweep else ())
         ]
-        ticker = self.box.ticker() if self.config.schedule and self.box.schedules else None
+        ticker = (
+            ScheduleTicker(self.runtime, self.runtime.schedules, worker_name("scheduler"))
+            if self.config.schedule and self.runtime.schedules
+            else None
+        )
         if self.config.until_idle:  # what is due now is part of "until idle"
             if ticker is not None:
                 ticker.run_once()
@@ -180,7 +184,7 @@ class Worker:
             if lane is not None
         ]
         restore = self._install_signal_handlers()
-        self.box.attach_worker(self)
+        self.runtime.workers.attach(self)
         try:
             for thread in threads + pollers:
                 thread.start()
@@ -189,7 +193,7 @@ class Worker:
                     thread.join(0.5)
         finally:
             self.stop()
-            self.box.detach_worker(self)
+            self.runtime.workers.detach(self)
             for thread in threads:
                 thread.join(5)
             for consumer, _transport in consumers:
@@ -217,12 +221,12 @@ class Worker:
             )
         if channels:
             dispatcher = OutboxDispatcher(
-                self.box.store,
+                self.runtime.store,
                 channels,
                 self.config.dispatcher,
-                self.box.metrics,
+                self.runtime.metrics,
                 worker=worker_name("d0"),
-                rng=random.Random(self.box.rng.random()),
+                rng=random.Random(self.runtime.rng.random()),
             )
             pollers.append(
                 self._poller(
@@ -241,14 +245,14 @@ class Worker:
         def tokens() -> list[str]:
             return [token for _c, transport in consumers for token in transport.held_tokens()]
 
-        store, metrics = self.box.store, self.box.metrics
+        store, metrics = self.runtime.store, self.runtime.metrics
         keeper = LeaseKeeper(
             store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens
         )
         rescuer = LeaseRescuer(
             store, self.config.rescuer, metrics, DeliveryRescuer(store, channels, metrics)
         )
-        pruner = Pruner(store, self.config.pruner, self.box.registry.all())
+        pruner = Pruner(store, self.config.pruner, self.runtime.registry.all())
         resolver = AmbiguityResolver(store, channels)
         rescuer.run_once()
         lanes: list[tuple[str, Callable[[threading.Event], None]]] = [
@@ -369,7 +373,7 @@ class Worker:
     def _listen(self) -> None:
         while not self.stop_event.is_set():
             try:
-                if self.box.store.wait_for_jobs(timeout=1.0):
+                if self.runtime.store.wait_for_jobs(timeout=1.0):
                     self.wake()
             except StoreUnavailable:
                 self.stop_event.wait(1.0)

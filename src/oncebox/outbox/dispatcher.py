@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from oncebox import clock, points
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
 from oncebox.metrics import Metrics
 from oncebox.outbox import transitions
 from oncebox.outbox.channels import Channel

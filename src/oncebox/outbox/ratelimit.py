@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from oncebox.errors import ConfigurationError
+from oncebox.store.base import BucketState
 
 _PERIODS = {
     "s": 1,
@@ -61,19 +62,6 @@ class Limit:
     @property
     def refill_per_s(self) -> float:
         return self.count / self.period.total_seconds()
-
-
-@dataclass(frozen=True)
-class BucketState:
-    name: str
-    capacity: float
-    refill_per_s: float
-    tokens: float
-    updated_at: datetime
-
-    def level(self, now: datetime) -> float:
-        elapsed = max((now - self.updated_at).total_seconds(), 0.0)
-        return min(self.capacity, self.tokens + elapsed * self.refill_per_s)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.dispatcher import outgoing_of
 from oncebox.outbox.tokens import idempotency_key

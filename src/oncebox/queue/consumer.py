@@ -49,10 +49,10 @@ from oncebox.errors import (
     UnknownTask,
 )
 from oncebox.jobs.codec import check_finite, parse_args
-from oncebox.jobs.context import JobContext
 from oncebox.jobs.tasks import Registry, Task
 from oncebox.metrics import Metrics
 from oncebox.outbox.writer import OutboxWriter
+from oncebox.queue.context import JobContext
 from oncebox.queue.transport import Delivery, Settlement, Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.store.base import (

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
 from oncebox.queue.watch import HandlerWatch
 from oncebox.store.base import Store
 

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
 from oncebox.metrics import Metrics
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
 from oncebox.store.base import RescuedJob, Store

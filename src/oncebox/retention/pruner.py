@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from oncebox.jobs.tasks import Task
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
 from oncebox.store.base import Store
 
 DEFAULT_JOB_RETENTION = timedelta(days=14)

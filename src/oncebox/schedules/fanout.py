@@ -8,16 +8,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from oncebox import points
 from oncebox.errors import InvalidArguments, InvalidState
 from oncebox.jobs.keys import key_problem
+from oncebox.queue.enqueue import enqueue_many
+from oncebox.runtime import Runtime
 from oncebox.schedules.schedule import Schedule, ScheduleContext
 from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, Store
-
-if TYPE_CHECKING:
-    from oncebox.box import Box
 
 log = logging.getLogger("oncebox.schedule")
 
@@ -41,9 +40,9 @@ def _batches(rows: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapp
 class FanOut:
     """One period's fan-out: claim the run, stream the eligible set, enqueue in batches."""
 
-    def __init__(self, box: Box, owner: str) -> None:
-        self.box = box
-        self.store: Store = box.store
+    def __init__(self, runtime: Runtime, owner: str) -> None:
+        self.runtime = runtime
+        self.store: Store = runtime.store
         self.owner = owner
 
     def run(
@@ -67,7 +66,7 @@ class FanOut:
             ctx = ScheduleContext(schedule.name, period, fire_at, connection, self.store.dialect)
             run = ScheduleRunRef(schedule.name, period, self.owner, schedule.lease)
             for batch in _batches(schedule.eligible(ctx), schedule.batch_size):
-                enqueued = self.box.enqueue_many(schedule.task, batch, schedule_run=run)
+                enqueued = enqueue_many(self.runtime, schedule.task, batch, schedule_run=run)
                 result.eligible += len(batch)
                 result.enqueued += enqueued.created
                 points.reach("scheduler.between_batches")
@@ -98,7 +97,7 @@ class FanOut:
         return connect()
 
 
-def run_schedule(box: Box, schedule: Schedule, period: str, owner: str) -> FanOutResult:
+def run_schedule(runtime: Runtime, schedule: Schedule, period: str, owner: str) -> FanOutResult:
     """A manual re-run of one period (see the module docstring). The period is checked in full
     — its kind's rules, then as a key segment — before the run is claimed: a period refused
     after the claim would leave the run `running` until its lease ran out."""
@@ -109,7 +108,7 @@ def run_schedule(box: Box, schedule: Schedule, period: str, owner: str) -> FanOu
             f"period {period[:60]!r} of schedule {schedule.name!r} cannot be part of a key: "
             f"{problem or 'it contains /'}"
         )
-    result = FanOut(box, owner).run(schedule, period, None, rescan=True)
+    result = FanOut(runtime, owner).run(schedule, period, None, rescan=True)
     if not result.claimed:
         raise InvalidState(
             f"schedule {schedule.name!r} period {period}: a fan-out is running now; try again "

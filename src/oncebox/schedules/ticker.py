@@ -7,15 +7,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from oncebox.errors import KeyDrift
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
+from oncebox.runtime import Runtime
 from oncebox.schedules.fanout import FanOut, FanOutResult
 from oncebox.schedules.schedule import Schedule
-
-if TYPE_CHECKING:
-    from oncebox.box import Box
 
 
 @dataclass
@@ -26,19 +23,19 @@ class TickerResult:
 
 
 class ScheduleTicker:
-    """The scheduler lane: fans out due periods of every schedule of a box."""
+    """The scheduler lane: fans out due periods of every schedule of a runtime."""
 
     def __init__(
         self,
-        box: Box,
+        runtime: Runtime,
         schedules: Mapping[str, Schedule],
         owner: str,
         interval: timedelta = timedelta(seconds=15),
     ) -> None:
-        self.box = box
-        self.store = box.store
+        self.runtime = runtime
+        self.store = runtime.store
         self.schedules = dict(schedules)
-        self.fan_out = FanOut(box, owner)
+        self.fan_out = FanOut(runtime, owner)
         self.interval = interval
 
     def run_once(self) -> TickerResult:
@@ -55,10 +52,10 @@ class ScheduleTicker:
         if not fires:
             return
         try:  # a drifted schedule keeps its fires due, for after `oncebox keys accept`
-            self.box.key_guard.require_schedule(schedule)
-            self.box.key_guard.require_task(self.box.registry.resolve(schedule.task))
+            self.runtime.key_guard.require_schedule(schedule)
+            self.runtime.key_guard.require_task(self.runtime.registry.resolve(schedule.task))
         except KeyDrift as refused:
-            self.box.key_guard.report(refused)
+            self.runtime.key_guard.report(refused)
             result.refused.append(schedule.name)
             return
         due = self._due(schedule, fires, state.now, result)

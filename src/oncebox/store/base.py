@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from oncebox.clock import ClockSetting
-from oncebox.outbox.ratelimit import BucketState
+from oncebox.errors import ConfigurationError
 
 T = TypeVar("T")
 
@@ -227,6 +227,21 @@ class BucketSpec:
     refill_per_s: float
 
 
+@dataclass(frozen=True)
+class BucketState:
+    """One token bucket as the store keeps it; `outbox.ratelimit.take` decides from it."""
+
+    name: str
+    capacity: float
+    refill_per_s: float
+    tokens: float
+    updated_at: datetime
+
+    def level(self, now: datetime) -> float:
+        elapsed = max((now - self.updated_at).total_seconds(), 0.0)
+        return min(self.capacity, self.tokens + elapsed * self.refill_per_s)
+
+
 # ---------------------------------------------------------------------------------------------
 # Results
 # ---------------------------------------------------------------------------------------------
@@ -336,6 +351,18 @@ class AuditRow:
     target_key: str | None
     reason: str
     details: str | None
+
+
+MAX_REASON_CHARS = 2000
+
+
+def reason_text(reason: str) -> str:
+    """An operator's reason as the audit log keeps it: required, trimmed, bounded."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigurationError("a reason is required (it is written to the audit log)")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
+    return reason.strip()
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,12 @@ from psycopg.conninfo import conninfo_to_dict
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
 from oncebox.metrics import Metrics, operation
-from oncebox.outbox.ratelimit import BucketState
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
     Audit,
     BucketSpec,
+    BucketState,
     ClaimLockTimeout,
     ConsumerSettings,
     DueTime,

@@ -27,12 +27,12 @@ from oncebox import clock
 from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
 from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
 from oncebox.metrics import Metrics, operation
-from oncebox.outbox.ratelimit import BucketState
 from oncebox.store import guard
 from oncebox.store.base import (
     ActionResult,
     Audit,
     BucketSpec,
+    BucketState,
     ConsumerSettings,
     DueTime,
     EnqueueConflict,

@@ -6,17 +6,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from oncebox import points
 from oncebox.jobs.keys import validate_key
-from oncebox.lanes.loop import run_forever
+from oncebox.lane import run_forever
 from oncebox.outbox.writer import OutboxWriter
+from oncebox.runtime import Runtime
 from oncebox.store.base import ConsumerSession, ConsumerSettings, IntentClaim
 from oncebox.timers.sweeper import SweepContext, Sweeper
-
-if TYPE_CHECKING:
-    from oncebox.box import Box
 
 
 @dataclass
@@ -30,10 +27,10 @@ class SweepResult:
 class ExpirySweeper:
     """The lane for one sweeper, on its own connection."""
 
-    def __init__(self, box: Box, sweeper: Sweeper, lock_timeout: timedelta) -> None:
-        self.box = box
+    def __init__(self, runtime: Runtime, sweeper: Sweeper, lock_timeout: timedelta) -> None:
+        self.runtime = runtime
         self.sweeper = sweeper
-        self.session: ConsumerSession = box.store.consumer_session(
+        self.session: ConsumerSession = runtime.store.consumer_session(
             ConsumerSettings(
                 lock_timeout=lock_timeout,
                 transaction_timeout=sweeper.timeout,
@@ -44,12 +41,12 @@ class ExpirySweeper:
     def run_once(self) -> SweepResult:
         result = SweepResult()
         writers: dict[str, OutboxWriter] = {}
-        now = self.box.store.clock_now()
+        now = self.runtime.store.clock_now()
 
         def notice(key: str) -> OutboxWriter:
             validate_key(key)
             if key not in writers:
-                writers[key] = self.box.outbox_writer(key, None, now)
+                writers[key] = self.runtime.outbox_writer(key, None, now)
             return writers[key]
 
         with self.session.transaction() as tx:

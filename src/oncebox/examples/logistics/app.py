@@ -13,12 +13,10 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from oncebox import Box, JobContext, Retry
+from oncebox import Box, JobContext, Retry, ScheduleContext, SweepContext
 from oncebox.clock import to_micros
 from oncebox.jobs.periods import PeriodKind, iso_week
 from oncebox.outbox.tokens import derive_token
-from oncebox.schedules.schedule import ScheduleContext
-from oncebox.timers.sweeper import SweepContext
 
 DIGEST_KEY = "weekly-digest/customer-{customer_id}/{period}"
 HOLD_KEY = "hold-expired/hold-{hold_id}"

@@ -1,0 +1,187 @@
+"""Enqueue: check a job completely, then write it in one statement — or say why nothing was written.
+
+Enqueue is checked before anything is written: the task exists, the arguments fit its
+signature, are JSON, within the size limit, and render a valid key. Then one statement inserts
+the job — unless the key already has an intent (the operation happened) or an active job (it is
+queued, running or dead-lettered); then nothing is written and the result says which. Used by
+`Box.enqueue*` and by the schedules' fan-out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from oncebox.errors import ConfigurationError, InvalidState
+from oncebox.jobs.codec import decode_args, encode_args
+from oncebox.jobs.tasks import Task
+from oncebox.runtime import Runtime
+from oncebox.store.base import JobInsert, JobInsertMany, ScheduleRunRef
+
+MAX_DELAY = timedelta(days=100 * 366)
+EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_RUN_AT = datetime(9000, 1, 1, tzinfo=UTC)
+EnqueueReason = Literal["created", "active_job", "key_claimed"]
+TaskRef = Task | str | Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What an enqueue did. `created` is False when the key was already taken; `reason` says by
+    what: an active job — ready, leased or dead (`state` is its state, `job_id` its id) — or the
+    key's claim: its intent, or a done job (`state` is 'claimed', `job_id` the job that claimed
+    it, if known)."""
+
+    job_id: int | None
+    key: str | None
+    created: bool
+    state: str
+    reason: EnqueueReason
+
+
+@dataclass(frozen=True)
+class EnqueueManyResult:
+    created: int
+    skipped: int
+    job_ids: list[int]
+    run_held: bool = True  # for a schedule's fan-out: False if another scheduler took it over
+
+
+_PLAIN = (str, int)  # argument types whose JSON form renders the same key as the value itself
+
+
+def enqueue(
+    runtime: Runtime,
+    task: TaskRef,
+    args: Mapping[str, Any],
+    *,
+    connection: object | None = None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
+    priority: int | None = None,
+) -> EnqueueResult:
+    """Enqueue one job (see the module docstring); inside the caller's transaction when
+    `connection` is given."""
+    store = runtime.store
+    resolved = runtime.registry.resolve(task)
+    row = job_row(runtime, resolved, args)
+    timing = check_timing(run_at, delay)
+    # inside the caller's SQLite transaction (which holds the write lock) the guard only reads
+    runtime.key_guard.require_task(
+        resolved, may_record=connection is None or store.dialect == "postgres"
+    )
+    job = JobInsert(
+        task=resolved.name,
+        key=row[0],
+        queue=resolved.queue,
+        args_json=row[1],
+        priority=resolved.priority if priority is None else priority,
+        group_key=row[2],
+        max_attempts=resolved.retry.max_attempts,
+        run_at=timing[0],
+        delay=timing[1],
+        max_age=resolved.retry.max_age,
+    )
+    for _ in range(3):
+        job_id, created = store.job_insert(job, connection=connection)
+        if created:
+            runtime.metrics.count("jobs_enqueued")
+            if connection is None:
+                runtime.workers.wake()
+            return EnqueueResult(job_id, job.key, True, "ready", "created")
+        assert job.key is not None  # keyless jobs are always created
+        conflict = store.job_enqueue_conflict(job.key, connection=connection)
+        if conflict.found:
+            runtime.metrics.count("enqueue_deduplicated")
+            state = conflict.active_state
+            if conflict.active_job_id is not None and state in ("ready", "leased", "dead"):
+                return EnqueueResult(
+                    conflict.active_job_id, job.key, False, str(state), "active_job"
+                )
+            claimed_by = conflict.intent_job_id or conflict.active_job_id
+            return EnqueueResult(claimed_by, job.key, False, "claimed", "key_claimed")
+        # the conflicting job ended (e.g. was cancelled) between the two statements: retry
+    raise InvalidState(f"key {job.key!r} kept changing state while being enqueued; try again")
+
+
+def enqueue_many(
+    runtime: Runtime,
+    task: TaskRef,
+    args_list: Iterable[Mapping[str, Any]],
+    *,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
+    priority: int | None = None,
+    schedule_run: ScheduleRunRef | None = None,
+) -> EnqueueManyResult:
+    """Enqueue many jobs of one task as one set, in one transaction.
+
+    One bad job means nothing is written: a job that fails its check rolls the whole set
+    back, even on PostgreSQL, where jobs are checked and encoded as they are sent (the
+    server inserts one chunk while the next is encoded). Jobs whose key is claimed or active
+    are skipped (counted), like `enqueue` would.
+    """
+    resolved = runtime.registry.resolve(task)
+    rows = (job_row(runtime, resolved, args) for args in args_list)
+    timing = check_timing(run_at, delay)
+    runtime.key_guard.require_task(resolved)
+    inserted = runtime.store.job_insert_many(
+        JobInsertMany(
+            task=resolved.name,
+            queue=resolved.queue,
+            priority=resolved.priority if priority is None else priority,
+            max_attempts=resolved.retry.max_attempts,
+            rows=rows,
+            run_at=timing[0],
+            delay=timing[1],
+            max_age=resolved.retry.max_age,
+            for_run=schedule_run,
+        )
+    )
+    created = inserted.created
+    skipped = inserted.offered - len(created)
+    runtime.metrics.count("jobs_enqueued", len(created))
+    runtime.metrics.count("enqueue_deduplicated", skipped)
+    if created:
+        runtime.workers.wake()
+    return EnqueueManyResult(len(created), skipped, [c[0] for c in created], inserted.run_held)
+
+
+def job_row(
+    runtime: Runtime, task: Task, args: Mapping[str, Any]
+) -> tuple[str | None, str, str | None]:
+    """(key, encoded args, group key) for one job. The key and group are rendered from the
+    arguments as stored — what every consumer and broker decodes — not from the caller's
+    objects: a `(str, Enum)` member is stored as its value ("eu"), but `str()` of it is
+    "Region.EU", and one operation must never render two keys."""
+    task.check_args(args)
+    encoded = encode_args(args, task.name, runtime.max_payload_bytes)
+    if task.key is None and task.group_by is None:
+        return None, encoded, None
+    fields = (task.key.fields if task.key else ()) + ((task.group_by,) if task.group_by else ())
+    # a plain str or int is stored as itself: only other values need the round trip
+    plain = all(type(args.get(name)) in _PLAIN for name in fields)
+    stored = args if plain else decode_args(encoded)
+    return task.render_key(stored), encoded, task.group_of(stored)
+
+
+def check_timing(
+    run_at: datetime | None, delay: timedelta | None
+) -> tuple[datetime | None, timedelta]:
+    if run_at is not None and delay is not None:
+        raise ConfigurationError("give run_at or delay, not both")
+    if run_at is not None and run_at.tzinfo is None:
+        raise ConfigurationError(f"run_at {run_at.isoformat()} must be timezone-aware")
+    if delay is not None and delay < timedelta(0):
+        raise ConfigurationError("delay must not be negative")
+    if delay is not None and delay > MAX_DELAY:
+        raise ConfigurationError(f"delay must be at most {MAX_DELAY.days} days")
+    if run_at is not None and not EARLIEST_RUN_AT <= run_at <= LATEST_RUN_AT:
+        # an instant far outside this range sorts first (or last) in every lease query and
+        # overflows on the way back: refused at the door
+        raise ConfigurationError(
+            f"run_at {run_at.isoformat()} is outside {EARLIEST_RUN_AT.year}-{LATEST_RUN_AT.year}"
+        )
+    return run_at, delay or timedelta(0)
