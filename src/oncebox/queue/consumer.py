@@ -144,12 +144,19 @@ class _LeaseLost(Exception):
 
 
 class _BatchBroken(Exception):
-    """A handler ended the transaction under us; the batch must be rolled back."""
+    """A handler ended the transaction under us; the batch must be rolled back.
+
+    It carries what the batch had decided before the culprit ran (`decided`: settlements with
+    the outbox rows of the completed ones, and `outcome`, their counts) and the keys the batch
+    itself claimed (`claimed`, key → delivery), so recovery can tell what really ran."""
 
     def __init__(self, culprit: _Prepared, error: TransactionControlRefused) -> None:
         super().__init__(str(error))
         self.culprit = culprit
         self.error = error
+        self.decided: list[tuple[Settlement, list[OutboxInsert]]] = []
+        self.outcome = ConsumerResult()
+        self.claimed: dict[str, Delivery] = {}
 
 
 def describe_error(error: BaseException) -> str:
@@ -320,6 +327,7 @@ class Consumer:
         leftover: list[Delivery] = []
         owners: dict[str, int | None] | None = None
         messages: list[OutboxInsert] = []
+        decided: list[tuple[Settlement, list[OutboxInsert]]] = []  # in order, for recovery
         started = clock.monotonic()
         for index, p in enumerate(prepared):
             if (
@@ -337,24 +345,39 @@ class Consumer:
                 settlements.append(self._dead(p, p.problem, outcome))
             elif p.key is not None and first_of_key[p.key] is not p:
                 leftover.append(p.delivery)  # same key twice in one batch: after this one
+                continue
             elif p.key is not None and p.key not in claimed:
                 if owners is None:
                     owners = tx.intent_owners([k for k in first_of_key if k not in claimed])
-                if p.delivery.job_id is not None and owners.get(p.key) == p.delivery.job_id:
-                    # this job's own claim committed earlier (its settlement did not): it is done
-                    settlements.append(Settlement(p.delivery, "done", "completed"))
-                    outcome.completed += 1
-                else:
-                    settlements.append(Settlement(p.delivery, "done", "duplicate"))
-                    outcome.duplicates += 1
+                settlements.append(self._unclaimed(p, owners, outcome))
             else:
-                settlement, written = self._run_handler(tx, p, outcome)
+                try:
+                    settlement, written = self._run_handler(tx, p, outcome)
+                except _BatchBroken as broken:
+                    broken.decided, broken.outcome = decided, outcome
+                    broken.claimed = {k: first_of_key[k].delivery for k in claimed}
+                    raise
                 if settlement.outcome != "completed" and p.key is not None:
                     unclaimed.append(p.key)
                 settlements.append(settlement)
+                decided.append((settlement, written))
                 messages += written
+                continue
+            decided.append((settlements[-1], []))
         tx.intent_release(unclaimed)
         return settlements, leftover, messages
+
+    def _unclaimed(
+        self, p: _Prepared, owners: dict[str, int | None], outcome: ConsumerResult
+    ) -> Settlement:
+        """A delivery whose key was claimed before this transaction."""
+        if p.delivery.job_id is not None and owners.get(p.key or "") == p.delivery.job_id:
+            # this job's own claim committed earlier and its settlement did not (a broker's
+            # acknowledgement lost after the commit): its handler ran and committed — done
+            outcome.completed += 1
+            return Settlement(p.delivery, "done", "completed")
+        outcome.duplicates += 1
+        return Settlement(p.delivery, "done", "duplicate")
 
     def _run_handler(
         self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult
@@ -476,31 +499,49 @@ class Consumer:
     def _after_broken_batch(
         self, pending: list[Delivery], exc: _BatchBroken, result: ConsumerResult
     ) -> list[Delivery]:
-        """The claim's transaction ended under a handler: what it held may have been committed
-        (a COMMIT the guard could not see) or rolled back. Settle the culprit from what the
-        database shows — completed if its intent is there, else dead with the error — and run
-        the rest again; their claims tell the same story (an intent of their own = completed)."""
+        """The claim's transaction ended under a handler: a COMMIT the guard could not see, or a
+        rollback. The batch's own claims tell which: they were inserted before any handler ran.
+
+        - Rolled back (no claim of the batch survived): nothing of the batch happened. The
+          culprit is dead; every other delivery runs again.
+        - Committed: the claims, and the writes of the handlers that ran before the culprit,
+          are in the database. What was decided before the culprit stands — completed jobs
+          settle `completed` and their buffered outbox rows are written now, failed ones keep
+          their failure — and the culprit is dead. A claim whose handler never ran (it came
+          after the culprit) or failed is deleted, so that its job runs again and is never
+          settled as done on the strength of a claim alone.
+        """
         culprit = exc.culprit
         outcome = ConsumerResult()
+        dead = self._dead(culprit, describe_error(exc.error), outcome)
         with self.session.transaction() as tx:
-            owners = tx.intent_owners([culprit.key]) if culprit.key else {}
-            committed = culprit.key is not None and owners.get(culprit.key) == (
-                culprit.delivery.job_id
+            owners = tx.intent_owners(sorted(exc.claimed)) if exc.claimed else {}
+            committed = any(
+                key in owners and owners[key] == delivery.job_id
+                for key, delivery in exc.claimed.items()
             )
+            settlements = [dead]
             if committed:
-                outcome.completed += 1
-                settlement = Settlement(culprit.delivery, "done", "completed")
-            else:
-                settlement = self._dead(culprit, describe_error(exc.error), outcome)
-            self.transport.settle_in_transaction(tx, [settlement])
-        self.transport.after_commit([settlement])
-        outcome.settled_ids = {culprit.delivery.message_id}
+                settlements += [settlement for settlement, _rows in exc.decided]
+                tx.outbox_insert([row for _s, rows in exc.decided for row in rows])
+                completed = {s.delivery.message_id for s in settlements if s.outcome == "completed"}
+                tx.intent_release(
+                    sorted(k for k, d in exc.claimed.items() if d.message_id not in completed)
+                )
+                outcome.add(exc.outcome)
+            settled = self.transport.settle_in_transaction(tx, settlements)
+        self.transport.after_commit([s for s in settlements if s.delivery.message_id in settled])
+        lost = [s.delivery for s in settlements if s.delivery.message_id not in settled]
+        if lost:  # taken over meanwhile: the new owner settles them (a committed claim of the
+            self.transport.drop(lost)  # job's own counts as completed; others run again)
+        outcome.settled_ids = settled
         result.add(outcome)
         self._count(outcome)
         log.error(
             "job %s (%s): %s", culprit.delivery.job_id, culprit.key, describe_error(exc.error)
         )
-        return [d for d in pending if d.message_id != culprit.delivery.message_id]
+        done = {s.delivery.message_id for s in settlements}
+        return [d for d in pending if d.message_id not in done]
 
     def _count(self, outcome: ConsumerResult) -> None:
         self.metrics.count("jobs_completed", outcome.completed)

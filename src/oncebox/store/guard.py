@@ -22,16 +22,82 @@ from oncebox.errors import TransactionControlRefused, TransactionEnded
 
 SAVEPOINT = "oncebox_handler"
 
-_COMMENTS = re.compile(r"^\s*(?:(?:--[^\n]*\n)|(?:/\*.*?\*/)|\s)*", re.DOTALL)
 _TX_WORDS = (
     r"(BEGIN|COMMIT|END|ABORT|START\s+TRANSACTION|PREPARE\s+TRANSACTION|VACUUM|DETACH|ATTACH"
     r"|ROLLBACK(?!\s+(?:TRANSACTION\s+|WORK\s+)?TO\b))\b"
 )
 _TX_CONTROL = re.compile(_TX_WORDS, re.IGNORECASE)
-# a later statement of a multi-statement string (PostgreSQL's simple protocol runs them all)
-_TX_CONTROL_LATER = re.compile(
-    r";\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*" + _TX_WORDS, re.IGNORECASE | re.DOTALL
-)
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char in "_$"
+
+
+def statement_heads(text: str) -> Iterator[str]:
+    """The beginning of each statement in `text`, past its leading whitespace and comments.
+
+    A small lexer in PostgreSQL's terms, which are the strictest here: `--` comments, block
+    comments that nest (`/* /* */ */` is one comment), '…' strings (`E'…'` with backslash
+    escapes), "…" identifiers and $tag$…$tag$ bodies; a `;` outside all of them starts the next
+    statement (the simple query protocol runs every one). Where a text could be read two ways,
+    it errs towards seeing a statement boundary: refusing too much names a mistake, seeing too
+    little would let a COMMIT through."""
+    i, n, start = 0, len(text), True
+    while i < n:
+        char = text[i]
+        if char.isspace():
+            i += 1
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif char == ";":
+            start, i = True, i + 1
+        else:
+            if start:
+                yield text[i : i + 64]
+                start = False
+            i = _skip_token(text, i)
+
+
+def _skip_token(text: str, i: int) -> int:
+    """The index after the token (or the literal) that begins at `i`."""
+    char, n = text[i], len(text)
+    escapes = char in "Ee" and text.startswith("'", i + 1) and not (i and _is_word(text[i - 1]))
+    if escapes:
+        i += 1
+    if text[i] in "'\"":
+        quote, i = text[i], i + 1
+        while i < n:
+            if escapes and text[i] == "\\":
+                i += 2
+            elif text[i] == quote:
+                if not text.startswith(quote, i + 1):
+                    return i + 1
+                i += 2  # a doubled quote stands for itself
+            else:
+                i += 1
+        return n
+    if char == "$" and not (i and _is_word(text[i - 1])):
+        tag = _DOLLAR_TAG.match(text, i)
+        if tag:
+            end = text.find(tag.group(), tag.end())
+            return n if end < 0 else end + len(tag.group())
+    if _is_word(char):
+        while i < n and _is_word(text[i]):
+            i += 1
+        return i
+    return i + 1
+
 
 _REFUSED_CALLS = {
     "commit": "commit",
@@ -43,6 +109,17 @@ _REFUSED_CALLS = {
     "tpc_commit": "commit",
     "tpc_rollback": "roll back",
 }
+# what would hand out the driver's own connection, around the guard: libpq's handle, and the
+# driver's private attributes (`cursor._conn`, …)
+_HIDDEN = frozenset({"pgconn"})
+
+
+def _forwardable(name: str) -> str:
+    if name in _HIDDEN:
+        raise _refuse(f"reach {name} of")
+    if name.startswith("_"):  # an AttributeError, as `hasattr` and copy/pickle probes expect
+        raise AttributeError(f"{name} of the claim's connection is not reachable from a handler")
+    return name
 
 
 def _refuse(what: str) -> TransactionControlRefused:
@@ -53,18 +130,19 @@ def _refuse(what: str) -> TransactionControlRefused:
 
 
 def check_statement(query: object, raw: Any = None) -> None:
-    """Refuse transaction-control SQL, at the start of the text or after a `;`. Composed
-    queries (psycopg's `sql.SQL`) are rendered first. This is a courtesy that names the mistake
-    early; the consumer also checks, after every handler, that its transaction is still open."""
+    """Refuse transaction-control SQL as any statement of the text (`statement_heads`).
+    Composed queries (psycopg's `sql.SQL`) are rendered first. This names the mistake early;
+    the consumer also checks, after every handler, that its transaction is still open, and
+    settles the batch from what really committed if it is not."""
     if hasattr(query, "as_string") and raw is not None:
         query = query.as_string(raw)
     if not isinstance(query, (str, bytes)):
         return
     text = query.decode("utf-8", "replace") if isinstance(query, bytes) else query
-    head = _COMMENTS.sub("", text, count=1)
-    match = _TX_CONTROL.match(head) or _TX_CONTROL_LATER.search(text)
-    if match:
-        raise _refuse(f"run {match.group(1).split(None, 1)[0].upper()} on")
+    for head in statement_heads(text):
+        match = _TX_CONTROL.match(head)
+        if match:
+            raise _refuse(f"run {match.group(1).split(None, 1)[0].upper()} on")
 
 
 class GuardedCursor:
@@ -99,7 +177,7 @@ class GuardedCursor:
         self._raw.__exit__(*exc)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
+        return getattr(self._raw, _forwardable(name))
 
 
 class GuardedConnection:
@@ -163,7 +241,7 @@ class GuardedConnection:
     def __getattr__(self, name: str) -> Any:
         if name in _REFUSED_CALLS:
             raise _refuse(_REFUSED_CALLS[name])
-        return getattr(self._use(), name)
+        return getattr(self._use(), _forwardable(name))
 
 
 _ENDED = (
