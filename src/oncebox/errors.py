@@ -11,6 +11,7 @@
     ├── SchemaError                 the database schema is missing, older or unknown
     ├── KeyDrift                    a task's key template or a schedule's periods changed
     ├── StoreUnavailable            the database cannot be reached (retryable for lanes)
+    ├── StoreRefused                the database refused a transaction's writes (a constraint)
     ├── NotFound                    no job, key or row matches what was asked for
     ├── InvalidState                the row exists but the operation does not apply to its state
     ├── TransactionControlRefused   a handler tried to commit or roll back the claim's transaction
@@ -86,6 +87,13 @@ class KeyDrift(OnceboxError):
 
 class StoreUnavailable(OnceboxError):
     """The database cannot be reached. Lanes back off and try again; commands exit 1."""
+
+
+class StoreRefused(OnceboxError):
+    """The database refused the writes of a consumer transaction for what they hold: a
+    constraint (checked at COMMIT when deferred), a trigger, a value it cannot store. The same
+    writes would be refused again, so the consumer finds the job that caused it and spends that
+    job's attempt, instead of giving the batch back."""
 
 
 class NotFound(OnceboxError):

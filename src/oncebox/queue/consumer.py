@@ -24,6 +24,9 @@ Rules that batching must not weaken, and how they hold:
 - a claim blocked by another live transaction on the same key (PostgreSQL, `lock_timeout`) does
   not fail the batch: the batch is redone one job per transaction, and only the blocked job is
   released, without spending its attempt, to be retried shortly;
+- a batch the database refuses at the end (a deferred constraint at COMMIT, a trigger on the
+  outbox) is redone one job per transaction too; the job whose own transaction is refused
+  spends its attempt, the others complete;
 - a transaction stops admitting handlers after `transaction_budget`, so slow handlers do not
   hold locks (and SQLite's write lock) for a whole batch; the rest run in the next transaction.
 """
@@ -43,6 +46,7 @@ from oncebox.errors import (
     HandlerTimeout,
     InvalidArguments,
     InvalidKey,
+    StoreRefused,
     StoreUnavailable,
     TransactionControlRefused,
     TransactionEnded,
@@ -258,14 +262,20 @@ class Consumer:
                 return
             try:
                 pending[:] = self._transaction(pending, result)
-            except ClaimLockTimeout:
-                self.metrics.count("claim_lock_timeouts")
+            except (ClaimLockTimeout, StoreRefused) as exc:
+                name = (
+                    "claim_lock_timeouts"
+                    if isinstance(exc, ClaimLockTimeout)
+                    else "transactions_refused"
+                )
+                self.metrics.count(name)
                 for delivery in list(pending):
                     self._single(delivery, result)
                 return
 
     def _single(self, delivery: Delivery, result: ConsumerResult) -> None:
-        """Fallback after a lock timeout: one delivery per transaction."""
+        """Fallback after a lock timeout or a refused batch: one delivery per transaction, so
+        that one job's blocked claim or refused writes cost no other job anything."""
         pending = [delivery]
         while pending:
             try:
@@ -275,6 +285,35 @@ class Consumer:
                 result.released += len(pending)
                 self.metrics.count("jobs_released", len(pending))
                 return
+            except StoreRefused as refused:
+                self._refused(delivery, refused, result)
+                return
+
+    def _refused(self, delivery: Delivery, refused: StoreRefused, result: ConsumerResult) -> None:
+        """The database refused this job's transaction on its own: the job caused it, so the
+        attempt is spent (retried after its backoff, or dead at the end of its policy), in a
+        transaction of its own. Should even that be refused, the lease is dropped: it expires,
+        and the rescuer spends the attempt instead."""
+        outcome = ConsumerResult()
+        p = self._prepare(delivery)
+        if p.task is None or p.problem is not None:
+            settlement = self._dead(p, p.problem or describe_error(refused), outcome)
+        else:
+            settlement = self._failed(p, refused, clock.monotonic(), outcome)
+        try:
+            with self.session.transaction() as tx:
+                settled = self.transport.settle_in_transaction(tx, [settlement])
+        except StoreRefused:
+            log.exception("job %s: its failed attempt could not be recorded", delivery.job_id)
+            self.transport.drop([delivery])
+            return
+        if delivery.message_id in settled:
+            self.transport.after_commit([settlement])
+            outcome.settled_ids = settled
+            result.add(outcome)
+            self._count(outcome)
+        else:
+            self.transport.drop([delivery])
 
     # -- one transaction -----------------------------------------------------------------------
 

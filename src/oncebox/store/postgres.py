@@ -31,7 +31,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from oncebox.clock import ClockSetting
-from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
+from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
@@ -1031,6 +1031,17 @@ class PostgresConsumerSession:
                 if isinstance(exc, pg_errors.LockNotAvailable):
                     raise
                 raise self._store._unavailable(exc) from None
+            except (
+                pg_errors.UndefinedTable,
+                pg_errors.UndefinedFunction,
+                pg_errors.InvalidSchemaName,
+            ) as exc:
+                raise self._store._missing_tables(exc) from None
+            except psycopg.DatabaseError as exc:  # a constraint, a trigger, a value refused
+                raise StoreRefused(
+                    f"the database refused the transaction: {type(exc).__name__}: "
+                    f"{str(exc).strip()}"
+                ) from None
 
     def close(self) -> None:
         self._conn.close()

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from oncebox import clock
 from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
-from oncebox.errors import ConfigurationError, SchemaError, StoreUnavailable
+from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
@@ -929,8 +929,13 @@ class SqliteConsumerSession:
 
     @contextmanager
     def transaction(self) -> Iterator[SqliteConsumerTx]:
-        with self._store.metrics.timed("consumer_transaction"), self._store._write(self._conn):
-            yield SqliteConsumerTx(self._store, self._conn)
+        try:
+            with self._store.metrics.timed("consumer_transaction"), self._store._write(self._conn):
+                yield SqliteConsumerTx(self._store, self._conn)
+        except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
+            raise StoreRefused(
+                f"the database refused the transaction: {type(exc).__name__}: {exc}"
+            ) from None
 
     def close(self) -> None:
         self._conn.close()
