@@ -16,7 +16,8 @@ One round (`run_once`):
    permanent (dead at once, the reply recorded; an alarm if the provider saw the key with
    another body); ambiguous (see channels.py for the policies).
 Every settlement is fenced on the lease token: a dispatcher whose lease was rescued records
-nothing.
+nothing. A round cut short by a store outage is finished by the next `run_once` once the store
+answers: the outcomes it learned are recorded, its unsent rows given back (`_recover`).
 """
 
 from __future__ import annotations
@@ -106,17 +107,26 @@ class OutboxDispatcher:
         # doubling back from there. A throttled channel is sent at its rate by leasing about as
         # many rows as its bucket grants, not a full batch of which all but one go back.
         self._lease_size = config.batch_size
+        # The round in progress: each leased row's decided outcome, None while unsent; a row
+        # leaves it once its outcome is recorded. What a store outage leaves here is recorded
+        # (the unsent rows given back) as soon as the store answers again — see `_recover`.
+        self._open: dict[int, OutboxFinish | None] = {}
+        self._open_token = ""
         for channel in self.channels.values():
             if channel.limits:
                 store.rate_bucket_configure(channel.name, channel.bucket_specs())
 
     def next_due_in(self) -> float | None:
         """Seconds until the earliest pending message of this dispatcher's channels falls due
-        (negative: due already; None: there is none), by the store's clock."""
+        (negative: due already; None: there is none), by the store's clock. A round stranded
+        by a store outage is due now."""
+        if self._open:
+            return 0.0
         return self.store.outbox_next_due(sorted(self.channels)).seconds()
 
     def run_once(self) -> DispatcherResult:
         result = DispatcherResult()
+        self._recover(result)
         token = str(uuid.uuid4())
         rows = self.store.outbox_lease(
             OutboxLeaseParams(
@@ -133,6 +143,7 @@ class OutboxDispatcher:
             return result
         points.reach("dispatcher.after_lease")
         started = clock.monotonic()
+        self._open, self._open_token = dict.fromkeys(row.id for row in rows), token
         for name in sorted({row.channel for row in rows}):
             batch = [row for row in rows if row.channel == name]
             self._channel_round(self.channels[name], batch, token, started, result)
@@ -142,6 +153,21 @@ class OutboxDispatcher:
             self._lease_size = min(self.config.batch_size, self._lease_size * 2)
         self._count(result)
         return result
+
+    def _recover(self, result: DispatcherResult) -> None:
+        """Settle what the last round could not: the store went away mid-round. Outcomes it
+        learned are recorded now (fenced on its lease token, as ever); rows it had not sent go
+        back to pending without spending an attempt — nothing was sent for them, even for a row
+        whose `sending` marker may have been written. Raises `StoreUnavailable` while the store
+        is still away, keeping the round for the next call."""
+        if not self._open:
+            return
+        finishes = [
+            finish if finish is not None else transitions.give_back(row_id)
+            for row_id, finish in self._open.items()
+        ]
+        self._record(self._open_token, finishes, result)
+        self._open = {}
 
     # -- one channel's share of a batch --------------------------------------------------------
 
@@ -170,7 +196,9 @@ class OutboxDispatcher:
                 break
             finish = self._send(channel, row, token, started, result)
             if finish is None:
+                self._open.pop(row.id, None)  # the lease was lost: not ours to settle
                 continue
+            self._open[row.id] = finish
             if finish.outcome == "throttled":
                 self._record(token, [*pending, finish], result)
                 pending = []
@@ -190,11 +218,15 @@ class OutboxDispatcher:
             return
         finishes = [transitions.give_back(row.id, delay) for row in rows]
         result.waited += len(self.store.outbox_finish(token, finishes))
+        for finish in finishes:
+            self._open.pop(finish.id, None)
 
     def _record(self, token: str, finishes: list[OutboxFinish], result: DispatcherResult) -> None:
         if not finishes:
             return
         settled = self.store.outbox_finish(token, finishes)
+        for finish in finishes:
+            self._open.pop(finish.id, None)
         lost = [f for f in finishes if f.id not in settled]
         if lost:
             result.lease_lost += len(lost)
