@@ -1,17 +1,21 @@
 """The worker process: consumer and dispatcher threads, plus the lanes that keep leases honest.
 
-Lanes, each in its own thread:
-- consumers (`concurrency` of them): lease a batch, run consumer transactions (`consumer.py`);
-  idle, they wait for a wake-up — from the listener, an enqueue in this process, the next due
-  job, or the poll interval, whichever comes first;
-- a dispatcher (when the box has channels): delivers outbox rows (`dispatch.py`); woken by
-  consumers of this process that wrote outbox rows, by the listener, or the poll interval;
-- the resolver (when a channel's provider can look messages up): settles ambiguous sends;
-- the scheduler (when the box has schedules): fans out due periods (`schedule.py`);
-- a sweeper per declared sweeper: due-row transitions with their notices (`sweeper.py`);
-- the lease keeper: heartbeats held leases; the watchdog for hung handlers (`heartbeat.py`);
-- the lease rescuer: expired job and outbox leases (`rescuer.py`, `delivery_rescuer.py`);
-- the pruner: finished-job retention and explicit intent policies (`pruner.py`);
+Lanes, each in its own thread (each module named lives with the concept it serves):
+- consumers (`concurrency` of them): lease a batch, run consumer transactions
+  (`queue/consumer.py`); idle, they wait for a wake-up — from the listener, an enqueue in this
+  process, the next due job, or the poll interval, whichever comes first;
+- a dispatcher (when the box has channels): delivers outbox rows (`outbox/dispatcher.py`); woken
+  by consumers of this process that wrote outbox rows, by the listener, or the poll interval;
+- the resolver (when a channel's provider can look messages up): settles ambiguous sends
+  (`outbox/resolver.py`);
+- the scheduler (when the box has schedules): fans out due periods (`schedules/ticker.py`);
+- a sweeper per declared sweeper: due-row transitions with their notices
+  (`timers/expiry_sweeper.py`);
+- the lease keeper: heartbeats held leases; the watchdog for hung handlers
+  (`queue/lease_keeper.py`);
+- the lease rescuer: expired job and outbox leases (`queue/lease_rescuer.py`,
+  `outbox/delivery_rescuer.py`);
+- the pruner: finished-job retention and explicit intent policies (`retention/pruner.py`);
 - the listener: wakes the lanes when work may have arrived — a NOTIFY on PostgreSQL, a commit
   seen in the database files on SQLite (`SqliteStore.wait_for_jobs`); the poll interval is only
   the fallback.

@@ -1,4 +1,4 @@
-"""`ExpirySweeper`: durable deadlines kept as rows — the reservation-hold pattern.
+"""Sweepers: durable deadlines kept as rows — the reservation-hold pattern.
 
 A hold (a dock slot reserved until 14:00) is a row with a deadline, not an in-memory timer. The
 sweeper lane scans rows whose deadline has passed, a batch at a time, and for each applies the
