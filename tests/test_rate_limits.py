@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import ConfigurationError, WorkerConfig, points
+from oncebox.clock import monotonic
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.outbox.ratelimit import Limit, take
 from oncebox.store.base import BucketState
@@ -178,3 +179,49 @@ def test_limits_parse(text, count, seconds):
 def test_bad_limits_are_refused(text):
     with pytest.raises(ConfigurationError):
         Limit.parse(text)
+
+
+def test_a_taker_that_read_an_earlier_time_never_moves_the_bucket_back():
+    """A taker whose transaction began before another's took the lock reads an earlier `now`
+    than the bucket's `updated_at`: it must refill nothing, and leave the time where it was —
+    written back, the next take would refill the same interval a second time."""
+    t0 = datetime(2026, 8, 17, 9, tzinfo=UTC)
+    bucket = BucketState("2/s", 2.0, 2.0, 1.0, t0 + timedelta(seconds=1))
+    [after], grant = take([bucket], 1, t0, None)
+    assert grant.granted == 1
+    assert after.tokens == 0.0 and after.updated_at == t0 + timedelta(seconds=1)
+
+
+@pytest.mark.postgres
+def test_contending_takers_on_the_real_clock_never_get_more_than_the_bucket_refills(pg_url):
+    """Eight threads take one token at a time from a 2/s bucket for two seconds, on the real
+    clock: at most its capacity plus what two seconds refill (and one for the edges)."""
+    from oncebox.store import open_store
+    from oncebox.store.base import BucketSpec
+
+    store = open_store(pg_url)
+    store.rate_bucket_configure("email", [BucketSpec("2/s", 2.0, 2.0)])
+    granted: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def taker() -> None:
+        start.wait()
+        began = monotonic()
+        while monotonic() - began < 2.0:
+            grant = store.rate_bucket_apply(
+                "email", ["2/s"], lambda buckets, now, paused: take(buckets, 1, now, paused)
+            )
+            with lock:
+                granted.append(grant.granted)
+
+    began = monotonic()
+    threads = [threading.Thread(target=taker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    elapsed = monotonic() - began
+    store.close()
+    assert len(granted) > 20, "the takers hardly contended"
+    assert sum(granted) <= 2 + 2 * elapsed + 1, (sum(granted), round(elapsed, 2), len(granted))

@@ -82,8 +82,11 @@ def take(
     levels = [bucket.level(now) for bucket in buckets]
     granted = min([want, *(math.floor(level) for level in levels)])
     granted = max(granted, 0)
+    # A taker that read `now` before another took the lock sees a bucket updated after its
+    # `now`: it refills nothing (`level`), and the bucket's time never moves back — else the next
+    # take would refill that interval a second time.
     after = [
-        replace(bucket, tokens=level - granted, updated_at=now)
+        replace(bucket, tokens=level - granted, updated_at=max(now, bucket.updated_at))
         for bucket, level in zip(buckets, levels, strict=True)
     ]
     waits = [(1.0 - bucket.tokens) / bucket.refill_per_s for bucket in after if bucket.tokens < 1.0]
