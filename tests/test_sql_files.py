@@ -12,6 +12,7 @@ from support.schema_dump import dump_postgres, dump_sqlite
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "oncebox"
 SQL = SRC / "store" / "sql"
+SNAPSHOT = Path("migrations") / "schema.sql"  # beside the migrations it records
 
 
 def _names(dialect: str) -> set[str]:
@@ -57,14 +58,14 @@ def test_sqlite_migrations_produce_the_snapshot(sqlite_url, tmp_path):
 
     open_store(sqlite_url).close()
     path = sqlite_url.removeprefix("sqlite:///")
-    assert dump_sqlite(path) == (SQL / "sqlite" / "schema.sql").read_text(), (
+    assert dump_sqlite(path) == (SQL / "sqlite" / SNAPSHOT).read_text(), (
         "run `make schema-snapshot` after changing a migration, and review the diff"
     )
 
 
 @pytest.mark.postgres
 def test_postgres_migrations_produce_the_snapshot(pg_url):
-    assert dump_postgres(pg_url) == (SQL / "postgres" / "schema.sql").read_text(), (
+    assert dump_postgres(pg_url) == (SQL / "postgres" / SNAPSHOT).read_text(), (
         "run `make schema-snapshot` after changing a migration, and review the diff"
     )
 

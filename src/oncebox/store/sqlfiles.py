@@ -107,6 +107,7 @@ def load_migrations(dialect: str, schema: str | None = None) -> list[Migration]:
 
 
 def load_schema_snapshot(dialect: str, schema: str | None = None) -> str:
-    """The schema a fully migrated database has, kept in `schema.sql` for review and tests."""
-    text = _read(dialect, "schema.sql")
+    """The schema a fully migrated database has, kept beside the migrations in
+    `migrations/schema.sql` for review and tests."""
+    text = _read(dialect, "migrations/schema.sql")
     return text.replace(SCHEMA_TOKEN, quote_schema(schema)) if schema is not None else text
