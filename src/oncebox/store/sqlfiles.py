@@ -95,15 +95,21 @@ def query_files(dialect: str) -> list[str]:
     return sorted(e.name for e in folder.iterdir() if e.name.endswith(".sql") and e.is_file())
 
 
-def load_queries(dialect: str, schema: str | None = None) -> dict[str, LiteralString]:
-    """The dialect's named queries from all its query files, with the schema token resolved."""
+def parse_files(texts: dict[str, str]) -> dict[str, str]:
+    """{file name: text} into {name: sql}; a name defined twice, in one file or two, is an error."""
     blocks: dict[str, str] = {}
     where: dict[str, str] = {}
-    for file in query_files(dialect):
-        for name, sql in parse_blocks(_read(dialect, file)).items():
+    for file, text in texts.items():
+        for name, sql in parse_blocks(text).items():
             if name in blocks:
                 raise ValueError(f"query {name!r} is defined twice: in {where[name]} and {file}")
             blocks[name], where[name] = sql, file
+    return blocks
+
+
+def load_queries(dialect: str, schema: str | None = None) -> dict[str, LiteralString]:
+    """The dialect's named queries from all its query files, with the schema token resolved."""
+    blocks = parse_files({file: _read(dialect, file) for file in query_files(dialect)})
     if schema is not None:
         quoted = quote_schema(schema)
         blocks = {name: sql.replace(SCHEMA_TOKEN, quoted) for name, sql in blocks.items()}
