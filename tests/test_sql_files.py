@@ -1,4 +1,4 @@
-"""SQL lives in named files, one per dialect; migrations and snapshots agree."""
+"""SQL lives in named files by noun, one folder per dialect; migrations and snapshots agree."""
 
 from __future__ import annotations
 
@@ -7,11 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from oncebox.store.sqlfiles import DIALECT_ONLY, load_migrations, load_queries, parse_blocks
+from oncebox.store.sqlfiles import (
+    DIALECT_ONLY,
+    load_migrations,
+    load_queries,
+    parse_blocks,
+    parse_files,
+    query_files,
+)
 from support.schema_dump import dump_postgres, dump_sqlite
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "oncebox"
 SQL = SRC / "store" / "sql"
+SNAPSHOT = Path("migrations") / "schema.sql"  # beside the migrations it records
 
 
 def _names(dialect: str) -> set[str]:
@@ -46,6 +54,39 @@ def test_a_query_file_cannot_define_a_name_twice():
         parse_blocks("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
+def test_two_query_files_cannot_define_the_same_name():
+    texts = {"jobs.sql": "-- name: a\nSELECT 1;\n", "outbox.sql": "-- name: a\nSELECT 2;\n"}
+    with pytest.raises(ValueError, match=r"'a' is defined twice: in jobs\.sql and outbox\.sql"):
+        parse_files(texts)
+
+
+def test_both_dialects_split_their_queries_into_the_same_files():
+    sqlite, postgres = query_files("sqlite"), query_files("postgres")
+    assert sqlite == postgres, (
+        f"only in sqlite: {sorted(set(sqlite) - set(postgres))}, "
+        f"only in postgres: {sorted(set(postgres) - set(sqlite))}"
+    )
+    assert "jobs.sql" in sqlite and "schema.sql" not in sqlite  # the snapshot is in migrations/
+
+
+def test_a_statement_is_in_the_same_file_in_both_dialects():
+    def homes(dialect: str) -> dict[str, str]:
+        folder = SQL / dialect
+        return {
+            name: file.name
+            for file in sorted(folder.glob("*.sql"))
+            for name in parse_blocks(file.read_text())
+        }
+
+    sqlite, postgres = homes("sqlite"), homes("postgres")
+    moved = {
+        n: (sqlite[n], postgres[n])
+        for n in sqlite.keys() & postgres.keys()
+        if sqlite[n] != postgres[n]
+    }
+    assert moved == {}
+
+
 def test_migrations_are_numbered_without_gaps():
     for dialect in ("sqlite", "postgres"):
         versions = [m.version for m in load_migrations(dialect)]
@@ -57,14 +98,14 @@ def test_sqlite_migrations_produce_the_snapshot(sqlite_url, tmp_path):
 
     open_store(sqlite_url).close()
     path = sqlite_url.removeprefix("sqlite:///")
-    assert dump_sqlite(path) == (SQL / "sqlite" / "schema.sql").read_text(), (
+    assert dump_sqlite(path) == (SQL / "sqlite" / SNAPSHOT).read_text(), (
         "run `make schema-snapshot` after changing a migration, and review the diff"
     )
 
 
 @pytest.mark.postgres
 def test_postgres_migrations_produce_the_snapshot(pg_url):
-    assert dump_postgres(pg_url) == (SQL / "postgres" / "schema.sql").read_text(), (
+    assert dump_postgres(pg_url) == (SQL / "postgres" / SNAPSHOT).read_text(), (
         "run `make schema-snapshot` after changing a migration, and review the diff"
     )
 

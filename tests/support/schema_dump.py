@@ -1,6 +1,6 @@
 """Describe a migrated database's schema as stable text, for the schema snapshots.
 
-    python tests/support/schema_dump.py --write     # refresh src/oncebox/store/sql/*/schema.sql
+    python tests/support/schema_dump.py --write   # refresh store/sql/*/migrations/schema.sql
 
 `make schema-snapshot` runs this after a migration is added; `tests/test_sql_files.py` fails when
 the migrations and the snapshots disagree.
@@ -122,7 +122,7 @@ def main() -> int:
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE".encode())
     for dialect, text in dumps.items():
-        target = SNAPSHOTS / dialect / "schema.sql"
+        target = SNAPSHOTS / dialect / "migrations" / "schema.sql"
         if args.write:
             target.write_text(text)
             print(f"wrote {target}")

@@ -1,14 +1,30 @@
-"""Named SQL blocks, loaded from one `queries.sql` per dialect.
+"""Named SQL blocks, loaded from the `.sql` files of one folder per dialect.
 
-Format (the same in both dialects, with identical names apart from `DIALECT_ONLY`):
+Each dialect's folder (`store/sql/sqlite/`, `store/sql/postgres/`) holds one file per noun the
+statements act on — `jobs.sql`, `intents.sql`, `outbox.sql`, `limits.sql`, `schedules.sql`,
+`keys.sql`, … — with the same file names and the same statement names in both dialects (apart
+from `DIALECT_ONLY`). Every `.sql` file directly in the folder is read; `migrations/` holds the
+numbered migrations and the schema snapshot. A name defined twice, in one file or in two, is an
+error. Format:
 
     -- name: job_lease
     -- Lease up to %(limit)s due jobs of the given tasks ...   (description lines, optional)
     UPDATE ...;
 
-PostgreSQL files write `__S__.` before every oncebox object; the loader replaces it with the quoted
-schema name the store was opened with, so the same text serves any schema and is still a literal
-the project controls. Nothing else is ever interpolated into SQL: values are bound parameters.
+PostgreSQL: files write `__S__.` before every oncebox object; the loader replaces it with the
+quoted schema name the store was opened with, so the same text serves any schema and is still a
+literal the project controls. Time is read only through `oncebox_now()`, once per statement (a
+MATERIALIZED CTE), so every row of a statement sees the same instant.
+
+SQLite, different by design:
+* time: the store evaluates `oncebox_now()` once per operation, in process (it is the same
+  Python function SQL calls), and binds it as `:now`, so every statement of an operation sees
+  one instant; instants and durations are integer microseconds;
+* sets: lists arrive as one JSON array parameter, read with `json_each`;
+* SQLite has no data-modifying CTEs, so an operation PostgreSQL does in one statement may be
+  several here, named `operation__step` and run by the store in the same transaction.
+
+Nothing else is ever interpolated into SQL: values are bound parameters.
 """
 
 from __future__ import annotations
@@ -47,7 +63,7 @@ def quote_schema(schema: str) -> str:
 
 
 def parse_blocks(text: str) -> dict[str, str]:
-    """Split a queries file into {name: sql}; duplicate names are an error."""
+    """Split a queries file into {name: sql}; a name defined twice is an error."""
     matches = list(_NAME_RE.finditer(text))
     blocks: dict[str, str] = {}
     for index, match in enumerate(matches):
@@ -73,9 +89,27 @@ class Migration:
     checksum: str  # of the file as shipped, before the schema name is filled in
 
 
+def query_files(dialect: str) -> list[str]:
+    """The names of the dialect's query files, sorted."""
+    folder = resources.files("oncebox.store") / "sql" / dialect
+    return sorted(e.name for e in folder.iterdir() if e.name.endswith(".sql") and e.is_file())
+
+
+def parse_files(texts: dict[str, str]) -> dict[str, str]:
+    """{file name: text} into {name: sql}; a name defined twice, in one file or two, is an error."""
+    blocks: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for file, text in texts.items():
+        for name, sql in parse_blocks(text).items():
+            if name in blocks:
+                raise ValueError(f"query {name!r} is defined twice: in {where[name]} and {file}")
+            blocks[name], where[name] = sql, file
+    return blocks
+
+
 def load_queries(dialect: str, schema: str | None = None) -> dict[str, LiteralString]:
-    """The dialect's named queries, with the schema token resolved."""
-    blocks = parse_blocks(_read(dialect, "queries.sql"))
+    """The dialect's named queries from all its query files, with the schema token resolved."""
+    blocks = parse_files({file: _read(dialect, file) for file in query_files(dialect)})
     if schema is not None:
         quoted = quote_schema(schema)
         blocks = {name: sql.replace(SCHEMA_TOKEN, quoted) for name, sql in blocks.items()}
@@ -107,6 +141,7 @@ def load_migrations(dialect: str, schema: str | None = None) -> list[Migration]:
 
 
 def load_schema_snapshot(dialect: str, schema: str | None = None) -> str:
-    """The schema a fully migrated database has, kept in `schema.sql` for review and tests."""
-    text = _read(dialect, "schema.sql")
+    """The schema a fully migrated database has, kept beside the migrations in
+    `migrations/schema.sql` for review and tests."""
+    text = _read(dialect, "migrations/schema.sql")
     return text.replace(SCHEMA_TOKEN, quote_schema(schema)) if schema is not None else text

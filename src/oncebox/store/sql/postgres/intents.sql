@@ -1,0 +1,40 @@
+-- Intents: the claims of business keys.
+-- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
+
+-- name: intent_claim
+-- The claim: insert each key's intent; keys already claimed (by anyone, ever) are not returned.
+-- Waits at most lock_timeout for a key another live transaction is claiming.
+-- %(claims)s is a JSON array of [key, task, job id].
+INSERT INTO __S__.oncebox_intents (key, task, job_id, claimed_at)
+SELECT c ->> 0, c ->> 1, (c ->> 2)::bigint, (SELECT __S__.oncebox_now())
+FROM jsonb_array_elements(%(claims)s::jsonb) AS c
+ON CONFLICT (key) DO NOTHING
+RETURNING key;
+
+-- name: intent_owner_list
+-- Who claimed these keys: a job whose own earlier claim committed (and whose settlement did not)
+-- is completed, not a duplicate.
+SELECT key, job_id FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
+
+-- name: intent_release
+-- Undo claims made earlier in this same transaction (their handler failed or did not run).
+DELETE FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
+
+-- name: intent_get
+SELECT key, task, job_id, claimed_at FROM __S__.oncebox_intents WHERE key = %(key)s;
+
+-- name: intent_count
+SELECT count(*) FROM __S__.oncebox_intents;
+
+-- name: intent_prune
+-- A task's explicit intent-retention policy: delete a batch of its intents claimed before the
+-- cutoff. Never run as a side effect of pruning jobs.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT key FROM __S__.oncebox_intents
+    WHERE task = %(task)s
+      AND claimed_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+    ORDER BY claimed_at
+    LIMIT %(limit)s
+)
+DELETE FROM __S__.oncebox_intents i USING doomed d WHERE i.key = d.key RETURNING i.key;

@@ -1,0 +1,45 @@
+-- Rate buckets and channel pauses.
+-- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
+
+-- name: rate_bucket_configure
+-- Create missing buckets full; follow configuration changes of capacity and refill rate.
+INSERT INTO __S__.oncebox_rate_buckets AS rb
+    (channel, name, capacity, refill_per_s, tokens, updated_at)
+SELECT %(channel)s, b.name, b.capacity, b.refill, b.capacity, (SELECT __S__.oncebox_now())
+FROM unnest(%(names)s::text[], %(capacities)s::float8[], %(refills)s::float8[])
+    AS b(name, capacity, refill)
+ON CONFLICT (channel, name) DO UPDATE
+SET capacity = excluded.capacity, refill_per_s = excluded.refill_per_s,
+    tokens = LEAST(rb.tokens, excluded.capacity);
+
+-- name: rate_bucket_select
+-- The channel's buckets, locked until the caller's transaction ends, with the clock and pause.
+SELECT b.name, b.capacity, b.refill_per_s, b.tokens, b.updated_at,
+       (SELECT __S__.oncebox_now()),
+       (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s)
+FROM __S__.oncebox_rate_buckets b
+WHERE b.channel = %(channel)s AND b.name = ANY(%(names)s::text[])
+ORDER BY b.name
+FOR UPDATE OF b;
+
+-- name: rate_bucket_update
+UPDATE __S__.oncebox_rate_buckets b
+SET tokens = u.tokens, updated_at = u.updated_at
+FROM unnest(%(names)s::text[], %(tokens)s::float8[], %(updated)s::timestamptz[])
+    AS u(name, tokens, updated_at)
+WHERE b.channel = %(channel)s AND b.name = u.name;
+
+-- name: channel_pause_read
+SELECT (SELECT __S__.oncebox_now()),
+       (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s);
+
+-- name: channel_pause
+-- Pause a channel for everyone until now + pause_s; a longer pause already in place stays.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_channel_pauses AS p (channel, paused_until, reason)
+SELECT %(channel)s, clock.now + make_interval(secs => %(pause_s)s), %(reason)s FROM clock
+ON CONFLICT (channel) DO UPDATE
+SET paused_until = GREATEST(p.paused_until, excluded.paused_until),
+    reason = CASE WHEN excluded.paused_until > p.paused_until THEN excluded.reason
+                  ELSE p.reason END
+RETURNING paused_until;

@@ -1,0 +1,27 @@
+-- What operators read across the tables: the audit log, the status instants.
+-- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
+
+-- name: audit_list
+SELECT id, at, actor, action, target_kind, target_id, target_key, reason, details::text
+FROM __S__.oncebox_audit
+WHERE (%(target_id)s::bigint IS NULL OR target_id = %(target_id)s::bigint)
+  AND (%(action)s::text IS NULL OR action = %(action)s::text)
+  AND (%(key)s::text IS NULL OR target_key = %(key)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: status_times
+-- The instants operators and the demo watch: the oldest due ready job, the next job and message
+-- to fall due, the oldest pending message, the next lease to run out.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT
+    (SELECT min(run_at) FROM __S__.oncebox_jobs
+      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)),
+    (SELECT min(run_at) FROM __S__.oncebox_jobs WHERE state = 'ready'),
+    (SELECT min(next_attempt_at) FROM __S__.oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(created_at) FROM __S__.oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(lease_expires_at) FROM __S__.oncebox_jobs WHERE state = 'leased'),
+    (SELECT min(lease_expires_at) FROM __S__.oncebox_outbox
+      WHERE state IN ('leased', 'sending')),
+    (SELECT now FROM clock);

@@ -1,0 +1,212 @@
+-- The outbox: messages and their delivery attempts.
+-- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
+
+-- name: outbox_insert
+-- The handlers' buffered rows of one consumer transaction, as one set. A key already in the
+-- outbox (its intent pruned by policy, then claimed again) is not re-sent.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_outbox
+    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at)
+SELECT r ->> 0, r ->> 1, r ->> 2, r -> 3, r ->> 4, (r ->> 5)::bigint, clock.now, clock.now
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r, clock  -- [key, intent key, channel, payload,
+ON CONFLICT (key) DO NOTHING;                             -- token, job id] per row
+
+-- name: outbox_lease_settings
+-- Run before outbox_lease, in its transaction: each channel's due rows are read in the due index's
+-- order and the read stops at the limit, whatever the statistics say (see job_lease_settings; the
+-- outbox grows from empty just as fast). Sorting stays allowed: the channels' heads are merged by
+-- a sort of at most limit x channels rows. Unlike the job lease, this commit waits for its flush:
+-- first_leased_at starts the provider's idempotency window and must be durable before a send.
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true);
+
+-- name: outbox_lease
+-- Lease due pending rows of the given channels; first_leased_at is set once, here. Each channel
+-- is read on its own (the due index starts with the channel, so `channel = ANY(...)` would read
+-- every due row and sort them: O(backlog) per lease); the earliest of the channels' heads win.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+picked AS (
+    SELECT head.id
+    FROM unnest(%(channels)s::text[]) AS c(channel)
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.next_attempt_at FROM __S__.oncebox_outbox o
+        WHERE o.state = 'pending'
+          AND o.channel = c.channel
+          AND o.next_attempt_at <= (SELECT now FROM clock)
+        ORDER BY o.next_attempt_at, o.id
+        LIMIT %(limit)s
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS head
+    ORDER BY head.next_attempt_at, head.id
+    LIMIT %(limit)s
+)
+UPDATE __S__.oncebox_outbox o
+SET state = 'leased',
+    leased_by = %(worker)s,
+    leased_at = clock.now,
+    lease_token = %(token)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+    first_leased_at = COALESCE(o.first_leased_at, clock.now)
+FROM picked, clock
+WHERE o.id = picked.id
+RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text, o.token, o.attempt,
+          o.attempt_base, o.possible_duplicates, o.first_leased_at, clock.now, o.uncertain;
+
+-- name: outbox_next_due
+-- When the earliest pending row of these channels falls due (NULL if none), and the time now:
+-- how long an idle dispatcher may wait (a retry's backoff, a rate limit's give-back, a pause).
+-- Each channel's head is read from the due index, as the lease reads it.
+SELECT (SELECT min(head.next_attempt_at)
+        FROM unnest(%(channels)s::text[]) AS c(channel)
+        CROSS JOIN LATERAL (
+            SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
+            WHERE o.state = 'pending' AND o.channel = c.channel
+            ORDER BY o.next_attempt_at
+            LIMIT 1
+        ) AS head),
+       (SELECT __S__.oncebox_now());
+
+-- name: outbox_mark_sending
+-- The one durable write before a send through a channel without provider idempotency.
+UPDATE __S__.oncebox_outbox SET state = 'sending'
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'leased'
+RETURNING id;
+
+-- name: outbox_finish
+-- Settle rows of one lease, fenced on its token, and record the delivery attempts.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+input AS (  -- %(finishes)s: [id, state, outcome, counts, delay in s, error, receipt, dup,
+            -- uncertain] per row
+    SELECT (f ->> 0)::bigint AS id, f ->> 1 AS state, f ->> 2 AS outcome,
+           (f ->> 3)::bool AS counts, (f ->> 4)::float8 AS delay_s, f ->> 5 AS error,
+           f ->> 6 AS receipt, (f ->> 7)::bool AS dup, (f ->> 8)::bool AS uncertain
+    FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
+),
+settled AS (
+    UPDATE __S__.oncebox_outbox o
+    SET state = i.state,
+        attempt = o.attempt + CASE WHEN i.counts THEN 1 ELSE 0 END,
+        possible_duplicates = o.possible_duplicates + CASE WHEN i.dup THEN 1 ELSE 0 END,
+        next_attempt_at = CASE WHEN i.state = 'pending'
+                               THEN clock.now + make_interval(secs => i.delay_s)
+                               ELSE o.next_attempt_at END,
+        sent_at = CASE WHEN i.state = 'sent' THEN clock.now ELSE o.sent_at END,
+        receipt = COALESCE(i.receipt, o.receipt),
+        last_error = CASE WHEN i.state = 'sent' THEN o.last_error
+                          ELSE COALESCE(i.error, o.last_error) END,
+        uncertain = COALESCE(i.uncertain, o.uncertain),
+        -- given back unsent, never sent before: the idempotency window has not started
+        first_leased_at = CASE WHEN i.outcome IS NULL AND NOT i.counts AND o.attempt = 0
+                                    AND NOT o.uncertain THEN NULL
+                               ELSE o.first_leased_at END,
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM input i, clock
+    -- the token implies a leased or sending row (a CHECK constraint); see job_finish
+    WHERE o.id = i.id AND o.lease_token = %(token)s
+    RETURNING o.id, o.attempt, o.leased_by, o.leased_at, i.outcome, i.error, i.receipt,
+              clock.now
+),
+recorded AS (
+    INSERT INTO __S__.oncebox_delivery_attempts
+        (outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt)
+    SELECT id, attempt, leased_by, leased_at, now, outcome, error, receipt
+    FROM settled WHERE outcome IS NOT NULL
+)
+SELECT id FROM settled;
+
+-- name: outbox_rescue_select
+-- Rows whose lease expired, locked for the rescue's decision (the caller's transaction).
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM __S__.oncebox_outbox
+WHERE state IN ('leased', 'sending') AND lease_expires_at < (SELECT __S__.oncebox_now())
+  AND channel = ANY(%(channels)s::text[])
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_resolve
+-- Ambiguous → sent (the provider has it) or pending (resend now), audited in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+resolved AS (
+    UPDATE __S__.oncebox_outbox o
+    SET state = CASE WHEN %(resolution)s = 'sent' THEN 'sent' ELSE 'pending' END,
+        sent_at = CASE WHEN %(resolution)s = 'sent' THEN clock.now ELSE o.sent_at END,
+        receipt = COALESCE(%(receipt)s, o.receipt),
+        next_attempt_at = clock.now,
+        -- resend: the operator decided it was not delivered, so the next send is a first one
+        -- (not "uncertain past the idempotency window", which would hold it ambiguous again)
+        uncertain = CASE WHEN %(resolution)s = 'sent' THEN o.uncertain ELSE false END,
+        first_leased_at = CASE WHEN %(resolution)s = 'sent' THEN o.first_leased_at END
+    FROM clock
+    WHERE o.id = %(id)s AND o.state = 'ambiguous'
+    RETURNING o.id, o.key, o.channel, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'resolve-' || %(resolution)s, 'delivery', id, key, %(reason)s,
+           jsonb_build_object('channel', channel)
+    FROM resolved
+    RETURNING id
+)
+SELECT r.id, r.key, a.id FROM resolved r, audited a;
+
+-- name: outbox_replay
+-- Dead → pending in place: same key, same frozen content; audited in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+replayed AS (
+    UPDATE __S__.oncebox_outbox o
+    SET state = 'pending', next_attempt_at = clock.now, attempt_base = o.attempt
+    FROM clock
+    WHERE o.id = %(id)s AND o.state = 'dead'
+    RETURNING o.id, o.key, o.channel, o.attempt, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'replay', 'delivery', id, key, %(reason)s,
+           jsonb_build_object('channel', channel, 'attempts_before', attempt)
+    FROM replayed
+    RETURNING id
+)
+SELECT r.id, r.key, a.id FROM replayed r, audited a;
+
+-- name: outbox_get
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM __S__.oncebox_outbox WHERE id = %(id)s;
+
+-- name: outbox_find_by_key
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM __S__.oncebox_outbox WHERE key = %(key)s OR intent_key = %(key)s ORDER BY id;
+
+-- name: outbox_ambiguous_list
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM __S__.oncebox_outbox
+WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
+ORDER BY id LIMIT %(limit)s;
+
+-- name: outbox_count_by_state
+SELECT state, count(*) FROM __S__.oncebox_outbox GROUP BY state;
+
+-- name: delivery_attempt_list
+SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
+FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
+
+-- name: outbox_list
+SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM __S__.oncebox_outbox
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;

@@ -1,0 +1,141 @@
+-- Schedules and their fan-out runs.
+-- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
+
+-- name: schedule_state_get
+SELECT paused, last_fire_at, (SELECT __S__.oncebox_now())
+FROM __S__.oncebox_schedules WHERE name = %(name)s;
+
+-- name: schedule_state_init
+-- First sight of a schedule: it starts `grace` ago (a fire that just passed still runs), not at
+-- the beginning of time (no backfill of a history it never had).
+INSERT INTO __S__.oncebox_schedules (name, paused, last_fire_at, updated_at)
+SELECT %(name)s, false, c.now - make_interval(secs => %(grace_s)s), c.now
+FROM (SELECT __S__.oncebox_now() AS now) c
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_state_advance
+UPDATE __S__.oncebox_schedules
+SET last_fire_at = GREATEST(COALESCE(last_fire_at, %(at)s), %(at)s),
+    updated_at = (SELECT __S__.oncebox_now())
+WHERE name = %(name)s;
+
+-- name: schedule_state_pause
+-- Pause or resume; resuming starts from now: fires missed while paused are skipped on purpose.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
+SELECT %(name)s, %(paused)s, clock.now, clock.now FROM clock
+ON CONFLICT (name) DO UPDATE
+SET paused = excluded.paused,
+    last_fire_at = CASE WHEN excluded.paused THEN s.last_fire_at
+                        ELSE GREATEST(s.last_fire_at, excluded.updated_at) END,
+    updated_at = excluded.updated_at;
+
+-- name: schedule_state_pause__audit
+INSERT INTO __S__.oncebox_audit
+    (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (__S__.oncebox_now(), %(actor)s, CASE WHEN %(paused)s THEN 'pause' ELSE 'resume' END,
+        'schedule', NULL, %(name)s, %(reason)s, NULL);
+
+-- name: schedule_state_list
+SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
+
+-- name: schedule_run_claim
+-- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
+-- a finished one. Returns a row only when this owner now has it.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_schedule_runs AS r
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
+SELECT %(schedule)s, %(period)s, %(fire_at)s::timestamptz, 'running', %(owner)s,
+       clock.now + make_interval(secs => %(lease_s)s), clock.now, %(late)s
+FROM clock
+ON CONFLICT (schedule, period) DO UPDATE
+SET state = 'running',
+    owner = excluded.owner,
+    lease_expires_at = excluded.lease_expires_at,
+    started_at = excluded.started_at,
+    finished_at = NULL
+WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
+   OR (r.state = 'done' AND %(rescan)s)
+RETURNING r.owner;
+
+-- name: schedule_run_extend
+-- Between batches: keep the lease, count what was enqueued; nothing if the run was taken over.
+UPDATE __S__.oncebox_schedule_runs
+SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s),
+    enqueued_count = enqueued_count + %(enqueued)s
+WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
+  AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_finish
+UPDATE __S__.oncebox_schedule_runs
+SET state = 'done',
+    finished_at = (SELECT __S__.oncebox_now()),
+    lease_expires_at = NULL,
+    scans = scans + 1,
+    eligible_count = %(eligible)s,
+    enqueued_count = enqueued_count + %(enqueued)s
+WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
+  AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_busy
+-- Another period of this schedule whose fan-out is still running (a live lease).
+SELECT period FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s AND state = 'running' AND period <> %(period)s
+  AND lease_expires_at >= (SELECT __S__.oncebox_now())
+LIMIT 1;
+
+-- name: schedule_run_list
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late
+FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s
+ORDER BY started_at DESC, period DESC
+LIMIT %(limit)s;
+
+-- name: schedule_period_stats
+-- Per period of one schedule (the latest periods first): the latest scan's eligible count, what
+-- the fan-outs enqueued, and where those jobs and their messages are now, in one pass over the
+-- periods' jobs and their messages (oncebox_outbox_job). A job is *covered* when it is done and
+-- every message it wrote is sent.
+WITH runs AS (
+    SELECT period, state, eligible_count, enqueued_count
+    FROM __S__.oncebox_schedule_runs
+    WHERE schedule = %(schedule)s
+    ORDER BY period DESC
+    LIMIT %(limit)s
+),
+jobs AS (
+    SELECT j.id, j.period, j.state
+    FROM __S__.oncebox_jobs j
+    WHERE j.schedule = %(schedule)s AND j.period IN (SELECT period FROM runs)
+),
+messages AS (
+    SELECT o.job_id,
+           count(*) FILTER (WHERE o.state = 'sent') AS sent,
+           count(*) FILTER (WHERE o.state IN ('pending', 'leased', 'sending')) AS pending,
+           count(*) FILTER (WHERE o.state = 'dead') AS dead,
+           count(*) FILTER (WHERE o.state = 'ambiguous') AS ambiguous,
+           count(*) FILTER (WHERE o.state <> 'sent') AS unsent
+    FROM __S__.oncebox_outbox o
+    WHERE o.job_id IN (SELECT id FROM jobs)
+    GROUP BY o.job_id
+),
+per_period AS (
+    SELECT j.period,
+           count(*) FILTER (WHERE j.state = 'done') AS done,
+           count(*) FILTER (WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0) AS covered,
+           COALESCE(sum(m.sent), 0) AS sent,
+           count(*) FILTER (WHERE j.state IN ('ready', 'leased')) + COALESCE(sum(m.pending), 0)
+               AS pending,
+           count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
+           COALESCE(sum(m.ambiguous), 0) AS ambiguous
+    FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
+    GROUP BY j.period
+)
+SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
+       COALESCE(p.done, 0), COALESCE(p.covered, 0), COALESCE(p.sent, 0),
+       COALESCE(p.pending, 0), COALESCE(p.dead, 0), COALESCE(p.ambiguous, 0)
+FROM runs r LEFT JOIN per_period p ON p.period = r.period
+ORDER BY r.period DESC;

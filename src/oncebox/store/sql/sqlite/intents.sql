@@ -1,0 +1,32 @@
+-- Intents: the claims of business keys.
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: intent_claim
+-- :claims is a JSON array of [key, task, job_id].
+INSERT INTO oncebox_intents (key, task, job_id, claimed_at)
+SELECT c.value ->> 0, c.value ->> 1, c.value ->> 2, :now
+FROM json_each(:claims) AS c
+WHERE true
+ON CONFLICT (key) DO NOTHING
+RETURNING key;
+
+-- name: intent_owner_list
+SELECT key, job_id FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
+
+-- name: intent_release
+DELETE FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
+
+-- name: intent_get
+SELECT key, task, job_id, claimed_at FROM oncebox_intents WHERE key = :key;
+
+-- name: intent_count
+SELECT count(*) FROM oncebox_intents;
+
+-- name: intent_prune
+DELETE FROM oncebox_intents
+WHERE key IN (
+    SELECT key FROM oncebox_intents
+    WHERE task = :task AND claimed_at < :now - :older_than_us
+    ORDER BY claimed_at
+    LIMIT :limit)
+RETURNING key;

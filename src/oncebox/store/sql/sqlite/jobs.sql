@@ -1,0 +1,205 @@
+-- Jobs: enqueue, lease, settle, rescue, replay, read, prune.
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: job_insert
+INSERT INTO oncebox_jobs
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
+SELECT :key, :task, :queue, :args, :priority, :group_key, :max_attempts,
+       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now
+WHERE :key IS NULL OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = :key)
+ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
+RETURNING id, state;
+
+-- name: job_insert_many
+-- :rows is a JSON array of [key, args_json_text, group_key].
+INSERT INTO oncebox_jobs
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
+     schedule, period)
+SELECT r.value ->> 0, :task, :queue, r.value ->> 1, :priority, r.value ->> 2, :max_attempts,
+       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :schedule, :period
+FROM json_each(:rows) AS r
+WHERE r.value ->> 0 IS NULL
+   OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = r.value ->> 0)
+ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
+RETURNING id, key;
+
+-- name: job_enqueue_conflict
+SELECT j.id, j.state, i.job_id, i.claimed_at
+FROM (SELECT 1) AS one
+LEFT JOIN oncebox_jobs j ON j.key = :key AND j.state <> 'cancelled'
+LEFT JOIN oncebox_intents i ON i.key = :key;
+
+-- name: job_lease
+UPDATE oncebox_jobs
+SET state = 'leased',
+    attempt = attempt + 1,
+    leased_by = :worker,
+    leased_at = :now,
+    lease_token = :token,
+    lease_expires_at = :now + :lease_us
+WHERE id IN (
+    SELECT j.id
+    FROM oncebox_jobs j
+    WHERE j.state = 'ready'
+      AND j.run_at <= :now
+      AND j.task IN (SELECT value FROM json_each(:tasks))
+      AND j.queue IN (SELECT value FROM json_each(:queues))
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM oncebox_jobs g
+            WHERE g.group_key = j.group_key AND g.queue = j.queue
+              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND (g.state = 'leased' OR g.id < j.id)))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT :limit)
+RETURNING id, key, task, queue, args, attempt, max_attempts, attempt_base, priority, group_key,
+          run_at, created_at, expires_at, leased_at;
+
+-- name: job_lease_extend
+UPDATE oncebox_jobs
+SET lease_expires_at = max(lease_expires_at, :now + :lease_us)
+WHERE state = 'leased' AND lease_token IN (SELECT value FROM json_each(:tokens));
+
+-- name: job_release
+UPDATE oncebox_jobs
+SET state = 'ready',
+    attempt = attempt - 1,
+    run_at = :now + :delay_us,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'leased'
+RETURNING id;
+
+-- name: job_rescue_expired
+UPDATE oncebox_jobs
+SET state = CASE WHEN attempt - attempt_base >= max_attempts OR expires_at <= :now
+                 THEN 'dead' ELSE 'ready' END,
+    run_at = :now,
+    finished_at = CASE WHEN attempt - attempt_base >= max_attempts OR expires_at <= :now
+                       THEN :now END,
+    last_error = 'lease expired: ' || COALESCE(leased_by, 'a worker')
+        || ' did not finish attempt ' || attempt || ' before its lease ended at '
+        || strftime('%Y-%m-%dT%H:%M:%SZ', lease_expires_at / 1000000, 'unixepoch'),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id IN (
+    SELECT id FROM oncebox_jobs
+    WHERE state = 'leased' AND lease_expires_at < :now
+    ORDER BY lease_expires_at
+    LIMIT :limit)
+RETURNING id, key, task, state, attempt, leased_by, leased_at, last_error;
+
+-- name: job_rescue_expired__record
+-- :rows is a JSON array of [job_id, attempt, worker, started_at, error].
+INSERT INTO oncebox_job_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
+SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, :now, 'lease_expired',
+       r.value ->> 4
+FROM json_each(:rows) AS r
+WHERE true
+ON CONFLICT (job_id, attempt) DO NOTHING;
+
+-- name: job_finish
+-- :rows is a JSON array of [id, state, outcome, delay_us, error].
+UPDATE oncebox_jobs AS j
+SET state = i.value ->> 1,
+    outcome = i.value ->> 2,
+    run_at = CASE WHEN i.value ->> 1 = 'ready' THEN :now + (i.value ->> 3) ELSE j.run_at END,
+    finished_at = CASE WHEN i.value ->> 1 IN ('done', 'dead') THEN :now END,
+    last_error = COALESCE(i.value ->> 4, j.last_error),
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM json_each(:rows) AS i
+WHERE j.id = i.value ->> 0 AND j.lease_token = :token AND j.state = 'leased'
+RETURNING id, attempt, leased_by, leased_at, state, last_error;
+
+-- name: job_finish__record
+-- :rows is a JSON array of [job_id, attempt, worker, started_at, outcome, error].
+INSERT INTO oncebox_job_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
+SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, :now, r.value ->> 4,
+       r.value ->> 5
+FROM json_each(:rows) AS r
+WHERE true
+ON CONFLICT (job_id, attempt) DO NOTHING;
+
+-- name: job_attempt_note
+INSERT INTO oncebox_job_attempts AS a
+    (job_id, attempt, worker, started_at, finished_at, outcome, error, note)
+VALUES (:job_id, :attempt, :worker, NULL, :now, 'superseded', NULL, :note)
+ON CONFLICT (job_id, attempt) DO UPDATE
+SET note = COALESCE(a.note || '; ', '') || excluded.note;
+
+-- name: job_replay
+UPDATE oncebox_jobs
+SET state = 'ready', run_at = :now, attempt_base = attempt, finished_at = NULL
+WHERE id = :id AND state = 'dead'
+RETURNING id, key, task, attempt;
+
+-- name: job_replay__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'replay', 'job', :id, :key, :reason,
+        json_object('task', :task, 'attempts_before', :attempt))
+RETURNING id;
+
+-- name: job_cancel
+UPDATE oncebox_jobs
+SET state = 'cancelled', finished_at = :now
+WHERE id = :id AND state = 'ready'
+RETURNING id, key, task;
+
+-- name: job_cancel__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'cancel', 'job', :id, :key, :reason, json_object('task', :task))
+RETURNING id;
+
+-- name: job_get
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
+       finished_at, last_error, schedule, period
+FROM oncebox_jobs WHERE id = :id;
+
+-- name: job_find_by_key
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
+       finished_at, last_error, schedule, period
+FROM oncebox_jobs
+WHERE (key = :key AND state <> 'cancelled')
+   OR id = (SELECT job_id FROM oncebox_intents WHERE key = :key)
+ORDER BY id;
+
+-- name: job_attempt_list
+SELECT job_id, attempt, worker, started_at, finished_at, outcome, error, note
+FROM oncebox_job_attempts WHERE job_id = :id ORDER BY attempt;
+
+-- name: job_count_by_state
+SELECT state, COALESCE(outcome, ''), count(*) FROM oncebox_jobs GROUP BY 1, 2;
+
+-- name: job_next_due
+SELECT min(run_at), :now FROM oncebox_jobs
+WHERE state = 'ready'
+  AND task IN (SELECT value FROM json_each(:tasks))
+  AND queue IN (SELECT value FROM json_each(:queues));
+
+-- name: job_prune
+DELETE FROM oncebox_jobs
+WHERE id IN (
+    SELECT id FROM oncebox_jobs
+    WHERE state IN ('done', 'cancelled') AND finished_at < :now - :older_than_us
+    ORDER BY id
+    LIMIT :limit)
+RETURNING id;
+
+-- name: job_prune__attempts
+DELETE FROM oncebox_job_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
+
+-- name: job_list
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
+       finished_at, last_error, schedule, period
+FROM oncebox_jobs
+WHERE (:state IS NULL OR state = :state)
+  AND (:task IS NULL OR task = :task)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:schedule IS NULL OR schedule = :schedule)
+  AND (:period IS NULL OR period = :period)
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;

@@ -1,0 +1,38 @@
+-- Rate buckets and channel pauses.
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: rate_bucket_configure
+-- :buckets is a JSON array of [name, capacity, refill_per_s].
+INSERT INTO oncebox_rate_buckets AS rb (channel, name, capacity, refill_per_s, tokens, updated_at)
+SELECT :channel, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 1, :now
+FROM json_each(:buckets) AS b
+WHERE true
+ON CONFLICT (channel, name) DO UPDATE
+SET capacity = excluded.capacity, refill_per_s = excluded.refill_per_s,
+    tokens = min(rb.tokens, excluded.capacity);
+
+-- name: rate_bucket_select
+SELECT b.name, b.capacity, b.refill_per_s, b.tokens, b.updated_at, :now,
+       (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel)
+FROM oncebox_rate_buckets b
+WHERE b.channel = :channel AND b.name IN (SELECT value FROM json_each(:names))
+ORDER BY b.name;
+
+-- name: rate_bucket_update
+-- :buckets is a JSON array of [name, tokens, updated_at].
+UPDATE oncebox_rate_buckets AS b
+SET tokens = u.value ->> 1, updated_at = u.value ->> 2
+FROM json_each(:buckets) AS u
+WHERE b.channel = :channel AND b.name = u.value ->> 0;
+
+-- name: channel_pause_read
+SELECT :now, (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel);
+
+-- name: channel_pause
+INSERT INTO oncebox_channel_pauses AS p (channel, paused_until, reason)
+VALUES (:channel, :now + :pause_us, :reason)
+ON CONFLICT (channel) DO UPDATE
+SET paused_until = max(p.paused_until, excluded.paused_until),
+    reason = CASE WHEN excluded.paused_until > p.paused_until THEN excluded.reason
+                  ELSE p.reason END
+RETURNING paused_until;

@@ -1,0 +1,22 @@
+-- What operators read across the tables: the audit log, the status instants.
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: audit_list
+SELECT id, at, actor, action, target_kind, target_id, target_key, reason, details
+FROM oncebox_audit
+WHERE (:target_id IS NULL OR target_id = :target_id)
+  AND (:action IS NULL OR action = :action)
+  AND (:key IS NULL OR target_key = :key)
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: status_times
+SELECT
+    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now),
+    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready'),
+    (SELECT min(next_attempt_at) FROM oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(created_at) FROM oncebox_outbox WHERE state = 'pending'),
+    (SELECT min(lease_expires_at) FROM oncebox_jobs WHERE state = 'leased'),
+    (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending')),
+    :now;

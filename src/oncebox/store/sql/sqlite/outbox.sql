@@ -1,0 +1,157 @@
+-- The outbox: messages and their delivery attempts.
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: outbox_insert
+-- :rows is a JSON array of [key, intent_key, channel, payload_json_text, token, job_id].
+-- A key already in the outbox (its intent pruned by policy, then claimed again) is not re-sent.
+INSERT INTO oncebox_outbox
+    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at)
+SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, r.value ->> 4, r.value ->> 5,
+       :now, :now
+FROM json_each(:rows) AS r
+WHERE true
+ON CONFLICT (key) DO NOTHING;
+
+-- name: outbox_lease
+UPDATE oncebox_outbox
+SET state = 'leased',
+    leased_by = :worker,
+    leased_at = :now,
+    lease_token = :token,
+    lease_expires_at = :now + :lease_us,
+    first_leased_at = COALESCE(first_leased_at, :now)
+WHERE id IN (
+    -- each channel's head read on its own, in the due index's order (`channel IN (...)` would
+    -- read every due row and sort them: O(backlog) per lease); the earliest heads win
+    SELECT o.id FROM json_each(:channels) AS c
+    JOIN oncebox_outbox AS o ON o.id IN (
+        SELECT h.id FROM oncebox_outbox AS h
+        WHERE h.state = 'pending' AND h.channel = c.value AND h.next_attempt_at <= :now
+        ORDER BY h.next_attempt_at, h.id
+        LIMIT :limit)
+    ORDER BY o.next_attempt_at, o.id
+    LIMIT :limit)
+RETURNING id, key, intent_key, channel, payload, token, attempt, attempt_base,
+          possible_duplicates, first_leased_at, leased_at, uncertain;
+
+-- name: outbox_next_due
+SELECT (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox AS o
+                    WHERE o.state = 'pending' AND o.channel = c.value
+                    ORDER BY o.next_attempt_at
+                    LIMIT 1))
+        FROM json_each(:channels) AS c),
+       :now;
+
+-- name: outbox_mark_sending
+UPDATE oncebox_outbox SET state = 'sending'
+WHERE id = :id AND lease_token = :token AND state = 'leased'
+RETURNING id;
+
+-- name: outbox_finish
+-- :rows is a JSON array of
+-- [id, state, outcome, counts_attempt, delay_us, error, receipt, dup, uncertain (or null)].
+UPDATE oncebox_outbox AS o
+SET state = i.value ->> 1,
+    attempt = o.attempt + (i.value ->> 3),
+    possible_duplicates = o.possible_duplicates + (i.value ->> 7),
+    next_attempt_at = CASE WHEN i.value ->> 1 = 'pending' THEN :now + (i.value ->> 4)
+                           ELSE o.next_attempt_at END,
+    sent_at = CASE WHEN i.value ->> 1 = 'sent' THEN :now ELSE o.sent_at END,
+    receipt = COALESCE(i.value ->> 6, o.receipt),
+    last_error = CASE WHEN i.value ->> 1 = 'sent' THEN o.last_error
+                      ELSE COALESCE(i.value ->> 5, o.last_error) END,
+    uncertain = COALESCE(i.value ->> 8, o.uncertain),
+    first_leased_at = CASE WHEN i.value ->> 2 IS NULL AND i.value ->> 3 = 0 AND o.attempt = 0
+                                AND o.uncertain = 0 THEN NULL
+                           ELSE o.first_leased_at END,
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM json_each(:rows) AS i
+WHERE o.id = i.value ->> 0 AND o.lease_token = :token AND o.state IN ('leased', 'sending')
+RETURNING id, attempt, leased_by, leased_at;
+
+-- name: outbox_finish__record
+-- :rows is a JSON array of [outbox_id, attempt, worker, started_at, outcome, error, receipt].
+INSERT INTO oncebox_delivery_attempts
+    (outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt)
+SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, :now, r.value ->> 4,
+       r.value ->> 5, r.value ->> 6
+FROM json_each(:rows) AS r;
+
+-- name: outbox_rescue_select
+SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM oncebox_outbox
+WHERE state IN ('leased', 'sending') AND lease_expires_at < :now
+  AND channel IN (SELECT value FROM json_each(:channels))
+ORDER BY lease_expires_at
+LIMIT :limit;
+
+-- name: outbox_resolve
+UPDATE oncebox_outbox
+SET state = CASE WHEN :resolution = 'sent' THEN 'sent' ELSE 'pending' END,
+    sent_at = CASE WHEN :resolution = 'sent' THEN :now ELSE sent_at END,
+    receipt = COALESCE(:receipt, receipt),
+    next_attempt_at = :now,
+    -- resend: the operator decided it was not delivered, so the next send is a first one
+    uncertain = CASE WHEN :resolution = 'sent' THEN uncertain ELSE 0 END,
+    first_leased_at = CASE WHEN :resolution = 'sent' THEN first_leased_at ELSE NULL END
+WHERE id = :id AND state = 'ambiguous'
+RETURNING id, key, channel;
+
+-- name: outbox_resolve__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'resolve-' || :resolution, 'delivery', :id, :key, :reason,
+        json_object('channel', :channel))
+RETURNING id;
+
+-- name: outbox_replay
+UPDATE oncebox_outbox
+SET state = 'pending', next_attempt_at = :now, attempt_base = attempt
+WHERE id = :id AND state = 'dead'
+RETURNING id, key, channel, attempt;
+
+-- name: outbox_replay__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'replay', 'delivery', :id, :key, :reason,
+        json_object('channel', :channel, 'attempts_before', :attempt))
+RETURNING id;
+
+-- name: outbox_get
+SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM oncebox_outbox WHERE id = :id;
+
+-- name: outbox_find_by_key
+SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM oncebox_outbox WHERE key = :key OR intent_key = :key ORDER BY id;
+
+-- name: outbox_ambiguous_list
+SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM oncebox_outbox
+WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels))
+ORDER BY id LIMIT :limit;
+
+-- name: outbox_count_by_state
+SELECT state, count(*) FROM oncebox_outbox GROUP BY state;
+
+-- name: delivery_attempt_list
+SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
+FROM oncebox_delivery_attempts WHERE outbox_id = :id ORDER BY id;
+
+-- name: outbox_list
+SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
+       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
+       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+FROM oncebox_outbox
+WHERE (:state IS NULL OR state = :state)
+  AND (:channel IS NULL OR channel = :channel)
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;

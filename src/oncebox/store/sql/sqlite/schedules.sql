@@ -1,0 +1,120 @@
+-- Schedules and their fan-out runs.
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: schedule_state_get
+SELECT paused, last_fire_at, :now FROM oncebox_schedules WHERE name = :name;
+
+-- name: schedule_state_init
+INSERT INTO oncebox_schedules (name, paused, last_fire_at, updated_at)
+VALUES (:name, 0, :now - :grace_us, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_state_advance
+UPDATE oncebox_schedules
+SET last_fire_at = max(COALESCE(last_fire_at, :at), :at), updated_at = :now
+WHERE name = :name;
+
+-- name: schedule_state_pause
+INSERT INTO oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
+VALUES (:name, :paused, :now, :now)
+ON CONFLICT (name) DO UPDATE
+SET paused = excluded.paused,
+    last_fire_at = CASE WHEN excluded.paused THEN s.last_fire_at
+                        ELSE max(s.last_fire_at, excluded.updated_at) END,
+    updated_at = excluded.updated_at;
+
+-- name: schedule_state_pause__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, CASE WHEN :paused THEN 'pause' ELSE 'resume' END, 'schedule', NULL, :name,
+        :reason, NULL);
+
+-- name: schedule_state_list
+SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
+
+-- name: schedule_run_claim
+INSERT INTO oncebox_schedule_runs AS r
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
+VALUES (:schedule, :period, :fire_at, 'running', :owner, :now + :lease_us, :now, :late)
+ON CONFLICT (schedule, period) DO UPDATE
+SET state = 'running',
+    owner = excluded.owner,
+    lease_expires_at = excluded.lease_expires_at,
+    started_at = excluded.started_at,
+    finished_at = NULL
+WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
+   OR (r.state = 'done' AND :rescan)
+RETURNING owner;
+
+-- name: schedule_run_extend
+UPDATE oncebox_schedule_runs
+SET lease_expires_at = :now + :lease_us, enqueued_count = enqueued_count + :enqueued
+WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_finish
+UPDATE oncebox_schedule_runs
+SET state = 'done',
+    finished_at = :now,
+    lease_expires_at = NULL,
+    scans = scans + 1,
+    eligible_count = :eligible,
+    enqueued_count = enqueued_count + :enqueued
+WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_busy
+SELECT period FROM oncebox_schedule_runs
+WHERE schedule = :schedule AND state = 'running' AND period <> :period
+  AND lease_expires_at >= :now
+LIMIT 1;
+
+-- name: schedule_run_list
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late
+FROM oncebox_schedule_runs
+WHERE schedule = :schedule
+ORDER BY started_at DESC, period DESC
+LIMIT :limit;
+
+-- name: schedule_period_stats
+-- See the PostgreSQL query.
+WITH runs AS (
+    SELECT period, state, eligible_count, enqueued_count
+    FROM oncebox_schedule_runs
+    WHERE schedule = :schedule
+    ORDER BY period DESC
+    LIMIT :limit
+),
+jobs AS (
+    SELECT j.id, j.period, j.state
+    FROM oncebox_jobs j
+    WHERE j.schedule = :schedule AND j.period IN (SELECT period FROM runs)
+),
+messages AS (
+    SELECT o.job_id,
+           count(*) FILTER (WHERE o.state = 'sent') AS sent,
+           count(*) FILTER (WHERE o.state IN ('pending', 'leased', 'sending')) AS pending,
+           count(*) FILTER (WHERE o.state = 'dead') AS dead,
+           count(*) FILTER (WHERE o.state = 'ambiguous') AS ambiguous,
+           count(*) FILTER (WHERE o.state <> 'sent') AS unsent
+    FROM oncebox_outbox o
+    WHERE o.job_id IN (SELECT id FROM jobs)
+    GROUP BY o.job_id
+),
+per_period AS (
+    SELECT j.period,
+           count(*) FILTER (WHERE j.state = 'done') AS done,
+           count(*) FILTER (WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0) AS covered,
+           COALESCE(sum(m.sent), 0) AS sent,
+           count(*) FILTER (WHERE j.state IN ('ready', 'leased')) + COALESCE(sum(m.pending), 0)
+               AS pending,
+           count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
+           COALESCE(sum(m.ambiguous), 0) AS ambiguous
+    FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
+    GROUP BY j.period
+)
+SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
+       COALESCE(p.done, 0), COALESCE(p.covered, 0), COALESCE(p.sent, 0),
+       COALESCE(p.pending, 0), COALESCE(p.dead, 0), COALESCE(p.ambiguous, 0)
+FROM runs r LEFT JOIN per_period p ON p.period = r.period
+ORDER BY r.period DESC;
