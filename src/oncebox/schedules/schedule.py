@@ -9,9 +9,11 @@
 
 **Once per period, however many schedulers run.** Each (schedule, period) fan-out is a row in
 `oncebox_schedule_runs` with an owner and a lease: a second scheduler finds it taken; if the
-owner dies, its lease runs out and the next scheduler takes the run over. Fan-out is idempotent —
-jobs are enqueued by key, and a key that has an intent or an active job is skipped — so resuming
-an interrupted fan-out is simply running it again; the eligible-set callable needs no cursor.
+owner dies, its lease runs out and the next scheduler takes the run over — before applying any
+catch-up policy, so a period interrupted half-way is finished even after later fires. Fan-out is
+idempotent — jobs are enqueued by key, and a key that has an intent or an active job is skipped —
+so resuming an interrupted fan-out is simply running it again; the eligible-set callable needs no
+cursor.
 
 **Periods come from the fire time**, in the schedule's timezone (`periods.py`). Cron times are
 computed with cronsim: a time that does not exist on a spring-forward day fires once, at the

@@ -48,8 +48,9 @@ class ScheduleTicker:
         state = self.store.schedule_state(schedule.name, schedule.grace)
         if state.paused or state.last_fire_at is None:
             return
+        stalled = self.store.schedule_run_stalled(schedule.name)
         fires = schedule.fires_between(state.last_fire_at, state.now)
-        if not fires:
+        if not fires and not stalled:
             return
         try:  # a drifted schedule keeps its fires due, for after `oncebox keys accept`
             self.runtime.key_guard.require_schedule(schedule)
@@ -58,7 +59,20 @@ class ScheduleTicker:
             self.runtime.key_guard.report(refused)
             result.refused.append(schedule.name)
             return
-        due = self._due(schedule, fires, state.now, result)
+        # A fan-out interrupted half-way (its owner died) is resumed first, whatever the
+        # catch-up policy: the policy decides which *missed fires* to fan out, and this period
+        # was not missed — it is owed the rest of its eligible set.
+        resumed = set()
+        for run in stalled:
+            result.fan_outs.append(self.fan_out.run(schedule, run.period, run.fire_at, late=True))
+            resumed.add(run.period)
+        if not fires:
+            return
+        due = [
+            fire
+            for fire in self._due(schedule, fires, state.now, result)
+            if schedule.period_of(fire) not in resumed
+        ]
         for fire in due:
             period = schedule.period_of(fire)
             if schedule.overlap != "parallel":

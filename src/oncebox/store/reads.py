@@ -262,26 +262,32 @@ class ReadOperations:
             (r[0], bool(r[1]), self._instant(r[2])) for r in self._rows("schedule_state_list", {})
         ]
 
+    def _schedule_run_row(self, r: Sequence[Any]) -> ScheduleRunRow:
+        at = self._instant
+        return ScheduleRunRow(
+            schedule=r[0],
+            period=r[1],
+            fire_at=at(r[2]),
+            state=r[3],
+            owner=r[4],
+            lease_expires_at=at(r[5]),
+            started_at=self._required_instant(r[6]),
+            finished_at=at(r[7]),
+            scans=r[8],
+            eligible_count=r[9],
+            enqueued_count=r[10],
+            late=bool(r[11]),
+        )
+
     @operation
     def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]:
-        at = self._instant
-        return [
-            ScheduleRunRow(
-                schedule=r[0],
-                period=r[1],
-                fire_at=at(r[2]),
-                state=r[3],
-                owner=r[4],
-                lease_expires_at=at(r[5]),
-                started_at=self._required_instant(r[6]),
-                finished_at=at(r[7]),
-                scans=r[8],
-                eligible_count=r[9],
-                enqueued_count=r[10],
-                late=bool(r[11]),
-            )
-            for r in self._rows("schedule_run_list", {"schedule": schedule, "limit": limit})
-        ]
+        rows = self._rows("schedule_run_list", {"schedule": schedule, "limit": limit})
+        return [self._schedule_run_row(r) for r in rows]
+
+    @operation
+    def schedule_run_stalled(self, schedule: str) -> list[ScheduleRunRow]:
+        rows = self._rows("schedule_run_stalled", {"schedule": schedule})
+        return [self._schedule_run_row(r) for r in rows]
 
     @operation
     def schedule_run_busy(self, schedule: str, period: str) -> str | None:

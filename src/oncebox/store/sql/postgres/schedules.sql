@@ -94,6 +94,15 @@ WHERE schedule = %(schedule)s
 ORDER BY started_at DESC, period DESC
 LIMIT %(limit)s;
 
+-- name: schedule_run_stalled
+-- Fan-outs interrupted half-way: still `running`, their owner's lease run out. The scheduler
+-- resumes them before any catch-up policy applies; oldest first.
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late
+FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s AND state = 'running' AND lease_expires_at < (SELECT __S__.oncebox_now())
+ORDER BY started_at, period;
+
 -- name: schedule_period_stats
 -- Per period of one schedule (the latest periods first): the latest scan's eligible count, what
 -- the fan-outs enqueued, and where those jobs and their messages are now, in one pass over the

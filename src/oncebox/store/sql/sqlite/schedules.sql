@@ -76,6 +76,15 @@ WHERE schedule = :schedule
 ORDER BY started_at DESC, period DESC
 LIMIT :limit;
 
+-- name: schedule_run_stalled
+-- Fan-outs interrupted half-way: still `running`, their owner's lease run out. The scheduler
+-- resumes them before any catch-up policy applies; oldest first.
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late
+FROM oncebox_schedule_runs
+WHERE schedule = :schedule AND state = 'running' AND lease_expires_at < :now
+ORDER BY started_at, period;
+
 -- name: schedule_period_stats
 -- See the PostgreSQL query.
 WITH runs AS (
