@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from oncebox import clock
 from oncebox.box import Box
 from oncebox.clock import EPOCH, ClockSetting
 from oncebox.errors import DrainFailed
@@ -93,27 +94,46 @@ def outbox_sent(box: Box, key: str) -> list[dict[str, Any]]:
 
 class MemoryProvider:
     """A provider for users' tests: keeps what it was sent, deduplicates by idempotency key like
-    an idempotent API would (forever), and can be told to fail the next sends."""
+    an idempotent API would — within its window (24 hours by default, on the real clock, like
+    the API it stands for; `window=None` remembers for ever) — and can be told to fail the next
+    sends. A resend after the window is delivered again: `deliveries` shows the duplicate."""
 
     name = "memory"
     idempotent = True
-    idempotency_window: timedelta | None = None
 
-    def __init__(self) -> None:
-        self.sent: dict[str, Outgoing] = {}
+    def __init__(
+        self,
+        window: timedelta | None = timedelta(hours=24),
+        now: Callable[[], float] = clock.monotonic,
+    ) -> None:
+        self.idempotency_window = window
+        self.sent: dict[str, Outgoing] = {}  # the first delivery of each remembered key
+        self.deliveries: list[Outgoing] = []  # every delivery, duplicates included
         self.failures: list[Exception] = []
+        self._first: dict[str, tuple[float, Receipt]] = {}  # key -> when, and the reply
+        self._now = now
         self._lock = threading.Lock()
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         with self._lock:
             if self.failures:
                 raise self.failures.pop(0)
+            first = self._first.get(idempotency_key)
+            window = self.idempotency_window
+            if first is not None and (
+                window is None or self._now() - first[0] < window.total_seconds()
+            ):
+                return first[1]  # the first reply, replayed
             self.sent.setdefault(idempotency_key, outgoing)
-            return Receipt(f"memory-{len(self.sent)}")
+            self.deliveries.append(outgoing)
+            receipt = Receipt(f"memory-{len(self.deliveries)}")
+            self._first[idempotency_key] = (self._now(), receipt)
+            return receipt
 
     def messages(self) -> list[dict[str, Any]]:
+        """Every message delivered, in order (a duplicate past the window appears twice)."""
         with self._lock:
-            return [outgoing.payload for outgoing in self.sent.values()]
+            return [outgoing.payload for outgoing in self.deliveries]
 
 
 def _describe_failures(

@@ -1,8 +1,10 @@
 """`FakeEmailApi`: an idempotent HTTP email API on loopback; see the package docstring.
 
 Modelled on Resend: `POST /emails` with `Idempotency-Key`; the first response per key is stored
-and replayed (`Idempotency-Replayed: true`) for 24 hours; a key whose request is still in flight
-gets `409 concurrent_idempotent_requests`; a key reused with a different body gets
+and replayed (`Idempotency-Replayed: true`) for the window (`window=`, 24 hours by default, on the
+real clock: it is the outside world's memory, not the database's); past it the key is forgotten
+and a resend is delivered again — a duplicate, as with the real API. A key whose request is in
+flight gets `409 concurrent_idempotent_requests`; a key reused with a different body gets
 `409 invalid_idempotent_request`. Scripted actions apply to the next requests, in order:
 
     "ok"                    accept (the default)
@@ -25,6 +27,7 @@ import json
 import socket
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from email.utils import format_datetime
@@ -45,13 +48,22 @@ class Delivered:
 @dataclass
 class _Stored:
     body_hash: str
+    stored_at: float
     status: int = 0
     response: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
 
 
 class FakeEmailApi:
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        window: timedelta = timedelta(hours=24),
+        now: Callable[[], float] = clock.monotonic,
+    ) -> None:
+        self.window = window
+        self._now = now
         self.delivered: list[Delivered] = []
         self.requests = 0
         self._script: deque[str] = deque()
@@ -79,6 +91,19 @@ class FakeEmailApi:
         with self._lock:
             self.requests += 1
             return self._script.popleft() if self._script else "ok"
+
+    def _remembered(self, key: str) -> _Stored | None:
+        """The stored request of a key, unless the window has passed since it was first stored
+        (then it is forgotten). Called with the lock held."""
+        stored = self._keys.get(key)
+        if (
+            stored is not None
+            and stored.done.is_set()
+            and self._now() - stored.stored_at >= self.window.total_seconds()
+        ):
+            del self._keys[key]
+            return None
+        return stored
 
     def tokens(self) -> list[str | None]:
         with self._lock:
@@ -152,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reset()
             return
         with api._lock:
-            stored = api._keys.get(key) if key else None
+            stored = api._remembered(key) if key else None
             if stored is not None and stored.body_hash != body_hash:
                 conflict = "invalid_idempotent_request"
             elif stored is not None and not stored.done.is_set():
@@ -160,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 conflict = ""
             if stored is None and key:
-                stored = api._keys[key] = _Stored(body_hash)
+                stored = api._keys[key] = _Stored(body_hash, api._now())
         if conflict:
             self._reply(409, {"statusCode": 409, "name": conflict})
             return
