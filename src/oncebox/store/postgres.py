@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any, Literal, LiteralString
 from urllib.parse import unquote
 
@@ -67,6 +68,7 @@ from oncebox.store.base import (
     insert_chunks,
 )
 from oncebox.store.reads import ReadOperations
+from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import load_migrations, load_queries
 
 INSERT_CHUNK = 5000
@@ -115,6 +117,11 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def _required_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
+
+
+def _result(sql: str, cursor: psycopg.Cursor[Any]) -> Result:
+    """A statement's rows, read by column name (`store/rows.py`)."""
+    return Result(sql, cursor.fetchall(), lambda: [c.name for c in cursor.description or ()])
 
 
 def _seconds(delta: timedelta | None) -> float | None:
@@ -318,9 +325,16 @@ class PostgresStore(ReadOperations):
     def _instant(self, value: Any) -> datetime | None:
         return _utc(value)
 
-    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
+    def _set(self, values: Sequence[Any]) -> list[Any]:
+        return list(values)
+
+    def _fetch(self, name: str, params: dict[str, Any]) -> Result:
+        sql = self._q[name]
         with self._connection() as conn:
-            return conn.execute(self._q[name], params).fetchall()
+            return _result(sql, conn.execute(sql, params))
+
+    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
+        return self._fetch(name, params).rows
 
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A dedicated connection outside the pool (consumer sessions, the listener, tests)."""
@@ -350,7 +364,10 @@ class PostgresStore(ReadOperations):
             ).fetchone()
             applied: tuple[int, ...] = ()
             if exists and exists[0]:
-                applied = tuple(r[0] for r in conn.execute(self._q["migration_list"]))
+                sql = self._q["migration_list"]
+                listed = _result(sql, conn.execute(sql))
+                version = listed.columns()["version"]
+                applied = tuple(r[version] for r in listed.rows)
         return SchemaStatus(applied=applied, known=known)
 
     @operation
@@ -364,7 +381,9 @@ class PostgresStore(ReadOperations):
             conn.execute(f"SET LOCAL lock_timeout = {int(MIGRATION_LOCK_TIMEOUT_MS)}".encode())
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
             conn.execute(self._q["migration_table_create"])
-            applied = {r[0] for r in conn.execute(self._q["migration_list"])}
+            listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
+            version = listed.columns()["version"]
+            applied = {r[version] for r in listed.rows}
             for migration in load_migrations("postgres", self.schema):
                 if migration.version in applied:
                     continue
@@ -406,10 +425,13 @@ class PostgresStore(ReadOperations):
             )
 
     def clock_get(self) -> ClockSetting:
-        rows = self._rows("clock_read", {})
-        if not rows:
+        found = self._fetch("clock_read", {})
+        if not found.rows:
             return ClockSetting()
-        return ClockSetting(frozen_at=_utc(rows[0][0]), offset=rows[0][1])
+        frozen_at, offset_by = itemgetter("frozen_at", "offset_by")(found.columns())
+        return ClockSetting(
+            frozen_at=_utc(found.rows[0][frozen_at]), offset=found.rows[0][offset_by]
+        )
 
     def _execute(self, name: str, params: dict[str, Any]) -> None:
         with self._connection() as conn:
@@ -444,7 +466,7 @@ class PostgresStore(ReadOperations):
         else:
             with self._connection() as conn:
                 row = conn.execute(self._q["job_insert"], params).fetchone()
-        return (int(row[0]), True) if row else (0, False)
+        return (int(row[0]), True) if row else (0, False)  # RETURNING id, state
 
     @operation
     def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
@@ -471,7 +493,11 @@ class PostgresStore(ReadOperations):
                         "rows": _json_rows((k, _Json(a), g) for k, a, g in chunk),
                     }
                     inserts.append(conn.execute(self._q["job_insert_many"], chunk_params))
-            created = [(int(r[0]), r[1]) for cursor in inserts for r in cursor.fetchall()]
+            created = []
+            for cursor in inserts:
+                inserted = _result(self._q["job_insert_many"], cursor)
+                id_, key = itemgetter("id", "key")(inserted.columns())
+                created += [(int(r[id_]), r[key]) for r in inserted.rows]
             held = True
             if jobs.for_run is not None:
                 run = jobs.for_run
@@ -492,15 +518,13 @@ class PostgresStore(ReadOperations):
     @operation
     def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
         if connection is not None:
-            row = (
-                self._external(connection)
-                .execute(self._q["job_enqueue_conflict"], {"key": key})
-                .fetchone()
-            )
+            sql = self._q["job_enqueue_conflict"]
+            cursor = self._external(connection).execute(sql, {"key": key})
+            found = _result(sql, cursor).record(EnqueueConflict, _utc)
         else:
-            row = self._rows("job_enqueue_conflict", {"key": key})[0]
-        assert row is not None
-        return EnqueueConflict(row[0], row[1], row[2], _utc(row[3]))
+            found = self._record(EnqueueConflict, "job_enqueue_conflict", {"key": key})
+        assert found is not None  # one row, always
+        return found
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -515,10 +539,10 @@ class PostgresStore(ReadOperations):
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
-        rows = self._rows("job_rescue_expired", {"limit": limit})
-        if any(r[3] == "ready" for r in rows):
+        rescued = self._records(RescuedJob, "job_rescue_expired", {"limit": limit})
+        if any(job.state == "ready" for job in rescued):
             self.notify_jobs()
-        return [RescuedJob(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        return rescued
 
     @operation
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
@@ -530,12 +554,8 @@ class PostgresStore(ReadOperations):
     # -- operator actions ----------------------------------------------------------------------
 
     def _action(self, name: LiteralString, action: OperatorAction) -> ActionResult | None:
-        rows = self._rows(
-            name, {"id": action.job_id, "actor": action.actor, "reason": action.reason}
-        )
-        if not rows:
-            return None
-        return ActionResult(job_id=rows[0][0], key=rows[0][1], audit_id=rows[0][2])
+        params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+        return self._record(ActionResult, name, params)
 
     @operation
     def job_replay(self, action: OperatorAction) -> ActionResult | None:
@@ -555,20 +575,22 @@ class PostgresStore(ReadOperations):
         with self._connection() as conn:
             with conn.pipeline(), conn.transaction():  # planned as the lease is: index order
                 conn.execute(self._q["job_lease_settings"])
-                cursor = conn.execute(
-                    self._q["job_next_due"], {"tasks": list(tasks), "queues": list(queues)}
-                )
-            at, now = cursor.fetchall()[0]
-        return DueTime(_utc(at), _required_utc(now))
+                sql = self._q["job_next_due"]
+                cursor = conn.execute(sql, {"tasks": list(tasks), "queues": list(queues)})
+            due = _result(sql, cursor).record(DueTime, _utc)
+        assert due is not None  # one row, always
+        return due
 
     @operation
     def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
         with self._connection() as conn:
             with conn.pipeline(), conn.transaction():  # in index order, as job_next_due
                 conn.execute(self._q["job_lease_settings"])
-                cursor = conn.execute(self._q["outbox_next_due"], {"channels": list(channels)})
-            at, now = cursor.fetchall()[0]
-        return DueTime(_utc(at), _required_utc(now))
+                sql = self._q["outbox_next_due"]
+                cursor = conn.execute(sql, {"channels": list(channels)})
+            due = _result(sql, cursor).record(DueTime, _utc)
+        assert due is not None  # one row, always
+        return due
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
@@ -595,8 +617,8 @@ class PostgresStore(ReadOperations):
             with conn.pipeline(), conn.transaction():
                 conn.execute(self._q["outbox_lease_settings"])
                 cursor = conn.execute(self._q["outbox_lease"], values)
-            rows = cursor.fetchall()
-        return self._leased_outbox(rows, params.token)
+            leased = _result(self._q["outbox_lease"], cursor)
+        return self._leased_outbox(leased, params.token)
 
     @operation
     def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
@@ -639,12 +661,9 @@ class PostgresStore(ReadOperations):
         applied: list[OutboxFinish] = []
         with self._connection() as conn, conn.transaction():
             now = _required_utc(conn.execute(self._q["clock_now"]).fetchall()[0][0])
-            rows = [
-                self._outbox_row(r)
-                for r in conn.execute(
-                    self._q["outbox_rescue_select"], {"limit": limit, "channels": list(channels)}
-                )
-            ]
+            sql = self._q["outbox_rescue_select"]
+            cursor = conn.execute(sql, {"limit": limit, "channels": list(channels)})
+            rows = _result(sql, cursor).records(OutboxRow, _utc)
             tokens = {row.id: row.lease_token for row in rows}
             for finish in decide(rows, now):
                 token = tokens.get(finish.id)
@@ -656,7 +675,8 @@ class PostgresStore(ReadOperations):
     def outbox_resolve(
         self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
     ) -> ActionResult | None:
-        rows = self._rows(
+        return self._record(
+            ActionResult,
             "outbox_resolve",
             {
                 "id": action.job_id,
@@ -666,22 +686,14 @@ class PostgresStore(ReadOperations):
                 "receipt": receipt,
             },
         )
-        return ActionResult(rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
     @operation
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
-        rows = self._rows(
-            "outbox_replay", {"id": action.job_id, "actor": action.actor, "reason": action.reason}
-        )
-        if not rows:
-            return None
-        self.notify_jobs()
-        return ActionResult(rows[0][0], rows[0][1], rows[0][2])
-
-    @operation
-    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]:
-        rows = self._rows("outbox_ambiguous_list", {"channels": list(channels), "limit": limit})
-        return [self._outbox_row(r) for r in rows]
+        params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+        result = self._record(ActionResult, "outbox_replay", params)
+        if result is not None:
+            self.notify_jobs()
+        return result
 
     @operation
     def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
@@ -706,16 +718,21 @@ class PostgresStore(ReadOperations):
     ) -> T:
         params = {"channel": channel, "names": list(names)}
         if not names:  # no buckets to lock and update: the pause alone, one statement
-            now, paused = self._rows("channel_pause_read", params)[0]
-            return decide([], _required_utc(now), _utc(paused))[1]
+            found = self._fetch("channel_pause_read", params)
+            now, paused = itemgetter("now", "paused_until")(found.columns())
+            return decide([], _required_utc(found.rows[0][now]), _utc(found.rows[0][paused]))[1]
         with self._connection() as conn, conn.transaction():
-            rows = conn.execute(self._q["rate_bucket_select"], params).fetchall()
-            if rows:
-                now, paused = rows[0][5], rows[0][6]
+            sql = self._q["rate_bucket_select"]
+            found = _result(sql, conn.execute(sql, params))
+            if not found.rows:
+                sql = self._q["channel_pause_read"]
+                found = _result(sql, conn.execute(sql, params))
+                buckets = []
             else:
-                now, paused = conn.execute(self._q["channel_pause_read"], params).fetchall()[0]
-            buckets = [BucketState(r[0], r[1], r[2], r[3], _required_utc(r[4])) for r in rows]
-            after, result = decide(buckets, _required_utc(now), _utc(paused))
+                buckets = found.records(BucketState, _utc)
+            now, paused = itemgetter("now", "paused_until")(found.columns())
+            row = found.rows[0]
+            after, result = decide(buckets, _required_utc(row[now]), _utc(row[paused]))
             if after:
                 conn.execute(
                     self._q["rate_bucket_update"],
@@ -763,12 +780,12 @@ class PostgresStore(ReadOperations):
 
     @operation
     def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
-        rows = self._rows("schedule_state_get", {"name": name})
-        if not rows:
+        state = self._record(ScheduleState, "schedule_state_get", {"name": name})
+        if state is None:
             self._execute("schedule_state_init", {"name": name, "grace_s": grace.total_seconds()})
-            rows = self._rows("schedule_state_get", {"name": name})
-        paused, last, now = rows[0]
-        return ScheduleState(bool(paused), _utc(last), _required_utc(now))
+            state = self._record(ScheduleState, "schedule_state_get", {"name": name})
+        assert state is not None
+        return state
 
     @operation
     def schedule_state_advance(self, name: str, at: datetime) -> None:
@@ -899,8 +916,10 @@ class PostgresConsumerTx:
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
         if not keys:
             return {}
-        rows = self._conn.execute(self._q["intent_owner_list"], {"keys": list(keys)})
-        return {row[0]: row[1] for row in rows}
+        sql = self._q["intent_owner_list"]
+        owners = _result(sql, self._conn.execute(sql, {"keys": list(keys)}))
+        key, job_id = itemgetter("key", "job_id")(owners.columns())
+        return {row[key]: row[job_id] for row in owners.rows}
 
     def intent_release(self, keys: Sequence[str]) -> None:
         if keys:
@@ -979,7 +998,7 @@ class PostgresConsumerSession:
         }
         return self._store._leased_jobs(self._run("job_lease", lambda: self._lease(values)))
 
-    def _lease(self, values: dict[str, Any]) -> list[Any]:
+    def _lease(self, values: dict[str, Any]) -> Result:
         """The lease and its settings (see `job_lease_settings`), sent together: one round trip.
         When the last lease came back short (the queue is running dry, or idle), the next due
         time is read in the same transaction, so an idle poll is one transaction, not two."""
@@ -993,12 +1012,11 @@ class PostgresConsumerSession:
                 due = conn.execute(
                     self._q["job_next_due"], {"tasks": values["tasks"], "queues": values["queues"]}
                 )
-        rows = cursor.fetchall()
-        self._ran_dry = len(rows) < values["limit"]
+        leased = _result(self._q["job_lease"], cursor)
+        self._ran_dry = len(leased.rows) < values["limit"]
         if due is not None:
-            at, now = due.fetchall()[0]
-            self._due = DueTime(_utc(at), _required_utc(now))
-        return rows
+            self._due = _result(self._q["job_next_due"], due).record(DueTime, _utc)
+        return leased
 
     def due_seen(self) -> DueTime | None:
         due, self._due = self._due, None

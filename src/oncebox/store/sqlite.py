@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +62,7 @@ from oncebox.store.base import (
 )
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.reads import ReadOperations
+from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import load_migrations, load_queries
 
 _MICRO = timedelta(microseconds=1)
@@ -78,8 +80,9 @@ def _dt(micros: int | None) -> datetime | None:
     return None if micros is None else from_micros(micros)
 
 
-def _required_dt(micros: int) -> datetime:
-    return from_micros(micros)
+def _result(sql: str, cursor: sqlite3.Cursor) -> Result:
+    """A statement's rows, read by column name (`store/rows.py`)."""
+    return Result(sql, cursor.fetchall(), lambda: [d[0] for d in cursor.description])
 
 
 def _translate(exc: sqlite3.Error, where: Path) -> Exception:
@@ -192,10 +195,14 @@ class SqliteStore(ReadOperations):
     def _instant(self, value: Any) -> datetime | None:
         return _dt(value)
 
-    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
+    def _set(self, values: Sequence[Any]) -> str:
+        return json.dumps(list(values))
+
+    def _fetch(self, name: str, params: dict[str, Any]) -> Result:
         """A read; `:now` is bound for the queries that compare with the clock."""
+        sql = self._q[name]
         try:
-            return self._conn().execute(self._q[name], {"now": self._now(), **params}).fetchall()
+            return _result(sql, self._conn().execute(sql, {"now": self._now(), **params}))
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
 
@@ -212,15 +219,18 @@ class SqliteStore(ReadOperations):
         known = tuple(m.version for m in load_migrations("sqlite"))
         conn = self._conn()
         conn.execute(self._q["migration_table_create"])
-        applied = tuple(row[0] for row in conn.execute(self._q["migration_list"]))
-        return SchemaStatus(applied=applied, known=known)
+        listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
+        version = listed.columns()["version"]
+        return SchemaStatus(applied=tuple(row[version] for row in listed.rows), known=known)
 
     @operation
     def schema_migrate(self) -> list[int]:
         applied_now: list[int] = []
         with self._write() as conn:
             conn.execute(self._q["migration_table_create"])
-            applied = {row[0]: row[2] for row in conn.execute(self._q["migration_list"])}
+            listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
+            version = listed.columns()["version"]
+            applied = {row[version] for row in listed.rows}
             for migration in load_migrations("sqlite"):
                 if migration.version in applied:
                     continue
@@ -298,7 +308,7 @@ class SqliteStore(ReadOperations):
                     row = conn.execute(self._q["job_insert"], params).fetchone()
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
-        return (int(row[0]), True) if row else (0, False)
+        return (int(row[0]), True) if row else (0, False)  # RETURNING id, state
 
     @operation
     def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
@@ -316,6 +326,7 @@ class SqliteStore(ReadOperations):
         }
         created: list[tuple[int, str | None]] = []
         offered = 0
+        sql = self._q["job_insert_many"]
         # checked and encoded before the write lock: one writer at a time, so no overlap to win,
         # and every other writer would wait on the caller's rows
         chunks = list(insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS))
@@ -324,9 +335,9 @@ class SqliteStore(ReadOperations):
             for chunk in chunks:
                 offered += len(chunk)
                 params["rows"] = json.dumps(chunk)
-                created += [
-                    (int(r[0]), r[1]) for r in conn.execute(self._q["job_insert_many"], params)
-                ]
+                inserted = _result(sql, conn.execute(sql, params))
+                id_, key = itemgetter("id", "key")(inserted.columns())
+                created += [(int(r[id_]), r[key]) for r in inserted.rows]
             held = True
             if jobs.for_run is not None:
                 run = jobs.for_run
@@ -349,8 +360,10 @@ class SqliteStore(ReadOperations):
     @operation
     def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
         conn = self._external(connection) if connection is not None else self._conn()
-        row = conn.execute(self._q["job_enqueue_conflict"], {"key": key}).fetchone()
-        return EnqueueConflict(row[0], row[1], row[2], _dt(row[3]))
+        sql = self._q["job_enqueue_conflict"]
+        found = _result(sql, conn.execute(sql, {"key": key})).record(EnqueueConflict, _dt)
+        assert found is not None  # one row, always
+        return found
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -371,16 +384,16 @@ class SqliteStore(ReadOperations):
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
         with self._write() as conn:
             now = self._now()
-            rows = conn.execute(
-                self._q["job_rescue_expired"], {"limit": limit, "now": now}
-            ).fetchall()
-            if rows:
-                records = [[r[0], r[4], r[5], r[6], r[7]] for r in rows]
+            sql = self._q["job_rescue_expired"]
+            rescued = _result(sql, conn.execute(sql, {"limit": limit, "now": now}))
+            if rescued.rows:
+                fields = ("id", "attempt", "worker", "leased_at", "last_error")
+                record = itemgetter(*itemgetter(*fields)(rescued.columns()))
                 conn.execute(
                     self._q["job_rescue_expired__record"],
-                    {"rows": json.dumps(records), "now": now},
+                    {"rows": json.dumps([record(r) for r in rescued.rows]), "now": now},
                 )
-        return [RescuedJob(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        return rescued.records(RescuedJob, _dt)
 
     @operation
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
@@ -401,20 +414,21 @@ class SqliteStore(ReadOperations):
     def _action(self, name: str, action: OperatorAction) -> ActionResult | None:
         with self._write() as conn:
             now = self._now()
-            row = conn.execute(self._q[name], {"id": action.job_id, "now": now}).fetchone()
-            if row is None:
+            acted = _result(
+                self._q[name], conn.execute(self._q[name], {"id": action.job_id, "now": now})
+            )
+            if not acted.rows:
                 return None
+            row = dict(zip(acted.columns(), acted.rows[0], strict=True))
             params = {
-                "id": row[0],
-                "key": row[1],
-                "task": row[2],
+                "attempt": None,
+                **row,
                 "actor": action.actor,
                 "reason": action.reason,
                 "now": now,
-                "attempt": row[3] if len(row) > 3 else None,
             }
             audit = conn.execute(self._q[f"{name}__audit"], params).fetchone()
-        return ActionResult(job_id=row[0], key=row[1], audit_id=audit[0])
+        return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit[0])
 
     @operation
     def job_replay(self, action: OperatorAction) -> ActionResult | None:
@@ -428,21 +442,23 @@ class SqliteStore(ReadOperations):
 
     @operation
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
-        rows = self._rows(
-            "job_next_due", {"tasks": json.dumps(list(tasks)), "queues": json.dumps(list(queues))}
+        due = self._record(
+            DueTime, "job_next_due", {"tasks": self._set(tasks), "queues": self._set(queues)}
         )
-        return DueTime(_dt(rows[0][0]), _required_dt(rows[0][1]))
+        assert due is not None  # one row, always
+        return due
 
     @operation
     def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
-        rows = self._rows("outbox_next_due", {"channels": json.dumps(list(channels))})
-        return DueTime(_dt(rows[0][0]), _required_dt(rows[0][1]))
+        due = self._record(DueTime, "outbox_next_due", {"channels": self._set(channels)})
+        assert due is not None  # one row, always
+        return due
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         with self._write() as conn:
             ids = [
-                r[0]
+                r[0]  # RETURNING id
                 for r in conn.execute(
                     self._q["job_prune"],
                     {"older_than_us": _us(older_than), "limit": limit, "now": self._now()},
@@ -476,8 +492,8 @@ class SqliteStore(ReadOperations):
         }
         with self._write() as conn:
             values["now"] = self._now()
-            rows = conn.execute(self._q["outbox_lease"], values).fetchall()
-        return self._leased_outbox(rows, params.token)
+            leased = _result(self._q["outbox_lease"], conn.execute(self._q["outbox_lease"], values))
+        return self._leased_outbox(leased, params.token)
 
     @operation
     def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
@@ -512,20 +528,22 @@ class SqliteStore(ReadOperations):
                 for f in finishes
             ]
         )
-        rows = conn.execute(
-            self._q["outbox_finish"], {"rows": payload, "token": token, "now": now}
-        ).fetchall()
+        sql = self._q["outbox_finish"]
+        settled = _result(sql, conn.execute(sql, {"rows": payload, "token": token, "now": now}))
+        id_, attempt, worker, started = itemgetter("id", "attempt", "leased_by", "leased_at")(
+            settled.columns()
+        )
         by_id = {f.id: f for f in finishes}
         records = [
-            [r[0], r[1], r[2], r[3], by_id[r[0]].outcome, by_id[r[0]].error, by_id[r[0]].receipt]
-            for r in rows
-            if by_id[r[0]].outcome is not None
+            [r[id_], r[attempt], r[worker], r[started], f.outcome, f.error, f.receipt]
+            for r in settled.rows
+            if (f := by_id[r[id_]]).outcome is not None
         ]
         if records:
             conn.execute(
                 self._q["outbox_finish__record"], {"rows": json.dumps(records), "now": now}
             )
-        return {row[0] for row in rows}
+        return {row[id_] for row in settled.rows}
 
     @operation
     def outbox_rescue_expired(
@@ -537,13 +555,9 @@ class SqliteStore(ReadOperations):
         applied: list[OutboxFinish] = []
         with self._write() as conn:
             now = self._now()
-            rows = [
-                self._outbox_row(r)
-                for r in conn.execute(
-                    self._q["outbox_rescue_select"],
-                    {"limit": limit, "now": now, "channels": json.dumps(list(channels))},
-                )
-            ]
+            sql = self._q["outbox_rescue_select"]
+            params = {"limit": limit, "now": now, "channels": self._set(channels)}
+            rows = _result(sql, conn.execute(sql, params)).records(OutboxRow, _dt)
             tokens = {row.id: row.lease_token for row in rows}
             for finish in decide(rows, from_micros(now)):
                 token = tokens.get(finish.id)
@@ -551,18 +565,18 @@ class SqliteStore(ReadOperations):
                     applied.append(finish)
         return applied
 
-    def _audited(
-        self, name: str, params: dict[str, Any], returned: Sequence[str]
-    ) -> ActionResult | None:
+    def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
         """An operator action and its audit row, in one transaction (`name`, `name__audit`)."""
         with self._write() as conn:
             now = self._now()
-            row = conn.execute(self._q[name], {**params, "now": now}).fetchone()
-            if row is None:
+            acted = _result(self._q[name], conn.execute(self._q[name], {**params, "now": now}))
+            if not acted.rows:
                 return None
-            values = {**params, **dict(zip(returned, row, strict=True)), "now": now}
-            audit = conn.execute(self._q[f"{name}__audit"], values).fetchone()
-        return ActionResult(job_id=row[0], key=row[1], audit_id=audit[0])
+            row = dict(zip(acted.columns(), acted.rows[0], strict=True))
+            audit = conn.execute(
+                self._q[f"{name}__audit"], {**params, **row, "now": now}
+            ).fetchone()
+        return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit[0])
 
     @operation
     def outbox_resolve(
@@ -575,19 +589,12 @@ class SqliteStore(ReadOperations):
             "resolution": resolution,
             "receipt": receipt,
         }
-        return self._audited("outbox_resolve", params, ("id", "key", "channel"))
+        return self._audited("outbox_resolve", params)
 
     @operation
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
         params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
-        return self._audited("outbox_replay", params, ("id", "key", "channel", "attempt"))
-
-    @operation
-    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]:
-        rows = self._rows(
-            "outbox_ambiguous_list", {"channels": json.dumps(list(channels)), "limit": limit}
-        )
-        return [self._outbox_row(r) for r in rows]
+        return self._audited("outbox_replay", params)
 
     @operation
     def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
@@ -610,12 +617,15 @@ class SqliteStore(ReadOperations):
         with self._write() as conn:
             now = self._now()
             params = {"channel": channel, "names": json.dumps(list(names)), "now": now}
-            rows = conn.execute(self._q["rate_bucket_select"], params).fetchall()
-            if rows:
-                paused = rows[0][6]
+            sql = self._q["rate_bucket_select"]
+            found = _result(sql, conn.execute(sql, params))
+            if not found.rows:
+                sql = self._q["channel_pause_read"]
+                found = _result(sql, conn.execute(sql, params))
+                buckets = []
             else:
-                paused = conn.execute(self._q["channel_pause_read"], params).fetchone()[1]
-            buckets = [BucketState(r[0], r[1], r[2], r[3], from_micros(r[4])) for r in rows]
+                buckets = found.records(BucketState, _dt)
+            paused = found.rows[0][found.columns()["paused_until"]]
             after, result = decide(buckets, from_micros(now), _dt(paused))
             if after:
                 conn.execute(
@@ -641,7 +651,7 @@ class SqliteStore(ReadOperations):
                     "now": self._now(),
                 },
             ).fetchone()
-        return from_micros(row[0])
+        return from_micros(row[0])  # RETURNING paused_until
 
     @operation
     def setting_put_if_absent(self, name: str, value: str) -> str:
@@ -665,34 +675,36 @@ class SqliteStore(ReadOperations):
     @operation
     def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
         with self._write() as conn:
-            previous = conn.execute(
-                self._q["key_canary_get"], {"kind": canary.kind, "name": canary.name}
-            ).fetchone()
+            sql = self._q["key_canary_get"]
+            found = _result(sql, conn.execute(sql, {"kind": canary.kind, "name": canary.name}))
+            source, outputs = itemgetter("source", "outputs")(found.columns())
+            previous = found.rows[0] if found.rows else None
             params = {
                 **_canary_params(canary),
                 "actor": actor,
                 "reason": reason,
                 "now": self._now(),
-                "was": previous[2] if previous else None,
-                "was_outputs": previous[3] if previous else None,
+                "was": previous[source] if previous else None,
+                "was_outputs": previous[outputs] if previous else None,
             }
             conn.execute(self._q["key_canary_accept"], params)
-            return int(conn.execute(self._q["key_canary_accept__audit"], params).fetchone()[0])
+            audit = conn.execute(self._q["key_canary_accept__audit"], params).fetchone()
+            return int(audit[0])  # RETURNING id
 
     # -- schedules -----------------------------------------------------------------------------
 
     @operation
     def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
-        rows = self._rows("schedule_state_get", {"name": name})
-        if not rows:
+        state = self._record(ScheduleState, "schedule_state_get", {"name": name})
+        if state is None:
             with self._write() as conn:
                 conn.execute(
                     self._q["schedule_state_init"],
                     {"name": name, "grace_us": _us(grace), "now": self._now()},
                 )
-            rows = self._rows("schedule_state_get", {"name": name})
-        paused, last, now = rows[0]
-        return ScheduleState(bool(paused), _dt(last), from_micros(now))
+            state = self._record(ScheduleState, "schedule_state_get", {"name": name})
+        assert state is not None
+        return state
 
     @operation
     def schedule_state_advance(self, name: str, at: datetime) -> None:
@@ -823,8 +835,10 @@ class SqliteConsumerTx:
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
         if not keys:
             return {}
-        rows = self._conn.execute(self._q["intent_owner_list"], {"keys": json.dumps(list(keys))})
-        return {row[0]: row[1] for row in rows}
+        sql = self._q["intent_owner_list"]
+        owners = _result(sql, self._conn.execute(sql, {"keys": json.dumps(list(keys))}))
+        key, job_id = itemgetter("key", "job_id")(owners.columns())
+        return {row[key]: row[job_id] for row in owners.rows}
 
     def intent_release(self, keys: Sequence[str]) -> None:
         if keys:
@@ -867,19 +881,30 @@ class SqliteConsumerTx:
             return set()
         now = self._store._now()
         payload = json.dumps([[f.id, f.state, f.outcome, _us(f.delay), f.error] for f in finishes])
-        rows = self._conn.execute(
-            self._q["job_finish"], {"rows": payload, "token": token, "now": now}
-        ).fetchall()
+        sql = self._q["job_finish"]
+        settled = _result(
+            sql, self._conn.execute(sql, {"rows": payload, "token": token, "now": now})
+        )
+        id_, attempt, worker, started, state, error = itemgetter(
+            "id", "attempt", "leased_by", "leased_at", "state", "last_error"
+        )(settled.columns())
         records = [
-            [r[0], r[1], r[2], r[3], "dead" if r[4] == "dead" else "failed", r[5]]
-            for r in rows
-            if r[4] != "done"
+            [
+                r[id_],
+                r[attempt],
+                r[worker],
+                r[started],
+                "dead" if r[state] == "dead" else "failed",
+                r[error],
+            ]
+            for r in settled.rows
+            if r[state] != "done"
         ]
         if records:
             self._conn.execute(
                 self._q["job_finish__record"], {"rows": json.dumps(records), "now": now}
             )
-        return {row[0] for row in rows}
+        return {row[id_] for row in settled.rows}
 
 
 class SqliteConsumerSession:
@@ -905,11 +930,11 @@ class SqliteConsumerSession:
         }
         with self._store.metrics.timed("job_lease"), self._store._write(self._conn) as conn:
             values["now"] = self._store._now()  # read under the write lock, not before it
-            rows = conn.execute(self._q["job_lease"], values).fetchall()
-            if len(rows) < params.limit:  # running dry: when is the next one due?
-                due = conn.execute(self._q["job_next_due"], values).fetchone()
-                self._due = DueTime(_dt(due[0]), _required_dt(due[1]))
-        return self._store._leased_jobs(rows)
+            leased = _result(self._q["job_lease"], conn.execute(self._q["job_lease"], values))
+            if len(leased.rows) < params.limit:  # running dry: when is the next one due?
+                sql = self._q["job_next_due"]
+                self._due = _result(sql, conn.execute(sql, values)).record(DueTime, _dt)
+        return self._store._leased_jobs(leased)
 
     def due_seen(self) -> DueTime | None:
         """Read in the lease's own transaction when it came back short: an idle poll is one

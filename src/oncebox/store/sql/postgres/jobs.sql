@@ -45,7 +45,8 @@ RETURNING id, key;
 
 -- name: job_enqueue_conflict
 -- Why an insert wrote nothing: the job holding the key, and/or the key's intent.
-SELECT j.id, j.state, i.job_id, i.claimed_at
+SELECT j.id AS active_job_id, j.state AS active_state, i.job_id AS intent_job_id,
+       i.claimed_at AS intent_claimed_at
 FROM (SELECT 1) AS one
 LEFT JOIN __S__.oncebox_jobs j
        ON j.key = %(key)s AND j.state <> 'cancelled'
@@ -95,8 +96,9 @@ SET state = 'leased',
     lease_expires_at = clock.now + make_interval(secs => %(lease_s)s)
 FROM picked, clock
 WHERE j.id = picked.id
-RETURNING j.id, j.key, j.task, j.queue, j.args::text, j.attempt, j.max_attempts, j.attempt_base,
-          j.priority, j.group_key, j.run_at, j.created_at, j.expires_at, clock.now;
+RETURNING j.id, j.key, j.task, j.queue, j.args::text AS args_json, j.attempt, j.max_attempts,
+          j.attempt_base, j.priority, j.group_key, j.run_at, j.created_at, j.expires_at,
+          clock.now AS leased_at;
 
 -- name: job_lease_extend
 -- Heartbeat: push the deadline of live leases out (never earlier); never revives an ended lease.
@@ -161,7 +163,7 @@ recorded AS (
     SELECT id, attempt, leased_by, leased_at, now, 'lease_expired', last_error FROM rescued
     ON CONFLICT (job_id, attempt) DO NOTHING
 )
-SELECT id, key, task, state, attempt, leased_by FROM rescued;
+SELECT id, key, task, state, attempt, leased_by AS worker FROM rescued;
 
 -- name: job_finish
 -- Settle leased jobs of one lease, fenced on its token: done (completed | duplicate), ready again
@@ -228,7 +230,7 @@ audited AS (
     FROM replayed
     RETURNING id
 )
-SELECT r.id, r.key, a.id FROM replayed r, audited a;
+SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 
 -- name: job_cancel
 -- Ready → cancelled (a durable timer withdrawn), audited in the same statement.
@@ -248,17 +250,17 @@ audited AS (
     FROM cancelled
     RETURNING id
 )
-SELECT c.id, c.key, a.id FROM cancelled c, audited a;
+SELECT c.id AS job_id, c.key, a.id AS audit_id FROM cancelled c, audited a;
 
 -- name: job_get
-SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
+SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs WHERE id = %(id)s;
 
 -- name: job_find_by_key
 -- The job holding this key (any state but cancelled), and the job that claimed its intent.
-SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
+SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs
@@ -271,7 +273,8 @@ SELECT job_id, attempt, worker, started_at, finished_at, outcome, error, note
 FROM __S__.oncebox_job_attempts WHERE job_id = %(id)s ORDER BY attempt;
 
 -- name: job_count_by_state
-SELECT state, COALESCE(outcome, ''), count(*) FROM __S__.oncebox_jobs GROUP BY 1, 2;
+SELECT state, COALESCE(outcome, '') AS outcome, count(*) AS count
+FROM __S__.oncebox_jobs GROUP BY 1, 2;
 
 -- name: job_next_due
 -- When the earliest ready job of these tasks and queues falls due (NULL if none), and the time now.
@@ -280,8 +283,8 @@ SELECT state, COALESCE(outcome, ''), count(*) FROM __S__.oncebox_jobs GROUP BY 1
 SELECT (SELECT run_at FROM __S__.oncebox_jobs
          WHERE state = 'ready' AND task = ANY(%(tasks)s::text[])
            AND queue = ANY(%(queues)s::text[])
-         ORDER BY run_at LIMIT 1),
-       (SELECT __S__.oncebox_now());
+         ORDER BY run_at LIMIT 1) AS at,
+       (SELECT __S__.oncebox_now()) AS now;
 
 -- name: job_prune
 -- Delete a batch of done and cancelled jobs finished before the cutoff, with their attempts.
@@ -300,7 +303,7 @@ attempts AS (
 DELETE FROM __S__.oncebox_jobs j USING doomed d WHERE j.id = d.id RETURNING j.id;
 
 -- name: job_list
-SELECT id, key, task, queue, args::text, state, outcome, priority, group_key, attempt,
+SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs

@@ -15,8 +15,9 @@ SET capacity = excluded.capacity, refill_per_s = excluded.refill_per_s,
 -- name: rate_bucket_select
 -- The channel's buckets, locked until the caller's transaction ends, with the clock and pause.
 SELECT b.name, b.capacity, b.refill_per_s, b.tokens, b.updated_at,
-       (SELECT __S__.oncebox_now()),
+       (SELECT __S__.oncebox_now()) AS now,
        (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s)
+           AS paused_until
 FROM __S__.oncebox_rate_buckets b
 WHERE b.channel = %(channel)s AND b.name = ANY(%(names)s::text[])
 ORDER BY b.name
@@ -30,8 +31,9 @@ FROM unnest(%(names)s::text[], %(tokens)s::float8[], %(updated)s::timestamptz[])
 WHERE b.channel = %(channel)s AND b.name = u.name;
 
 -- name: channel_pause_read
-SELECT (SELECT __S__.oncebox_now()),
-       (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s);
+SELECT (SELECT __S__.oncebox_now()) AS now,
+       (SELECT paused_until FROM __S__.oncebox_channel_pauses WHERE channel = %(channel)s)
+           AS paused_until;
 
 -- name: channel_pause
 -- Pause a channel for everyone until now + pause_s; a longer pause already in place stays.

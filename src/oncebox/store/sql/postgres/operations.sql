@@ -17,11 +17,14 @@ LIMIT %(limit)s;
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT
     (SELECT min(run_at) FROM __S__.oncebox_jobs
-      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)),
-    (SELECT min(run_at) FROM __S__.oncebox_jobs WHERE state = 'ready'),
-    (SELECT min(next_attempt_at) FROM __S__.oncebox_outbox WHERE state = 'pending'),
-    (SELECT min(created_at) FROM __S__.oncebox_outbox WHERE state = 'pending'),
-    (SELECT min(lease_expires_at) FROM __S__.oncebox_jobs WHERE state = 'leased'),
+      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)) AS oldest_due_ready,
+    (SELECT min(run_at) FROM __S__.oncebox_jobs WHERE state = 'ready') AS next_ready,
+    (SELECT min(next_attempt_at) FROM __S__.oncebox_outbox WHERE state = 'pending')
+        AS next_pending_message,
+    (SELECT min(created_at) FROM __S__.oncebox_outbox WHERE state = 'pending')
+        AS oldest_pending_message,
+    (SELECT min(lease_expires_at) FROM __S__.oncebox_jobs WHERE state = 'leased')
+        AS next_job_lease_end,
     (SELECT min(lease_expires_at) FROM __S__.oncebox_outbox
-      WHERE state IN ('leased', 'sending')),
-    (SELECT now FROM clock);
+      WHERE state IN ('leased', 'sending')) AS next_message_lease_end,
+    (SELECT now FROM clock) AS now;

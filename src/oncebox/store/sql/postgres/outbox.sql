@@ -48,8 +48,9 @@ SET state = 'leased',
     first_leased_at = COALESCE(o.first_leased_at, clock.now)
 FROM picked, clock
 WHERE o.id = picked.id
-RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text, o.token, o.attempt,
-          o.attempt_base, o.possible_duplicates, o.first_leased_at, clock.now, o.uncertain;
+RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token,
+          o.attempt, o.attempt_base, o.possible_duplicates, o.first_leased_at,
+          clock.now AS leased_at, o.uncertain;
 
 -- name: outbox_next_due
 -- When the earliest pending row of these channels falls due (NULL if none), and the time now:
@@ -62,8 +63,8 @@ SELECT (SELECT min(head.next_attempt_at)
             WHERE o.state = 'pending' AND o.channel = c.channel
             ORDER BY o.next_attempt_at
             LIMIT 1
-        ) AS head),
-       (SELECT __S__.oncebox_now());
+        ) AS head) AS at,
+       (SELECT __S__.oncebox_now()) AS now;
 
 -- name: outbox_mark_sending
 -- The one durable write before a send through a channel without provider idempotency.
@@ -116,9 +117,9 @@ SELECT id FROM settled;
 
 -- name: outbox_rescue_select
 -- Rows whose lease expired, locked for the rescue's decision (the caller's transaction).
-SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox
 WHERE state IN ('leased', 'sending') AND lease_expires_at < (SELECT __S__.oncebox_now())
   AND channel = ANY(%(channels)s::text[])
@@ -151,7 +152,7 @@ audited AS (
     FROM resolved
     RETURNING id
 )
-SELECT r.id, r.key, a.id FROM resolved r, audited a;
+SELECT r.id AS job_id, r.key, a.id AS audit_id FROM resolved r, audited a;
 
 -- name: outbox_replay
 -- Dead → pending in place: same key, same frozen content; audited in the same statement.
@@ -171,39 +172,39 @@ audited AS (
     FROM replayed
     RETURNING id
 )
-SELECT r.id, r.key, a.id FROM replayed r, audited a;
+SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 
 -- name: outbox_get
-SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox WHERE id = %(id)s;
 
 -- name: outbox_find_by_key
-SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox WHERE key = %(key)s OR intent_key = %(key)s ORDER BY id;
 
 -- name: outbox_ambiguous_list
-SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox
 WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
 ORDER BY id LIMIT %(limit)s;
 
 -- name: outbox_count_by_state
-SELECT state, count(*) FROM __S__.oncebox_outbox GROUP BY state;
+SELECT state, count(*) AS count FROM __S__.oncebox_outbox GROUP BY state;
 
 -- name: delivery_attempt_list
 SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
 FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
 
 -- name: outbox_list
-SELECT id, key, intent_key, channel, payload::text, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM __S__.oncebox_outbox
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)

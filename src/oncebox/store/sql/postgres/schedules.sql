@@ -2,7 +2,7 @@
 -- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
 
 -- name: schedule_state_get
-SELECT paused, last_fire_at, (SELECT __S__.oncebox_now())
+SELECT paused, last_fire_at, (SELECT __S__.oncebox_now()) AS now
 FROM __S__.oncebox_schedules WHERE name = %(name)s;
 
 -- name: schedule_state_init
@@ -100,7 +100,8 @@ LIMIT %(limit)s;
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
        scans, eligible_count, enqueued_count, late
 FROM __S__.oncebox_schedule_runs
-WHERE schedule = %(schedule)s AND state = 'running' AND lease_expires_at < (SELECT __S__.oncebox_now())
+WHERE schedule = %(schedule)s AND state = 'running'
+  AND lease_expires_at < (SELECT __S__.oncebox_now())
 ORDER BY started_at, period;
 
 -- name: schedule_period_stats
@@ -143,8 +144,10 @@ per_period AS (
     FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
     GROUP BY j.period
 )
-SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
-       COALESCE(p.done, 0), COALESCE(p.covered, 0), COALESCE(p.sent, 0),
-       COALESCE(p.pending, 0), COALESCE(p.dead, 0), COALESCE(p.ambiguous, 0)
+SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqueued,
+       COALESCE(p.done, 0) AS done, COALESCE(p.covered, 0) AS covered,
+       -- the sums are numeric: as bigint, they read as integers like the counts
+       COALESCE(p.sent, 0)::bigint AS sent, COALESCE(p.pending, 0)::bigint AS pending,
+       COALESCE(p.dead, 0)::bigint AS dead, COALESCE(p.ambiguous, 0)::bigint AS ambiguous
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;

@@ -24,7 +24,8 @@ ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, key;
 
 -- name: job_enqueue_conflict
-SELECT j.id, j.state, i.job_id, i.claimed_at
+SELECT j.id AS active_job_id, j.state AS active_state, i.job_id AS intent_job_id,
+       i.claimed_at AS intent_claimed_at
 FROM (SELECT 1) AS one
 LEFT JOIN oncebox_jobs j ON j.key = :key AND j.state <> 'cancelled'
 LEFT JOIN oncebox_intents i ON i.key = :key;
@@ -51,8 +52,8 @@ WHERE id IN (
               AND (g.state = 'leased' OR g.id < j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT :limit)
-RETURNING id, key, task, queue, args, attempt, max_attempts, attempt_base, priority, group_key,
-          run_at, created_at, expires_at, leased_at;
+RETURNING id, key, task, queue, args AS args_json, attempt, max_attempts, attempt_base, priority,
+          group_key, run_at, created_at, expires_at, leased_at;
 
 -- name: job_lease_extend
 UPDATE oncebox_jobs
@@ -86,7 +87,7 @@ WHERE id IN (
     WHERE state = 'leased' AND lease_expires_at < :now
     ORDER BY lease_expires_at
     LIMIT :limit)
-RETURNING id, key, task, state, attempt, leased_by, leased_at, last_error;
+RETURNING id, key, task, state, attempt, leased_by AS worker, leased_at, last_error;
 
 -- name: job_rescue_expired__record
 -- :rows is a JSON array of [job_id, attempt, worker, started_at, error].
@@ -151,15 +152,15 @@ VALUES (:now, :actor, 'cancel', 'job', :id, :key, :reason, json_object('task', :
 RETURNING id;
 
 -- name: job_get
-SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
-       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
-       finished_at, last_error, schedule, period
+SELECT id, key, task, queue, args AS args_json, state, outcome, priority, group_key, attempt,
+       max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
+       lease_expires_at, finished_at, last_error, schedule, period
 FROM oncebox_jobs WHERE id = :id;
 
 -- name: job_find_by_key
-SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
-       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
-       finished_at, last_error, schedule, period
+SELECT id, key, task, queue, args AS args_json, state, outcome, priority, group_key, attempt,
+       max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
+       lease_expires_at, finished_at, last_error, schedule, period
 FROM oncebox_jobs
 WHERE (key = :key AND state <> 'cancelled')
    OR id = (SELECT job_id FROM oncebox_intents WHERE key = :key)
@@ -170,10 +171,11 @@ SELECT job_id, attempt, worker, started_at, finished_at, outcome, error, note
 FROM oncebox_job_attempts WHERE job_id = :id ORDER BY attempt;
 
 -- name: job_count_by_state
-SELECT state, COALESCE(outcome, ''), count(*) FROM oncebox_jobs GROUP BY 1, 2;
+SELECT state, COALESCE(outcome, '') AS outcome, count(*) AS count
+FROM oncebox_jobs GROUP BY 1, 2;
 
 -- name: job_next_due
-SELECT min(run_at), :now FROM oncebox_jobs
+SELECT min(run_at) AS at, :now AS now FROM oncebox_jobs
 WHERE state = 'ready'
   AND task IN (SELECT value FROM json_each(:tasks))
   AND queue IN (SELECT value FROM json_each(:queues));
@@ -191,9 +193,9 @@ RETURNING id;
 DELETE FROM oncebox_job_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: job_list
-SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
-       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_expires_at,
-       finished_at, last_error, schedule, period
+SELECT id, key, task, queue, args AS args_json, state, outcome, priority, group_key, attempt,
+       max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
+       lease_expires_at, finished_at, last_error, schedule, period
 FROM oncebox_jobs
 WHERE (:state IS NULL OR state = :state)
   AND (:task IS NULL OR task = :task)

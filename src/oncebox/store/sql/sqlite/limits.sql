@@ -12,8 +12,8 @@ SET capacity = excluded.capacity, refill_per_s = excluded.refill_per_s,
     tokens = min(rb.tokens, excluded.capacity);
 
 -- name: rate_bucket_select
-SELECT b.name, b.capacity, b.refill_per_s, b.tokens, b.updated_at, :now,
-       (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel)
+SELECT b.name, b.capacity, b.refill_per_s, b.tokens, b.updated_at, :now AS now,
+       (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel) AS paused_until
 FROM oncebox_rate_buckets b
 WHERE b.channel = :channel AND b.name IN (SELECT value FROM json_each(:names))
 ORDER BY b.name;
@@ -26,7 +26,8 @@ FROM json_each(:buckets) AS u
 WHERE b.channel = :channel AND b.name = u.value ->> 0;
 
 -- name: channel_pause_read
-SELECT :now, (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel);
+SELECT :now AS now,
+       (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel) AS paused_until;
 
 -- name: channel_pause
 INSERT INTO oncebox_channel_pauses AS p (channel, paused_until, reason)

@@ -13,10 +13,15 @@ LIMIT :limit;
 
 -- name: status_times
 SELECT
-    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now),
-    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready'),
-    (SELECT min(next_attempt_at) FROM oncebox_outbox WHERE state = 'pending'),
-    (SELECT min(created_at) FROM oncebox_outbox WHERE state = 'pending'),
-    (SELECT min(lease_expires_at) FROM oncebox_jobs WHERE state = 'leased'),
-    (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending')),
-    :now;
+    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now)
+        AS oldest_due_ready,
+    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready') AS next_ready,
+    (SELECT min(next_attempt_at) FROM oncebox_outbox WHERE state = 'pending')
+        AS next_pending_message,
+    (SELECT min(created_at) FROM oncebox_outbox WHERE state = 'pending')
+        AS oldest_pending_message,
+    (SELECT min(lease_expires_at) FROM oncebox_jobs WHERE state = 'leased')
+        AS next_job_lease_end,
+    (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending'))
+        AS next_message_lease_end,
+    :now AS now;

@@ -31,7 +31,7 @@ WHERE id IN (
         LIMIT :limit)
     ORDER BY o.next_attempt_at, o.id
     LIMIT :limit)
-RETURNING id, key, intent_key, channel, payload, token, attempt, attempt_base,
+RETURNING id, key, intent_key, channel, payload AS payload_json, token, attempt, attempt_base,
           possible_duplicates, first_leased_at, leased_at, uncertain;
 
 -- name: outbox_next_due
@@ -39,8 +39,8 @@ SELECT (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox AS o
                     WHERE o.state = 'pending' AND o.channel = c.value
                     ORDER BY o.next_attempt_at
                     LIMIT 1))
-        FROM json_each(:channels) AS c),
-       :now;
+        FROM json_each(:channels) AS c) AS at,
+       :now AS now;
 
 -- name: outbox_mark_sending
 UPDATE oncebox_outbox SET state = 'sending'
@@ -79,9 +79,9 @@ SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, :now, r.value
 FROM json_each(:rows) AS r;
 
 -- name: outbox_rescue_select
-SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox
 WHERE state IN ('leased', 'sending') AND lease_expires_at < :now
   AND channel IN (SELECT value FROM json_each(:channels))
@@ -119,36 +119,36 @@ VALUES (:now, :actor, 'replay', 'delivery', :id, :key, :reason,
 RETURNING id;
 
 -- name: outbox_get
-SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_find_by_key
-SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox WHERE key = :key OR intent_key = :key ORDER BY id;
 
 -- name: outbox_ambiguous_list
-SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox
 WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels))
 ORDER BY id LIMIT :limit;
 
 -- name: outbox_count_by_state
-SELECT state, count(*) FROM oncebox_outbox GROUP BY state;
+SELECT state, count(*) AS count FROM oncebox_outbox GROUP BY state;
 
 -- name: delivery_attempt_list
 SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
 FROM oncebox_delivery_attempts WHERE outbox_id = :id ORDER BY id;
 
 -- name: outbox_list
-SELECT id, key, intent_key, channel, payload, token, job_id, state, attempt, attempt_base,
-       possible_duplicates, next_attempt_at, created_at, first_leased_at, leased_by,
-       lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
 FROM oncebox_outbox
 WHERE (:state IS NULL OR state = :state)
   AND (:channel IS NULL OR channel = :channel)

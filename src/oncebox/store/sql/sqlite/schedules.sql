@@ -2,7 +2,7 @@
 -- SQLite; this folder's conventions are in store/sqlfiles.py.
 
 -- name: schedule_state_get
-SELECT paused, last_fire_at, :now FROM oncebox_schedules WHERE name = :name;
+SELECT paused, last_fire_at, :now AS now FROM oncebox_schedules WHERE name = :name;
 
 -- name: schedule_state_init
 INSERT INTO oncebox_schedules (name, paused, last_fire_at, updated_at)
@@ -122,8 +122,9 @@ per_period AS (
     FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
     GROUP BY j.period
 )
-SELECT r.period, r.state, r.eligible_count, r.enqueued_count,
-       COALESCE(p.done, 0), COALESCE(p.covered, 0), COALESCE(p.sent, 0),
-       COALESCE(p.pending, 0), COALESCE(p.dead, 0), COALESCE(p.ambiguous, 0)
+SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqueued,
+       COALESCE(p.done, 0) AS done, COALESCE(p.covered, 0) AS covered,
+       COALESCE(p.sent, 0) AS sent, COALESCE(p.pending, 0) AS pending,
+       COALESCE(p.dead, 0) AS dead, COALESCE(p.ambiguous, 0) AS ambiguous
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
