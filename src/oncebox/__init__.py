@@ -9,6 +9,7 @@ from __future__ import annotations
 from oncebox.box import Box, EnqueueManyResult, EnqueueResult
 from oncebox.clock import ClockSetting
 from oncebox.errors import (
+    ClockHeld,
     ConfigurationError,
     DrainFailed,
     EnqueueError,
@@ -43,6 +44,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "ActionOutcome",
     "Box",
+    "ClockHeld",
     "ClockSetting",
     "ConfigurationError",
     "ConsumerConfig",

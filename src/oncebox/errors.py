@@ -10,6 +10,7 @@
     │   └── UnknownTask             no task of that name is registered
     ├── SchemaError                 the database schema is missing, older or unknown
     ├── KeyDrift                    a task's key template or a schedule's periods changed
+    ├── ClockHeld                   another process froze or offset the database's clock
     ├── StoreUnavailable            the database cannot be reached (retryable for lanes)
     ├── StoreRefused                the database refused a transaction's writes (a constraint)
     ├── NotFound                    no job, key or row matches what was asked for
@@ -87,6 +88,12 @@ class KeyDrift(OnceboxError):
 
 class StoreUnavailable(OnceboxError):
     """The database cannot be reached. Lanes back off and try again; commands exit 1."""
+
+
+class ClockHeld(OnceboxError):
+    """Another process (a test, the demo, the chaos harness) froze or offset the database's
+    clock, and its setting is in force. A worker refuses to run on it — leases would never
+    expire, retries never fall due — unless it was told the clock is simulated on purpose."""
 
 
 class StoreRefused(OnceboxError):

@@ -28,7 +28,7 @@ from typing import Any
 
 from oncebox import clock
 from oncebox.box import Box
-from oncebox.clock import EPOCH, ClockSetting
+from oncebox.clock import EPOCH, ClockLease
 from oncebox.errors import DrainFailed
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
@@ -174,23 +174,29 @@ def refute_enqueued(box: Box, *, key: str, task: str | None = None) -> None:
 
 
 class FrozenClock:
-    """Freeze `oncebox_now()` for every process using this database; restores real time on exit."""
+    """Freeze `oncebox_now()` for every process using this database; restores real time on exit.
 
-    def __init__(self, box: Box, at: datetime) -> None:
+    The setting is held through a `ClockLease`: it names this process as its owner and lapses
+    by itself shortly after this process dies (`ONCEBOX_CLOCK_LEASE`, 30 s by default), so a
+    test killed half-way cannot leave the database on frozen time. Workers in this process run
+    on it; a worker in another process refuses it unless it opts in (`simulated_time=True`)."""
+
+    def __init__(self, box: Box, at: datetime, lease: timedelta | None = None) -> None:
         self.box = box
         self.instant = at
-        box.store.clock_set(ClockSetting(frozen_at=at))
+        self._lease = ClockLease(box.store, lease)
+        self._lease.set(frozen_at=at)
 
     def set(self, instant: datetime) -> None:
         self.instant = instant
-        self.box.store.clock_set(ClockSetting(frozen_at=instant))
+        self._lease.set(frozen_at=instant)
 
     def advance(self, delta: timedelta) -> datetime:
         self.set(self.instant + delta)
         return self.instant
 
     def release(self) -> None:
-        self.box.store.clock_set(ClockSetting())
+        self._lease.release()
 
     def __enter__(self) -> FrozenClock:
         return self

@@ -166,3 +166,28 @@ def enqueue_digest(url: str, customer: int) -> None:
         box.enqueue(box.registry.get("weekly_digest"), customer_id=customer, period="2026-W33")
     finally:
         box.close()
+
+
+def hold_clock_and_die(url: str, lease_s: float, held: Any) -> None:
+    """A test process that freezes the database's clock through a lease, then is SIGKILLed:
+    no `finally`, no release."""
+    from datetime import UTC, datetime, timedelta
+
+    from oncebox.clock import ClockLease
+    from oncebox.store import open_store
+
+    store = open_store(url)
+    ClockLease(store, timedelta(seconds=lease_s)).set(frozen_at=datetime(2026, 8, 17, tzinfo=UTC))
+    held.set()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def demo_and_die(db: str, outbox: str, point: str) -> None:
+    """`oncebox demo` SIGKILLed at the first arrival at a named point: its frozen clock, its
+    leases and its pending messages are left as they were."""
+    from oncebox import points
+    from oncebox.examples.logistics import demo
+
+    points.install(point, points.kill)
+    demo.run(demo.DemoOptions(db=db, customers=60, email=f"file://{outbox}", faults=False))
+    os._exit(3)  # not reached when the point fires

@@ -36,7 +36,7 @@ from oncebox.chaos.workload import (
     worker_main,
 )
 from oncebox.chaos.workspace import workspace
-from oncebox.clock import ClockSetting
+from oncebox.clock import ClockLease
 from oncebox.examples.logistics.app import connect, create_tables
 from oncebox.examples.logistics.seed import is_active, seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
@@ -141,6 +141,7 @@ class RunContext:
     violations: list[Violation] = field(default_factory=list)
     absorbed: int = 0
     history: HistoryWriter | None = None
+    clock: ClockLease | None = None  # the harness's hold on the run's clock
 
     @property
     def dialect(self) -> str:
@@ -152,7 +153,8 @@ class RunContext:
         return self.box.store.clock_now()
 
     def set_clock(self, instant: datetime) -> None:
-        self.box.store.clock_set(ClockSetting(frozen_at=instant))
+        assert self.clock is not None
+        self.clock.set(frozen_at=instant)
 
     def advance(self, delta: timedelta) -> datetime:
         instant = self.now() + delta
@@ -290,6 +292,8 @@ class RunContext:
         with contextlib.suppress(Exception):  # its connections died with the server
             self.box.close()
         self.box = build(self.workload, "harness")
+        if self.clock is not None:
+            self.clock.store = self.box.store
 
     def count(self, sql: str) -> int:
         conn = connect(self.box)
@@ -335,7 +339,8 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 finally:
                     conn.close()
             fire = monday_fire(*settings.week, tz=settings.tz)
-            box.store.clock_set(ClockSetting(frozen_at=fire))
+            clock = ClockLease(box.store)  # lapses by itself should the harness be killed
+            clock.set(frozen_at=fire)
             # one fault schedule per (seed, scenario): scenarios do not all draw alike
             rng = random.Random(f"{settings.seed}:{settings.scenario}")
             poison = seed_freight(box, settings.customers, iso_label(fire), rng, fire)
@@ -349,6 +354,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 rng=rng,
                 poison=poison,
                 history=HistoryWriter(Path(folder), "harness", settings.seed),
+                clock=clock,
             )
             try:
                 yield context
@@ -356,6 +362,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 if context.history is not None:
                     context.history.close()
                 box = context.box  # a scenario may have replaced it (reconnect)
+                clock.release()
         finally:
             box.close()
             mutations.undo_process_wide()

@@ -8,6 +8,7 @@ import logging
 import click
 
 from oncebox.cli.chaos_cmd import chaos
+from oncebox.cli.clock_cmds import clock
 from oncebox.cli.demo_cmd import demo
 from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
@@ -41,5 +42,6 @@ for command in (
     outbox,
     audit,
     keys,
+    clock,
 ):
     main.add_command(command)

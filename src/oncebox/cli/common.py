@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -29,6 +30,7 @@ from oncebox.errors import (
     OnceboxError,
 )
 from oncebox.store import open_store
+from oncebox.store.base import BacklogRow
 from oncebox.store.migrations import check_runnable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -214,3 +216,48 @@ def _cell(value: Any) -> str:
     text = "-" if value is None else str(value)
     text = text.splitlines()[0] if text else text
     return text if len(text) <= 60 else text[:59] + "…"
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    """A duration for people: 45s, 12m, 3h, 2d."""
+    if since is None:
+        return "-"
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def backlog_lines(rows: Sequence[BacklogRow], unserved: Sequence[str], now: datetime) -> list[str]:
+    """Work not finished, one line per task or channel: how much, and when it can next move —
+    or that nothing will move it (a task no live worker serves)."""
+
+    def when(at: datetime | None) -> str:
+        if at is None:
+            return "-"
+        if at <= now:
+            return f"{at.isoformat()} (due now)"
+        return f"{at.isoformat()} (in {age(now, at)})"
+
+    lines = []
+    for row in rows:
+        noun = "job(s) of task" if row.kind == "job" else "message(s) on channel"
+        parts = []
+        if row.waiting:
+            verb = "ready" if row.kind == "job" else "pending"
+            parts.append(f"{row.waiting} {verb}, next due {when(row.next_due_at)}")
+        if row.held:
+            parts.append(f"{row.held} leased until {when(row.held_until)}")
+        if row.kind == "job" and row.name in unserved:
+            parts.append("no live worker serves this task")
+        lines.append(f"{noun} {printable(row.name)}: " + "; ".join(parts))
+    return lines
+
+
+def printable(text: str) -> str:
+    """Text from the database as it may be shown on a terminal: control characters escaped."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

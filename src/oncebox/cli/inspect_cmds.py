@@ -11,7 +11,9 @@ from oncebox.box import Box
 from oncebox.cli import shapes
 from oncebox.cli.common import (
     actor_option,
+    age,
     app_option,
+    backlog_lines,
     box_for_admin,
     db_option,
     id_or_key,
@@ -24,6 +26,7 @@ from oncebox.cli.common import (
 )
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
+from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.store.base import AuditFilter, JobFilter
 
 JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
@@ -41,25 +44,19 @@ PERIOD_HEADERS = [
 ]
 
 
-def age(since: datetime | None, now: datetime) -> str:
-    if since is None:
-        return "-"
-    seconds = max(0, int((now - since).total_seconds()))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
-
-
 def status_data(box: Box, periods: int) -> dict[str, Any]:
     store = box.store
     times = store.status_times()
     jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
     schema = store.schema_status()
     now = times.now
+    backlog, workers = store.backlog_list(), store.worker_list(LIVE_WITHIN)
+    served = {task for worker in workers if worker.live for task in worker.tasks}
+    unserved_tasks = [
+        {"task": row.name, "waiting": row.waiting}
+        for row in backlog
+        if row.kind == "job" and row.waiting and row.name not in served
+    ]
     schedules = []
     for name, paused, last in store.schedule_state_list():
         schedules.append(
@@ -78,6 +75,7 @@ def status_data(box: Box, periods: int) -> dict[str, Any]:
         "database": box.where,
         "schema_version": schema.current,
         "now": shapes.instant(now),
+        "clock": shapes.clock_shape(store.clock_get(), now),
         "jobs": {state: jobs[state] for state in JOB_STATES},
         "claim_conflicts": jobs["done:duplicate"],
         "oldest_due_ready_age_s": seconds_since(times.oldest_due_ready),
@@ -86,6 +84,9 @@ def status_data(box: Box, periods: int) -> dict[str, Any]:
         "oldest_pending_message_age_s": seconds_since(times.oldest_pending_message),
         "dead": jobs["dead"] + outbox["dead"],
         "ambiguous": outbox["ambiguous"],
+        "backlog": [shapes.backlog(row) for row in backlog],
+        "unserved_tasks": unserved_tasks,
+        "workers_live": sum(1 for worker in workers if worker.live),
         "schedules": schedules,
     }
 
@@ -107,6 +108,7 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     with reported():
         box = box_for_admin(app, db)
         data = status_data(box, periods)
+        clock_setting = box.store.clock_get()
     if as_json:
         print_json(data)
         return
@@ -114,6 +116,11 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     oldest = data["oldest_due_ready_age_s"]
     pending_age = data["oldest_pending_message_age_s"]
     jobs, outbox = data["jobs"], data["outbox"]
+    if data["clock"]["mode"] != "real":  # first: every other figure is read on this clock
+        click.echo(
+            f"CLOCK      {clock_setting.describe()}; workers refuse it — if its owner is gone: "
+            "oncebox clock reset --reason ..."
+        )
     click.echo(f"database   {data['database']} (schema {data['schema_version']})")
     click.echo(
         "jobs       "
@@ -137,7 +144,16 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
             else ""
         )
     )
-    attention = []
+    backlog = [shapes.backlog_row(entry) for entry in data["backlog"]]
+    unserved = [entry["task"] for entry in data["unserved_tasks"]]
+    if backlog:
+        click.echo(f"waiting    ({data['workers_live']} live worker(s))")
+        for line in backlog_lines(backlog, unserved, now):
+            click.echo(f"  {line}")
+    attention = [
+        f"{entry['waiting']} job(s) of task {entry['task']} wait with no live worker serving it"
+        for entry in data["unserved_tasks"]
+    ]
     if data["dead"]:
         attention.append(f"{data['dead']} dead (oncebox dlq list)")
     if data["ambiguous"]:
@@ -292,7 +308,16 @@ def audit() -> None:
 @click.option(
     "--action",
     type=click.Choice(
-        ["replay", "cancel", "resolve-sent", "resolve-resend", "pause", "resume", "accept-keys"]
+        [
+            "replay",
+            "cancel",
+            "resolve-sent",
+            "resolve-resend",
+            "pause",
+            "resume",
+            "accept-keys",
+            "clock-reset",
+        ]
     ),
     help="Only entries of this action.",
 )

@@ -13,6 +13,7 @@ import click
 
 from oncebox.cli.common import (
     app_option,
+    backlog_lines,
     db_option,
     email_option,
     fail,
@@ -64,6 +65,22 @@ def migrate(db: str | None) -> None:
 )
 @click.option("--queues", metavar="Q1,Q2", help="Only these queues (default: every queue).")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is due.")
+@click.option(
+    "--wait-up-to",
+    "horizon",
+    type=click.FloatRange(0, 86400),
+    default=60,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --until-idle: keep working while this worker's work falls due within this "
+    "many seconds (a retry, a channel's pause, a stranded lease).",
+)
+@click.option(
+    "--simulated-time",
+    is_flag=True,
+    help="Run on a frozen or offset database clock that another process holds (a test "
+    "harness driving time on purpose); without it such a clock is refused.",
+)
 def worker(
     *,
     app: str | None,
@@ -72,14 +89,25 @@ def worker(
     concurrency: int,
     queues: str | None,
     until_idle: bool,
+    horizon: float,
+    simulated_time: bool,
 ) -> None:
     """Run a worker: consumers, outbox dispatcher, scheduler, sweepers, lease keeper, rescuer,
-    resolver and pruner. SIGTERM or Ctrl-C stops it gracefully (a second one at once)."""
+    resolver and pruner. SIGTERM or Ctrl-C stops it gracefully (a second one at once).
+
+    With --until-idle it exits 0 once nothing remains; when work remains that falls due beyond
+    --wait-up-to (or that no live worker serves), it says what and when, and exits 3."""
     with reported():
         box = load_app(app, db, email)
         names = tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None
         result = box.work(
-            config=WorkerConfig(concurrency=concurrency, queues=names, until_idle=until_idle)
+            config=WorkerConfig(
+                concurrency=concurrency,
+                queues=names,
+                until_idle=until_idle,
+                simulated_time=simulated_time,
+                idle_horizon=timedelta(seconds=horizon),
+            )
         )
     consumed, dispatched = result.consumed, result.dispatched
     click.echo(
@@ -87,8 +115,15 @@ def worker(
         f"absorbed, {consumed.retried} retried, {consumed.dead} dead; "
         f"{dispatched.sent} message(s) sent"
     )
+    if until_idle and not result.settled:
+        assert result.now is not None
+        click.echo(f"remaining, by the database's clock ({result.now.isoformat()}):")
+        for line in backlog_lines(result.remaining, result.unserved, result.now):
+            click.echo(f"  {line}")
+        sys.exit(REMAINS)
 
 
+REMAINS = 3  # worker --until-idle: work remains beyond the horizon (docs/cli.md, exit codes)
 INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII: int() reads other scripts' digits too
 
 

@@ -10,9 +10,11 @@ import json
 from datetime import datetime
 from typing import Any
 
+from oncebox.clock import ClockSetting
 from oncebox.store.base import (
     AttemptRow,
     AuditRow,
+    BacklogRow,
     DeliveryAttemptRow,
     JobRow,
     OutboxRow,
@@ -128,3 +130,47 @@ def period(stats: PeriodStats) -> dict[str, Any]:
         "ambiguous": stats.ambiguous,
         "coverage": None if coverage is None else round(coverage, 4),
     }
+
+
+def clock_shape(setting: ClockSetting, now: datetime) -> dict[str, Any]:
+    """The database's clock: `mode` is `real`, `frozen` or `offset` — what `oncebox_now()`
+    returns now (a lapsed setting reads `real`, with `lapsed` true and the setting kept)."""
+    set_at = setting.frozen_at is not None or setting.offset is not None
+    mode = "real" if setting.is_real else "frozen" if setting.frozen_at is not None else "offset"
+    return {
+        "mode": mode,
+        "now": instant(now),
+        "frozen_at": instant(setting.frozen_at),
+        "offset_seconds": setting.offset.total_seconds() if setting.offset is not None else None,
+        "owner": setting.owner if set_at else None,
+        "expires_at": instant(setting.expires_at) if set_at else None,
+        "lapsed": setting.lapsed,
+    }
+
+
+def backlog(row: BacklogRow) -> dict[str, Any]:
+    """Work not finished for one task (`kind` job) or channel (message)."""
+    return {
+        "kind": row.kind,
+        "name": row.name,
+        "waiting": row.waiting,
+        "next_due_at": instant(row.next_due_at),
+        "held": row.held,
+        "held_until": instant(row.held_until),
+    }
+
+
+def backlog_row(data: dict[str, Any]) -> BacklogRow:
+    """The inverse of `backlog`, for text output built from the same data as `--json`."""
+    return BacklogRow(
+        kind=data["kind"],
+        name=data["name"],
+        waiting=data["waiting"],
+        next_due_at=_parsed(data["next_due_at"]),
+        held=data["held"],
+        held_until=_parsed(data["held_until"]),
+    )
+
+
+def _parsed(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)

@@ -27,19 +27,22 @@ at once (the leases then expire and are rescued).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import logging
 import os
 import random
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import FrameType
 
-from oncebox import points
-from oncebox.errors import ConfigurationError, StoreUnavailable
+from oncebox import clock, points
+from oncebox.errors import ClockHeld, ConfigurationError, StoreUnavailable
 from oncebox.lanes.assembly import build_consumer, worker_name
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
@@ -53,10 +56,28 @@ from oncebox.queue.watch import HandlerWatch
 from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.runtime import Runtime
 from oncebox.schedules.ticker import ScheduleTicker
+from oncebox.store.base import BacklogRow, Store, WorkerBeat
 from oncebox.store.migrations import check_runnable
 from oncebox.timers.expiry_sweeper import ExpirySweeper
 
 log = logging.getLogger("oncebox.worker")
+
+
+def unserved(store: Store) -> list[tuple[str, int]]:
+    """Tasks with jobs waiting that no live worker serves, with how many wait."""
+    served = {task for w in store.worker_list(LIVE_WITHIN) if w.live for task in w.tasks}
+    return [
+        (row.name, row.waiting)
+        for row in store.backlog_list()
+        if row.kind == "job" and row.waiting and row.name not in served
+    ]
+
+
+CLOCK_CHECK_EVERY = 5.0  # seconds between two looks at the database's clock setting
+PRESENCE_EVERY = 10.0  # seconds between two refreshes of this worker's row in oncebox_workers
+LIVE_WITHIN = timedelta(seconds=3 * PRESENCE_EVERY)  # a worker seen this recently is live
+UNSERVED_EVERY = 300.0  # seconds between two looks for jobs no live worker serves
+_instances = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,9 @@ class WorkerConfig:
     schedule: bool = True
     sweep: bool = True
     simulated_time: bool = False  # the caller drives the database's clock on purpose (the demo)
+    # until_idle: keep working while this worker's own work falls due within this much of the
+    # database's time (a retry's backoff, a channel's pause, a stranded lease running out)
+    idle_horizon: timedelta = timedelta(seconds=60)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
     rescuer: LeaseRescuerConfig = field(default_factory=LeaseRescuerConfig)
@@ -85,12 +109,26 @@ class WorkerConfig:
             raise ConfigurationError("concurrency must be within 1..256")
         if self.poll_interval is not None and self.poll_interval <= timedelta(0):
             raise ConfigurationError("poll_interval must be positive")
+        if not timedelta(0) <= self.idle_horizon <= timedelta(days=1):
+            raise ConfigurationError("idle_horizon must be within 0 s .. 1 day")
 
 
 @dataclass
 class WorkerResult:
+    """What a worker did; for an `until_idle` run, also what it left (`remaining`: every task
+    and channel with work not finished, `unserved`: the tasks among them no live worker serves,
+    `now`: the database's time when it stopped)."""
+
     consumed: ConsumerResult = field(default_factory=ConsumerResult)
     dispatched: DispatcherResult = field(default_factory=DispatcherResult)
+    remaining: list[BacklogRow] = field(default_factory=list)
+    unserved: list[str] = field(default_factory=list)
+    now: datetime | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Nothing remains: every job and message reached a final or held state."""
+        return not self.remaining
 
 
 class Worker:
@@ -108,6 +146,7 @@ class Worker:
         self._signals = 0
         self._error: Exception | None = None
         self.watch = HandlerWatch(self.config.handler_grace, self.config.exit_on_hung_handler)
+        self.name = worker_name(f"w{next(_instances)}")  # its row in oncebox_workers
 
     @property
     def poll_interval(self) -> float:
@@ -133,15 +172,26 @@ class Worker:
         self.wake()
 
     def _preflight(self) -> None:
-        """Refuse to start on what would fail every job, and say what is unusual."""
+        """Refuse to start on what would fail every job, or stall it."""
         check_runnable(self.runtime.store.schema_status(), self.runtime.where)
         self.runtime.secrets.ensure()  # without one, every message would fail its job
-        if not self.config.simulated_time and not self.runtime.store.clock_get().is_real:
-            log.warning(
-                "the database clock of %s is frozen or offset (%s): only tests should do that",
-                self.runtime.where,
-                self.runtime.store.clock_get(),
-            )
+        self._check_clock()
+
+    def _check_clock(self) -> None:
+        """Refuse a test clock that another process holds, unless this worker runs on
+        simulated time on purpose (`simulated_time`, `--simulated-time`): on a frozen clock no
+        lease expires and no retry falls due. A setting this process wrote is its own business
+        (a test that freezes the clock and works in-process); a lapsed one is real time."""
+        if self.config.simulated_time:
+            return
+        setting = self.runtime.store.clock_get()
+        if setting.is_real or not setting.foreign:
+            return
+        raise ClockHeld(
+            f"the database clock of {self.runtime.where} is {setting.describe()} — a test or "
+            "the demo holds it; if that process is gone, run `oncebox clock reset --reason "
+            "...` (or pass --simulated-time to run on it on purpose)"
+        )
 
     def run(self) -> WorkerResult:
         """Run until stopped (or idle, with `until_idle`)."""
@@ -266,6 +316,9 @@ class Worker:
         ]
         if resolver.active:
             lanes.append(("resolver", resolver.run_forever))
+        lanes.append(("presence", self._presence))
+        if not self.config.simulated_time:
+            lanes.append(("clock-guard", self._guard_clock))
         if store.supports_notifications and not self.config.until_idle:
             # an until-idle run looks for work itself and exits when there is none: a listener
             # would only make its exit wait out a LISTEN timeout
@@ -339,10 +392,39 @@ class Worker:
                 continue
             if leased:
                 continue
-            if self.config.until_idle and self._all_idle(index, began):
+            if self.config.until_idle and self._all_idle(index, began) and self._done():
                 self.stop()
                 return
             wake.wait(idle_wait())
+
+    def _done(self) -> bool:
+        """Every lane is idle: may an `until_idle` run stop? Yes when nothing remains; when what
+        remains of this worker's own work falls due beyond `idle_horizon`; or at once on a
+        simulated clock (no time passes while it waits). What remains is kept for the result."""
+        store = self.runtime.store
+        try:
+            remaining, now = store.backlog_list(), store.clock_now()
+        except StoreUnavailable:
+            return False
+        serves = self._beat()
+        ours = [
+            row.next_at()
+            for row in remaining
+            if row.name in (serves.tasks if row.kind == "job" else serves.channels)
+        ]
+        soonest = min((at for at in ours if at is not None), default=None)
+        waits = (
+            soonest is not None
+            and soonest <= now + self.config.idle_horizon
+            and store.clock_get().is_real
+        )
+        if waits:
+            return False
+        with self._result_lock:
+            self._result.remaining, self._result.now = remaining, now
+            if remaining:
+                self._result.unserved = [name for name, _ in unserved(store)]
+        return True
 
     def _busy(self, index: int) -> int:
         """Mark a polling lane busy; returns the wake-ups seen so far, for `_all_idle`."""
@@ -373,6 +455,62 @@ class Worker:
         if until is not None and until > 0:
             wait = min(wait, until)
         return wait
+
+    def _beat(self) -> WorkerBeat:
+        """What this worker serves: the tasks its consumers lease, the channels it delivers."""
+        queues = self.config.queues
+        tasks = [
+            task.name
+            for task in self.runtime.registry.all()
+            if self.config.consume and (queues is None or task.queue in queues)
+        ]
+        return WorkerBeat(
+            name=self.name,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            tasks=tuple(sorted(tasks)),
+            queues=tuple(sorted(queues or {task.queue for task in self.runtime.registry.all()})),
+            channels=tuple(sorted(self.runtime.channels)) if self.config.dispatch else (),
+        )
+
+    def _presence(self, stop: threading.Event) -> None:
+        """Keep this worker's row in `oncebox_workers` fresh, so `status` knows which tasks live
+        workers serve; now and then, log the jobs that no live worker serves (a task removed in
+        a deploy): they would otherwise wait in silence."""
+        store, beat = self.runtime.store, self._beat()
+        next_look = 0.0
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                store.worker_beat(beat)
+                if clock.monotonic() >= next_look:
+                    next_look = clock.monotonic() + UNSERVED_EVERY
+                    for name, waiting in unserved(store):
+                        log.warning(
+                            "%d job(s) of task %r wait and no live worker serves that task "
+                            "(removed in a deploy? run a worker that registers it, or cancel "
+                            "them: oncebox jobs list --task %s)",
+                            waiting,
+                            name,
+                            name,
+                        )
+            if stop.wait(PRESENCE_EVERY):
+                break
+        with contextlib.suppress(Exception):
+            store.worker_stop(beat.name)
+
+    def _guard_clock(self, stop: threading.Event) -> None:
+        """A test clock set by another process while this worker runs stops it, as it would
+        have refused to start (see `_check_clock`)."""
+        while not stop.wait(CLOCK_CHECK_EVERY):
+            try:
+                self._check_clock()
+            except StoreUnavailable:
+                continue
+            except ClockHeld as held:
+                log.error("%s", held)
+                self._error = self._error or held
+                self.stop()
+                return
 
     def _listen(self) -> None:
         while not self.stop_event.is_set():

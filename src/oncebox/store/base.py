@@ -557,6 +557,51 @@ class StatusTimes:
 
 
 @dataclass(frozen=True, slots=True)
+class BacklogRow:
+    """Work not finished, for one task (`kind` "job") or one channel ("message"): how much
+    waits and when the first of it falls due; how much a lease holds and when the first of those
+    leases runs out (then the rescuer makes it workable again)."""
+
+    kind: Literal["job", "message"]
+    name: str
+    waiting: int
+    next_due_at: datetime | None
+    held: int
+    held_until: datetime | None
+
+    def next_at(self) -> datetime | None:
+        """When some of it can next be worked on, without anyone enqueueing anything."""
+        times = [t for t in (self.next_due_at, self.held_until) if t is not None]
+        return min(times, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """A worker process as it announces itself: what it serves."""
+
+    name: str
+    host: str
+    pid: int
+    tasks: tuple[str, ...]
+    queues: tuple[str, ...]
+    channels: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    name: str
+    host: str
+    pid: int
+    tasks: tuple[str, ...]
+    queues: tuple[str, ...]
+    channels: tuple[str, ...]
+    started_at: datetime
+    seen_at: datetime
+    stopped_at: datetime | None
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaStatus:
     """Which migrations are applied, against which this code knows."""
 
@@ -684,7 +729,11 @@ class Store(Protocol):
 
     # clock
     def clock_now(self) -> datetime: ...
-    def clock_set(self, setting: ClockSetting) -> None: ...
+    def clock_set(self, setting: ClockSetting, audit: Audit | None = None) -> None:
+        """Write the shared clock setting; with `audit`, an operator's change, in the audit log
+        (`details`: what the setting was)."""
+        ...
+
     def clock_get(self) -> ClockSetting: ...
 
     # jobs
@@ -793,6 +842,7 @@ class Store(Protocol):
 
     # status and listings
     def status_times(self) -> StatusTimes: ...
+    def backlog_list(self) -> list[BacklogRow]: ...
     def job_list(self, where: JobFilter) -> list[JobRow]: ...
     def outbox_list(self, where: OutboxFilter) -> list[OutboxRow]: ...
     def schedule_period_stats(self, schedule: str, limit: int = 5) -> list[PeriodStats]: ...
@@ -815,6 +865,16 @@ class Store(Protocol):
         ...
 
     # lanes
+    # workers
+    def worker_beat(self, beat: WorkerBeat) -> None:
+        """Announce or refresh a live worker; forgets workers not seen for a day."""
+        ...
+
+    def worker_stop(self, name: str) -> None: ...
+    def worker_list(self, live_within: timedelta) -> list[WorkerRow]:
+        """Every known worker; `live` when seen within `live_within` and not stopped."""
+        ...
+
     def consumer_session(self, settings: ConsumerSettings) -> ConsumerSession: ...
     def wait_for_jobs(self, timeout: float) -> bool:
         """Block until jobs may have been added (True) or `timeout` seconds pass (False)."""

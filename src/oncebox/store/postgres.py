@@ -31,7 +31,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from oncebox.clock import ClockSetting
+from oncebox.clock import ClockSetting, process_owner
 from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
@@ -65,6 +65,7 @@ from oncebox.store.base import (
     ScheduleState,
     SchemaStatus,
     T,
+    WorkerBeat,
     insert_chunks,
 )
 from oncebox.store.reads import ReadOperations
@@ -416,22 +417,29 @@ class PostgresStore(ReadOperations):
     def clock_now(self) -> datetime:
         return _required_utc(self._rows("clock_now", {})[0][0])
 
-    def clock_set(self, setting: ClockSetting) -> None:
-        if setting.is_real:
-            self._execute("clock_reset", {})
-        else:
-            self._execute(
-                "clock_write", {"frozen_at": setting.frozen_at, "offset_by": setting.offset}
-            )
+    def clock_set(self, setting: ClockSetting, audit: Audit | None = None) -> None:
+        was = self.clock_get().describe() if audit is not None else ""
+        with self._connection() as conn, conn.transaction():
+            if setting.is_real:
+                conn.execute(self._q["clock_reset"])
+            else:
+                params = {
+                    "frozen_at": setting.frozen_at,
+                    "offset_by": setting.offset,
+                    "owner": setting.owner or process_owner(),
+                    "expires_at": setting.expires_at,
+                }
+                conn.execute(self._q["clock_write"], params)
+            if audit is not None:
+                params = {
+                    "actor": audit.actor,
+                    "reason": audit.reason,
+                    "details": json.dumps({"was": was}),
+                }
+                conn.execute(self._q["clock_audit"], params)
 
     def clock_get(self) -> ClockSetting:
-        found = self._fetch("clock_read", {})
-        if not found.rows:
-            return ClockSetting()
-        frozen_at, offset_by = itemgetter("frozen_at", "offset_by")(found.columns())
-        return ClockSetting(
-            frozen_at=_utc(found.rows[0][frozen_at]), offset=found.rows[0][offset_by]
-        )
+        return self._record(ClockSetting, "clock_read", {}) or ClockSetting()
 
     def _execute(self, name: str, params: dict[str, Any]) -> None:
         with self._connection() as conn:
@@ -854,6 +862,27 @@ class PostgresStore(ReadOperations):
         )
 
     # -- lanes ---------------------------------------------------------------------------------
+
+    # -- workers -------------------------------------------------------------------------------
+
+    @operation
+    def worker_beat(self, beat: WorkerBeat) -> None:
+        params = {
+            "name": beat.name,
+            "host": beat.host,
+            "pid": beat.pid,
+            "tasks": json.dumps(list(beat.tasks)),
+            "queues": json.dumps(list(beat.queues)),
+            "channels": json.dumps(list(beat.channels)),
+        }
+        self._execute("worker_beat", params)
+
+    @operation
+    def worker_stop(self, name: str) -> None:
+        self._execute("worker_stop", {"name": name})
+
+    def _live_params(self, live_within: timedelta) -> dict[str, Any]:
+        return {"live_s": live_within.total_seconds()}
 
     def consumer_session(self, settings: ConsumerSettings) -> PostgresConsumerSession:
         return PostgresConsumerSession(self, settings)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from oncebox.metrics import Metrics, operation
@@ -21,6 +21,7 @@ from oncebox.store.base import (
     AttemptRow,
     AuditFilter,
     AuditRow,
+    BacklogRow,
     DeliveryAttemptRow,
     IntentRow,
     JobFilter,
@@ -34,6 +35,7 @@ from oncebox.store.base import (
     ScheduleRunRow,
     StateCounts,
     StatusTimes,
+    WorkerRow,
 )
 from oncebox.store.rows import Result
 
@@ -162,6 +164,39 @@ class ReadOperations:
     @operation
     def schedule_run_stalled(self, schedule: str) -> list[ScheduleRunRow]:
         return self._records(ScheduleRunRow, "schedule_run_stalled", {"schedule": schedule})
+
+    @operation
+    def backlog_list(self) -> list[BacklogRow]:
+        return self._records(BacklogRow, "backlog_list", {})
+
+    @operation
+    def worker_list(self, live_within: timedelta) -> list[WorkerRow]:
+        result = self._fetch("worker_list", self._live_params(live_within))
+        column = result.columns()
+        rows = []
+        for r in result.rows:
+            served = {k: tuple(json.loads(r[column[k]])) for k in ("tasks", "queues", "channels")}
+            rows.append(
+                WorkerRow(
+                    name=r[column["name"]],
+                    host=r[column["host"]],
+                    pid=r[column["pid"]],
+                    started_at=self._known(r[column["started_at"]]),
+                    seen_at=self._known(r[column["seen_at"]]),
+                    stopped_at=self._instant(r[column["stopped_at"]]),
+                    live=bool(r[column["live"]]),
+                    **served,
+                )
+            )
+        return rows
+
+    def _live_params(self, live_within: timedelta) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _known(self, value: Any) -> datetime:
+        instant = self._instant(value)
+        assert instant is not None, "a NOT NULL instant column"
+        return instant
 
     @operation
     def schedule_run_busy(self, schedule: str, period: str) -> str | None:

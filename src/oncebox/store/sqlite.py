@@ -58,6 +58,7 @@ from oncebox.store.base import (
     ScheduleState,
     SchemaStatus,
     T,
+    WorkerBeat,
     insert_chunks,
 )
 from oncebox.store.migrations import split_sqlite_script
@@ -259,8 +260,15 @@ class SqliteStore(ReadOperations):
     def clock_now(self) -> datetime:
         return from_micros(self._now())
 
-    def clock_set(self, setting: ClockSetting) -> None:
-        self.clock_file.write(setting)
+    def clock_set(self, setting: ClockSetting, audit: Audit | None = None) -> None:
+        if audit is None:
+            self.clock_file.write(setting)
+            return
+        was = self.clock_file.read().describe()
+        with self._write() as conn:  # the audit entry commits only if the file was written
+            self.clock_file.write(setting)
+            params = {"now": self._now(), "actor": audit.actor, "reason": audit.reason}
+            conn.execute(self._q["clock_audit"], {**params, "details": json.dumps({"was": was})})
 
     def clock_get(self) -> ClockSetting:
         return self.clock_file.read()
@@ -777,6 +785,31 @@ class SqliteStore(ReadOperations):
         return row is not None
 
     # -- lanes ---------------------------------------------------------------------------------
+
+    # -- workers -------------------------------------------------------------------------------
+
+    @operation
+    def worker_beat(self, beat: WorkerBeat) -> None:
+        params = {
+            "name": beat.name,
+            "host": beat.host,
+            "pid": beat.pid,
+            "tasks": json.dumps(list(beat.tasks)),
+            "queues": json.dumps(list(beat.queues)),
+            "channels": json.dumps(list(beat.channels)),
+            "now": self._now(),
+        }
+        with self._write() as conn:
+            conn.execute(self._q["worker_beat"], params)
+            conn.execute(self._q["worker_beat__forget"], {"now": params["now"]})
+
+    @operation
+    def worker_stop(self, name: str) -> None:
+        with self._write() as conn:
+            conn.execute(self._q["worker_stop"], {"name": name, "now": self._now()})
+
+    def _live_params(self, live_within: timedelta) -> dict[str, Any]:
+        return {"live_us": _us(live_within)}
 
     def consumer_session(self, settings: ConsumerSettings) -> SqliteConsumerSession:
         return SqliteConsumerSession(self, self.connect())

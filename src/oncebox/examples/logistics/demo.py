@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oncebox import Box, WorkerConfig, points
-from oncebox.clock import ClockSetting, monotonic, real_now
+from oncebox.clock import ClockLease, monotonic, real_now
 from oncebox.errors import ConfigurationError
 from oncebox.examples.logistics.app import (
     DIGEST_KEY,
@@ -57,6 +57,9 @@ DEFAULT_DB = "oncebox-demo.db"
 DIGEST_SUBJECT = "Your shipments, "
 HOLDS_EXPIRED = "SELECT count(*) FROM freight_holds WHERE state = 'expired'"
 WORKER = WorkerConfig(until_idle=True, exit_on_hung_handler=False, simulated_time=True)
+# The demo simulates its week from the Monday 09:00 fire to about an hour after it: the fire
+# must be at least this far in the real past (see `_simulate`).
+SIMULATION_MARGIN = timedelta(hours=2)
 DIGESTS_SENT = (
     "SELECT count(*) FROM oncebox_outbox WHERE state = 'sent' AND intent_key LIKE "
     "'weekly-digest/' || ?"
@@ -109,7 +112,7 @@ class DemoRun:
     out: TextIO
     poison: int = 0
     faulty: FaultyFileSink | None = None
-    clock_set: bool = False  # the demo froze the database's clock (and unfreezes it at the end)
+    clock: ClockLease | None = None  # the demo's hold on the database's clock, once it froze it
 
 
 class Progress:
@@ -184,6 +187,17 @@ def _require_empty(url: str) -> None:
         )
 
 
+def latest_period(now: datetime) -> str:
+    """The demo's default week: the current one once its Monday 09:00 is `SIMULATION_MARGIN`
+    past, else the one before."""
+    current = iso_week(now)
+    return (
+        current
+        if _monday_fire(current) + SIMULATION_MARGIN <= now
+        else iso_week(now - timedelta(days=7))
+    )
+
+
 def _monday_fire(period: str) -> datetime:
     year, week = period.split("-W")
     monday = datetime.fromisocalendar(int(year), int(week), 1)
@@ -209,9 +223,10 @@ def _count(box: Box, sql: str, params: tuple[Any, ...] = ()) -> int:
         conn.close()
 
 
-def _work_until_done(box: Box, progress: Progress | None, total: Callable[[], int]) -> None:
+def _work_until_done(demo: DemoRun, progress: Progress | None, total: Callable[[], int]) -> None:
     """Run workers until nothing is workable, advancing the database's clock over the waits the
     faults cause (retries, a channel pause, a lease that must run out)."""
+    box = demo.box
     for _round in range(60):
         worker = threading.Thread(
             target=box.work,
@@ -226,16 +241,29 @@ def _work_until_done(box: Box, progress: Progress | None, total: Callable[[], in
         upcoming = times.next_event()
         if upcoming is None:
             return
-        setting = box.store.clock_get()
-        current = setting.frozen_at or times.now
-        box.store.clock_set(ClockSetting(frozen_at=max(current, upcoming) + timedelta(seconds=1)))
+        current = box.store.clock_get().frozen_at or times.now
+        _simulate(demo, max(current, upcoming) + timedelta(seconds=1))
     raise RuntimeError("the demo did not settle within 60 rounds")
+
+
+def _simulate(demo: DemoRun, instant: datetime) -> None:
+    """Move the demo's frozen clock — never past the real time minus a margin. What the demo
+    writes at simulated times (leases, retries, pauses, the schedule's last fire) must be in the
+    real past for the workers that use the database after it, even if the demo is killed."""
+    assert demo.clock is not None
+    demo.clock.set(frozen_at=min(instant, real_now() - SIMULATION_MARGIN / 4))
 
 
 def run(options: DemoOptions, out: TextIO = sys.stdout) -> DemoReport:
     started = monotonic()
-    period = options.period or iso_week(real_now())
+    period = options.period or latest_period(real_now())
     iso_week.check(period)
+    if _monday_fire(period) + SIMULATION_MARGIN > real_now():
+        raise ConfigurationError(
+            f"the demo replays a week whose Monday 09:00 UTC is at least "
+            f"{SIMULATION_MARGIN.seconds // 3600} hours past, so that its simulated clock stays "
+            f"behind the real one: {period} is too recent (try {latest_period(real_now())})"
+        )
     outbox_dir = _reset(options)
     secret_box = Box(options.db)
     secret_box.store.schema_migrate()  # the demo's database is the demo's own
@@ -251,8 +279,8 @@ def run(options: DemoOptions, out: TextIO = sys.stdout) -> DemoReport:
         demo.report.violations = check_invariants(demo)
         demo.report.outbox_dir = str(outbox_dir.resolve()) if options.email is None else None
     finally:
-        if demo.clock_set:
-            box.store.clock_set(ClockSetting())
+        if demo.clock is not None:
+            demo.clock.release()
         box.close()
     demo.report.seconds = round(monotonic() - started, 1)
     _print(demo.report, out)
@@ -264,8 +292,8 @@ def _prepare(demo: DemoRun) -> None:
     box, options, report = demo.box, demo.options, demo.report
     fire = _monday_fire(demo.period)
     create_tables(box)
-    demo.clock_set = True
-    box.store.clock_set(ClockSetting(frozen_at=fire + timedelta(seconds=30)))
+    demo.clock = ClockLease(box.store)  # lapses by itself if the demo is killed
+    _simulate(demo, fire + timedelta(seconds=30))
     demo.poison = seed_freight(
         box, options.customers, demo.period, random.Random(options.seed), fire
     )
@@ -302,7 +330,7 @@ def _fan_out_and_work(demo: DemoRun) -> None:
 
     out.write("2. workers run until idle\n")
     progress = Progress(out, "digests sent", report.eligible)
-    _work_until_done(box, progress, lambda: _count(box, DIGESTS_SENT, ("%",)))
+    _work_until_done(demo, progress, lambda: _count(box, DIGESTS_SENT, ("%",)))
     progress.finish(_count(box, DIGESTS_SENT, ("%",)))
 
     out.write("3. the same week's fan-out again, and the holds sweeper\n")
@@ -311,8 +339,8 @@ def _fan_out_and_work(demo: DemoRun) -> None:
     out.write(f"   {again.eligible} eligible again, {again.enqueued} enqueued (all claimed)\n")
     now = box.store.clock_now()
     later = _monday_fire(demo.period) + timedelta(hours=1)
-    box.store.clock_set(ClockSetting(frozen_at=max(now, later)))
-    _work_until_done(box, None, lambda: 0)
+    _simulate(demo, max(now, later))
+    _work_until_done(demo, None, lambda: 0)
     out.write(f"   {_count(box, HOLDS_EXPIRED)} holds expired so far, each with its notice\n")
 
 

@@ -25,3 +25,22 @@ SELECT
     (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending'))
         AS next_message_lease_end,
     :now AS now;
+
+-- name: backlog_list
+-- Work not finished, per task (jobs) and per channel (messages): how much waits and when the
+-- first of it falls due; how much a lease holds and when the first lease runs out. What
+-- `worker --until-idle` reports on exit and `status` shows.
+SELECT 'job' AS kind, task AS name,
+       count(*) FILTER (WHERE state = 'ready') AS waiting,
+       min(run_at) FILTER (WHERE state = 'ready') AS next_due_at,
+       count(*) FILTER (WHERE state = 'leased') AS held,
+       min(lease_expires_at) FILTER (WHERE state = 'leased') AS held_until
+FROM oncebox_jobs WHERE state IN ('ready', 'leased') GROUP BY task
+UNION ALL
+SELECT 'message', channel,
+       count(*) FILTER (WHERE state = 'pending'),
+       min(next_attempt_at) FILTER (WHERE state = 'pending'),
+       count(*) FILTER (WHERE state IN ('leased', 'sending')),
+       min(lease_expires_at) FILTER (WHERE state IN ('leased', 'sending'))
+FROM oncebox_outbox WHERE state IN ('pending', 'leased', 'sending') GROUP BY channel
+ORDER BY 1, 2;

@@ -22,6 +22,8 @@ TABLE oncebox_clock
   singleton boolean NOT NULL DEFAULT true
   frozen_at timestamp with time zone
   offset_by interval
+  owner text
+  expires_at timestamp with time zone
   CONSTRAINT CHECK (((frozen_at IS NULL) OR (offset_by IS NULL)))
   CONSTRAINT CHECK (singleton)
   CONSTRAINT PRIMARY KEY (singleton)
@@ -129,6 +131,7 @@ TABLE oncebox_outbox
   sent_at timestamp with time zone
   receipt text
   last_error text
+  rescues integer NOT NULL DEFAULT 0
   CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
   CONSTRAINT PRIMARY KEY (id)
@@ -172,6 +175,18 @@ TABLE oncebox_schedules
 TABLE oncebox_settings
   name text NOT NULL
   value text NOT NULL
+  CONSTRAINT PRIMARY KEY (name)
+
+TABLE oncebox_workers
+  name text COLLATE "C" NOT NULL
+  host text NOT NULL
+  pid integer NOT NULL
+  tasks jsonb NOT NULL
+  queues jsonb NOT NULL
+  channels jsonb NOT NULL
+  started_at timestamp with time zone NOT NULL
+  seen_at timestamp with time zone NOT NULL
+  stopped_at timestamp with time zone
   CONSTRAINT PRIMARY KEY (name)
 
 CREATE UNIQUE INDEX oncebox_audit_pkey ON __S__.oncebox_audit USING btree (id)
@@ -236,6 +251,8 @@ CREATE UNIQUE INDEX oncebox_schedules_pkey ON __S__.oncebox_schedules USING btre
 
 CREATE UNIQUE INDEX oncebox_settings_pkey ON __S__.oncebox_settings USING btree (name)
 
+CREATE UNIQUE INDEX oncebox_workers_pkey ON __S__.oncebox_workers USING btree (name)
+
 FUNCTION oncebox_jobs_notify
 BEGIN
     PERFORM pg_notify('oncebox_jobs', TG_TABLE_SCHEMA);
@@ -246,7 +263,8 @@ FUNCTION oncebox_now
 BEGIN
     RETURN COALESCE(
         (SELECT COALESCE(c.frozen_at, now() + c.offset_by)
-           FROM __S__.oncebox_clock c WHERE c.singleton),
+           FROM __S__.oncebox_clock c
+          WHERE c.singleton AND (c.expires_at IS NULL OR c.expires_at > now())),
         now());
 END
 

@@ -125,7 +125,7 @@ CREATE TABLE oncebox_outbox (
     lease_expires_at INTEGER,
     sent_at INTEGER,
     receipt TEXT,
-    last_error TEXT,
+    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0,
     CHECK ((state IN ('leased', 'sending')) = (lease_token IS NOT NULL))
 ) STRICT;
 
@@ -170,6 +170,19 @@ CREATE TABLE oncebox_settings (
     name TEXT PRIMARY KEY,
     value TEXT NOT NULL
 ) STRICT;
+
+-- table oncebox_workers
+CREATE TABLE oncebox_workers (
+    name TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    tasks TEXT NOT NULL,
+    queues TEXT NOT NULL,
+    channels TEXT NOT NULL,
+    started_at INTEGER NOT NULL,
+    seen_at INTEGER NOT NULL,
+    stopped_at INTEGER
+);
 
 -- index oncebox_audit_target
 CREATE INDEX oncebox_audit_target ON oncebox_audit (target_kind, target_id);
