@@ -110,12 +110,13 @@ def hang_in_handler(url: str, inside: Any) -> None:
         inside.set()
         signal.pause()
 
-    box.work(config=WorkerConfig(handler_grace=timedelta(seconds=0.3)))
+    # the test holds the clock frozen: this worker runs on it on purpose
+    box.work(config=WorkerConfig(handler_grace=timedelta(seconds=0.3), simulated_time=True))
 
 
 def crash_in_handler(url: str) -> None:
     """A poison job: its handler kills the process on every attempt."""
-    from oncebox import Retry
+    from oncebox import Retry, WorkerConfig
 
     box = Box(url)
 
@@ -123,7 +124,8 @@ def crash_in_handler(url: str) -> None:
     def poison(ctx: JobContext, n: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    box.work(until_idle=True)
+    # the test holds the clock frozen: this worker runs on it on purpose
+    box.work(config=WorkerConfig(until_idle=True, simulated_time=True))
 
 
 def dispatch_and_die(url: str, provider: str, point: str) -> None:
