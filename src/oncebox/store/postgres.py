@@ -43,34 +43,27 @@ from oncebox.store.base import (
     ClaimLockTimeout,
     ConsumerSettings,
     DueTime,
-    EnqueueConflict,
     HandlerConnection,
-    InsertManyResult,
+    InsertRow,
     IntentClaim,
     JobFinish,
-    JobInsert,
-    JobInsertMany,
     JobLeaseParams,
     JobReleaseParams,
     KeyCanary,
     LeasedJob,
-    OperatorAction,
     OutboxFinish,
     OutboxInsert,
     OutboxLeased,
     OutboxLeaseParams,
-    OutboxRow,
     RescuedJob,
-    ScheduleRunClaim,
-    ScheduleState,
     SchemaStatus,
     T,
     WorkerBeat,
     insert_chunks,
 )
-from oncebox.store.reads import ReadOperations
 from oncebox.store.rows import Result
-from oncebox.store.sqlfiles import load_migrations, load_queries
+from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
+from oncebox.store.writes import WriteOperations, canary_params
 
 INSERT_CHUNK = 5000
 INSERT_CHUNK_CHARS = 16 * 1024 * 1024
@@ -123,6 +116,14 @@ def _required_utc(value: datetime) -> datetime:
 def _result(sql: str, cursor: psycopg.Cursor[Any]) -> Result:
     """A statement's rows, read by column name (`store/rows.py`)."""
     return Result(sql, cursor.fetchall(), lambda: [c.name for c in cursor.description or ()])
+
+
+def _written(sql: str, cursor: psycopg.Cursor[Any]) -> Result:
+    """`_result`, also for a statement that returns no rows (no RETURNING)."""
+    found = cursor.pgresult
+    if found is None or found.status != pq.ExecStatus.TUPLES_OK:
+        return Result(sql, [], tuple)
+    return _result(sql, cursor)
 
 
 def _seconds(delta: timedelta | None) -> float | None:
@@ -228,7 +229,7 @@ def redact(url: str) -> str:
 MIGRATION_LOCK_TIMEOUT_MS = 10_000
 
 
-class PostgresStore(ReadOperations):
+class PostgresStore(WriteOperations["PostgresTx"]):
     """See the module docstring. Open with `open_store("postgresql://host/db")`."""
 
     dialect: Literal["postgres"] = "postgres"
@@ -323,20 +324,6 @@ class PostgresStore(ReadOperations):
             f"the oncebox tables are missing in {self.where} ({detail}): run `oncebox migrate`"
         )
 
-    def _instant(self, value: Any) -> datetime | None:
-        return _utc(value)
-
-    def _set(self, values: Sequence[Any]) -> list[Any]:
-        return list(values)
-
-    def _fetch(self, name: str, params: dict[str, Any]) -> Result:
-        sql = self._q[name]
-        with self._connection() as conn:
-            return _result(sql, conn.execute(sql, params))
-
-    def _rows(self, name: str, params: dict[str, Any]) -> list[Any]:
-        return self._fetch(name, params).rows
-
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A dedicated connection outside the pool (consumer sessions, the listener, tests)."""
         try:
@@ -355,6 +342,37 @@ class PostgresStore(ReadOperations):
         if listener is not None:
             listener.close()
 
+    # -- what the shared operations ask of PostgreSQL (store/reads.py, store/writes.py) --------
+
+    def _instant(self, value: Any) -> datetime | None:
+        return _utc(value)
+
+    def _at(self, instant: datetime | None) -> datetime | None:
+        return instant
+
+    def _span(self, name: str, delta: timedelta | None) -> dict[str, Any]:
+        return {f"{name}_s": _seconds(delta)}
+
+    def _set(self, values: Sequence[Any]) -> list[Any]:
+        return list(values)
+
+    def _fetch(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
+        """One statement, on its own (the pool's connections commit each) or on the caller's
+        `connection`."""
+        sql = self._q[name]
+        if connection is not None:
+            return _written(sql, self._external(connection).execute(sql, params))
+        with self._connection() as conn:
+            return _written(sql, conn.execute(sql, params))
+
+    def _apply(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
+        return self._fetch(name, params, connection)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[PostgresTx]:
+        with self._connection() as conn, conn.transaction():
+            yield PostgresTx(self._q, conn)
+
     # -- schema --------------------------------------------------------------------------------
 
     def schema_status(self) -> SchemaStatus:
@@ -371,57 +389,45 @@ class PostgresStore(ReadOperations):
                 applied = tuple(r[version] for r in listed.rows)
         return SchemaStatus(applied=applied, known=known)
 
-    @operation
-    def schema_migrate(self) -> list[int]:
-        applied_now: list[int] = []
-        with self._connection() as conn, conn.transaction():
+    def _migrations(self) -> list[Migration]:
+        return load_migrations("postgres", self.schema)
+
+    @contextmanager
+    def _migration_transaction(self) -> Iterator[PostgresTx]:
+        with self._transaction() as tx:
             # lock first: concurrent `CREATE SCHEMA IF NOT EXISTS` can still collide
-            conn.execute(self._q["migration_lock"], {"schema": self.schema})
+            tx.conn.execute(self._q["migration_lock"], {"schema": self.schema})
             # a migration that waits on a busy table holds every worker's query behind it: give
             # up after a while rather than stall the queue (see docs/deploy.md)
-            conn.execute(f"SET LOCAL lock_timeout = {int(MIGRATION_LOCK_TIMEOUT_MS)}".encode())
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
-            conn.execute(self._q["migration_table_create"])
-            listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
-            version = listed.columns()["version"]
-            applied = {r[version] for r in listed.rows}
-            for migration in load_migrations("postgres", self.schema):
-                if migration.version in applied:
-                    continue
-                try:
-                    conn.execute(migration.sql.encode("utf-8"))
-                except pg_errors.LockNotAvailable:
-                    raise SchemaError(
-                        f"migration {migration.version} ({migration.name}) could not lock its "
-                        f"tables on {self.where} within {MIGRATION_LOCK_TIMEOUT_MS / 1000:g} s "
-                        "(a long transaction holds them); nothing was applied: retry"
-                    ) from None
-                except psycopg.Error as exc:
-                    raise SchemaError(
-                        f"migration {migration.version} ({migration.name}) failed on "
-                        f"{self.where}: {str(exc).strip()}; nothing was applied"
-                    ) from None
-                conn.execute(
-                    self._q["migration_record"],
-                    {
-                        "version": migration.version,
-                        "name": migration.name,
-                        "checksum": migration.checksum,
-                    },
-                )
-                applied_now.append(migration.version)
-        return applied_now
+            tx.conn.execute(f"SET LOCAL lock_timeout = {int(MIGRATION_LOCK_TIMEOUT_MS)}".encode())
+            tx.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
+            yield tx
+
+    def _migration_apply(self, tx: PostgresTx, migration: Migration) -> None:
+        try:
+            tx.conn.execute(migration.sql.encode("utf-8"))
+        except pg_errors.LockNotAvailable:
+            raise SchemaError(
+                f"migration {migration.version} ({migration.name}) could not lock its "
+                f"tables on {self.where} within {MIGRATION_LOCK_TIMEOUT_MS / 1000:g} s "
+                "(a long transaction holds them); nothing was applied: retry"
+            ) from None
+        except psycopg.Error as exc:
+            raise SchemaError(
+                f"migration {migration.version} ({migration.name}) failed on "
+                f"{self.where}: {str(exc).strip()}; nothing was applied"
+            ) from None
 
     # -- clock ---------------------------------------------------------------------------------
 
     def clock_now(self) -> datetime:
-        return _required_utc(self._rows("clock_now", {})[0][0])
+        return self._required_instant(self._fetch("clock_now", {}).first("now"))
 
     def clock_set(self, setting: ClockSetting, audit: Audit | None = None) -> None:
         was = self.clock_get().describe() if audit is not None else ""
-        with self._connection() as conn, conn.transaction():
+        with self._transaction() as tx:
             if setting.is_real:
-                conn.execute(self._q["clock_reset"])
+                tx.fetch("clock_reset", {})
             else:
                 params = {
                     "frozen_at": setting.frozen_at,
@@ -429,21 +435,17 @@ class PostgresStore(ReadOperations):
                     "owner": setting.owner or process_owner(),
                     "expires_at": setting.expires_at,
                 }
-                conn.execute(self._q["clock_write"], params)
+                tx.fetch("clock_write", params)
             if audit is not None:
                 params = {
                     "actor": audit.actor,
                     "reason": audit.reason,
                     "details": json.dumps({"was": was}),
                 }
-                conn.execute(self._q["clock_audit"], params)
+                tx.fetch("clock_audit", params)
 
     def clock_get(self) -> ClockSetting:
         return self._record(ClockSetting, "clock_read", {}) or ClockSetting()
-
-    def _execute(self, name: str, params: dict[str, Any]) -> None:
-        with self._connection() as conn:
-            conn.execute(self._q[name], params)
 
     # -- enqueue -------------------------------------------------------------------------------
 
@@ -455,84 +457,10 @@ class PostgresStore(ReadOperations):
             )
         return connection
 
-    @operation
-    def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
-        params = {
-            "key": job.key,
-            "task": job.task,
-            "queue": job.queue,
-            "args": job.args_json,
-            "priority": job.priority,
-            "group_key": job.group_key,
-            "max_attempts": job.max_attempts,
-            "run_at": job.run_at,
-            "delay_s": job.delay.total_seconds(),
-            "max_age_s": _seconds(job.max_age),
-        }
-        if connection is not None:
-            row = self._external(connection).execute(self._q["job_insert"], params).fetchone()
-        else:
-            with self._connection() as conn:
-                row = conn.execute(self._q["job_insert"], params).fetchone()
-        return (int(row[0]), True) if row else (0, False)  # RETURNING id, state
-
-    @operation
-    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
-        params = {
-            "task": jobs.task,
-            "queue": jobs.queue,
-            "priority": jobs.priority,
-            "max_attempts": jobs.max_attempts,
-            "schedule": None if jobs.for_run is None else jobs.for_run.schedule,
-            "period": None if jobs.for_run is None else jobs.for_run.period,
-            "run_at": jobs.run_at,
-            "delay_s": jobs.delay.total_seconds(),
-            "max_age_s": _seconds(jobs.max_age),
-        }
-        offered = 0
-        inserts: list[psycopg.Cursor[Any]] = []
-        with self._connection() as conn, conn.transaction():
-            # pipelined: the server inserts one chunk while the caller encodes the next
-            with conn.pipeline():
-                for chunk in insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
-                    offered += len(chunk)
-                    chunk_params = {
-                        **params,
-                        "rows": _json_rows((k, _Json(a), g) for k, a, g in chunk),
-                    }
-                    inserts.append(conn.execute(self._q["job_insert_many"], chunk_params))
-            created = []
-            for cursor in inserts:
-                inserted = _result(self._q["job_insert_many"], cursor)
-                id_, key = itemgetter("id", "key")(inserted.columns())
-                created += [(int(r[id_]), r[key]) for r in inserted.rows]
-            held = True
-            if jobs.for_run is not None:
-                run = jobs.for_run
-                held = bool(
-                    conn.execute(
-                        self._q["schedule_run_extend"],
-                        {
-                            "schedule": run.schedule,
-                            "period": run.period,
-                            "owner": run.owner,
-                            "lease_s": run.lease_for.total_seconds(),
-                            "enqueued": len(created),
-                        },
-                    ).fetchall()
-                )
-        return InsertManyResult(created, offered, held)
-
-    @operation
-    def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
-        if connection is not None:
-            sql = self._q["job_enqueue_conflict"]
-            cursor = self._external(connection).execute(sql, {"key": key})
-            found = _result(sql, cursor).record(EnqueueConflict, _utc)
-        else:
-            found = self._record(EnqueueConflict, "job_enqueue_conflict", {"key": key})
-        assert found is not None  # one row, always
-        return found
+    def _insert_batches(self, rows: Iterable[InsertRow]) -> Iterator[tuple[int, str]]:
+        # drawn lazily: the server inserts one chunk while the caller encodes the next
+        for chunk in insert_chunks(rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
+            yield len(chunk), _json_rows((k, _Json(a), g) for k, a, g in chunk)
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -552,29 +480,9 @@ class PostgresStore(ReadOperations):
             self.notify_jobs()
         return rescued
 
-    @operation
-    def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
-        self._execute(
-            "job_attempt_note",
-            {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note},
-        )
-
-    # -- operator actions ----------------------------------------------------------------------
-
-    def _action(self, name: LiteralString, action: OperatorAction) -> ActionResult | None:
-        params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+    def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
+        """The action and its audit row, in one statement."""
         return self._record(ActionResult, name, params)
-
-    @operation
-    def job_replay(self, action: OperatorAction) -> ActionResult | None:
-        result = self._action("job_replay", action)
-        if result is not None:
-            self.notify_jobs()
-        return result
-
-    @operation
-    def job_cancel(self, action: OperatorAction) -> ActionResult | None:
-        return self._action("job_cancel", action)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -602,13 +510,8 @@ class PostgresStore(ReadOperations):
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
-        rows = self._rows("job_prune", {"older_than_s": older_than.total_seconds(), "limit": limit})
-        return len(rows)
-
-    @operation
-    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
-        params = {"task": task, "older_than_s": older_than.total_seconds(), "limit": limit}
-        return len(self._rows("intent_prune", params))
+        params = {"older_than_s": older_than.total_seconds(), "limit": limit}
+        return len(self._fetch("job_prune", params).rows)
 
     # -- the outbox ----------------------------------------------------------------------------
 
@@ -629,17 +532,18 @@ class PostgresStore(ReadOperations):
         return self._leased_outbox(leased, params.token)
 
     @operation
-    def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
-        return bool(self._rows("outbox_mark_sending", {"id": outbox_id, "token": token}))
-
-    @operation
     def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
         if not finishes:
             return set()
         with self._connection() as conn:
-            return self._outbox_finish_in(conn, token, finishes)
+            return self._finish_outbox(conn, token, finishes)
 
     def _outbox_finish_in(
+        self, tx: PostgresTx, token: str, finishes: Sequence[OutboxFinish]
+    ) -> set[int]:
+        return self._finish_outbox(tx.conn, token, finishes)
+
+    def _finish_outbox(
         self, conn: psycopg.Connection[Any], token: str, finishes: Sequence[OutboxFinish]
     ) -> set[int]:
         cells = (
@@ -657,55 +561,13 @@ class PostgresStore(ReadOperations):
             for f in finishes
         )
         params = {"token": token, "finishes": _json_rows(cells)}
-        return {row[0] for row in conn.execute(self._q["outbox_finish"], params)}
+        return {row[0] for row in conn.execute(self._q["outbox_finish"], params)}  # SELECT id
 
-    @operation
-    def outbox_rescue_expired(
-        self,
-        channels: Sequence[str],
-        limit: int,
-        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
-    ) -> list[OutboxFinish]:
-        applied: list[OutboxFinish] = []
-        with self._connection() as conn, conn.transaction():
-            now = _required_utc(conn.execute(self._q["clock_now"]).fetchall()[0][0])
-            sql = self._q["outbox_rescue_select"]
-            cursor = conn.execute(sql, {"limit": limit, "channels": list(channels)})
-            rows = _result(sql, cursor).records(OutboxRow, _utc)
-            tokens = {row.id: row.lease_token for row in rows}
-            for finish in decide(rows, now):
-                token = tokens.get(finish.id)
-                if token is not None and self._outbox_finish_in(conn, token, [finish]):
-                    applied.append(finish)
-        return applied
-
-    @operation
-    def outbox_resolve(
-        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
-    ) -> ActionResult | None:
-        return self._record(
-            ActionResult,
-            "outbox_resolve",
-            {
-                "id": action.job_id,
-                "actor": action.actor,
-                "reason": action.reason,
-                "resolution": resolution,
-                "receipt": receipt,
-            },
-        )
-
-    @operation
-    def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
-        params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
-        result = self._record(ActionResult, "outbox_replay", params)
-        if result is not None:
-            self.notify_jobs()
-        return result
+    # -- rate limits ---------------------------------------------------------------------------
 
     @operation
     def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
-        self._execute(
+        self._fetch(
             "rate_bucket_configure",
             {
                 "channel": channel,
@@ -715,151 +577,19 @@ class PostgresStore(ReadOperations):
             },
         )
 
-    @operation
-    def rate_bucket_apply(
-        self,
-        channel: str,
-        names: Sequence[str],
-        decide: Callable[
-            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
-        ],
-    ) -> T:
-        params = {"channel": channel, "names": list(names)}
-        if not names:  # no buckets to lock and update: the pause alone, one statement
-            found = self._fetch("channel_pause_read", params)
-            now, paused = itemgetter("now", "paused_until")(found.columns())
-            return decide([], _required_utc(found.rows[0][now]), _utc(found.rows[0][paused]))[1]
-        with self._connection() as conn, conn.transaction():
-            sql = self._q["rate_bucket_select"]
-            found = _result(sql, conn.execute(sql, params))
-            if not found.rows:
-                sql = self._q["channel_pause_read"]
-                found = _result(sql, conn.execute(sql, params))
-                buckets = []
-            else:
-                buckets = found.records(BucketState, _utc)
-            now, paused = itemgetter("now", "paused_until")(found.columns())
-            row = found.rows[0]
-            after, result = decide(buckets, _required_utc(row[now]), _utc(row[paused]))
-            if after:
-                conn.execute(
-                    self._q["rate_bucket_update"],
-                    {
-                        "channel": channel,
-                        "names": [b.name for b in after],
-                        "tokens": [b.tokens for b in after],
-                        "updated": [b.updated_at for b in after],
-                    },
-                )
-        return result
-
-    @operation
-    def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
-        rows = self._rows(
-            "channel_pause",
-            {"channel": channel, "pause_s": pause_for.total_seconds(), "reason": reason},
-        )
-        return _required_utc(rows[0][0])
-
-    @operation
-    def setting_put_if_absent(self, name: str, value: str) -> str:
-        self._execute("setting_put_if_absent", {"name": name, "value": value})
-        stored = self.setting_get(name)
-        assert stored is not None
-        return stored
+    def _bucket_update(self, buckets: Sequence[BucketState]) -> dict[str, Any]:
+        return {
+            "names": [b.name for b in buckets],
+            "tokens": [b.tokens for b in buckets],
+            "updated": [b.updated_at for b in buckets],
+        }
 
     # -- the key-drift guard ---------------------------------------------------------------------
 
     @operation
-    def key_canary_record(self, canary: KeyCanary) -> KeyCanary:
-        self._execute("key_canary_record", _canary_params(canary))
-        stored = self.key_canary_get(canary.kind, canary.name)
-        assert stored is not None
-        return stored
-
-    @operation
     def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
-        rows = self._rows(
-            "key_canary_accept", {**_canary_params(canary), "actor": actor, "reason": reason}
-        )
-        return int(rows[0][0])
-
-    # -- schedules -----------------------------------------------------------------------------
-
-    @operation
-    def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
-        state = self._record(ScheduleState, "schedule_state_get", {"name": name})
-        if state is None:
-            self._execute("schedule_state_init", {"name": name, "grace_s": grace.total_seconds()})
-            state = self._record(ScheduleState, "schedule_state_get", {"name": name})
-        assert state is not None
-        return state
-
-    @operation
-    def schedule_state_advance(self, name: str, at: datetime) -> None:
-        self._execute("schedule_state_advance", {"name": name, "at": at})
-
-    @operation
-    def schedule_state_pause(self, name: str, paused: bool, audit: Audit | None = None) -> None:
-        params = {"name": name, "paused": paused}
-        with self._connection() as conn, conn.transaction():
-            conn.execute(self._q["schedule_state_pause"], params)
-            if audit is not None:
-                conn.execute(
-                    self._q["schedule_state_pause__audit"],
-                    {**params, "actor": audit.actor, "reason": audit.reason},
-                )
-
-    @operation
-    def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:
-        return bool(
-            self._rows(
-                "schedule_run_claim",
-                {
-                    "schedule": claim.schedule,
-                    "period": claim.period,
-                    "fire_at": claim.fire_at,
-                    "owner": claim.owner,
-                    "lease_s": claim.lease_for.total_seconds(),
-                    "late": claim.late,
-                    "rescan": claim.rescan,
-                },
-            )
-        )
-
-    @operation
-    def schedule_run_extend(
-        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
-    ) -> bool:
-        return bool(
-            self._rows(
-                "schedule_run_extend",
-                {
-                    "schedule": schedule,
-                    "period": period,
-                    "owner": owner,
-                    "lease_s": lease_for.total_seconds(),
-                    "enqueued": enqueued,
-                },
-            )
-        )
-
-    @operation
-    def schedule_run_finish(
-        self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
-    ) -> bool:
-        return bool(
-            self._rows(
-                "schedule_run_finish",
-                {
-                    "schedule": schedule,
-                    "period": period,
-                    "owner": owner,
-                    "eligible": eligible,
-                    "enqueued": enqueued,
-                },
-            )
-        )
+        params = {**canary_params(canary), "actor": actor, "reason": reason}
+        return int(self._fetch("key_canary_accept", params).first("id"))
 
     # -- lanes ---------------------------------------------------------------------------------
 
@@ -875,11 +605,11 @@ class PostgresStore(ReadOperations):
             "queues": json.dumps(list(beat.queues)),
             "channels": json.dumps(list(beat.channels)),
         }
-        self._execute("worker_beat", params)
+        self._apply("worker_beat", params)
 
     @operation
     def worker_stop(self, name: str) -> None:
-        self._execute("worker_stop", {"name": name})
+        self._apply("worker_stop", {"name": name})
 
     def _live_params(self, live_within: timedelta) -> dict[str, Any]:
         return {"live_s": live_within.total_seconds()}
@@ -916,7 +646,31 @@ class PostgresStore(ReadOperations):
             return True  # we may have missed a notification: look
 
     def notify_jobs(self) -> None:
-        self._execute("job_notify", {"schema": self.schema})
+        self._fetch("job_notify", {"schema": self.schema})
+
+
+class PostgresTx:
+    """A write transaction on PostgreSQL (`PostgresStore._transaction`): a pooled connection in a
+    transaction; its statements read `oncebox_now()` themselves and lock what they decide on."""
+
+    __slots__ = ("_q", "conn")
+
+    def __init__(self, queries: dict[str, LiteralString], conn: psycopg.Connection[Any]) -> None:
+        self._q = queries
+        self.conn = conn
+
+    def fetch(self, name: str, params: dict[str, Any]) -> Result:
+        sql = self._q[name]
+        return _written(sql, self.conn.execute(sql, params))
+
+    def fetch_each(self, name: str, params: Iterable[dict[str, Any]]) -> list[Result]:
+        sql = self._q[name]
+        with self.conn.pipeline():  # the server runs one while the caller draws the next
+            cursors = [self.conn.execute(sql, one) for one in params]
+        return [_written(sql, cursor) for cursor in cursors]
+
+    def now(self) -> datetime:
+        return _required_utc(self.fetch("clock_now", {}).first("now"))
 
 
 class PostgresConsumerTx:
@@ -1092,12 +846,3 @@ class PostgresConsumerSession:
 
     def close(self) -> None:
         self._conn.close()
-
-
-def _canary_params(canary: KeyCanary) -> dict[str, Any]:
-    return {
-        "kind": canary.kind,
-        "name": canary.name,
-        "source": canary.source,
-        "outputs": json.dumps(list(canary.outputs)),
-    }

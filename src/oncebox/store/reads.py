@@ -23,6 +23,7 @@ from oncebox.store.base import (
     AuditRow,
     BacklogRow,
     DeliveryAttemptRow,
+    EnqueueConflict,
     IntentRow,
     JobFilter,
     JobRow,
@@ -45,7 +46,8 @@ R = TypeVar("R")
 class ReadOperations:
     metrics: Metrics
 
-    def _fetch(self, name: str, params: dict[str, Any]) -> Result:
+    def _fetch(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
+        """Run a named query (on the caller's `connection`, if given)."""
         raise NotImplementedError
 
     def _instant(self, value: Any) -> datetime | None:
@@ -54,16 +56,18 @@ class ReadOperations:
     def _set(self, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 
+    def _required_instant(self, value: Any) -> datetime:
+        instant = self._instant(value)
+        assert instant is not None
+        return instant
+
     def _records(self, cls: type[R], name: str, params: dict[str, Any]) -> list[R]:
         return self._fetch(name, params).records(cls, self._instant)
 
-    def _record(self, cls: type[R], name: str, params: dict[str, Any]) -> R | None:
-        return self._fetch(name, params).record(cls, self._instant)
-
-    def _value(self, name: str, params: dict[str, Any]) -> Any:
-        """The one column of the first row; None when there is no row."""
-        rows = self._fetch(name, params).rows
-        return rows[0][0] if rows else None
+    def _record(
+        self, cls: type[R], name: str, params: dict[str, Any], connection: object | None = None
+    ) -> R | None:
+        return self._fetch(name, params, connection).record(cls, self._instant)
 
     def _leased_jobs(self, result: Result) -> list[LeasedJob]:
         """Rows of `job_lease`, in claim order (RETURNING gives no order)."""
@@ -102,12 +106,18 @@ class ReadOperations:
         return StateCounts(counts)
 
     @operation
+    def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
+        found = self._record(EnqueueConflict, "job_enqueue_conflict", {"key": key}, connection)
+        assert found is not None  # one row, always
+        return found
+
+    @operation
     def intent_get(self, key: str) -> IntentRow | None:
         return self._record(IntentRow, "intent_get", {"key": key})
 
     @operation
     def intent_count(self) -> int:
-        return int(self._value("intent_count", {}))
+        return int(self._fetch("intent_count", {}).first("count"))
 
     def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]:
         return self.audit_search(AuditFilter(target_id=target_id, limit=limit))
@@ -144,7 +154,7 @@ class ReadOperations:
 
     @operation
     def setting_get(self, name: str) -> str | None:
-        value = self._value("setting_get", {"name": name})
+        value = self._fetch("setting_get", {"name": name}).first("value")
         return None if value is None else str(value)
 
     # -- schedules ---------------------------------------------------------------------------
@@ -200,7 +210,8 @@ class ReadOperations:
 
     @operation
     def schedule_run_busy(self, schedule: str, period: str) -> str | None:
-        value = self._value("schedule_run_busy", {"schedule": schedule, "period": period})
+        params = {"schedule": schedule, "period": period}
+        value = self._fetch("schedule_run_busy", params).first("period")
         return None if value is None else str(value)
 
     @operation

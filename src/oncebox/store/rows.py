@@ -95,6 +95,10 @@ class Result:
             built.append(cls(*values))
         return built
 
+    def first(self, column: str) -> Any:
+        """The value of `column` in the first row; None when there is no row."""
+        return self.rows[0][self.columns()[column]] if self.rows else None
+
     def record(self, cls: type[R], decode: Decode) -> R | None:
         """The first row as a `cls` record; None when there is none."""
         if not self.rows:

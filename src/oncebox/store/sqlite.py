@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, LiteralString
 
 from oncebox import clock
 from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
@@ -36,35 +36,27 @@ from oncebox.store.base import (
     BucketState,
     ConsumerSettings,
     DueTime,
-    EnqueueConflict,
     HandlerConnection,
-    InsertManyResult,
+    InsertRow,
     IntentClaim,
     JobFinish,
-    JobInsert,
-    JobInsertMany,
     JobLeaseParams,
     JobReleaseParams,
     KeyCanary,
     LeasedJob,
-    OperatorAction,
     OutboxFinish,
     OutboxInsert,
     OutboxLeased,
     OutboxLeaseParams,
-    OutboxRow,
     RescuedJob,
-    ScheduleRunClaim,
-    ScheduleState,
     SchemaStatus,
-    T,
     WorkerBeat,
     insert_chunks,
 )
 from oncebox.store.migrations import split_sqlite_script
-from oncebox.store.reads import ReadOperations
 from oncebox.store.rows import Result
-from oncebox.store.sqlfiles import load_migrations, load_queries
+from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
+from oncebox.store.writes import WriteOperations, canary_params
 
 _MICRO = timedelta(microseconds=1)
 INSERT_CHUNK = 5000
@@ -102,7 +94,7 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
     return exc
 
 
-class SqliteStore(ReadOperations):
+class SqliteStore(WriteOperations["SqliteTx"]):
     """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
 
     dialect: Literal["sqlite"] = "sqlite"
@@ -193,26 +185,52 @@ class SqliteStore(ReadOperations):
                 conn.execute("ROLLBACK")
             raise _translate(exc, self.path) from None
 
-    def _instant(self, value: Any) -> datetime | None:
-        return _dt(value)
-
-    def _set(self, values: Sequence[Any]) -> str:
-        return json.dumps(list(values))
-
-    def _fetch(self, name: str, params: dict[str, Any]) -> Result:
-        """A read; `:now` is bound for the queries that compare with the clock."""
-        sql = self._q[name]
-        try:
-            return _result(sql, self._conn().execute(sql, {"now": self._now(), **params}))
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
-
     def close(self) -> None:
         with self._all_lock:
             conns, self._all = self._all, []
         for conn in conns:
             conn.close()
         self._local = threading.local()
+
+    # -- what the shared operations ask of SQLite (store/reads.py, store/writes.py) ------------
+
+    def _instant(self, value: Any) -> datetime | None:
+        return _dt(value)
+
+    def _at(self, instant: datetime | None) -> int | None:
+        return None if instant is None else to_micros(instant)
+
+    def _span(self, name: str, delta: timedelta | None) -> dict[str, Any]:
+        return {f"{name}_us": _us(delta)}
+
+    def _set(self, values: Sequence[Any]) -> str:
+        return json.dumps(list(values))
+
+    def _fetch(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
+        """A read; `:now` is bound for the queries that compare with the clock."""
+        sql = self._q[name]
+        conn = self._conn() if connection is None else self._external(connection)
+        try:
+            return _result(sql, conn.execute(sql, {"now": self._now(), **params}))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+
+    def _apply(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
+        """A write: under the write lock (`:now` read once it is held), or in the caller's
+        transaction on `connection`."""
+        if connection is not None:
+            return self._fetch(name, params, connection)
+        sql = self._q[name]
+        try:
+            with self._write() as conn:
+                return _result(sql, conn.execute(sql, {"now": self._now(), **params}))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[SqliteTx]:
+        with self._write() as conn:
+            yield SqliteTx(self._q, conn, self._now())  # the clock, read under the write lock
 
     # -- schema --------------------------------------------------------------------------------
 
@@ -224,36 +242,21 @@ class SqliteStore(ReadOperations):
         version = listed.columns()["version"]
         return SchemaStatus(applied=tuple(row[version] for row in listed.rows), known=known)
 
-    @operation
-    def schema_migrate(self) -> list[int]:
-        applied_now: list[int] = []
-        with self._write() as conn:
-            conn.execute(self._q["migration_table_create"])
-            listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
-            version = listed.columns()["version"]
-            applied = {row[version] for row in listed.rows}
-            for migration in load_migrations("sqlite"):
-                if migration.version in applied:
-                    continue
-                try:
-                    for statement in split_sqlite_script(migration.sql):
-                        conn.execute(statement)
-                except sqlite3.Error as exc:
-                    raise SchemaError(
-                        f"migration {migration.version} ({migration.name}) failed on "
-                        f"{self.path}: {exc}; nothing of it was applied"
-                    ) from None
-                conn.execute(
-                    self._q["migration_record"],
-                    {
-                        "version": migration.version,
-                        "name": migration.name,
-                        "checksum": migration.checksum,
-                        "now": self._now(),
-                    },
-                )
-                applied_now.append(migration.version)
-        return applied_now
+    def _migrations(self) -> list[Migration]:
+        return load_migrations("sqlite")
+
+    def _migration_transaction(self) -> AbstractContextManager[SqliteTx]:
+        return self._transaction()  # BEGIN IMMEDIATE: one migrating process at a time
+
+    def _migration_apply(self, tx: SqliteTx, migration: Migration) -> None:
+        try:
+            for statement in split_sqlite_script(migration.sql):
+                tx.conn.execute(statement)
+        except sqlite3.Error as exc:
+            raise SchemaError(
+                f"migration {migration.version} ({migration.name}) failed on "
+                f"{self.path}: {exc}; nothing of it was applied"
+            ) from None
 
     # -- clock ---------------------------------------------------------------------------------
 
@@ -289,89 +292,13 @@ class SqliteStore(ReadOperations):
             )
         return connection
 
-    def _insert_params(self, job: JobInsert) -> dict[str, Any]:
-        return {
-            "key": job.key,
-            "task": job.task,
-            "queue": job.queue,
-            "args": job.args_json,
-            "priority": job.priority,
-            "group_key": job.group_key,
-            "max_attempts": job.max_attempts,
-            "run_at": None if job.run_at is None else to_micros(job.run_at),
-            "delay_us": _us(job.delay),
-            "max_age_us": _us(job.max_age),
-            "now": self._now(),
-        }
-
-    @operation
-    def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
-        params = self._insert_params(job)
-        try:
-            if connection is not None:
-                row = self._external(connection).execute(self._q["job_insert"], params).fetchone()
-            else:
-                with self._write() as conn:
-                    params["now"] = self._now()  # read under the write lock, not before it
-                    row = conn.execute(self._q["job_insert"], params).fetchone()
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
-        return (int(row[0]), True) if row else (0, False)  # RETURNING id, state
-
-    @operation
-    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
-        params = {
-            "task": jobs.task,
-            "queue": jobs.queue,
-            "priority": jobs.priority,
-            "max_attempts": jobs.max_attempts,
-            "schedule": None if jobs.for_run is None else jobs.for_run.schedule,
-            "period": None if jobs.for_run is None else jobs.for_run.period,
-            "run_at": None if jobs.run_at is None else to_micros(jobs.run_at),
-            "delay_us": _us(jobs.delay),
-            "max_age_us": _us(jobs.max_age),
-            "now": self._now(),
-        }
-        created: list[tuple[int, str | None]] = []
-        offered = 0
-        sql = self._q["job_insert_many"]
-        # checked and encoded before the write lock: one writer at a time, so no overlap to win,
-        # and every other writer would wait on the caller's rows
-        chunks = list(insert_chunks(jobs.rows, INSERT_CHUNK, INSERT_CHUNK_CHARS))
-        with self._write() as conn:
-            params["now"] = self._now()
-            for chunk in chunks:
-                offered += len(chunk)
-                params["rows"] = json.dumps(chunk)
-                inserted = _result(sql, conn.execute(sql, params))
-                id_, key = itemgetter("id", "key")(inserted.columns())
-                created += [(int(r[id_]), r[key]) for r in inserted.rows]
-            held = True
-            if jobs.for_run is not None:
-                run = jobs.for_run
-                held = (
-                    conn.execute(
-                        self._q["schedule_run_extend"],
-                        {
-                            "schedule": run.schedule,
-                            "period": run.period,
-                            "owner": run.owner,
-                            "lease_us": _us(run.lease_for),
-                            "enqueued": len(created),
-                            "now": params["now"],
-                        },
-                    ).fetchone()
-                    is not None
-                )
-        return InsertManyResult(created, offered, held)
-
-    @operation
-    def job_enqueue_conflict(self, key: str, connection: object | None = None) -> EnqueueConflict:
-        conn = self._external(connection) if connection is not None else self._conn()
-        sql = self._q["job_enqueue_conflict"]
-        found = _result(sql, conn.execute(sql, {"key": key})).record(EnqueueConflict, _dt)
-        assert found is not None  # one row, always
-        return found
+    def _insert_batches(self, rows: Iterable[InsertRow]) -> list[tuple[int, str]]:
+        # drawn, checked and encoded before the write lock: one writer at a time, so no overlap
+        # to win, and every other writer would wait on the caller's rows
+        return [
+            (len(chunk), json.dumps(chunk))
+            for chunk in insert_chunks(rows, INSERT_CHUNK, INSERT_CHUNK_CHARS)
+        ]
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -390,61 +317,27 @@ class SqliteStore(ReadOperations):
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
-        with self._write() as conn:
-            now = self._now()
-            sql = self._q["job_rescue_expired"]
-            rescued = _result(sql, conn.execute(sql, {"limit": limit, "now": now}))
+        with self._transaction() as tx:
+            rescued = tx.fetch("job_rescue_expired", {"limit": limit})
             if rescued.rows:
                 fields = ("id", "attempt", "worker", "leased_at", "last_error")
                 record = itemgetter(*itemgetter(*fields)(rescued.columns()))
-                conn.execute(
-                    self._q["job_rescue_expired__record"],
-                    {"rows": json.dumps([record(r) for r in rescued.rows]), "now": now},
+                tx.fetch(
+                    "job_rescue_expired__record",
+                    {"rows": json.dumps([record(r) for r in rescued.rows])},
                 )
         return rescued.records(RescuedJob, _dt)
 
-    @operation
-    def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
-        with self._write() as conn:
-            conn.execute(
-                self._q["job_attempt_note"],
-                {
-                    "job_id": job_id,
-                    "attempt": attempt,
-                    "worker": worker,
-                    "note": note,
-                    "now": self._now(),
-                },
-            )
-
-    # -- operator actions ----------------------------------------------------------------------
-
-    def _action(self, name: str, action: OperatorAction) -> ActionResult | None:
-        with self._write() as conn:
-            now = self._now()
-            acted = _result(
-                self._q[name], conn.execute(self._q[name], {"id": action.job_id, "now": now})
-            )
+    def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
+        """The action (`name`), then its audit row (`name__audit`) from what the action returned,
+        in one transaction."""
+        with self._transaction() as tx:
+            acted = tx.fetch(name, params)
             if not acted.rows:
                 return None
             row = dict(zip(acted.columns(), acted.rows[0], strict=True))
-            params = {
-                "attempt": None,
-                **row,
-                "actor": action.actor,
-                "reason": action.reason,
-                "now": now,
-            }
-            audit = conn.execute(self._q[f"{name}__audit"], params).fetchone()
-        return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit[0])
-
-    @operation
-    def job_replay(self, action: OperatorAction) -> ActionResult | None:
-        return self._action("job_replay", action)
-
-    @operation
-    def job_cancel(self, action: OperatorAction) -> ActionResult | None:
-        return self._action("job_cancel", action)
+            audit = tx.fetch(f"{name}__audit", {"attempt": None, **params, **row})
+        return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit.first("id"))
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -464,28 +357,13 @@ class SqliteStore(ReadOperations):
 
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
-        with self._write() as conn:
-            ids = [
-                r[0]  # RETURNING id
-                for r in conn.execute(
-                    self._q["job_prune"],
-                    {"older_than_us": _us(older_than), "limit": limit, "now": self._now()},
-                )
-            ]
+        with self._transaction() as tx:
+            pruned = tx.fetch("job_prune", {"older_than_us": _us(older_than), "limit": limit})
+            id_ = pruned.columns()["id"] if pruned.rows else 0
+            ids = [row[id_] for row in pruned.rows]
             if ids:
-                conn.execute(self._q["job_prune__attempts"], {"ids": json.dumps(ids)})
+                tx.fetch("job_prune__attempts", {"ids": json.dumps(ids)})
         return len(ids)
-
-    @operation
-    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
-        with self._write() as conn:
-            params = {
-                "task": task,
-                "older_than_us": _us(older_than),
-                "limit": limit,
-                "now": self._now(),
-            }
-            return len(conn.execute(self._q["intent_prune"], params).fetchall())
 
     # -- the outbox ----------------------------------------------------------------------------
 
@@ -504,22 +382,20 @@ class SqliteStore(ReadOperations):
         return self._leased_outbox(leased, params.token)
 
     @operation
-    def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
-        with self._write() as conn:
-            params = {"id": outbox_id, "token": token}
-            return conn.execute(self._q["outbox_mark_sending"], params).fetchone() is not None
-
-    @operation
     def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
         if not finishes:
             return set()
         with self._write() as conn:
-            return self._outbox_finish_in(conn, token, finishes)
+            return self._finish_outbox(conn, self._now(), token, finishes)
 
     def _outbox_finish_in(
-        self, conn: sqlite3.Connection, token: str, finishes: Sequence[OutboxFinish]
+        self, tx: SqliteTx, token: str, finishes: Sequence[OutboxFinish]
     ) -> set[int]:
-        now = self._now()
+        return self._finish_outbox(tx.conn, tx.now_us, token, finishes)
+
+    def _finish_outbox(
+        self, conn: sqlite3.Connection, now: int, token: str, finishes: Sequence[OutboxFinish]
+    ) -> set[int]:
         payload = json.dumps(
             [
                 [
@@ -553,236 +429,34 @@ class SqliteStore(ReadOperations):
             )
         return {row[id_] for row in settled.rows}
 
-    @operation
-    def outbox_rescue_expired(
-        self,
-        channels: Sequence[str],
-        limit: int,
-        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
-    ) -> list[OutboxFinish]:
-        applied: list[OutboxFinish] = []
-        with self._write() as conn:
-            now = self._now()
-            sql = self._q["outbox_rescue_select"]
-            params = {"limit": limit, "now": now, "channels": self._set(channels)}
-            rows = _result(sql, conn.execute(sql, params)).records(OutboxRow, _dt)
-            tokens = {row.id: row.lease_token for row in rows}
-            for finish in decide(rows, from_micros(now)):
-                token = tokens.get(finish.id)
-                if token is not None and self._outbox_finish_in(conn, token, [finish]):
-                    applied.append(finish)
-        return applied
-
-    def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
-        """An operator action and its audit row, in one transaction (`name`, `name__audit`)."""
-        with self._write() as conn:
-            now = self._now()
-            acted = _result(self._q[name], conn.execute(self._q[name], {**params, "now": now}))
-            if not acted.rows:
-                return None
-            row = dict(zip(acted.columns(), acted.rows[0], strict=True))
-            audit = conn.execute(
-                self._q[f"{name}__audit"], {**params, **row, "now": now}
-            ).fetchone()
-        return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit[0])
-
-    @operation
-    def outbox_resolve(
-        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
-    ) -> ActionResult | None:
-        params = {
-            "id": action.job_id,
-            "actor": action.actor,
-            "reason": action.reason,
-            "resolution": resolution,
-            "receipt": receipt,
-        }
-        return self._audited("outbox_resolve", params)
-
-    @operation
-    def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
-        params = {"id": action.job_id, "actor": action.actor, "reason": action.reason}
-        return self._audited("outbox_replay", params)
+    # -- rate limits ---------------------------------------------------------------------------
 
     @operation
     def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
         buckets = json.dumps([[b.name, b.capacity, b.refill_per_s] for b in specs])
-        with self._write() as conn:
-            conn.execute(
-                self._q["rate_bucket_configure"],
-                {"channel": channel, "buckets": buckets, "now": self._now()},
-            )
+        self._apply("rate_bucket_configure", {"channel": channel, "buckets": buckets})
 
-    @operation
-    def rate_bucket_apply(
-        self,
-        channel: str,
-        names: Sequence[str],
-        decide: Callable[
-            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
-        ],
-    ) -> T:
-        with self._write() as conn:
-            now = self._now()
-            params = {"channel": channel, "names": json.dumps(list(names)), "now": now}
-            sql = self._q["rate_bucket_select"]
-            found = _result(sql, conn.execute(sql, params))
-            if not found.rows:
-                sql = self._q["channel_pause_read"]
-                found = _result(sql, conn.execute(sql, params))
-                buckets = []
-            else:
-                buckets = found.records(BucketState, _dt)
-            paused = found.rows[0][found.columns()["paused_until"]]
-            after, result = decide(buckets, from_micros(now), _dt(paused))
-            if after:
-                conn.execute(
-                    self._q["rate_bucket_update"],
-                    {
-                        "channel": channel,
-                        "buckets": json.dumps(
-                            [[b.name, b.tokens, to_micros(b.updated_at)] for b in after]
-                        ),
-                    },
-                )
-        return result
-
-    @operation
-    def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
-        with self._write() as conn:
-            row = conn.execute(
-                self._q["channel_pause"],
-                {
-                    "channel": channel,
-                    "pause_us": _us(pause_for),
-                    "reason": reason,
-                    "now": self._now(),
-                },
-            ).fetchone()
-        return from_micros(row[0])  # RETURNING paused_until
-
-    @operation
-    def setting_put_if_absent(self, name: str, value: str) -> str:
-        with self._write() as conn:
-            conn.execute(self._q["setting_put_if_absent"], {"name": name, "value": value})
-            row = conn.execute(self._q["setting_get"], {"name": name}).fetchone()
-        return str(row[0])
+    def _bucket_update(self, buckets: Sequence[BucketState]) -> dict[str, Any]:
+        rows = [[b.name, b.tokens, to_micros(b.updated_at)] for b in buckets]
+        return {"buckets": json.dumps(rows)}
 
     # -- the key-drift guard ---------------------------------------------------------------------
 
     @operation
-    def key_canary_record(self, canary: KeyCanary) -> KeyCanary:
-        with self._write() as conn:
-            conn.execute(
-                self._q["key_canary_record"], {**_canary_params(canary), "now": self._now()}
-            )
-        stored = self.key_canary_get(canary.kind, canary.name)
-        assert stored is not None
-        return stored
-
-    @operation
     def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
-        with self._write() as conn:
-            sql = self._q["key_canary_get"]
-            found = _result(sql, conn.execute(sql, {"kind": canary.kind, "name": canary.name}))
-            source, outputs = itemgetter("source", "outputs")(found.columns())
+        with self._transaction() as tx:
+            found = tx.fetch("key_canary_get", {"kind": canary.kind, "name": canary.name})
             previous = found.rows[0] if found.rows else None
+            source, outputs = itemgetter("source", "outputs")(found.columns())
             params = {
-                **_canary_params(canary),
+                **canary_params(canary),
                 "actor": actor,
                 "reason": reason,
-                "now": self._now(),
                 "was": previous[source] if previous else None,
                 "was_outputs": previous[outputs] if previous else None,
             }
-            conn.execute(self._q["key_canary_accept"], params)
-            audit = conn.execute(self._q["key_canary_accept__audit"], params).fetchone()
-            return int(audit[0])  # RETURNING id
-
-    # -- schedules -----------------------------------------------------------------------------
-
-    @operation
-    def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
-        state = self._record(ScheduleState, "schedule_state_get", {"name": name})
-        if state is None:
-            with self._write() as conn:
-                conn.execute(
-                    self._q["schedule_state_init"],
-                    {"name": name, "grace_us": _us(grace), "now": self._now()},
-                )
-            state = self._record(ScheduleState, "schedule_state_get", {"name": name})
-        assert state is not None
-        return state
-
-    @operation
-    def schedule_state_advance(self, name: str, at: datetime) -> None:
-        with self._write() as conn:
-            conn.execute(
-                self._q["schedule_state_advance"],
-                {"name": name, "at": to_micros(at), "now": self._now()},
-            )
-
-    @operation
-    def schedule_state_pause(self, name: str, paused: bool, audit: Audit | None = None) -> None:
-        with self._write() as conn:
-            params = {"name": name, "paused": int(paused), "now": self._now()}
-            conn.execute(self._q["schedule_state_pause"], params)
-            if audit is not None:
-                conn.execute(
-                    self._q["schedule_state_pause__audit"],
-                    {**params, "actor": audit.actor, "reason": audit.reason},
-                )
-
-    @operation
-    def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:
-        params = {
-            "schedule": claim.schedule,
-            "period": claim.period,
-            "fire_at": None if claim.fire_at is None else to_micros(claim.fire_at),
-            "owner": claim.owner,
-            "lease_us": _us(claim.lease_for),
-            "late": int(claim.late),
-            "rescan": int(claim.rescan),
-        }
-        with self._write() as conn:
-            params["now"] = self._now()
-            return conn.execute(self._q["schedule_run_claim"], params).fetchone() is not None
-
-    @operation
-    def schedule_run_extend(
-        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
-    ) -> bool:
-        with self._write() as conn:
-            row = conn.execute(
-                self._q["schedule_run_extend"],
-                {
-                    "schedule": schedule,
-                    "period": period,
-                    "owner": owner,
-                    "lease_us": _us(lease_for),
-                    "enqueued": enqueued,
-                    "now": self._now(),
-                },
-            ).fetchone()
-        return row is not None
-
-    @operation
-    def schedule_run_finish(
-        self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
-    ) -> bool:
-        with self._write() as conn:
-            row = conn.execute(
-                self._q["schedule_run_finish"],
-                {
-                    "schedule": schedule,
-                    "period": period,
-                    "owner": owner,
-                    "eligible": eligible,
-                    "enqueued": enqueued,
-                    "now": self._now(),
-                },
-            ).fetchone()
-        return row is not None
+            tx.fetch("key_canary_accept", params)
+            return int(tx.fetch("key_canary_accept__audit", params).first("id"))
 
     # -- lanes ---------------------------------------------------------------------------------
 
@@ -848,6 +522,30 @@ class SqliteStore(ReadOperations):
     def notify_jobs(self) -> None:
         """Nothing to send: the commit that made rows ready changed the files (see
         `wait_for_jobs`)."""
+
+
+class SqliteTx:
+    """A write transaction on SQLite (`SqliteStore._transaction`): every statement is bound the
+    clock as read once the write lock was held (`:now`), so all of them see one instant."""
+
+    __slots__ = ("_q", "conn", "now_us")
+
+    def __init__(
+        self, queries: dict[str, LiteralString], conn: sqlite3.Connection, now: int
+    ) -> None:
+        self._q = queries
+        self.conn = conn
+        self.now_us = now
+
+    def fetch(self, name: str, params: dict[str, Any]) -> Result:
+        sql = self._q[name]
+        return _result(sql, self.conn.execute(sql, {"now": self.now_us, **params}))
+
+    def fetch_each(self, name: str, params: Iterable[dict[str, Any]]) -> list[Result]:
+        return [self.fetch(name, one) for one in params]
+
+    def now(self) -> datetime:
+        return from_micros(self.now_us)
 
 
 class SqliteConsumerTx:
@@ -997,12 +695,3 @@ class SqliteConsumerSession:
 
     def close(self) -> None:
         self._conn.close()
-
-
-def _canary_params(canary: KeyCanary) -> dict[str, Any]:
-    return {
-        "kind": canary.kind,
-        "name": canary.name,
-        "source": canary.source,
-        "outputs": json.dumps(list(canary.outputs)),
-    }

@@ -2,7 +2,7 @@
 -- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
 
 -- name: clock_now
-SELECT __S__.oncebox_now();
+SELECT __S__.oncebox_now() AS now;
 
 -- name: clock_read
 -- The setting as written, and whether it has lapsed (oncebox_now() then ignores it).

@@ -24,7 +24,7 @@ DELETE FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
 SELECT key, task, job_id, claimed_at FROM __S__.oncebox_intents WHERE key = %(key)s;
 
 -- name: intent_count
-SELECT count(*) FROM __S__.oncebox_intents;
+SELECT count(*) AS count FROM __S__.oncebox_intents;
 
 -- name: intent_prune
 -- A task's explicit intent-retention policy: delete a batch of its intents claimed before the

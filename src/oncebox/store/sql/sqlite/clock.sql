@@ -2,7 +2,7 @@
 -- SQLite; this folder's conventions are in store/sqlfiles.py.
 
 -- name: clock_now
-SELECT oncebox_now();
+SELECT oncebox_now() AS now;
 
 -- name: clock_audit
 -- An operator's change of the clock setting (`oncebox clock reset`), in the audit log.

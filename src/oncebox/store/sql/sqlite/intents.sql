@@ -20,7 +20,7 @@ DELETE FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
 SELECT key, task, job_id, claimed_at FROM oncebox_intents WHERE key = :key;
 
 -- name: intent_count
-SELECT count(*) FROM oncebox_intents;
+SELECT count(*) AS count FROM oncebox_intents;
 
 -- name: intent_prune
 DELETE FROM oncebox_intents

@@ -1,0 +1,385 @@
+"""The write operations both stores share: single statements whose parameters differ only in how
+time and sets are encoded, and the operations that read, let Python decide, and write back in one
+transaction (rate buckets, the outbox lease rescue, a bulk insert that extends its schedule run,
+migrations).
+
+A store supplies, besides the read hooks of `store/reads.py`:
+
+- `_apply(name, params, connection=None)`: one statement that writes, in a transaction of its own
+  (or in the caller's, on `connection`), and its rows;
+- `_transaction()`: a write transaction whose statements see one clock — SQLite's
+  `BEGIN IMMEDIATE`, with the clock read once under the lock and bound as `:now`; PostgreSQL's
+  pooled connection in a transaction, whose statements lock the rows they decide on
+  (`FOR UPDATE`) and read `oncebox_now()` themselves — handing out a `WriteTx`;
+- `_at(instant)` and `_span(name, delta)`: how an instant and a duration are sent (microseconds
+  on SQLite, in parameters named `<name>_us`; timestamptz and seconds on PostgreSQL, `<name>_s`);
+- what truly differs per operation: how a bulk insert's rows are chunked and encoded
+  (`_insert_batches`), how buckets are written back (`_bucket_update`), how an outbox
+  settlement is written inside a transaction (`_outbox_finish_in`), how a migration takes its
+  lock and runs its script (`_migration_transaction`, `_migration_apply`), and how an audited
+  operator action is written with its audit row (`_audited`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from oncebox.metrics import operation
+from oncebox.store.base import (
+    ActionResult,
+    Audit,
+    BucketState,
+    InsertManyResult,
+    InsertRow,
+    JobInsert,
+    JobInsertMany,
+    KeyCanary,
+    OperatorAction,
+    OutboxFinish,
+    OutboxRow,
+    ScheduleRunClaim,
+    ScheduleState,
+    T,
+)
+from oncebox.store.reads import ReadOperations
+from oncebox.store.rows import Result
+from oncebox.store.sqlfiles import Migration
+
+
+class WriteTx(Protocol):
+    """One write transaction of a store (see `WriteOperations._transaction`)."""
+
+    def fetch(self, name: str, params: dict[str, Any]) -> Result:
+        """Run a named statement in the transaction; its rows (none for a statement without)."""
+        ...
+
+    def fetch_each(self, name: str, params: Iterable[dict[str, Any]]) -> list[Result]:
+        """Run a named statement once per parameter set, in order (PostgreSQL pipelines them:
+        the server runs one while the next is still being drawn)."""
+        ...
+
+    def now(self) -> datetime:
+        """The store's clock, as the transaction's statements see it."""
+        ...
+
+
+Tx = TypeVar("Tx", bound=WriteTx)
+
+
+class WriteOperations(ReadOperations, Generic[Tx]):
+    """See the module docstring; `Tx` is the store's `WriteTx`."""
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _apply(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
+        raise NotImplementedError
+
+    def _transaction(self) -> AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def _at(self, instant: datetime | None) -> Any:
+        raise NotImplementedError
+
+    def _span(self, name: str, delta: timedelta | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _insert_batches(self, rows: Iterable[InsertRow]) -> Iterable[tuple[int, Any]]:
+        """`rows` in chunks: (rows in the chunk, the chunk as the `rows` parameter)."""
+        raise NotImplementedError
+
+    def _bucket_update(self, buckets: Sequence[BucketState]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _outbox_finish_in(self, tx: Tx, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+        raise NotImplementedError
+
+    def _migrations(self) -> list[Migration]:
+        raise NotImplementedError
+
+    def _migration_transaction(self) -> AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def _migration_apply(self, tx: Tx, migration: Migration) -> None:
+        raise NotImplementedError
+
+    def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
+        """An operator action (`name`) and its audit row, in one transaction."""
+        raise NotImplementedError
+
+    def notify_jobs(self) -> None:
+        raise NotImplementedError
+
+    # -- schema --------------------------------------------------------------------------------
+
+    @operation
+    def schema_migrate(self) -> list[int]:
+        applied_now: list[int] = []
+        with self._migration_transaction() as tx:
+            tx.fetch("migration_table_create", {})
+            listed = tx.fetch("migration_list", {})
+            version = listed.columns()["version"]
+            applied = {row[version] for row in listed.rows}
+            for migration in self._migrations():
+                if migration.version in applied:
+                    continue
+                self._migration_apply(tx, migration)
+                params = {
+                    "version": migration.version,
+                    "name": migration.name,
+                    "checksum": migration.checksum,
+                }
+                tx.fetch("migration_record", params)
+                applied_now.append(migration.version)
+        return applied_now
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    @operation
+    def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
+        params = {
+            "key": job.key,
+            "task": job.task,
+            "queue": job.queue,
+            "args": job.args_json,
+            "priority": job.priority,
+            "group_key": job.group_key,
+            "max_attempts": job.max_attempts,
+            "run_at": self._at(job.run_at),
+            **self._span("delay", job.delay),
+            **self._span("max_age", job.max_age),
+        }
+        inserted = self._apply("job_insert", params, connection)
+        return (int(inserted.first("id")), True) if inserted.rows else (0, False)
+
+    @operation
+    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
+        run = jobs.for_run
+        params = {
+            "task": jobs.task,
+            "queue": jobs.queue,
+            "priority": jobs.priority,
+            "max_attempts": jobs.max_attempts,
+            "schedule": None if run is None else run.schedule,
+            "period": None if run is None else run.period,
+            "run_at": self._at(jobs.run_at),
+            **self._span("delay", jobs.delay),
+            **self._span("max_age", jobs.max_age),
+        }
+        offered = 0
+
+        def chunks(batches: Iterable[tuple[int, Any]]) -> Iterator[dict[str, Any]]:
+            nonlocal offered
+            for count, rows in batches:
+                offered += count
+                yield {**params, "rows": rows}
+
+        batches = self._insert_batches(jobs.rows)  # SQLite: drawn now, before the write lock
+        with self._transaction() as tx:
+            created: list[tuple[int, str | None]] = []
+            for inserted in tx.fetch_each("job_insert_many", chunks(batches)):
+                id_, key = inserted.columns()["id"], inserted.columns()["key"]
+                created += [(int(row[id_]), row[key]) for row in inserted.rows]
+            held = True
+            if run is not None:
+                extend = self._run_extend(
+                    run.schedule, run.period, run.owner, run.lease_for, len(created)
+                )
+                held = bool(tx.fetch("schedule_run_extend", extend).rows)
+        return InsertManyResult(created, offered, held)
+
+    @operation
+    def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
+        params = {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note}
+        self._apply("job_attempt_note", params)
+
+    @operation
+    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
+        params = {"task": task, **self._span("older_than", older_than), "limit": limit}
+        return len(self._apply("intent_prune", params).rows)
+
+    # -- operator actions ----------------------------------------------------------------------
+
+    @operation
+    def job_replay(self, action: OperatorAction) -> ActionResult | None:
+        result = self._audited("job_replay", _action_params(action))
+        if result is not None:
+            self.notify_jobs()
+        return result
+
+    @operation
+    def job_cancel(self, action: OperatorAction) -> ActionResult | None:
+        return self._audited("job_cancel", _action_params(action))
+
+    @operation
+    def outbox_resolve(
+        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
+    ) -> ActionResult | None:
+        params = {**_action_params(action), "resolution": resolution, "receipt": receipt}
+        return self._audited("outbox_resolve", params)
+
+    @operation
+    def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
+        result = self._audited("outbox_replay", _action_params(action))
+        if result is not None:
+            self.notify_jobs()
+        return result
+
+    # -- the outbox ----------------------------------------------------------------------------
+
+    @operation
+    def outbox_mark_sending(self, outbox_id: int, token: str) -> bool:
+        return bool(self._apply("outbox_mark_sending", {"id": outbox_id, "token": token}).rows)
+
+    @operation
+    def outbox_rescue_expired(
+        self,
+        channels: Sequence[str],
+        limit: int,
+        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
+    ) -> list[OutboxFinish]:
+        applied: list[OutboxFinish] = []
+        with self._transaction() as tx:
+            now = tx.now()
+            params = {"limit": limit, "channels": self._set(channels)}
+            rows = tx.fetch("outbox_rescue_select", params).records(OutboxRow, self._instant)
+            tokens = {row.id: row.lease_token for row in rows}
+            for finish in decide(rows, now):
+                token = tokens.get(finish.id)
+                if token is not None and self._outbox_finish_in(tx, token, [finish]):
+                    applied.append(finish)
+        return applied
+
+    # -- rate limits and channel pauses --------------------------------------------------------
+
+    @operation
+    def rate_bucket_apply(
+        self,
+        channel: str,
+        names: Sequence[str],
+        decide: Callable[
+            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
+        ],
+    ) -> T:
+        params = {"channel": channel, "names": self._set(names)}
+        if not names:  # no buckets to lock and update: the pause alone, one statement
+            paused = self._fetch("channel_pause_read", params)
+            return decide([], self._required_instant(paused.first("now")), self._paused(paused))[1]
+        with self._transaction() as tx:
+            found = tx.fetch("rate_bucket_select", params)  # locks the buckets
+            buckets = found.records(BucketState, self._instant)
+            if not buckets:
+                found = tx.fetch("channel_pause_read", params)
+            now = self._required_instant(found.first("now"))
+            after, result = decide(buckets, now, self._paused(found))
+            if after:
+                tx.fetch("rate_bucket_update", {"channel": channel, **self._bucket_update(after)})
+        return result
+
+    def _paused(self, found: Result) -> datetime | None:
+        return self._instant(found.first("paused_until"))
+
+    @operation
+    def channel_pause(self, channel: str, pause_for: timedelta, reason: str) -> datetime:
+        params = {"channel": channel, **self._span("pause", pause_for), "reason": reason}
+        return self._required_instant(self._apply("channel_pause", params).first("paused_until"))
+
+    @operation
+    def setting_put_if_absent(self, name: str, value: str) -> str:
+        self._apply("setting_put_if_absent", {"name": name, "value": value})
+        stored = self.setting_get(name)
+        assert stored is not None  # put unless present: present either way
+        return stored
+
+    # -- the key-drift guard -------------------------------------------------------------------
+
+    @operation
+    def key_canary_record(self, canary: KeyCanary) -> KeyCanary:
+        self._apply("key_canary_record", canary_params(canary))
+        stored = self.key_canary_get(canary.kind, canary.name)
+        assert stored is not None
+        return stored
+
+    # -- schedules -----------------------------------------------------------------------------
+
+    @operation
+    def schedule_state(self, name: str, grace: timedelta) -> ScheduleState:
+        state = self._record(ScheduleState, "schedule_state_get", {"name": name})
+        if state is None:
+            self._apply("schedule_state_init", {"name": name, **self._span("grace", grace)})
+            state = self._record(ScheduleState, "schedule_state_get", {"name": name})
+        assert state is not None  # created unless present: present either way
+        return state
+
+    @operation
+    def schedule_state_advance(self, name: str, at: datetime) -> None:
+        self._apply("schedule_state_advance", {"name": name, "at": self._at(at)})
+
+    @operation
+    def schedule_state_pause(self, name: str, paused: bool, audit: Audit | None = None) -> None:
+        params = {"name": name, "paused": paused}
+        with self._transaction() as tx:
+            tx.fetch("schedule_state_pause", params)
+            if audit is not None:
+                audited = {**params, "actor": audit.actor, "reason": audit.reason}
+                tx.fetch("schedule_state_pause__audit", audited)
+
+    @operation
+    def schedule_run_claim(self, claim: ScheduleRunClaim) -> bool:
+        params = {
+            "schedule": claim.schedule,
+            "period": claim.period,
+            "fire_at": self._at(claim.fire_at),
+            "owner": claim.owner,
+            **self._span("lease", claim.lease_for),
+            "late": claim.late,
+            "rescan": claim.rescan,
+        }
+        return bool(self._apply("schedule_run_claim", params).rows)
+
+    @operation
+    def schedule_run_extend(
+        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
+    ) -> bool:
+        params = self._run_extend(schedule, period, owner, lease_for, enqueued)
+        return bool(self._apply("schedule_run_extend", params).rows)
+
+    def _run_extend(
+        self, schedule: str, period: str, owner: str, lease_for: timedelta, enqueued: int
+    ) -> dict[str, Any]:
+        return {
+            "schedule": schedule,
+            "period": period,
+            "owner": owner,
+            **self._span("lease", lease_for),
+            "enqueued": enqueued,
+        }
+
+    @operation
+    def schedule_run_finish(
+        self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
+    ) -> bool:
+        params = {
+            "schedule": schedule,
+            "period": period,
+            "owner": owner,
+            "eligible": eligible,
+            "enqueued": enqueued,
+        }
+        return bool(self._apply("schedule_run_finish", params).rows)
+
+
+def _action_params(action: OperatorAction) -> dict[str, Any]:
+    return {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+
+
+def canary_params(canary: KeyCanary) -> dict[str, Any]:
+    return {
+        "kind": canary.kind,
+        "name": canary.name,
+        "source": canary.source,
+        "outputs": json.dumps(list(canary.outputs)),
+    }
