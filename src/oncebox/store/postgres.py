@@ -378,11 +378,9 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     def schema_status(self) -> SchemaStatus:
         known = tuple(m.version for m in load_migrations("postgres"))
         with self._connection() as conn:
-            exists = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".oncebox_migrations',)
-            ).fetchone()
+            sql = self._q["migration_table_exists"]
             applied: tuple[int, ...] = ()
-            if exists and exists[0]:
+            if _result(sql, conn.execute(sql)).first("found"):
                 sql = self._q["migration_list"]
                 listed = _result(sql, conn.execute(sql))
                 version = listed.columns()["version"]
@@ -395,12 +393,11 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     @contextmanager
     def _migration_transaction(self) -> Iterator[PostgresTx]:
         with self._transaction() as tx:
-            # lock first: concurrent `CREATE SCHEMA IF NOT EXISTS` can still collide
-            tx.conn.execute(self._q["migration_lock"], {"schema": self.schema})
-            # a migration that waits on a busy table holds every worker's query behind it: give
-            # up after a while rather than stall the queue (see docs/deploy.md)
-            tx.conn.execute(f"SET LOCAL lock_timeout = {int(MIGRATION_LOCK_TIMEOUT_MS)}".encode())
-            tx.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'.encode())
+            tx.fetch("migration_lock", {"schema": self.schema})
+            tx.fetch(
+                "migration_lock_timeout", {"milliseconds": str(int(MIGRATION_LOCK_TIMEOUT_MS))}
+            )
+            tx.fetch("migration_schema_create", {})
             yield tx
 
     def _migration_apply(self, tx: PostgresTx, migration: Migration) -> None:
@@ -634,7 +631,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         try:
             if self._listener is None or self._listener.closed:
                 self._listener = self.connect(autocommit=True, **self._named("oncebox listener"))
-                self._listener.execute("LISTEN oncebox_jobs")
+                self._listener.execute(self._q["job_listen"])
             for notice in self._listener.notifies(timeout=timeout, stop_after=1):
                 if notice.payload == self.schema:
                     return True

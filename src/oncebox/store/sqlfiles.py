@@ -45,6 +45,13 @@ _IDENTIFIER_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 DIALECT_ONLY: dict[str, str] = {
     "job_notify": "postgres: LISTEN/NOTIFY wake-ups; SQLite has no notifications",
     "migration_lock": "postgres: advisory lock; SQLite serialises migrations with BEGIN IMMEDIATE",
+    "migration_lock_timeout": "postgres: a migration gives up on a busy table rather than hold "
+    "every worker's query behind it; on SQLite it waits busy_timeout, as every writer does",
+    "migration_schema_create": "postgres: the store's schema, created on the first migration; "
+    "SQLite has no schemas",
+    "migration_table_exists": "postgres: the status creates nothing; SQLite's creates the "
+    "(empty) table, as opening the file created the database",
+    "job_listen": "postgres: LISTEN/NOTIFY wake-ups; SQLite has no notifications",
     "clock_read": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_write": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",

@@ -5,6 +5,10 @@
 -- Wake idle workers after rows became ready without an insert (replay, release, rescue).
 SELECT pg_notify('oncebox_jobs', %(schema)s);
 
+-- name: job_listen
+-- An idle worker's listener: woken by every schema's job_notify, it keeps its own schema's.
+LISTEN oncebox_jobs;
+
 -- name: job_insert
 -- One job, unless its key already has an intent or a job that is not cancelled; then nothing
 -- is written and no row is returned.
