@@ -635,6 +635,16 @@ class StateCounts:
         return self.counts.get(name, 0)
 
 
+# What the lanes decide between a store's read and its write, in the store's transaction: the
+# outbox rescue settles rows whose lease expired (given the rows and the time); the rate limiter
+# takes tokens (given the channel's buckets, the time and the channel's pause; returning the
+# buckets to write back and its verdict).
+RescueDecision = Callable[[list[OutboxRow], datetime], list[OutboxFinish]]
+BucketDecision = Callable[
+    [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
+]
+
+
 # ---------------------------------------------------------------------------------------------
 # Protocols
 # ---------------------------------------------------------------------------------------------
@@ -780,10 +790,7 @@ class Store(Protocol):
         ...
 
     def outbox_rescue_expired(
-        self,
-        channels: Sequence[str],
-        limit: int,
-        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
+        self, channels: Sequence[str], limit: int, decide: RescueDecision
     ) -> list[OutboxFinish]:
         """Lock rows whose lease expired, let `decide` settle them (fenced on their own
         tokens), in one transaction; returns what was applied."""
@@ -804,14 +811,7 @@ class Store(Protocol):
 
     # rate limits and channel pauses
     def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None: ...
-    def rate_bucket_apply(
-        self,
-        channel: str,
-        names: Sequence[str],
-        decide: Callable[
-            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
-        ],
-    ) -> T:
+    def rate_bucket_apply(self, channel: str, names: Sequence[str], decide: BucketDecision[T]) -> T:
         """Lock the channel's buckets, read its pause, let `decide` compute, write back."""
         ...
 

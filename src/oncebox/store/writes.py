@@ -23,7 +23,7 @@ A store supplies, besides the read hooks of `store/reads.py`:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -32,6 +32,7 @@ from oncebox.metrics import operation
 from oncebox.store.base import (
     ActionResult,
     Audit,
+    BucketDecision,
     BucketState,
     InsertManyResult,
     InsertRow,
@@ -41,6 +42,7 @@ from oncebox.store.base import (
     OperatorAction,
     OutboxFinish,
     OutboxRow,
+    RescueDecision,
     ScheduleRunClaim,
     ScheduleState,
     T,
@@ -203,12 +205,16 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     # -- operator actions ----------------------------------------------------------------------
 
-    @operation
-    def job_replay(self, action: OperatorAction) -> ActionResult | None:
-        result = self._audited("job_replay", _action_params(action))
+    def _replayed(self, name: str, action: OperatorAction) -> ActionResult | None:
+        """A replay: audited, and idle workers woken when it made a row ready."""
+        result = self._audited(name, _action_params(action))
         if result is not None:
             self.notify_jobs()
         return result
+
+    @operation
+    def job_replay(self, action: OperatorAction) -> ActionResult | None:
+        return self._replayed("job_replay", action)
 
     @operation
     def job_cancel(self, action: OperatorAction) -> ActionResult | None:
@@ -223,10 +229,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     @operation
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
-        result = self._audited("outbox_replay", _action_params(action))
-        if result is not None:
-            self.notify_jobs()
-        return result
+        return self._replayed("outbox_replay", action)
 
     # -- the outbox ----------------------------------------------------------------------------
 
@@ -236,10 +239,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     @operation
     def outbox_rescue_expired(
-        self,
-        channels: Sequence[str],
-        limit: int,
-        decide: Callable[[list[OutboxRow], datetime], list[OutboxFinish]],
+        self, channels: Sequence[str], limit: int, decide: RescueDecision
     ) -> list[OutboxFinish]:
         applied: list[OutboxFinish] = []
         with self._transaction() as tx:
@@ -256,14 +256,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     # -- rate limits and channel pauses --------------------------------------------------------
 
     @operation
-    def rate_bucket_apply(
-        self,
-        channel: str,
-        names: Sequence[str],
-        decide: Callable[
-            [list[BucketState], datetime, datetime | None], tuple[list[BucketState], T]
-        ],
-    ) -> T:
+    def rate_bucket_apply(self, channel: str, names: Sequence[str], decide: BucketDecision[T]) -> T:
         params = {"channel": channel, "names": self._set(names)}
         if not names:  # no buckets to lock and update: the pause alone, one statement
             paused = self._fetch("channel_pause_read", params)
