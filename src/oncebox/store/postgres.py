@@ -115,14 +115,15 @@ def _required_utc(value: datetime) -> datetime:
 
 def _result(sql: str, cursor: psycopg.Cursor[Any]) -> Result:
     """A statement's rows, read by column name (`store/rows.py`)."""
-    return Result(sql, cursor.fetchall(), lambda: [c.name for c in cursor.description or ()])
+    rows = cursor.fetchall()
+    return Result(sql, rows, lambda: [c.name for c in cursor.description or ()], cursor.rowcount)
 
 
 def _written(sql: str, cursor: psycopg.Cursor[Any]) -> Result:
     """`_result`, also for a statement that returns no rows (no RETURNING)."""
     found = cursor.pgresult
     if found is None or found.status != pq.ExecStatus.TUPLES_OK:
-        return Result(sql, [], tuple)
+        return Result(sql, [], tuple, cursor.rowcount)
     return _result(sql, cursor)
 
 
@@ -460,15 +461,6 @@ class PostgresStore(WriteOperations["PostgresTx"]):
             yield len(chunk), _json_rows((k, _Json(a), g) for k, a, g in chunk)
 
     # -- leases --------------------------------------------------------------------------------
-
-    @operation
-    def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:
-        with self._connection() as conn:
-            cursor = conn.execute(
-                self._q["job_lease_extend"],
-                {"tokens": list(tokens), "lease_s": lease_for.total_seconds()},
-            )
-            return cursor.rowcount
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:

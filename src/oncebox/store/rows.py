@@ -42,16 +42,22 @@ _plans: dict[tuple[type, str, Names], _Plan] = {}
 
 class Result:
     """The rows of one statement, and how to learn its column names (asked once per statement
-    text, whatever the schema name or a test switch made of it)."""
+    text, whatever the schema name or a test switch made of it); `count` is the driver's row
+    count (the rows an UPDATE changed)."""
 
-    __slots__ = ("_describe", "rows", "statement")
+    __slots__ = ("_describe", "count", "rows", "statement")
 
     def __init__(
-        self, statement: str, rows: list[Any], describe: Callable[[], Sequence[str]]
+        self,
+        statement: str,
+        rows: list[Any],
+        describe: Callable[[], Sequence[str]],
+        count: int = -1,
     ) -> None:
         self.statement = statement
         self.rows = rows
         self._describe = describe
+        self.count = count
 
     def columns(self) -> dict[str, int]:
         """Column name → position."""

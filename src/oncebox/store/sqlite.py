@@ -75,7 +75,8 @@ def _dt(micros: int | None) -> datetime | None:
 
 def _result(sql: str, cursor: sqlite3.Cursor) -> Result:
     """A statement's rows, read by column name (`store/rows.py`)."""
-    return Result(sql, cursor.fetchall(), lambda: [d[0] for d in cursor.description])
+    rows = cursor.fetchall()
+    return Result(sql, rows, lambda: [d[0] for d in cursor.description], cursor.rowcount)
 
 
 def _translate(exc: sqlite3.Error, where: Path) -> Exception:
@@ -301,19 +302,6 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         ]
 
     # -- leases --------------------------------------------------------------------------------
-
-    @operation
-    def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:
-        with self._write() as conn:
-            cursor = conn.execute(
-                self._q["job_lease_extend"],
-                {
-                    "tokens": json.dumps(list(tokens)),
-                    "lease_us": _us(lease_for),
-                    "now": self._now(),
-                },
-            )
-            return cursor.rowcount
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:

@@ -193,6 +193,13 @@ class WriteOperations(ReadOperations, Generic[Tx]):
                 held = bool(tx.fetch("schedule_run_extend", extend).rows)
         return InsertManyResult(created, offered, held)
 
+    # -- leases --------------------------------------------------------------------------------
+
+    @operation
+    def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:
+        params = {"tokens": self._set(tokens), **self._span("lease", lease_for)}
+        return self._apply("job_lease_extend", params).count
+
     @operation
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:
         params = {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note}
