@@ -460,7 +460,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         for chunk in insert_chunks(rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
             yield len(chunk), _json_rows((k, _Json(a), g) for k, a, g in chunk)
 
-    # -- leases --------------------------------------------------------------------------------
+    # -- jobs ----------------------------------------------------------------------------------
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
@@ -473,7 +473,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         """The action and its audit row, in one statement."""
         return self._record(ActionResult, name, params)
 
-    # -- reads ---------------------------------------------------------------------------------
+    # -- due times, pruning --------------------------------------------------------------------
 
     @operation
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
@@ -500,7 +500,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         params = {"older_than_s": older_than.total_seconds(), "limit": limit}
-        return len(self._fetch("job_prune", params).rows)
+        return len(self._apply("job_prune", params).rows)
 
     # -- the outbox ----------------------------------------------------------------------------
 
@@ -556,7 +556,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
 
     @operation
     def rate_bucket_configure(self, channel: str, specs: Sequence[BucketSpec]) -> None:
-        self._fetch(
+        self._apply(
             "rate_bucket_configure",
             {
                 "channel": channel,
@@ -578,7 +578,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     @operation
     def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
         params = {**canary_params(canary), "actor": actor, "reason": reason}
-        return int(self._fetch("key_canary_accept", params).first("id"))
+        return int(self._apply("key_canary_accept", params).first("id"))
 
     # -- lanes ---------------------------------------------------------------------------------
 

@@ -62,10 +62,11 @@ class Result:
     def columns(self) -> dict[str, int]:
         """Column name → position."""
         found = _columns.get(self.statement)
-        if found is None:
-            found = _columns[self.statement] = {}
+        if found is None:  # built whole before it is shared: other threads read it meanwhile
+            found = {}
             for position, name in enumerate(self._describe()):
                 found.setdefault(name, position)
+            _columns[self.statement] = found
         return found
 
     def records(

@@ -301,7 +301,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             for chunk in insert_chunks(rows, INSERT_CHUNK, INSERT_CHUNK_CHARS)
         ]
 
-    # -- leases --------------------------------------------------------------------------------
+    # -- jobs ----------------------------------------------------------------------------------
 
     @operation
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
@@ -327,7 +327,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             audit = tx.fetch(f"{name}__audit", {"attempt": None, **params, **row})
         return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit.first("id"))
 
-    # -- reads ---------------------------------------------------------------------------------
+    # -- due times, pruning --------------------------------------------------------------------
 
     @operation
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
@@ -347,7 +347,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         with self._transaction() as tx:
             pruned = tx.fetch("job_prune", {"older_than_us": _us(older_than), "limit": limit})
-            id_ = pruned.columns()["id"] if pruned.rows else 0
+            id_ = pruned.columns()["id"]
             ids = [row[id_] for row in pruned.rows]
             if ids:
                 tx.fetch("job_prune__attempts", {"ids": json.dumps(ids)})
