@@ -63,7 +63,7 @@ from oncebox.store.base import (
 )
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
-from oncebox.store.writes import WriteOperations, canary_params
+from oncebox.store.writes import WriteOperations, beat_params, canary_params
 
 INSERT_CHUNK = 5000
 INSERT_CHUNK_CHARS = 16 * 1024 * 1024
@@ -580,28 +580,13 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         params = {**canary_params(canary), "actor": actor, "reason": reason}
         return int(self._apply("key_canary_accept", params).first("id"))
 
-    # -- lanes ---------------------------------------------------------------------------------
-
     # -- workers -------------------------------------------------------------------------------
 
     @operation
     def worker_beat(self, beat: WorkerBeat) -> None:
-        params = {
-            "name": beat.name,
-            "host": beat.host,
-            "pid": beat.pid,
-            "tasks": json.dumps(list(beat.tasks)),
-            "queues": json.dumps(list(beat.queues)),
-            "channels": json.dumps(list(beat.channels)),
-        }
-        self._apply("worker_beat", params)
+        self._apply("worker_beat", beat_params(beat))  # forgets the long-gone in the same statement
 
-    @operation
-    def worker_stop(self, name: str) -> None:
-        self._apply("worker_stop", {"name": name})
-
-    def _live_params(self, live_within: timedelta) -> dict[str, Any]:
-        return {"live_s": live_within.total_seconds()}
+    # -- lanes ---------------------------------------------------------------------------------
 
     def consumer_session(self, settings: ConsumerSettings) -> PostgresConsumerSession:
         return PostgresConsumerSession(self, settings)

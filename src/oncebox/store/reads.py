@@ -56,6 +56,11 @@ class ReadOperations:
     def _set(self, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 
+    def _span(self, name: str, delta: timedelta | None) -> dict[str, Any]:
+        """A duration parameter: `<name>_us` microseconds on SQLite, `<name>_s` seconds on
+        PostgreSQL."""
+        raise NotImplementedError
+
     def _required_instant(self, value: Any) -> datetime:
         instant = self._instant(value)
         assert instant is not None
@@ -181,7 +186,7 @@ class ReadOperations:
 
     @operation
     def worker_list(self, live_within: timedelta) -> list[WorkerRow]:
-        result = self._fetch("worker_list", self._live_params(live_within))
+        result = self._fetch("worker_list", self._span("live", live_within))
         column = result.columns()
         rows = []
         for r in result.rows:
@@ -191,22 +196,14 @@ class ReadOperations:
                     name=r[column["name"]],
                     host=r[column["host"]],
                     pid=r[column["pid"]],
-                    started_at=self._known(r[column["started_at"]]),
-                    seen_at=self._known(r[column["seen_at"]]),
+                    started_at=self._required_instant(r[column["started_at"]]),
+                    seen_at=self._required_instant(r[column["seen_at"]]),
                     stopped_at=self._instant(r[column["stopped_at"]]),
                     live=bool(r[column["live"]]),
                     **served,
                 )
             )
         return rows
-
-    def _live_params(self, live_within: timedelta) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _known(self, value: Any) -> datetime:
-        instant = self._instant(value)
-        assert instant is not None, "a NOT NULL instant column"
-        return instant
 
     @operation
     def schedule_run_busy(self, schedule: str, period: str) -> str | None:

@@ -56,7 +56,7 @@ from oncebox.store.base import (
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
-from oncebox.store.writes import WriteOperations, canary_params
+from oncebox.store.writes import WriteOperations, beat_params, canary_params
 
 _MICRO = timedelta(microseconds=1)
 INSERT_CHUNK = 5000
@@ -446,32 +446,15 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             tx.fetch("key_canary_accept", params)
             return int(tx.fetch("key_canary_accept__audit", params).first("id"))
 
-    # -- lanes ---------------------------------------------------------------------------------
-
     # -- workers -------------------------------------------------------------------------------
 
     @operation
     def worker_beat(self, beat: WorkerBeat) -> None:
-        params = {
-            "name": beat.name,
-            "host": beat.host,
-            "pid": beat.pid,
-            "tasks": json.dumps(list(beat.tasks)),
-            "queues": json.dumps(list(beat.queues)),
-            "channels": json.dumps(list(beat.channels)),
-            "now": self._now(),
-        }
-        with self._write() as conn:
-            conn.execute(self._q["worker_beat"], params)
-            conn.execute(self._q["worker_beat__forget"], {"now": params["now"]})
+        with self._transaction() as tx:
+            tx.fetch("worker_beat", beat_params(beat))
+            tx.fetch("worker_beat__forget", {})
 
-    @operation
-    def worker_stop(self, name: str) -> None:
-        with self._write() as conn:
-            conn.execute(self._q["worker_stop"], {"name": name, "now": self._now()})
-
-    def _live_params(self, live_within: timedelta) -> dict[str, Any]:
-        return {"live_us": _us(live_within)}
+    # -- lanes ---------------------------------------------------------------------------------
 
     def consumer_session(self, settings: ConsumerSettings) -> SqliteConsumerSession:
         return SqliteConsumerSession(self, self.connect())

@@ -46,6 +46,7 @@ from oncebox.store.base import (
     ScheduleRunClaim,
     ScheduleState,
     T,
+    WorkerBeat,
 )
 from oncebox.store.reads import ReadOperations
 from oncebox.store.rows import Result
@@ -84,9 +85,6 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         raise NotImplementedError
 
     def _at(self, instant: datetime | None) -> Any:
-        raise NotImplementedError
-
-    def _span(self, name: str, delta: timedelta | None) -> dict[str, Any]:
         raise NotImplementedError
 
     def _insert_batches(self, rows: Iterable[InsertRow]) -> Iterable[tuple[int, Any]]:
@@ -370,6 +368,23 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "enqueued": enqueued,
         }
         return bool(self._apply("schedule_run_finish", params).rows)
+
+    # -- workers -------------------------------------------------------------------------------
+
+    @operation
+    def worker_stop(self, name: str) -> None:
+        self._apply("worker_stop", {"name": name})
+
+
+def beat_params(beat: WorkerBeat) -> dict[str, Any]:
+    return {
+        "name": beat.name,
+        "host": beat.host,
+        "pid": beat.pid,
+        "tasks": json.dumps(list(beat.tasks)),
+        "queues": json.dumps(list(beat.queues)),
+        "channels": json.dumps(list(beat.channels)),
+    }
 
 
 def _action_params(action: OperatorAction) -> dict[str, Any]:
