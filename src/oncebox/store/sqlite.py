@@ -123,6 +123,8 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         self.clock_file = ClockFile(Path(f"{path}.clock"))
         self._wal = Path(f"{path}-wal")
         self._q = load_queries("sqlite")
+        # the statements that compare with the clock: only they pay for reading it
+        self._timed = {name for name, sql in self._q.items() if ":now" in sql}
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
@@ -211,8 +213,10 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         """A read; `:now` is bound for the queries that compare with the clock."""
         sql = self._q[name]
         conn = self._conn() if connection is None else self._external(connection)
+        if name in self._timed:
+            params = {"now": self._now(), **params}
         try:
-            return _result(sql, conn.execute(sql, {"now": self._now(), **params}))
+            return _result(sql, conn.execute(sql, params))
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
 
@@ -224,7 +228,9 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         sql = self._q[name]
         try:
             with self._write() as conn:
-                return _result(sql, conn.execute(sql, {"now": self._now(), **params}))
+                if name in self._timed:
+                    params = {"now": self._now(), **params}
+                return _result(sql, conn.execute(sql, params))
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
 
