@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -20,22 +19,22 @@ from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.testing import FrozenClock, drain
 from support.db import create_effects, effects, record_effect, sql
 from support.procs import hold_key_in_handler
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 
 
-def _backend_gone(url: str, pid: int, timeout: float = 20.0) -> bool:
+def _wait_backend_gone(url: str, pid: int) -> None:
     """Wait for a server backend to end (observed in pg_stat_activity, not assumed)."""
-    deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-            if row.fetchone()[0] == 0:
-                return True
-            conn.execute("SELECT pg_sleep(0.05)")
-    return False
+            return row.fetchone() == (0,)
+
+        wait_until(gone, what=f"server backend {pid} to end")
 
 
 @pytest.mark.slow
@@ -71,7 +70,7 @@ def test_a_claim_blocked_by_a_live_transaction_backs_off_and_completes_once_it_i
             assert row.run_at == T0 + timedelta(minutes=10, seconds=1)
             os.kill(worker_a.pid, signal.SIGKILL)
             worker_a.join(10)
-            assert _backend_gone(pg_url, a_backend)
+            _wait_backend_gone(pg_url, a_backend)
             clock.advance(timedelta(seconds=1))
             second = b.run_once()
             b.session.close()
@@ -273,10 +272,7 @@ def test_the_server_ends_a_hung_handlers_transaction_and_releases_its_claim(pg_u
     try:
         assert inside.wait(10)
         query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'oncebox %:hung'"
-        deadline = time.monotonic() + 10
-        while sql(box, query) != [(0,)] and time.monotonic() < deadline:
-            threading.Event().wait(0.05)
-        assert sql(box, query) == [(0,)], "the server kept the hung transaction"
+        wait_until(lambda: sql(box, query) == [(0,)], what="the server to end the hung transaction")
         # its claim is gone with it: another transaction can take the key at once
         assert box.store.intent_get("hung/1") is None
     finally:
@@ -348,10 +344,10 @@ def test_confirm_versus_expire_when_the_sweeper_locks_first_ends_expired_with_on
         assert pause.reached.wait(10)
         confirming = threading.Thread(target=lambda: outcome.update(won=_confirm_hold(box, 1)))
         confirming.start()
-        deadline = time.monotonic() + 10
-        while not sql(box, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
-            assert time.monotonic() < deadline, "the confirm never waited on the hold's lock"
-            threading.Event().wait(0.01)
+        wait_until(
+            lambda: sql(box, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"),
+            what="the confirm to wait on the hold's lock",
+        )
         pause.release()
         sweeping.join(10)
         confirming.join(10)

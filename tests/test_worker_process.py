@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,6 +22,7 @@ from support.procs import (
     hang_in_handler,
     work_until_stopped,
 )
+from support.waiting import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -31,11 +31,8 @@ pytestmark = pytest.mark.slow
 
 def wait_until_listening(box: Box) -> None:
     """PostgreSQL: a NOTIFY sent before the listener's LISTEN is lost, so wait for the LISTEN."""
-    deadline = time.monotonic() + 10
     listening = "SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN oncebox_jobs'"
-    while not sql(box, listening):
-        assert time.monotonic() < deadline, "the worker never ran LISTEN"
-        threading.Event().wait(0.01)
+    wait_until(lambda: sql(box, listening), what="the worker's LISTEN")
 
 
 def test_sigterm_finishes_the_running_transaction_and_releases_the_rest(store_url):
