@@ -28,81 +28,6 @@ from oncebox.providers.base import (
 )
 from oncebox.providers.http import HttpEmailProvider, parse_retry_after
 
-
-def answer(status: int, body: bytes, content_type: str = "application/json") -> httpx2.Response:
-    return httpx2.Response(
-        status,
-        content=body,
-        headers={"content-type": content_type},
-        request=httpx2.Request("POST", "http://fake.example/emails"),
-    )
-
-
-DEEP = b"[" * 10**5 + b"]" * 10**5
-
-
-@pytest.fixture
-def http_provider() -> Iterator[HttpEmailProvider]:
-    provider = from_url("resend+http://127.0.0.1:9?timeout=1")
-    assert isinstance(provider, HttpEmailProvider)
-    yield provider
-    provider.close()
-
-
-def test_a_body_too_deep_to_parse_counts_as_no_body_whatever_the_status(http_provider):
-    for status in (200, 201):
-        receipt = http_provider._classify(answer(status, DEEP))
-        assert isinstance(receipt, Receipt) and receipt.provider_id is None
-        assert len(receipt.detail) <= 600
-    with pytest.raises(SendRetryable, match="in progress"):  # an unknown 409 code
-        http_provider._classify(answer(409, DEEP))
-    with pytest.raises(SendPermanent, match="HTTP 422"):
-        http_provider._classify(answer(422, DEEP))
-    with pytest.raises(SendRetryable, match="HTTP 503"):
-        http_provider._classify(answer(503, DEEP))
-
-
-def test_a_425_too_early_is_retryable_and_honours_retry_after():
-    with FakeEmailApi() as api:
-        api.script("425:30", "425")
-        provider = from_url(f"{api.url}?timeout=5")
-        try:
-            outcomes = []
-            for _ in range(2):
-                try:
-                    provider.send(_outgoing(), "idem-425")
-                except SendRetryable as exc:
-                    outcomes.append(exc)
-        finally:
-            provider.close()  # type: ignore[attr-defined]
-        assert [o.retry_after for o in outcomes] == [timedelta(seconds=30), None]
-        assert all("HTTP 425" in o.reason for o in outcomes)
-        assert api.delivered == []
-
-
-def _outgoing() -> Any:
-    from oncebox.providers import Outgoing
-
-    return Outgoing(
-        1,
-        "email",
-        "a" * 32,
-        {
-            "to": ["x@y.example"],
-            "from": "digest@oncebox.example",
-            "subject": "s",
-            "text": "t",
-            "date": "Mon, 17 Aug 2026 09:00:00 +0000",
-            "headers": {},
-        },
-        1,
-    )
-
-
-def deep_json(levels: int) -> str:
-    return "[" * levels + "]" * levels
-
-
 OUTGOING = Outgoing(
     1,
     "email",
@@ -185,6 +110,61 @@ def api() -> Iterator[FakeEmailApi]:
         yield server
 
 
+def deep_json(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def answer(status: int, body: bytes, content_type: str = "application/json") -> httpx2.Response:
+    return httpx2.Response(
+        status,
+        content=body,
+        headers={"content-type": content_type},
+        request=httpx2.Request("POST", "http://fake.example/emails"),
+    )
+
+
+DEEP = b"[" * 10**5 + b"]" * 10**5
+
+
+@pytest.fixture
+def http_provider() -> Iterator[HttpEmailProvider]:
+    provider = from_url("resend+http://127.0.0.1:9?timeout=1")
+    assert isinstance(provider, HttpEmailProvider)
+    yield provider
+    provider.close()
+
+
+def test_a_body_too_deep_to_parse_counts_as_no_body_whatever_the_status(http_provider):
+    for status in (200, 201):
+        receipt = http_provider._classify(answer(status, DEEP))
+        assert isinstance(receipt, Receipt) and receipt.provider_id is None
+        assert len(receipt.detail) <= 600
+    with pytest.raises(SendRetryable, match="in progress"):  # an unknown 409 code
+        http_provider._classify(answer(409, DEEP))
+    with pytest.raises(SendPermanent, match="HTTP 422"):
+        http_provider._classify(answer(422, DEEP))
+    with pytest.raises(SendRetryable, match="HTTP 503"):
+        http_provider._classify(answer(503, DEEP))
+
+
+def test_a_425_too_early_is_retryable_and_honours_retry_after():
+    with FakeEmailApi() as api:
+        api.script("425:30", "425")
+        provider = from_url(f"{api.url}?timeout=5")
+        try:
+            outcomes = []
+            for _ in range(2):
+                try:
+                    provider.send(OUTGOING, "idem-425")
+                except SendRetryable as exc:
+                    outcomes.append(exc)
+        finally:
+            provider.close()  # type: ignore[attr-defined]
+        assert [o.retry_after for o in outcomes] == [timedelta(seconds=30), None]
+        assert all("HTTP 425" in o.reason for o in outcomes)
+        assert api.delivered == []
+
+
 STATUS_CLASSES: list[tuple[int, type]] = [
     (201, Receipt),
     (202, Receipt),
@@ -219,11 +199,6 @@ def test_every_catalogued_status_is_classified(api, status, expected):
     if isinstance(outcome, SendError):
         assert f"HTTP {status}" in outcome.reason
     assert api.delivered == []
-
-
-def test_a_425_too_early_is_retried_not_dead(api):
-    api.script("425")
-    assert isinstance(send_once(api.url), (SendRetryable, SendThrottled))
 
 
 @pytest.mark.parametrize(

@@ -337,23 +337,3 @@ def test_different_arguments_never_share_a_key(sqlite_url, open_box, template, f
         return  # refusing the ambiguous template is a correct fix too
     assert box.enqueue_args(pair, first).created
     assert box.enqueue_args(pair, second).created
-
-
-def test_a_str_enum_argument_renders_the_same_key_as_its_stored_value(sqlite_url, open_box):
-    box = open_box(sqlite_url)
-
-    @box.task(key="k/{region}")
-    def regional(ctx, region: str) -> None:
-        pass
-
-    first = box.enqueue(regional, region=Region.EU)
-    again = box.enqueue(regional, region="eu")
-    assert first.key == "k/eu"
-    assert not again.created
-
-
-@pytest.mark.parametrize("template", ["k/{a\nb}", "k/{a\u202eb}"])
-def test_a_template_error_message_is_one_printable_line(template):
-    with pytest.raises(KeyTemplateError) as caught:
-        KeyTemplate.parse(template)
-    assert str(caught.value).isprintable()

@@ -100,10 +100,6 @@ def test_an_unexpected_error_while_preparing_a_delivery_kills_only_that_delivery
     assert failure.final and "RuntimeError: a bug in preparing" in failure.error
 
 
-def deep_json(levels: int) -> str:
-    return "[" * levels + "]" * levels
-
-
 @pytest.fixture
 def sqlite_box(sqlite_url, open_box) -> Box:
     """For what does not depend on the store (the broker path, decoding): SQLite only."""
@@ -205,7 +201,7 @@ def test_a_delivery_with_deeply_nested_args_dies_at_once(sqlite_box: Box, levels
     box = sqlite_box
     ran: list[tuple[Any, ...]] = []
     declare_victim(box, ran)
-    broker, result = consume_with_poison(box, '{"n": 1, "note": ' + deep_json(levels) + "}")
+    broker, result = consume_with_poison(box, '{"n": 1, "note": ' + nested(levels) + "}")
     assert dict(broker.acks) == {"m1": "dead", "m2": "completed"}
     assert "InvalidArguments" in result.failures[0].error
 
@@ -281,7 +277,7 @@ def test_stored_jobs_with_broken_args_are_dead_and_the_worker_keeps_going(box: B
         pytest.param('\ufeff{"n": 1}', "not JSON", id="bom"),
         pytest.param('{"n": ' + "9" * 10**4 + "}", "not JSON", id="int-10^4-digits"),
         pytest.param(
-            '{"n": ' + deep_json(10**4) + "}",
+            '{"n": ' + nested(10**4) + "}",
             "InvalidArguments",
             id="deep-nesting",
         ),
