@@ -36,8 +36,9 @@ def _admin() -> psycopg.Connection:
 def _url_for(database: str) -> str:
     base = psycopg.conninfo.conninfo_to_dict(PG_URL)
     base["dbname"] = database
+    user = base.get("user")
     return "postgresql://" + (
-        f"{base.get('user') + '@' if base.get('user') else ''}"
+        f"{f'{user}@' if user else ''}"
         f"{base.get('host', '127.0.0.1')}:{base.get('port', 5432)}/{database}"
     )
 

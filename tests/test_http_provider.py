@@ -50,12 +50,13 @@ RESPONSE_DATE = "Mon, 17 Aug 2026 09:00:00 GMT"
 def send_once(url: str) -> Receipt | SendError:
     """One send through the real HTTP client; a SendError is returned, anything else raised."""
     provider = from_url(f"{url}?timeout=5")
+    assert isinstance(provider, HttpEmailProvider)
     try:
         return provider.send(OUTGOING, "idem-key-1")
     except SendError as exc:
         return exc
     finally:
-        provider.close()  # type: ignore[attr-defined]
+        provider.close()
 
 
 @contextmanager
@@ -151,6 +152,7 @@ def test_a_425_too_early_is_retryable_and_honours_retry_after():
     with FakeEmailApi() as api:
         api.script("425:30", "425")
         provider = from_url(f"{api.url}?timeout=5")
+        assert isinstance(provider, HttpEmailProvider)
         try:
             outcomes = []
             for _ in range(2):
@@ -159,7 +161,7 @@ def test_a_425_too_early_is_retryable_and_honours_retry_after():
                 except SendRetryable as exc:
                     outcomes.append(exc)
         finally:
-            provider.close()  # type: ignore[attr-defined]
+            provider.close()
         assert [o.retry_after for o in outcomes] == [timedelta(seconds=30), None]
         assert all("HTTP 425" in o.reason for o in outcomes)
         assert api.delivered == []
@@ -283,7 +285,7 @@ def test_retry_after_values_on_the_wire_are_parsed_never_raised(api, action, ret
     outcome = send_once(api.url)
     expected = SendThrottled if action.startswith("429") else SendRetryable
     assert type(outcome) is expected, outcome
-    assert outcome.retry_after == retry_after  # type: ignore[union-attr]
+    assert outcome.retry_after == retry_after
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from oncebox.jobs.periods import custom, day, in_zone, iso_week, month, weeks_in
 from oncebox.schedules.schedule import make_schedule
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -186,6 +186,9 @@ class NoOffset(tzinfo):
     def dst(self, dt: datetime | None) -> timedelta | None:
         return None
 
+    def tzname(self, dt: datetime | None) -> str | None:
+        return None
+
 
 NAIVE = datetime(2026, 8, 17, 9, 0)
 
@@ -195,7 +198,12 @@ NO_OFFSET = datetime(2026, 8, 17, 9, 0, tzinfo=NoOffset())
 
 def weekly():
     return make_schedule(
-        "s", cron="0 9 * * MON", tz="Europe/Berlin", period=iso_week, task="t", eligible=list
+        "s",
+        cron="0 9 * * MON",
+        tz="Europe/Berlin",
+        period=iso_week,
+        task="t",
+        eligible=lambda ctx: [],
     )
 
 

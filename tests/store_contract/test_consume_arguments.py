@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 import oncebox.queue.consumer as consumer_module
 from oncebox import Box, Retry
+from oncebox.jobs import codec
 from oncebox.queue.consumer import ConsumerResult
 from oncebox.testing import RedeliveringTransport
 from support.db import sql
+from support.rows import job_row
 
 SECRET = "test-secret-not-for-production"
 
@@ -79,7 +81,7 @@ def test_an_unexpected_error_while_preparing_a_delivery_kills_only_that_delivery
     def hardened(ctx, n: int) -> None:
         ran.append(n)
 
-    real = consumer_module.parse_args
+    real = codec.parse_args
 
     def flaky(text: Any) -> dict[str, Any]:
         if '"n":1' in str(text):
@@ -103,7 +105,8 @@ def test_an_unexpected_error_while_preparing_a_delivery_kills_only_that_delivery
 @pytest.fixture
 def sqlite_box(sqlite_url, open_box) -> Box:
     """For what does not depend on the store (the broker path, decoding): SQLite only."""
-    return open_box(sqlite_url, seed=1234, secret=SECRET)
+    box: Box = open_box(sqlite_url, seed=1234, secret=SECRET)
+    return box
 
 
 def declare_victim(box: Box, ran: list[tuple[Any, ...]]) -> None:
@@ -244,10 +247,10 @@ def run_worker_over_poison(box: Box, poisons: dict[str, str]) -> dict[int, str]:
     good = box.enqueue("fuzz_t", n=99).job_id
     result = box.work(until_idle=True)
     for job_id, needle in expected.items():
-        dead = box.store.job_get(job_id)
+        dead = job_row(box, job_id)
         assert (dead.state, dead.attempt) == ("dead", 1), (job_id, dead.state)
-        assert needle in dead.last_error, dead.last_error
-    done = box.store.job_get(good)
+        assert needle in (dead.last_error or ""), dead.last_error
+    done = job_row(box, good)
     assert (done.state, done.outcome) == ("done", "completed")
     assert (result.consumed.dead, result.consumed.completed) == (len(poisons), 1)
     assert ran == [(99, None)]

@@ -27,6 +27,7 @@ from oncebox.jobs.codec import (
     encode_args,
 )
 from oncebox.jobs.keys import MAX_KEY_LENGTH
+from support.rows import job_row
 
 
 def jobs_written(box: Box) -> dict[str, int]:
@@ -144,7 +145,7 @@ def test_key_lengths_at_the_edges(box: Box):
     def bare(ctx, v: str) -> None:
         pass
 
-    outcomes = {}
+    outcomes: dict[int, bool | str] = {}
     for length in (0, 1, MAX_KEY_LENGTH, MAX_KEY_LENGTH + 1, MAX_KEY_LENGTH + 2, 10**5):
         try:
             outcomes[length] = box.enqueue(bare, v="k" * length).created
@@ -259,7 +260,7 @@ def test_arguments_of_the_wrong_shape_or_type_are_refused_and_nothing_is_written
 
 
 @pytest.mark.parametrize("char", ["€", "\U0001f4e6"], ids=["3-byte", "4-byte"])
-def test_the_default_payload_limit_is_counted_in_utf8_bytes_at_the_boundary(box: Box, char):
+def test_the_default_payload_limit_is_counted_in_utf8_bytes_at_the_boundary(box: Box, char: str):
     @box.task
     def blob(ctx, body: str) -> None:
         pass
@@ -274,7 +275,7 @@ def test_the_default_payload_limit_is_counted_in_utf8_bytes_at_the_boundary(box:
     assert len(body(DEFAULT_MAX_PAYLOAD_BYTES + 1)) < DEFAULT_MAX_PAYLOAD_BYTES // 2  # chars
     for total in (DEFAULT_MAX_PAYLOAD_BYTES - 1, DEFAULT_MAX_PAYLOAD_BYTES):
         job = box.enqueue(blob, body=body(total)).job_id
-        stored = box.store.job_get(job)
+        stored = job_row(box, job)
         assert decode_args(stored.args_json) == {"body": body(total)}
     limit = DEFAULT_MAX_PAYLOAD_BYTES
     with pytest.raises(PayloadTooLarge, match=rf"are {limit + 1} bytes as JSON; the limit is"):
