@@ -286,8 +286,8 @@ def test_outbox_resolve_sent_records_the_receipt_and_audits_it(store: Store):
         T0 + timedelta(hours=2),
     )
     [audit] = store.audit_list(outbox_id)
-    assert (audit.id, audit.action, audit.target_kind, audit.target_key) == (
-        result.audit_id,
+    assert audit.id == result.audit_id
+    assert (audit.action, audit.target_kind, audit.target_key) == (
         "resolve-sent",
         "delivery",
         "k/1",

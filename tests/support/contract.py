@@ -51,31 +51,21 @@ def new_token() -> str:
     return str(uuid.uuid4())
 
 
+JOB_FIELDS: dict[str, Any] = {
+    "queue": "default",
+    "priority": 0,
+    "group_key": None,
+    "max_attempts": 3,
+}
+
+
 def job(
-    key: str | None = "k/1",
-    task: str = "t",
-    *,
-    queue: str = "default",
-    args: dict[str, object] | None = None,
-    priority: int = 0,
-    group_key: str | None = None,
-    max_attempts: int = 3,
-    run_at: datetime | None = None,
-    delay: timedelta = timedelta(0),
-    max_age: timedelta | None = None,
+    key: str | None = "k/1", task: str = "t", *, args: dict[str, Any] | None = None, **fields: Any
 ) -> JobInsert:
-    return JobInsert(
-        task=task,
-        key=key,
-        queue=queue,
-        args_json=json.dumps(args if args is not None else {"n": 1}),
-        priority=priority,
-        group_key=group_key,
-        max_attempts=max_attempts,
-        run_at=run_at,
-        delay=delay,
-        max_age=max_age,
-    )
+    """One job of `task` under `key`; `fields` set any other JobInsert field (queue, priority,
+    group_key, max_attempts, run_at, delay, max_age)."""
+    arguments = json.dumps({"n": 1} if args is None else args)
+    return JobInsert(task=task, key=key, args_json=arguments, **{**JOB_FIELDS, **fields})
 
 
 def insert(store: Store, key: str | None = "k/1", task: str = "t", **fields: Any) -> int:
