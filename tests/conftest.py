@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ def _admin() -> psycopg.Connection:
 def _url_for(database: str) -> str:
     base = psycopg.conninfo.conninfo_to_dict(PG_URL)
     base["dbname"] = database
+    user = base.get("user")
     return "postgresql://" + (
-        f"{base.get('user') + '@' if base.get('user') else ''}"
+        f"{f'{user}@' if user else ''}"
         f"{base.get('host', '127.0.0.1')}:{base.get('port', 5432)}/{database}"
     )
 
@@ -61,15 +63,22 @@ def pg_template() -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
-@pytest.fixture
-def pg_url(pg_template: str) -> Iterator[str]:
+@contextmanager
+def database_from(template: str) -> Iterator[str]:
+    """A new database copied from `template` (migrated, empty), dropped on exit; its URL."""
     name = f"oncebox_t_{uuid.uuid4().hex[:12]}"
     with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'.encode())
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'.encode())
         try:
             yield _url_for(name)
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    with database_from(pg_template) as url:
+        yield url
 
 
 @pytest.fixture

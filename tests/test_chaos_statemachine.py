@@ -309,7 +309,7 @@ class FreightMachine(RuleBasedStateMachine):
             def unreachable(*_args: Any) -> None:
                 raise StoreUnavailable("the crashed process cannot give its leases back")
 
-            consumer.transport.release = unreachable  # type: ignore[method-assign,assignment]
+            consumer.transport.release = unreachable  # type: ignore[method-assign,assignment]  # a crash
         try:
             for _ in range(100):
                 if not consumer.run_once().leased:
@@ -662,6 +662,6 @@ def test_the_chaos_invariants_hold_under_any_interleaving(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     run_state_machine_as_test(
-        lambda: FreightMachine(tmp_path_factory.mktemp("freight")),  # type: ignore[arg-type]
+        lambda: FreightMachine(tmp_path_factory.mktemp("freight")),  # type: ignore[arg-type]  # a factory is called too
         settings=SETTINGS,
     )

@@ -13,6 +13,7 @@ import pytest
 from oncebox import Box, Retry
 from oncebox.store.sqlfiles import load_migrations
 from oncebox.testing import drain
+from support.rows import job_row
 
 TESTS = Path(__file__).resolve().parent
 
@@ -51,6 +52,7 @@ def dead_greeting(url: str) -> int:
 
         job = box.enqueue(greet, name="poison").job_id
         drain(box, raise_on_failure=False)
+        assert job is not None
         return job
     finally:
         box.close()
@@ -146,7 +148,7 @@ def test_dlq_replay_keeps_the_key_and_is_audited(store_url, tmp_path):
     assert f"job {job} (greeting/poison) is ready again" in result.stdout
     box = Box(store_url)
     try:
-        row = box.store.job_get(job)
+        row = job_row(box, job)
         assert (row.state, row.key) == ("ready", "greeting/poison")
         audit = box.store.audit_list(target_id=job)
         assert [(a.action, a.actor, a.reason) for a in audit] == [

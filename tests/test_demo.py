@@ -7,6 +7,7 @@ import io
 from collections import Counter
 from email import message_from_bytes
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,11 +25,11 @@ def run_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options) -> demo
     out = io.StringIO()
     options.setdefault("customers", 40)
     report = demo.run(demo.DemoOptions(period=PERIOD, **options), out)
-    report.text = out.getvalue()  # type: ignore[attr-defined]
+    report.text = out.getvalue()  # type: ignore[attr-defined]  # what it printed, for the checks
     return report
 
 
-def rows(url: str, sql: str) -> list[tuple]:
+def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
     box = Box(url)
     try:
         conn = connect(box)
@@ -50,7 +51,9 @@ def delivered_files(tmp_path: Path) -> Counter[tuple[str, str]]:
     )
 
 
-def assert_each_active_customer_has_one_digest(url: str, delivered: Counter) -> None:
+def assert_each_active_customer_has_one_digest(
+    url: str, delivered: Counter[tuple[str, str]]
+) -> None:
     active = rows(url, "SELECT id, email FROM freight_customers WHERE active = 1 ORDER BY id")
     poison = [email for _id, email in active if email == seed.POISON_EMAIL]
     assert len(poison) == 1
@@ -85,7 +88,7 @@ def test_the_demo_on_sqlite_delivers_one_digest_per_active_customer_under_faults
     notices = [s for (_to, s), n in delivered.items() for _ in range(n) if "hold" in s]
     assert expired > 0
     assert len(notices) == expired
-    assert "invariants hold" in report.text  # type: ignore[attr-defined]
+    assert "invariants hold" in report.text  # type: ignore[attr-defined]  # set by run_demo
 
 
 def recheck(tmp_path: Path, report: demo.DemoReport, change) -> list[str]:

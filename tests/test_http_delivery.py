@@ -247,3 +247,28 @@ def test_a_resend_held_up_past_the_window_is_held_not_sent(store_url, mail_box):
             drain(box, raise_on_failure=False)
     assert row(box, 1).state == "ambiguous"
     assert provider.deliveries == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "pause"),
+    [
+        ("0", timedelta(seconds=1)),  # "0" must not mean "hammer the provider"
+        ("-5", timedelta(seconds=1)),
+        ("1.5", timedelta(seconds=1.5)),
+        ("garbage", timedelta(seconds=60)),  # default_throttle
+        ("date:-3600", timedelta(seconds=1)),
+        ("date:315360000", timedelta(hours=1)),  # capped at max_pause
+    ],
+)
+def test_a_429s_retry_after_becomes_a_bounded_pause_that_spends_no_attempt(
+    api, sqlite_url, mail_box, header, pause
+):
+    box = mail_box(sqlite_url, api.url)
+    api.script(f"429:{header}")
+    with FrozenClock(box, at=T0):
+        enqueue_customers(box, [1])
+        result = drain(box, raise_on_failure=False)
+    [row] = box.store.outbox_find_by_key("weekly-digest/customer-1/2026-W33")
+    assert (result.dispatched.throttled, result.dispatched.dead) == (1, 0)
+    assert (row.state, row.attempt) == ("pending", 0)
+    assert row.next_attempt_at - T0 == pause

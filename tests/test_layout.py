@@ -91,7 +91,8 @@ def cycles_of(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     """One cycle through each node that is on one (as the path that closes it)."""
 
     def path_back(start: str) -> tuple[str, ...] | None:
-        stack, seen = [(start, (start,))], set()
+        stack: list[tuple[str, tuple[str, ...]]] = [(start, (start,))]
+        seen: set[str] = set()
         while stack:
             node, path = stack.pop()
             for nxt in sorted(graph.get(node, ())):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -10,12 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oncebox import ConfigurationError, InvalidArguments
+from oncebox.jobs.keys import validate_key
 from oncebox.jobs.periods import custom, day, in_zone, iso_week, month, weeks_in_iso_year
 from oncebox.schedules.schedule import make_schedule
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -130,3 +131,167 @@ def test_iso_week_always_names_an_existing_week(instant):
     assert abs(year - instant.year) <= 1
     monday = datetime.fromisocalendar(year, int(week[-2:]), 1).replace(tzinfo=UTC)
     assert monday <= instant < monday + timedelta(days=7)
+
+
+ARABIC_2026 = "\u0662\u0660\u0662\u0666"
+
+
+FULL_WIDTH_08 = "\uff10\uff18"
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        (iso_week, "0000-W01"),
+        (iso_week, f"{ARABIC_2026}-W33"),
+        (iso_week, "2026-W\uff13\uff13"),
+        (month, "0000-08"),
+        (month, f"2026-{FULL_WIDTH_08}"),
+        (month, f"{ARABIC_2026}-08"),
+        (month, f"{ARABIC_2026}-\u0660\u0668"),
+        (day, "0000-08-17"),
+        (day, f"2026-{FULL_WIDTH_08}-17"),
+        (day, f"{ARABIC_2026}-08-17"),
+        (day, f"{ARABIC_2026}-\u0660\u0668-\u0661\u0667"),
+    ],
+)
+def test_a_period_with_year_zero_or_non_ascii_digits_is_invalid_arguments(kind, text):
+    with pytest.raises(InvalidArguments, match="period") as caught:
+        kind.check(text)
+    assert "\n" not in str(caught.value)
+
+
+def test_year_zero_says_why_in_one_line():
+    with pytest.raises(InvalidArguments, match=r"'0000-W01' does not exist: years start at 0001"):
+        iso_week.check("0000-W01")
+    assert iso_week.check("0001-W01") == "0001-W01"
+    assert iso_week.check("9999-W52") == "9999-W52"
+
+
+@pytest.mark.parametrize("kind", [iso_week, day, month])
+def test_a_period_that_is_not_text_or_is_huge_is_refused_with_a_short_message(kind):
+    with pytest.raises(InvalidArguments, match="not NoneType"):
+        kind.check(None)
+    with pytest.raises(InvalidArguments) as caught:
+        kind.check("9" * 10**5)
+    assert len(str(caught.value)) < 200, len(str(caught.value))
+
+
+class NoOffset(tzinfo):
+    """A tzinfo whose utcoffset() is None: the instant is naive, by Python's definition."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str | None:
+        return None
+
+
+NAIVE = datetime(2026, 8, 17, 9, 0)
+
+
+NO_OFFSET = datetime(2026, 8, 17, 9, 0, tzinfo=NoOffset())
+
+
+def weekly():
+    return make_schedule(
+        "s",
+        cron="0 9 * * MON",
+        tz="Europe/Berlin",
+        period=iso_week,
+        task="t",
+        eligible=lambda ctx: [],
+    )
+
+
+@pytest.mark.parametrize("instant", [NAIVE, NO_OFFSET], ids=["naive", "utcoffset-none"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        in_zone(month, "UTC"),
+        day,
+        lambda at: weekly().period_of(at),
+        lambda at: weekly().next_fire(at),
+        lambda at: weekly().fires_between(at, datetime(2026, 9, 1, tzinfo=UTC)),
+        lambda at: weekly().fires_between(datetime(2026, 8, 1, tzinfo=UTC), at),
+    ],
+    ids=[
+        "in_zone",
+        "period",
+        "period_of",
+        "next_fire",
+        "fires_between-after",
+        "fires_between-until",
+    ],
+)
+def test_an_instant_without_an_offset_is_refused_never_read_as_local_time(call, instant):
+    with pytest.raises(ConfigurationError, match="timezone-aware"):
+        call(instant)
+
+
+def test_a_date_is_not_an_instant():
+    with pytest.raises(ConfigurationError, match="timezone-aware datetimes, not date"):
+        in_zone(iso_week, "UTC")(datetime(2026, 8, 17, tzinfo=UTC).date())  # type: ignore[arg-type]
+
+
+def test_aware_instants_still_give_their_periods_in_the_schedules_zone():
+    late_sunday_utc = datetime(2026, 8, 16, 23, 30, tzinfo=UTC)  # Monday 01:30 in Berlin
+    assert in_zone(iso_week, "Europe/Berlin")(late_sunday_utc) == "2026-W34"
+    assert weekly().period_of(late_sunday_utc) == "2026-W34"
+    assert weekly().next_fire(late_sunday_utc) == datetime(2026, 8, 17, 7, tzinfo=UTC)
+    fires = weekly().fires_between(late_sunday_utc, datetime(2026, 8, 25, tzinfo=UTC))
+    assert fires == [datetime(2026, 8, 17, 7, tzinfo=UTC), datetime(2026, 8, 24, 7, tzinfo=UTC)]
+
+
+def test_a_custom_period_refuses_non_text_and_quotes_a_huge_one_briefly():
+    fortnight = custom("fortnight", lambda at: "2026-F17")
+    with pytest.raises(InvalidArguments, match="not int"):
+        fortnight.check(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArguments) as caught:
+        fortnight.check("x" * 10**5)
+    assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize(
+    "tz",
+    [
+        "",
+        "localtime",
+        "LocalTime",
+        "/etc/localtime",
+        "../../etc/passwd",
+        "Europe/../UTC",
+        "UTC\x00",
+        "Europe/Berlin ",
+        "\u202eUTC",
+        "utc+2",
+        None,
+        5,
+    ],
+)
+def test_a_schedule_in_a_bad_timezone_is_refused_and_not_registered(sqlite_url, open_box, tz):
+    box = open_box(sqlite_url)
+
+    @box.task(key="digest/{period}")
+    def digest(ctx, period: str) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="timezone"):
+        box.schedule("weekly", cron="0 9 * * MON", period=iso_week, task="digest", tz=tz)(
+            lambda ctx: []
+        )
+    assert box.schedules == {}
+
+
+@given(st.from_regex(r"[0-9]{4}-W[0-9]{2}", fullmatch=True).filter(lambda p: p[:4] != "0000"))
+def test_a_week_text_is_either_refused_or_a_real_week_usable_in_a_key(text):
+    try:
+        checked = iso_week.check(text)
+    except InvalidArguments:
+        return
+    validate_key(f"digest/{checked}")
+    monday = datetime.fromisocalendar(int(text[:4]), int(text[-2:]), 1).replace(tzinfo=UTC)
+    assert iso_week(monday) == text

@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -17,25 +16,27 @@ import pytest
 
 from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.store.postgres import PostgresConsumerSession, PostgresStore
 from oncebox.testing import FrozenClock, drain
 from support.db import create_effects, effects, record_effect, sql
 from support.procs import hold_key_in_handler
+from support.rows import job_attempts, job_row
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 
 
-def _backend_gone(url: str, pid: int, timeout: float = 20.0) -> bool:
+def _wait_backend_gone(url: str, pid: int) -> None:
     """Wait for a server backend to end (observed in pg_stat_activity, not assumed)."""
-    deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-            if row.fetchone()[0] == 0:
-                return True
-            conn.execute("SELECT pg_sleep(0.05)")
-    return False
+            return row.fetchone() == (0,)
+
+        wait_until(gone, what=f"server backend {pid} to end")
 
 
 @pytest.mark.slow
@@ -66,12 +67,13 @@ def test_a_claim_blocked_by_a_live_transaction_backs_off_and_completes_once_it_i
             # B neither blocked forever nor failed the others: 2 done, the blocked one released
             assert (first.leased, first.completed, first.released) == (3, 2, 1)
             assert box.metrics.counter("claim_lock_timeouts") == 1
-            row = box.store.job_get(held)
+            row = job_row(box, held)
             assert (row.state, row.attempt) == ("ready", 1)  # the release spent no attempt
             assert row.run_at == T0 + timedelta(minutes=10, seconds=1)
+            assert worker_a.pid is not None
             os.kill(worker_a.pid, signal.SIGKILL)
             worker_a.join(10)
-            assert _backend_gone(pg_url, a_backend)
+            _wait_backend_gone(pg_url, a_backend)
             clock.advance(timedelta(seconds=1))
             second = b.run_once()
             b.session.close()
@@ -84,9 +86,9 @@ def test_a_claim_blocked_by_a_live_transaction_backs_off_and_completes_once_it_i
         ("weekly-digest/customer-2/2026-W33", "B"),
         ("weekly-digest/customer-3/2026-W33", "B"),
     ]
-    attempts = box.store.job_attempt_list(held)
+    attempts = job_attempts(box, held)
     assert [(a.attempt, a.outcome) for a in attempts] == [(1, "lease_expired")]
-    assert box.store.job_get(held).attempt == 2
+    assert job_row(box, held).attempt == 2
     box.close()
 
 
@@ -212,7 +214,7 @@ def test_retry_later_is_measured_on_the_database_clock(pg_url):
     with FrozenClock(box, at=T0):
         job = box.enqueue(later, n=1).job_id
         drain(box, raise_on_failure=False)
-        assert box.store.job_get(job).run_at == T0 + timedelta(seconds=90)
+        assert job_row(box, job).run_at == T0 + timedelta(seconds=90)
     box.close()
 
 
@@ -273,10 +275,7 @@ def test_the_server_ends_a_hung_handlers_transaction_and_releases_its_claim(pg_u
     try:
         assert inside.wait(10)
         query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'oncebox %:hung'"
-        deadline = time.monotonic() + 10
-        while sql(box, query) != [(0,)] and time.monotonic() < deadline:
-            threading.Event().wait(0.05)
-        assert sql(box, query) == [(0,)], "the server kept the hung transaction"
+        wait_until(lambda: sql(box, query) == [(0,)], what="the server to end the hung transaction")
         # its claim is gone with it: another transaction can take the key at once
         assert box.store.intent_get("hung/1") is None
     finally:
@@ -348,10 +347,10 @@ def test_confirm_versus_expire_when_the_sweeper_locks_first_ends_expired_with_on
         assert pause.reached.wait(10)
         confirming = threading.Thread(target=lambda: outcome.update(won=_confirm_hold(box, 1)))
         confirming.start()
-        deadline = time.monotonic() + 10
-        while not sql(box, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
-            assert time.monotonic() < deadline, "the confirm never waited on the hold's lock"
-            threading.Event().wait(0.01)
+        wait_until(
+            lambda: sql(box, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"),
+            what="the confirm to wait on the hold's lock",
+        )
         pause.release()
         sweeping.join(10)
         confirming.join(10)
@@ -410,8 +409,10 @@ def test_a_lease_right_after_a_bulk_enqueue_walks_the_claim_index_instead_of_sor
     consumer = box.consumer(ConsumerConfig(batch_size=1000))
     for _ in range(10):  # a queue in the middle of its backlog: half done, half ready
         assert consumer.run_once().completed == 1000
+    assert isinstance(consumer.session, PostgresConsumerSession)
     conn = consumer.session._conn
-    if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+    superuser = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+    if conn.execute(superuser).fetchone() != (True,):
         pytest.skip("auto_explain needs a superuser to LOAD it")
     plans: list[str] = []
     conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
@@ -447,7 +448,7 @@ def test_an_idle_poll_reads_the_next_due_time_in_the_leases_own_transaction(pg_u
     box.enqueue(later, n=1, delay=timedelta(seconds=60))
     consumer = box.consumer()
     asked: list[object] = []
-    consumer.transport._next_due = lambda *args: asked.append(args)  # type: ignore[attr-defined]
+    consumer.transport._next_due = lambda *args: asked.append(args)  # type: ignore[attr-defined]  # spy
     try:
         assert consumer.run_once().leased == 0
         due_in = consumer.transport.next_due_in()
@@ -481,10 +482,10 @@ def test_an_outbox_lease_reads_each_channels_head_not_the_whole_backlog(pg_url):
     box.task(key="mail/{n}", name="mail")(lambda ctx, n: None)
     plans: list[str] = []
     try:
+        assert isinstance(box.store, PostgresStore)
         with box.store.pool().connection() as conn:
-            if not conn.execute(
-                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
-            ).fetchone()[0]:
+            superuser = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            if conn.execute(superuser).fetchone() != (True,):
                 pytest.skip("auto_explain needs a superuser to LOAD it")
             conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
             for statement in [

@@ -8,6 +8,8 @@ import sqlite3
 from email import message_from_bytes
 from pathlib import Path
 
+from oncebox import Box
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -32,11 +34,12 @@ def test_the_readme_example_is_at_most_twenty_odd_lines_and_sends_one_email(tmp_
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (run as a reader would)
     box = namespace["box"]
+    assert isinstance(box, Box)
     try:
         [mail] = [message_from_bytes(p.read_bytes()) for p in (tmp_path / "mail").glob("*.eml")]
         assert mail["To"] == "ops@customer-42.example"
         assert mail["Subject"] == "Your shipments, 2026-W33"
-        [job] = box.store.job_find_by_key("weekly-digest/customer-42/2026-W33")  # type: ignore[attr-defined]
+        [job] = box.store.job_find_by_key("weekly-digest/customer-42/2026-W33")
         assert (job.state, job.outcome) == ("done", "completed")
     finally:
-        box.close()  # type: ignore[attr-defined]
+        box.close()

@@ -10,7 +10,7 @@ import pytest
 from oncebox import ConfigurationError
 from oncebox.outbox.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous, from_url
-from oncebox.providers.http import parse_retry_after
+from oncebox.providers.http import HttpEmailProvider, parse_retry_after
 from oncebox.providers.local import FileProvider
 from oncebox.providers.smtp import dot_stuffed
 from oncebox.testing import drain
@@ -137,7 +137,8 @@ def test_provider_urls_pick_their_provider(tmp_path):
         True,
         timedelta(hours=24),
     )
-    http.close()  # type: ignore[attr-defined]
+    assert isinstance(http, HttpEmailProvider)
+    http.close()
     assert "secret" not in repr(vars(smtp).get("where"))
     assert Path(str(tmp_path)).exists()
 

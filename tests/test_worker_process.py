@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,6 +22,8 @@ from support.procs import (
     hang_in_handler,
     work_until_stopped,
 )
+from support.rows import job_attempts, job_row
+from support.waiting import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -31,11 +32,8 @@ pytestmark = pytest.mark.slow
 
 def wait_until_listening(box: Box) -> None:
     """PostgreSQL: a NOTIFY sent before the listener's LISTEN is lost, so wait for the LISTEN."""
-    deadline = time.monotonic() + 10
     listening = "SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN oncebox_jobs'"
-    while not sql(box, listening):
-        assert time.monotonic() < deadline, "the worker never ran LISTEN"
-        threading.Event().wait(0.01)
+    wait_until(lambda: sql(box, listening), what="the worker's LISTEN")
 
 
 def test_sigterm_finishes_the_running_transaction_and_releases_the_rest(store_url):
@@ -53,6 +51,7 @@ def test_sigterm_finishes_the_running_transaction_and_releases_the_rest(store_ur
     worker.start()
     try:
         assert inside.wait(30), "the worker never started a handler"
+        assert worker.pid is not None
         os.kill(worker.pid, signal.SIGTERM)
         proceed.set()
         worker.join(30)
@@ -81,12 +80,12 @@ def test_the_watchdog_ends_a_worker_whose_handler_hangs(store_url):
         assert inside.wait(30)
         worker.join(30)
         assert worker.exitcode == EXIT_HUNG_HANDLER
-        assert box.store.job_get(job).state == "leased"
+        assert job_row(box, job).state == "leased"
         clock.advance(timedelta(hours=1))
         LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
-    row = box.store.job_get(job)
+    row = job_row(box, job)
     assert (row.state, row.attempt) == ("ready", 1)
-    assert [a.outcome for a in box.store.job_attempt_list(job)] == ["lease_expired"]
+    assert [a.outcome for a in job_attempts(box, job)] == ["lease_expired"]
     box.close()
 
 
@@ -106,9 +105,9 @@ def test_a_poison_job_that_kills_its_worker_is_dead_after_max_attempts(store_url
             assert worker.exitcode == -signal.SIGKILL
             clock.advance(timedelta(hours=1))
             LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
-    row = box.store.job_get(job)
+    row = job_row(box, job)
     assert (row.state, row.attempt) == ("dead", 2)
-    attempts = box.store.job_attempt_list(job)
+    attempts = job_attempts(box, job)
     assert [(a.attempt, a.outcome) for a in attempts] == [
         (1, "lease_expired"),
         (2, "lease_expired"),

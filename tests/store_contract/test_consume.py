@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, ConsumerConfig, DrainFailed, Permanent, Retry, RetryLater, points
+from oncebox.queue.consumer import ConsumerResult
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.testing import FrozenClock, RedeliveringTransport, drain
 from support.db import create_effects, effects, record_effect
 from support.procs import broker_consumer
+from support.rows import job_attempts, job_row
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 KEY = "weekly-digest/customer-42/2026-W33"
@@ -86,7 +88,7 @@ def test_a_table_job_whose_key_was_claimed_elsewhere_completes_as_duplicate(box:
     assert consume(box, broker).completed == 1
     result = drain(box)
     assert (result.completed, result.duplicates) == (0, 1)
-    row = box.store.job_get(job.job_id)
+    row = job_row(box, job.job_id)
     assert (row.state, row.outcome) == ("done", "duplicate")
     assert len(effects(box)) == 1
 
@@ -162,10 +164,10 @@ def test_args_that_fail_the_signature_are_dead_after_one_attempt(store_url: str)
         job = producer.enqueue(old_shape, invoice_id=1, currency="EUR")
         result = drain(consumer_box, raise_on_failure=False)
         assert result.dead == 1
-        row = consumer_box.store.job_get(job.job_id)
+        row = job_row(consumer_box, job.job_id)
         assert (row.state, row.attempt) == ("dead", 1)
-        assert "unexpected keyword argument 'currency'" in row.last_error
-        attempts = consumer_box.store.job_attempt_list(job.job_id)
+        assert "unexpected keyword argument 'currency'" in (row.last_error or "")
+        attempts = job_attempts(consumer_box, job.job_id)
         assert [(a.attempt, a.outcome) for a in attempts] == [(1, "dead")]
     finally:
         producer.close()
@@ -188,7 +190,7 @@ def test_a_job_of_an_unknown_task_is_left_for_a_worker_that_knows_it(store_url: 
         job = other.enqueue(other_task, n=1)
         mine.enqueue(mine_task, n=1)
         assert drain(mine).completed == 1
-        row = mine.store.job_get(job.job_id)
+        row = job_row(mine, job.job_id)
         assert (row.state, row.attempt) == ("ready", 0)
         assert drain(other).completed == 1
     finally:
@@ -207,7 +209,7 @@ def test_retry_schedule_under_the_frozen_clock(box: Box):
         for attempt in (1, 2):
             result = drain(box, raise_on_failure=False)
             assert result.retried == 1
-            row = box.store.job_get(job)
+            row = job_row(box, job)
             assert (row.state, row.attempt) == ("ready", attempt)
             now = clock.instant
             assert now <= row.run_at <= now + timedelta(seconds=bounds[attempt])
@@ -215,11 +217,11 @@ def test_retry_schedule_under_the_frozen_clock(box: Box):
             clock.set(row.run_at)
         result = drain(box, raise_on_failure=False)
         assert result.dead == 1
-    row = box.store.job_get(job)
+    row = job_row(box, job)
     assert (row.state, row.attempt) == ("dead", 3)
-    attempts = box.store.job_attempt_list(job)
+    attempts = job_attempts(box, job)
     assert [(a.attempt, a.outcome) for a in attempts] == [(1, "failed"), (2, "failed"), (3, "dead")]
-    assert all("customer 9 failed" in a.error for a in attempts)
+    assert all("customer 9 failed" in (a.error or "") for a in attempts)
     assert effects(box) == []
 
 
@@ -234,10 +236,10 @@ def test_retry_later_and_permanent_are_honoured(box: Box):
         later = box.enqueue(signalling, n=1).job_id
         never = box.enqueue(signalling, n=2).job_id
         drain(box, raise_on_failure=False)
-    assert box.store.job_get(later).run_at == T0 + timedelta(minutes=7)
-    dead = box.store.job_get(never)
+    assert job_row(box, later).run_at == T0 + timedelta(minutes=7)
+    dead = job_row(box, never)
     assert (dead.state, dead.attempt) == ("dead", 1)
-    assert "recipient does not exist" in dead.last_error
+    assert "recipient does not exist" in (dead.last_error or "")
 
 
 def test_max_age_makes_a_late_failure_final(box: Box):
@@ -248,12 +250,12 @@ def test_max_age_makes_a_late_failure_final(box: Box):
     with FrozenClock(box, at=T0) as clock:
         job = box.enqueue(flaky, n=1).job_id
         drain(box, raise_on_failure=False)
-        assert box.store.job_get(job).state == "ready"
+        assert job_row(box, job).state == "ready"
         clock.advance(timedelta(minutes=3))
         drain(box, raise_on_failure=False)
-    row = box.store.job_get(job)
+    row = job_row(box, job)
     assert (row.state, row.attempt) == ("dead", 2)
-    assert "max age reached" in row.last_error
+    assert "max age reached" in (row.last_error or "")
 
 
 def test_replay_keeps_key_and_id_appends_history_and_is_audited(box: Box):
@@ -263,14 +265,14 @@ def test_replay_keeps_key_and_id_appends_history_and_is_audited(box: Box):
         job = box.enqueue(task, customer_id=4, period="2026-W33").job_id
         drain(box, raise_on_failure=False)
         drain(box, raise_on_failure=False)
-        assert box.store.job_get(job).state == "dead"
+        assert job_row(box, job).state == "dead"
         fail_for.clear()
         outcome = box.replay(
             "weekly-digest/customer-4/2026-W33", reason="provider fixed", actor="ops"
         )
         assert outcome.id == job
         assert drain(box).completed == 1
-    row = box.store.job_get(job)
+    row = job_row(box, job)
     assert (row.id, row.key, row.state, row.outcome, row.attempt) == (
         job,
         "weekly-digest/customer-4/2026-W33",
@@ -278,7 +280,7 @@ def test_replay_keeps_key_and_id_appends_history_and_is_audited(box: Box):
         "completed",
         3,
     )
-    assert [(a.attempt, a.outcome) for a in box.store.job_attempt_list(job)] == [
+    assert [(a.attempt, a.outcome) for a in job_attempts(box, job)] == [
         (1, "failed"),
         (2, "dead"),
     ]
@@ -293,7 +295,7 @@ def test_replaying_a_job_whose_key_was_claimed_meanwhile_completes_as_duplicate(
     task = digest_task(box, fail_for={6}, retry=Retry(max_attempts=1))
     job = box.enqueue(task, customer_id=6, period="2026-W33").job_id
     drain(box, raise_on_failure=False)
-    assert box.store.job_get(job).state == "dead"
+    assert job_row(box, job).state == "dead"
     # the same operation arrives by another route and succeeds
     other = Box(box.store.url)
     try:
@@ -307,6 +309,7 @@ def test_replaying_a_job_whose_key_was_claimed_meanwhile_completes_as_duplicate(
         assert consume(other, broker).completed == 1
     finally:
         other.close()
+    assert job is not None
     box.replay(job, reason="redrive")
     assert drain(box).duplicates == 1
     assert effects(box) == [("weekly-digest/customer-6/2026-W33", "other route")]
@@ -352,7 +355,7 @@ def test_ordered_group_runs_in_order_and_a_failing_head_blocks_only_its_group(bo
 def test_a_superseded_worker_commits_nothing_and_its_attempt_is_recorded(box: Box):
     task = digest_task(box)
     pause = points.Pause(only=lambda thread: thread == "worker-A", timeout=20)
-    outcome = {}
+    outcome: dict[str, ConsumerResult] = {}
     with FrozenClock(box, at=T0) as clock, points.installed({"consumer.before_transaction": pause}):
         job = box.enqueue(task, customer_id=42, period="2026-W33").job_id
         a = box.consumer(ConsumerConfig(lease=timedelta(seconds=30)), name="A")
@@ -368,11 +371,11 @@ def test_a_superseded_worker_commits_nothing_and_its_attempt_is_recorded(box: Bo
         a.session.close()
     assert outcome["a"].lease_lost == 1 and outcome["a"].completed == 0
     assert effects(box) == [(KEY, "attempt-2")]
-    row = box.store.job_get(job)
+    row = job_row(box, job)
     assert (row.state, row.outcome, row.attempt) == ("done", "completed", 2)
-    attempts = box.store.job_attempt_list(job)
+    attempts = job_attempts(box, job)
     assert [(a.attempt, a.outcome) for a in attempts] == [(1, "lease_expired")]
-    assert "commit refused" in attempts[0].note
+    assert "commit refused" in (attempts[0].note or "")
     assert box.metrics.counter("leases_lost") == 1
 
 
@@ -381,7 +384,7 @@ def test_a_superseded_workers_handler_writes_are_rolled_back(box: Box):
     finds the lease gone, so the intent and the handler's writes roll back; B then completes."""
     task = digest_task(box)
     pause = points.Pause(only=lambda thread: thread == "worker-A", timeout=20)
-    outcome = {}
+    outcome: dict[str, ConsumerResult] = {}
     with FrozenClock(box, at=T0) as clock, points.installed({"consumer.before_transaction": pause}):
         job = box.enqueue(task, customer_id=42, period="2026-W33").job_id
         a = box.consumer(ConsumerConfig(lease=timedelta(seconds=30)), name="A")
@@ -396,7 +399,7 @@ def test_a_superseded_workers_handler_writes_are_rolled_back(box: Box):
         assert outcome["a"].lease_lost == 1
         assert effects(box) == [] and box.store.intent_count() == 0
         assert drain(box).completed == 1
-    assert box.store.job_get(job).attempt == 2
+    assert job_row(box, job).attempt == 2
     assert effects(box) == [(KEY, "attempt-2")]
 
 
@@ -413,9 +416,9 @@ def test_an_expired_lease_past_the_last_attempt_is_dead_with_its_history(box: Bo
         clock.advance(timedelta(hours=1))
         result = LeaseRescuer(box.store, LeaseRescuerConfig(), box.metrics).run_once()
     assert result.dead == 1
-    row = box.store.job_get(job)
-    assert row.state == "dead" and "lease expired" in row.last_error
-    assert [a.outcome for a in box.store.job_attempt_list(job)] == ["lease_expired"]
+    row = job_row(box, job)
+    assert row.state == "dead" and "lease expired" in (row.last_error or "")
+    assert [a.outcome for a in job_attempts(box, job)] == ["lease_expired"]
 
 
 def test_a_small_transaction_budget_splits_a_batch_into_transactions(box: Box):
@@ -496,7 +499,8 @@ def test_heartbeats_extend_held_leases_until_a_handler_overruns(box: Box):
         watch = HandlerWatch(exit_on_hang=False)
         try:
             consumer.transport.fetch(10)
-            first_deadline = box.store.job_get(job).lease_expires_at
+            first_deadline = job_row(box, job).lease_expires_at
+            assert first_deadline is not None
             keeper = LeaseKeeper(
                 box.store,
                 LeaseKeeperConfig(timedelta(seconds=30)),
@@ -507,7 +511,7 @@ def test_heartbeats_extend_held_leases_until_a_handler_overruns(box: Box):
             assert keeper.run_once().extended == 1
             # pushed out to now + 30 s, never earlier than the lease it had (SQLite's is longer)
             expected = max(first_deadline, clock.instant + timedelta(seconds=30))
-            assert box.store.job_get(job).lease_expires_at == expected
+            assert job_row(box, job).lease_expires_at == expected
             [token] = consumer.transport.held_tokens()
             with watch.running("weekly_digest", KEY, timedelta(0), token):  # past its timeout
                 assert keeper.run_once().extended == 0

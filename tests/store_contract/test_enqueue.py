@@ -19,6 +19,8 @@ from oncebox import (
     UnknownTask,
 )
 from oncebox.store.base import insert_chunks
+from oncebox.store.postgres import PostgresStore
+from oncebox.store.sqlite import SqliteStore
 from oncebox.testing import FrozenClock, assert_enqueued, drain, refute_enqueued
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -172,13 +174,14 @@ def test_a_caller_transaction_that_rolls_back_leaves_no_job(box: Box):
 
 
 def _caller_connection(box: Box):
-    if box.store.dialect == "sqlite":
+    if isinstance(box.store, SqliteStore):
         import sqlite3
 
-        return sqlite3.connect(box.store.path)  # type: ignore[attr-defined]
+        return sqlite3.connect(box.store.path)
     import psycopg
 
-    return psycopg.connect(box.store.conninfo)  # type: ignore[attr-defined]
+    assert isinstance(box.store, PostgresStore)
+    return psycopg.connect(box.store.conninfo)
 
 
 def test_a_delayed_job_is_a_durable_timer_that_runs_when_due(box: Box):

@@ -202,7 +202,12 @@ def test_a_verified_canary_is_read_again_after_a_minute(store_url, made):
 
 def weekly(tz: str = "UTC"):
     return make_schedule(
-        "weekly-digest", cron="0 9 * * MON", tz=tz, period=iso_week, task="t", eligible=list
+        "weekly-digest",
+        cron="0 9 * * MON",
+        tz=tz,
+        period=iso_week,
+        task="t",
+        eligible=lambda ctx: [],
     )
 
 

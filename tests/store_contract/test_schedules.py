@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import InvalidArguments, InvalidState, NotFound
+from oncebox import Box, InvalidArguments, InvalidState, NotFound
+from oncebox.jobs.periods import PeriodKind, iso_week
 from oncebox.store.base import ScheduleRunClaim
 from oncebox.testing import FrozenClock, drain
 from support.digest_schedule import add_customers, digest_keys, scheduled_box
@@ -224,3 +225,89 @@ def test_coverage_never_exceeds_one_when_a_rescan_finds_fewer_eligible():
     )  # fmt: skip
     assert rescanned.coverage == 1.0
     assert dataclasses.replace(rescanned, covered=2).coverage == pytest.approx(2 / 3)
+
+
+SECRET = "test-secret-not-for-production"
+
+
+ARABIC_2026 = "\u0662\u0660\u0662\u0666"
+
+
+def test_a_manual_run_of_a_period_that_cannot_be_a_key_claims_nothing(sqlite_url, open_box):
+    """A hand-built PeriodKind whose check lets anything through: run_schedule checks the
+    period as a key segment too, before the run is claimed."""
+    box = open_box(sqlite_url, secret=SECRET)
+    lax = PeriodKind("lax", iso_week.of, lambda text: text)
+
+    @box.task(key="digest/{period}")
+    def digest(ctx, period: str) -> None:
+        pass
+
+    @box.schedule("lax", cron="0 9 * * MON", period=lax, task="digest")
+    def eligible(ctx):
+        yield {"period": ctx.period}
+
+    for period in (f"{ARABIC_2026}-W33", "2026/W33", "x" * 10**4):
+        with pytest.raises(InvalidArguments, match="cannot be part of a key") as caught:
+            box.run_schedule("lax", period)
+        assert len(str(caught.value)) < 400
+    assert box.store.schedule_run_list("lax") == []
+    assert box.store.job_count_by_state().counts == {}
+
+
+def jobs_written(box: Box) -> dict[str, int]:
+    return box.store.job_count_by_state().counts
+
+
+def weekly_box(box: Box) -> None:
+    @box.task(key="digest/customer-{customer_id}/{period}")
+    def digest(ctx, customer_id: int, period: str) -> None:
+        pass
+
+    @box.schedule("weekly", cron="0 9 * * MON", period=iso_week, task="digest")
+    def eligible(ctx):
+        yield {"customer_id": 1, "period": ctx.period}
+
+
+def test_a_manual_run_for_a_malformed_week_is_refused_and_writes_no_run_or_job(box: Box):
+    weekly_box(box)
+    for period in [
+        "2026-W00",
+        "2026-W54",
+        "2027-W53",
+        "2026-W5",
+        "2026W33",
+        "2026-w33",
+        "+2026-W33",
+        "10000-W01",
+        " 2026-W33",
+        "2026-W33\n",
+        "2026-W-1",
+        "",
+        "2026-W33/x",
+        "2026-08-17",
+    ]:
+        with pytest.raises(InvalidArguments, match="period"):
+            box.run_schedule("weekly", period)
+    assert box.store.schedule_run_list("weekly") == []
+    assert jobs_written(box) == {}
+
+
+def test_year_zero_is_invalid_arguments(sqlite_url, open_box):
+    box = open_box(sqlite_url, secret=SECRET)
+    weekly_box(box)
+    with pytest.raises(InvalidArguments, match="0000-W01"):
+        box.run_schedule("weekly", "0000-W01")
+
+
+@pytest.mark.parametrize(
+    "period", ["\u0662\u0660\u0662\u0666-W33", "\uff12\uff10\uff12\uff16-W33", "2026-W\u0663\u0663"]
+)
+def test_non_ascii_digits_in_a_week_are_refused_before_anything_is_written(
+    sqlite_url, open_box, period
+):
+    box = open_box(sqlite_url, secret=SECRET)
+    weekly_box(box)
+    with pytest.raises(InvalidArguments):
+        box.run_schedule("weekly", period)
+    assert box.store.schedule_run_list("weekly") == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from oncebox import Box
+from oncebox.store.postgres import PostgresStore
+from oncebox.store.sqlite import SqliteStore
 
 
 def placeholder(box: Box) -> str:
@@ -14,17 +16,18 @@ def placeholder(box: Box) -> str:
 def sql(box: Box, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Run one statement in its own transaction on a fresh connection; return its rows."""
     statement = statement.replace("?", placeholder(box))
-    if box.store.dialect == "sqlite":
-        conn = box.store.connect()  # type: ignore[attr-defined]
+    if isinstance(box.store, SqliteStore):
+        conn = box.store.connect()
         try:
             cursor = conn.execute(statement, params)
             rows = cursor.fetchall() if cursor.description else []
             return [tuple(r) for r in rows]
         finally:
             conn.close()
-    with box.store.connect(autocommit=True) as conn:  # type: ignore[attr-defined]
-        cursor = conn.execute(statement.encode(), params or None)
-        return [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+    assert isinstance(box.store, PostgresStore)
+    with box.store.connect(autocommit=True) as pg:
+        found = pg.execute(statement.encode(), params or None)
+        return [tuple(r) for r in found.fetchall()] if found.description else []
 
 
 def create_effects(box: Box) -> None:
