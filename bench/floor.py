@@ -25,7 +25,7 @@ dropping full_per_s from ~7,000 to ~800; planned afresh, each lease costs under 
   after the other.
 
 - ours: the same full path, but oncebox's own schema and the very statements its worker sends
-  (`src/oncebox/store/sql/postgres/queries.sql`, with the parameters built as the store builds
+  (`src/oncebox/store/sql/postgres/*.sql`, with the parameters built as the store builds
   them: one JSON array per set), still from this minimal script: no handler, no argument
   checks, a constant rendered email per job. ours_per_s (lanes concurrent) and
   ours_consumer_per_s / ours_dispatch_per_s (each alone) split oncebox's gap to the floor in

@@ -76,6 +76,7 @@ def unserved(store: Store) -> list[tuple[str, int]]:
 CLOCK_CHECK_EVERY = 5.0  # seconds between two looks at the database's clock setting
 PRESENCE_EVERY = 10.0  # seconds between two refreshes of this worker's row in oncebox_workers
 LIVE_WITHIN = timedelta(seconds=3 * PRESENCE_EVERY)  # a worker seen this recently is live
+MISSED_DUE_WAIT = 0.05  # seconds before a lane looks again at work due that it did not lease
 UNSERVED_EVERY = 300.0  # seconds between two looks for jobs no live worker serves
 _instances = itertools.count(1)
 
@@ -351,7 +352,7 @@ class Worker:
         return round_
 
     def _poller(
-        self, name: str, round_: Callable[[], int], idle_wait: Callable[[], float]
+        self, name: str, round_: Callable[[], int], idle_wait: Callable[[int], float]
     ) -> threading.Thread:
         index = self._pollers
         self._pollers += 1
@@ -366,10 +367,11 @@ class Worker:
         index: int,
         name: str,
         round_: Callable[[], int],
-        idle_wait: Callable[[], float],
+        idle_wait: Callable[[int], float],
         wake: threading.Event,
     ) -> None:
         backoff = 0.0
+        misses = 0  # idle rounds in a row that found work due but leased none
         while not self.stop_event.is_set():
             wake.clear()
             began = self._busy(index)  # busy until a round of its own finds nothing
@@ -391,11 +393,14 @@ class Worker:
                 self.stop_event.wait(backoff)
                 continue
             if leased:
+                misses = 0
                 continue
             if self.config.until_idle and self._all_idle(index, began) and self._done():
                 self.stop()
                 return
-            wake.wait(idle_wait())
+            wait = idle_wait(misses)
+            misses = misses + 1 if wait < 0 else 0
+            wake.wait(abs(wait))
 
     def _done(self) -> bool:
         """Every lane is idle: may an `until_idle` run stop? Yes when nothing remains; when what
@@ -442,19 +447,26 @@ class Worker:
             self._idle.add(index)
             return len(self._idle) == self._pollers
 
-    def _idle_wait(self, due_in: Callable[[], float | None]) -> float:
+    def _idle_wait(self, due_in: Callable[[], float | None], misses: int) -> float:
         """How long an idle lane waits: until its next job or message falls due (a delayed job,
-        a retry's backoff, a rate limit's give-back), at most the poll interval."""
+        a retry's backoff, a rate limit's give-back), at most the poll interval.
+
+        Work due already that the round did not lease is a race (it fell due between the lease
+        and this look: a rate limit's give-back of a tenth of a second) or a wait on someone
+        else (a group's head busy, a row another dispatcher holds). Neither is worth spinning
+        for, and the first must not wait a whole poll: the lane looks again after 50 ms,
+        doubling with each such round in a row up to the poll interval. That wait is returned
+        negative, so the caller counts the miss."""
         wait = self.poll_interval
         try:
             until = due_in()
         except StoreUnavailable:
             return wait
-        # something due that the lease did not take (a group's head busy or retrying, a row
-        # another dispatcher holds) is not worth spinning for: wait the poll interval then
-        if until is not None and until > 0:
-            wait = min(wait, until)
-        return wait
+        if until is None:
+            return wait
+        if until > 0:
+            return min(wait, until)
+        return -min(wait, MISSED_DUE_WAIT * 2.0 ** min(misses, 16))
 
     def _beat(self) -> WorkerBeat:
         """What this worker serves: the tasks its consumers lease, the channels it delivers."""

@@ -458,7 +458,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     def worker_beat(self, beat: WorkerBeat) -> None:
         with self._transaction() as tx:
             tx.fetch("worker_beat", beat_params(beat))
-            tx.fetch("worker_beat__forget", {})
+            tx.fetch("worker_beat__forget", {"name": beat.name})
 
     # -- lanes ---------------------------------------------------------------------------------
 

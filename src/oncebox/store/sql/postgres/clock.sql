@@ -6,8 +6,8 @@ SELECT __S__.oncebox_now() AS now;
 
 -- name: clock_read
 -- The setting as written, and whether it has lapsed (oncebox_now() then ignores it).
-SELECT frozen_at, offset_by AS "offset", owner, expires_at, expires_at IS NOT NULL AND expires_at <= now()
-       AS lapsed
+SELECT frozen_at, offset_by AS "offset", owner, expires_at,
+       expires_at IS NOT NULL AND expires_at <= now() AS lapsed
 FROM __S__.oncebox_clock WHERE singleton;
 
 -- name: clock_write

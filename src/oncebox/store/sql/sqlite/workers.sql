@@ -12,7 +12,7 @@ SET tasks = excluded.tasks, queues = excluded.queues, channels = excluded.channe
 
 -- name: worker_beat__forget
 -- Workers not seen for a day are forgotten (the table stays the size of the fleet).
-DELETE FROM oncebox_workers WHERE seen_at < :now - 86400000000;
+DELETE FROM oncebox_workers WHERE seen_at < :now - 86400000000 AND name <> :name;
 
 -- name: worker_stop
 UPDATE oncebox_workers SET stopped_at = :now, seen_at = :now WHERE name = :name;
