@@ -26,6 +26,8 @@ CALLS: dict[str, Callable[[], OutboxFinish]] = {
     "hold_past_window": lambda: transitions.hold_past_window(7, "window passed"),
     "unsent_after_expiry": lambda: transitions.unsent_after_expiry(7),
     "resend_after_expiry": lambda: transitions.resend_after_expiry(7, "lease expired"),
+    "dead_after_rescues": lambda: transitions.dead_after_rescues(7, "lease ran out 3 times"),
+    "held_after_rescues": lambda: transitions.held_after_rescues(7, "lease ran out 3 times"),
 }
 STATES = {"pending", "leased", "sending", "sent", "dead", "ambiguous"}
 

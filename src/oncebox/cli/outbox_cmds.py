@@ -111,6 +111,8 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
         )
         if m["possible_duplicates"]:
             click.echo(f"  possible duplicates: {m['possible_duplicates']}")
+        if m["rescues"]:
+            click.echo(f"  leases run out with no outcome: {m['rescues']}")
         for a in m["attempts"]:
             click.echo(
                 f"  attempt {a['attempt']}: {a['outcome']} at {a['finished_at']}"

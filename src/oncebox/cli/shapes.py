@@ -78,6 +78,7 @@ def message(row: OutboxRow, attempts: list[DeliveryAttemptRow] | None = None) ->
         "job_id": row.job_id,
         "attempt": row.attempt,
         "possible_duplicates": row.possible_duplicates,
+        "rescues": row.rescues,
         "created_at": instant(row.created_at),
         "next_attempt_at": instant(row.next_attempt_at),
         "sent_at": instant(row.sent_at),

@@ -14,6 +14,10 @@
 - `pause_on_421`: how long an SMTP 421 pauses the channel (SMTP has no Retry-After).
 - `default_throttle` / `max_pause`: the pause for a 429 without a usable Retry-After, and the cap
   on any pause (absurd Retry-After values are capped and logged).
+- `max_rescues`: how many times a dispatcher's lease may run out on a row with no outcome
+  recorded (the dispatcher died, or hung) before the row stops going back to `pending` — a
+  message that kills its dispatcher every time would otherwise loop for ever. Then it is dead
+  (no send was attempted) or `ambiguous` (a send may have happened), with a reason saying so.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Channel:
     max_pause: timedelta = timedelta(hours=1)
     sender: str | None = None
     batch_size: int = 100
+    max_rescues: int = 3
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -75,12 +80,15 @@ def make_channel(
     max_pause: timedelta = timedelta(hours=1),
     sender: str | None = None,
     batch_size: int = 100,
+    max_rescues: int = 3,
 ) -> Channel:
     check_name("channel", name)
     if ambiguity not in ("hold", "retry"):
         raise ConfigurationError(f"channel {name!r}: ambiguity must be 'hold' or 'retry'")
     if not 1 <= batch_size <= 1000:
         raise ConfigurationError(f"channel {name!r}: batch_size must be within 1..1000")
+    if not isinstance(max_rescues, int) or not 1 <= max_rescues <= 100:
+        raise ConfigurationError(f"channel {name!r}: max_rescues must be an int within 1..100")
     for value, label in (
         (pause_on_421, "pause_on_421"),
         (default_throttle, "default_throttle"),
@@ -102,6 +110,7 @@ def make_channel(
         max_pause=max_pause,
         sender=sender,
         batch_size=batch_size,
+        max_rescues=max_rescues,
     )
 
 

@@ -11,6 +11,10 @@ What an expired lease means depends on how far the dispatcher got, which the row
 - `sending` (no provider idempotency): the dispatcher died between marking and recording — the
   message may have been sent. Policy `hold`: `ambiguous`, visible, awaiting reconciliation;
   policy `retry`: resent, counted as a possible duplicate.
+
+The first two spend no attempt, so each is counted on the row (`rescues`): after the channel's
+`max_rescues` (3), a message that stops its dispatcher every time is dead-lettered (no send was
+attempted) or held `ambiguous` (one may have been), with a reason that says what happened.
 Rows of channels this process does not know are left for a worker that knows them.
 """
 
@@ -52,8 +56,22 @@ def decide_expired(channel: Channel, row: OutboxRow, now: datetime) -> OutboxFin
             f"{worker} stopped after marking the message sending; it may "
             "have been sent (policy hold: not resent)",
         )
+    rescues = row.rescues + 1
     if not channel.idempotent:
+        if rescues >= channel.max_rescues:
+            return transitions.dead_after_rescues(
+                row.id,
+                f"the dispatcher's lease ran out {rescues} times before a send was attempted "
+                f"(last held by {worker}): something about this message stops its dispatcher "
+                "— a crash or a hang; dead-lettered rather than retried for ever",
+            )
         return transitions.unsent_after_expiry(row.id)  # no marker: nothing was sent
+    if rescues >= channel.max_rescues:
+        return transitions.held_after_rescues(
+            row.id,
+            f"the dispatcher's lease ran out {rescues} times with no outcome recorded (last "
+            f"held by {worker}); each may have sent it: held, not resent again",
+        )
     if past_window(channel.window, row.first_leased_at, now):
         assert row.first_leased_at is not None  # past_window is False without it
         return transitions.hold_past_window(

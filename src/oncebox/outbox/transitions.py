@@ -33,6 +33,10 @@ whether it spends one of the channel's attempts; a test holds this table against
                                                                       the window passed
     leased (expired)  pending    unsent_after_expiry         no       no marker: nothing was sent
     leased (expired)  pending    resend_after_expiry         no       idempotent: same key again
+    leased (expired)  dead       dead_after_rescues          yes      no marker, and its leases
+                                                                      ran out `max_rescues` times
+    leased (expired)  ambiguous  held_after_rescues          yes      idempotent, and its leases
+                                                                      ran out `max_rescues` times
     ambiguous         sent       (store.outbox_resolve)      -        resolver or operator: it
                                                                       arrived
     ambiguous         pending    (store.outbox_resolve)      -        resolver or operator: resend
@@ -125,11 +129,27 @@ def hold_past_window(row_id: int, error: str) -> OutboxFinish:
 
 
 def unsent_after_expiry(row_id: int) -> OutboxFinish:
-    """A lease expired before the `sending` marker: nothing was sent, so nothing is recorded."""
-    return OutboxFinish(row_id, "pending", None, False)
+    """A lease expired before the `sending` marker: nothing was sent, so nothing is recorded
+    but the rescue itself (counted on the row: see `dead_after_rescues`)."""
+    return OutboxFinish(row_id, "pending", None, False, rescued=True)
 
 
 def resend_after_expiry(row_id: int, error: str) -> OutboxFinish:
     """A lease expired on an idempotent channel, within the window: a send may have happened,
-    so it is resent under the same key, marked `uncertain`."""
-    return OutboxFinish(row_id, "pending", "lease_expired", False, error=error, uncertain=True)
+    so it is resent under the same key, marked `uncertain` (the rescue counted on the row)."""
+    return OutboxFinish(
+        row_id, "pending", "lease_expired", False, error=error, uncertain=True, rescued=True
+    )
+
+
+def dead_after_rescues(row_id: int, error: str) -> OutboxFinish:
+    """A row whose dispatcher's lease ran out `max_rescues` times before any send was attempted:
+    something about it stops its dispatcher (a crash, a hang). Dead, with a reason that says so,
+    rather than back to pending for ever; a replay gives it a fresh count."""
+    return OutboxFinish(row_id, "dead", "lease_expired", True, error=error, rescued=True)
+
+
+def held_after_rescues(row_id: int, error: str) -> OutboxFinish:
+    """The same on an idempotent channel, where each lost lease may have sent it: held
+    `ambiguous` for the resolver or an operator, not resent again."""
+    return OutboxFinish(row_id, "ambiguous", "lease_expired", True, error=error, rescued=True)

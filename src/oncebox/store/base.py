@@ -212,6 +212,7 @@ class OutboxFinish:
     receipt: str | None = None
     possible_duplicate: bool = False
     uncertain: bool | None = None  # set (True/False) or leave (None) the row's flag
+    rescued: bool = False  # its dispatcher's lease ran out: counted on the row (`rescues`)
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -422,6 +423,7 @@ class OutboxRow:
     receipt: str | None
     last_error: str | None
     uncertain: bool = False
+    rescues: int = 0  # leases that ran out on it with no outcome recorded (read by the rescue)
 
 
 @dataclass(frozen=True, slots=True)

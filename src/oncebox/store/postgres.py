@@ -546,6 +546,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
                 f.receipt,
                 f.possible_duplicate,
                 f.uncertain,
+                f.rescued,
             )
             for f in finishes
         )

@@ -402,6 +402,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
                     f.receipt,
                     int(f.possible_duplicate),
                     None if f.uncertain is None else int(f.uncertain),
+                    int(f.rescued),
                 ]
                 for f in finishes
             ]

@@ -76,10 +76,11 @@ RETURNING id;
 -- Settle rows of one lease, fenced on its token, and record the delivery attempts.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS (  -- %(finishes)s: [id, state, outcome, counts, delay in s, error, receipt, dup,
-            -- uncertain] per row
+            -- uncertain, rescued] per row
     SELECT (f ->> 0)::bigint AS id, f ->> 1 AS state, f ->> 2 AS outcome,
            (f ->> 3)::bool AS counts, (f ->> 4)::float8 AS delay_s, f ->> 5 AS error,
-           f ->> 6 AS receipt, (f ->> 7)::bool AS dup, (f ->> 8)::bool AS uncertain
+           f ->> 6 AS receipt, (f ->> 7)::bool AS dup, (f ->> 8)::bool AS uncertain,
+           (f ->> 9)::bool AS rescued
     FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
 ),
 settled AS (
@@ -87,6 +88,7 @@ settled AS (
     SET state = i.state,
         attempt = o.attempt + CASE WHEN i.counts THEN 1 ELSE 0 END,
         possible_duplicates = o.possible_duplicates + CASE WHEN i.dup THEN 1 ELSE 0 END,
+        rescues = o.rescues + CASE WHEN i.rescued THEN 1 ELSE 0 END,
         next_attempt_at = CASE WHEN i.state = 'pending'
                                THEN clock.now + make_interval(secs => i.delay_s)
                                ELSE o.next_attempt_at END,
@@ -119,7 +121,8 @@ SELECT id FROM settled;
 -- Rows whose lease expired, locked for the rescue's decision (the caller's transaction).
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM __S__.oncebox_outbox
 WHERE state IN ('leased', 'sending') AND lease_expires_at < (SELECT __S__.oncebox_now())
   AND channel = ANY(%(channels)s::text[])
@@ -159,7 +162,7 @@ SELECT r.id AS job_id, r.key, a.id AS audit_id FROM resolved r, audited a;
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 replayed AS (
     UPDATE __S__.oncebox_outbox o
-    SET state = 'pending', next_attempt_at = clock.now, attempt_base = o.attempt
+    SET state = 'pending', next_attempt_at = clock.now, attempt_base = o.attempt, rescues = 0
     FROM clock
     WHERE o.id = %(id)s AND o.state = 'dead'
     RETURNING o.id, o.key, o.channel, o.attempt, clock.now
@@ -177,19 +180,22 @@ SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 -- name: outbox_get
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM __S__.oncebox_outbox WHERE id = %(id)s;
 
 -- name: outbox_find_by_key
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM __S__.oncebox_outbox WHERE key = %(key)s OR intent_key = %(key)s ORDER BY id;
 
 -- name: outbox_ambiguous_list
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM __S__.oncebox_outbox
 WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
 ORDER BY id LIMIT %(limit)s;
@@ -204,7 +210,8 @@ FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
 -- name: outbox_list
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM __S__.oncebox_outbox
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)

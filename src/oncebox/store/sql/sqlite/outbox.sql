@@ -49,11 +49,13 @@ RETURNING id;
 
 -- name: outbox_finish
 -- :rows is a JSON array of
--- [id, state, outcome, counts_attempt, delay_us, error, receipt, dup, uncertain (or null)].
+-- [id, state, outcome, counts_attempt, delay_us, error, receipt, dup, uncertain (or null),
+-- rescued].
 UPDATE oncebox_outbox AS o
 SET state = i.value ->> 1,
     attempt = o.attempt + (i.value ->> 3),
     possible_duplicates = o.possible_duplicates + (i.value ->> 7),
+    rescues = o.rescues + (i.value ->> 9),
     next_attempt_at = CASE WHEN i.value ->> 1 = 'pending' THEN :now + (i.value ->> 4)
                            ELSE o.next_attempt_at END,
     sent_at = CASE WHEN i.value ->> 1 = 'sent' THEN :now ELSE o.sent_at END,
@@ -81,7 +83,8 @@ FROM json_each(:rows) AS r;
 -- name: outbox_rescue_select
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM oncebox_outbox
 WHERE state IN ('leased', 'sending') AND lease_expires_at < :now
   AND channel IN (SELECT value FROM json_each(:channels))
@@ -108,7 +111,7 @@ RETURNING id;
 
 -- name: outbox_replay
 UPDATE oncebox_outbox
-SET state = 'pending', next_attempt_at = :now, attempt_base = attempt
+SET state = 'pending', next_attempt_at = :now, attempt_base = attempt, rescues = 0
 WHERE id = :id AND state = 'dead'
 RETURNING id, key, channel, attempt;
 
@@ -121,19 +124,22 @@ RETURNING id;
 -- name: outbox_get
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_find_by_key
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM oncebox_outbox WHERE key = :key OR intent_key = :key ORDER BY id;
 
 -- name: outbox_ambiguous_list
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM oncebox_outbox
 WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels))
 ORDER BY id LIMIT :limit;
@@ -148,7 +154,8 @@ FROM oncebox_delivery_attempts WHERE outbox_id = :id ORDER BY id;
 -- name: outbox_list
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error, uncertain
+       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
+       uncertain, rescues
 FROM oncebox_outbox
 WHERE (:state IS NULL OR state = :state)
   AND (:channel IS NULL OR channel = :channel)
