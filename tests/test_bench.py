@@ -196,3 +196,25 @@ def test_the_idle_query_rate_benchmark_runs_at_its_smallest_size(pg_template, tm
     assert sum(figures["by_statement"].values()) == figures["worker_transactions"]
     assert figures["per_s"] == figures["worker_transactions"]
     assert "transactions in 1 s" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_sqlite_contention_benchmark_runs_and_no_enqueue_or_lease_is_lost(tmp_path):
+    out = tmp_path / "contention.json"
+    result = run_bench(
+        "sqlite_contention.py",
+        "--jobs",
+        "40",
+        "--enqueues",
+        "20",
+        "--writers",
+        "4",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    shared = figures["contended"]
+    assert (shared["enqueued"], shared["failed"]) == (20, 0), shared["failure"]
+    assert figures["alone"]["leases_expired"] == shared["leases_expired"] == 0
+    assert shared["completed"] == figures["alone"]["completed"] == 40

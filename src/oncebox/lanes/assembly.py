@@ -9,7 +9,7 @@ import random
 import socket
 
 from oncebox.errors import ConfigurationError
-from oncebox.queue.consumer import Consumer, ConsumerConfig
+from oncebox.queue.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.runtime import Runtime
@@ -51,7 +51,8 @@ def build_consumer(
     if runtime.store.dialect == "sqlite":
         # Heartbeats cannot run while a SQLite transaction holds the write lock: the lease must
         # outlast one transaction on its own.
-        lease = max(lease, longest + watch.grace_delta + config.transaction_budget)
+        budget = SQLITE_BUDGET if config.transaction_budget is None else config.transaction_budget
+        lease = max(lease, longest + watch.grace_delta + budget)
     transport = transport or TableTransport(
         session,
         tasks=[task.name for task in tasks],

@@ -77,7 +77,9 @@ class ConsumerConfig:
     """Consumer lane settings. `lease` is how long a batch is held between heartbeats."""
 
     batch_size: int = 100
-    transaction_budget: timedelta = timedelta(milliseconds=500)
+    # how long one consumer transaction keeps admitting handlers; None: the store's default
+    # (PostgreSQL 500 ms; SQLite 100 ms, as its transaction holds the file's only write lock)
+    transaction_budget: timedelta | None = None
     lease: timedelta = timedelta(seconds=30)
     lock_timeout: timedelta = timedelta(seconds=2)
     lock_retry_delay: timedelta = timedelta(seconds=1)
@@ -171,6 +173,11 @@ def describe_error(error: BaseException) -> str:
 
 
 DRIFT_RETRY = timedelta(seconds=60)
+DEFAULT_BUDGET = timedelta(milliseconds=500)
+# SQLite: other writers (the app's enqueues, the worker's own lease keeper) wait while a
+# consumer transaction holds the file's write lock; a short budget keeps their wait short
+# (docs/benchmarks.md, SQLite writer contention)
+SQLITE_BUDGET = timedelta(milliseconds=100)
 
 
 class Consumer:
@@ -202,6 +209,10 @@ class Consumer:
         self.worker = worker
         self.note_superseded = note_superseded
         self.outbox = outbox
+        budget = config.transaction_budget
+        if budget is None:
+            budget = SQLITE_BUDGET if session.dialect == "sqlite" else DEFAULT_BUDGET
+        self.budget = budget.total_seconds()
         self.outbox_written: Callable[[int], None] = lambda _count: None
         self.stopping: Callable[[], bool] = lambda: False
         # may this task mint keys now? (the key-drift guard; a delivery without a stored key has
@@ -369,10 +380,7 @@ class Consumer:
         decided: list[tuple[Settlement, list[OutboxInsert]]] = []  # in order, for recovery
         started = clock.monotonic()
         for index, p in enumerate(prepared):
-            if (
-                index
-                and clock.monotonic() - started > self.config.transaction_budget.total_seconds()
-            ):
+            if index and clock.monotonic() - started > self.budget:
                 leftover += [q.delivery for q in prepared[index:]]
                 unclaimed += [
                     q.key

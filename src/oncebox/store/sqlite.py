@@ -56,6 +56,7 @@ from oncebox.store.base import (
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
+from oncebox.store.sqlite_turns import WriterTurns
 from oncebox.store.writes import WriteOperations, beat_params, canary_params
 
 _MICRO = timedelta(microseconds=1)
@@ -121,6 +122,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         self.busy_timeout = busy_timeout
         self.synchronous = _SYNCHRONOUS[synchronous.lower()]
         self.clock_file = ClockFile(Path(f"{path}.clock"))
+        self._turns = WriterTurns(path, busy_timeout.total_seconds())
         self._wal = Path(f"{path}-wal")
         self._q = load_queries("sqlite")
         # the statements that compare with the clock: only they pay for reading it
@@ -169,10 +171,14 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         return self.clock_file.now_micros()
 
     @contextmanager
-    def _write(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+    def _write(
+        self, conn: sqlite3.Connection | None = None, greedy: bool = False
+    ) -> Iterator[sqlite3.Connection]:
+        """A write transaction: the write lock, taken in turn (see `sqlite_turns.py`; `greedy`
+        for the consumer, which takes it again and again), committed or rolled back."""
         conn = conn or self._conn()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._turns.begin(conn, greedy)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
         try:
@@ -637,7 +643,8 @@ class SqliteConsumerSession:
             "token": params.token,
             "lease_us": _us(params.lease_for),
         }
-        with self._store.metrics.timed("job_lease"), self._store._write(self._conn) as conn:
+        lease = self._store._write(self._conn, greedy=True)
+        with self._store.metrics.timed("job_lease"), lease as conn:
             values["now"] = self._store._now()  # read under the write lock, not before it
             leased = _result(self._q["job_lease"], conn.execute(self._q["job_lease"], values))
             if len(leased.rows) < params.limit:  # running dry: when is the next one due?
@@ -664,7 +671,8 @@ class SqliteConsumerSession:
     @contextmanager
     def transaction(self) -> Iterator[SqliteConsumerTx]:
         try:
-            with self._store.metrics.timed("consumer_transaction"), self._store._write(self._conn):
+            write = self._store._write(self._conn, greedy=True)
+            with self._store.metrics.timed("consumer_transaction"), write:
                 yield SqliteConsumerTx(self._store, self._conn)
         except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
             raise StoreRefused(
