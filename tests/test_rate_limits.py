@@ -80,7 +80,7 @@ def test_an_idle_dispatcher_waits_for_its_next_due_message_not_for_the_poll(stor
         assert (first.sent, first.waited) == (10, 20)  # the bucket's burst; the rest given back
         due_in = dispatcher.next_due_in()
         assert due_in is not None and 0 < due_in <= 1.0
-        assert worker._idle_wait(dispatcher.next_due_in) == pytest.approx(due_in)
+        assert worker._idle_wait(dispatcher.next_due_in, 0) == pytest.approx(due_in)
         clock.advance(timedelta(seconds=due_in))
         second = dispatcher.run_once()
         # about as many rows leased as the bucket grants, not the 20 waiting: each row given
@@ -90,7 +90,7 @@ def test_an_idle_dispatcher_waits_for_its_next_due_message_not_for_the_poll(stor
             clock.advance(timedelta(seconds=1))
             dispatcher.run_once()
         assert dispatcher.next_due_in() is None  # nothing pending: the poll interval
-    assert worker._idle_wait(dispatcher.next_due_in) == worker.poll_interval == 5.0
+    assert worker._idle_wait(dispatcher.next_due_in, 0) == worker.poll_interval == 5.0
 
 
 @pytest.mark.slow
