@@ -130,15 +130,16 @@ class ClockSetting:
         if self.frozen_at is None and self.offset is None:
             return "real"
         what = (
-            f"frozen at {self.frozen_at.isoformat()}"
+            f"frozen at {self.frozen_at.isoformat(timespec='seconds')}"
             if self.frozen_at is not None
             else f"offset by {self.offset}"
         )
         who = f" by {self.owner}" if self.owner else ""
         if self.lapsed:
-            return f"real (a setting {what}{who} lapsed at {self.expires_at})"
+            lapsed = self.expires_at.isoformat(timespec="seconds") if self.expires_at else "?"
+            return f"real (a setting {what}{who} lapsed at {lapsed})"
         until = (
-            f", lapses at {self.expires_at.isoformat()} unless renewed"
+            f", lapses at {self.expires_at.isoformat(timespec='seconds')} unless renewed"
             if self.expires_at is not None
             else ", never lapses"
         )

@@ -239,9 +239,10 @@ def backlog_lines(rows: Sequence[BacklogRow], unserved: Sequence[str], now: date
     def when(at: datetime | None) -> str:
         if at is None:
             return "-"
+        shown = at.isoformat(timespec="seconds")
         if at <= now:
-            return f"{at.isoformat()} (due now)"
-        return f"{at.isoformat()} (in {age(now, at)})"
+            return f"{shown} (due now)"
+        return f"{shown} (in {age(now, at)})"
 
     lines = []
     for row in rows:

@@ -117,7 +117,9 @@ def worker(
     )
     if until_idle and not result.settled:
         assert result.now is not None
-        click.echo(f"remaining, by the database's clock ({result.now.isoformat()}):")
+        click.echo(
+            f"remaining, by the database's clock ({result.now.isoformat(timespec='seconds')}):"
+        )
         for line in backlog_lines(result.remaining, result.unserved, result.now):
             click.echo(f"  {line}")
         sys.exit(REMAINS)
