@@ -19,6 +19,13 @@ record before it died (even if the provider had accepted it).
     S7  no idempotency, `retry`: Accepted(t) ≤ 1 + Unknown(t), and every duplicate is reported
         (possible_duplicates ≥ Accepted(t) - 1)
     S8  dead letters are complete: each has its attempts and its last error
+    S11 no stray sends: every token the provider accepted is the token of an eligible key (or
+        of the poison's, which no provider takes) — nothing for an inactive customer, nothing
+        invented, read from the provider's log
+    L2  nothing eligible lost, seen from outside: every eligible key's message is in the
+        provider's log, or the key is visibly held — its job dead, or its message dead or
+        ambiguous, each with its reason. Counted from the business rows (customers, holds) and
+        the provider's log, not from oncebox's intents
     P1  every period label is the ISO week of its fire instant
 Scenarios add their own (S9 superseded leases commit nothing, S10 replays keep the key).
 """
@@ -32,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from oncebox.chaos.history import SendOutcomes, read_history, send_outcomes
 from oncebox.chaos.violation import Violation
 from oncebox.examples.logistics.app import DIGEST_KEY, HOLD_KEY, connect
+from oncebox.outbox.tokens import derive_token
 
 if TYPE_CHECKING:
     from oncebox.chaos.runner import RunContext
@@ -179,7 +187,15 @@ def check(context: RunContext) -> tuple[list[Violation], Tally]:
         outcomes=send_outcomes(history),
         absorbed_elsewhere=sum(int(e.detail) for e in history if e.op == "absorb"),
     )
-    for invariant in (_intents, _all_or_nothing, _nothing_lost, _effects, _dead_letters, _periods):
+    for invariant in (
+        _intents,
+        _all_or_nothing,
+        _nothing_lost,
+        _effects,
+        _dead_letters,
+        _periods,
+        _from_outside,
+    ):
         invariant(facts)
     tally = _tally(facts)
     tally.eligible = len(digest_keys) + len(notice_keys)
@@ -288,6 +304,34 @@ def _dead_letters(f: _Facts) -> None:
     for message_id, key, state, _token, _key, _dups, error in f.rows.outbox:
         if state == "dead" and (not f.rows.delivery_attempts[message_id] or not error):
             f.violate("S8 dead letters complete", key, f"message {message_id} dead without history")
+
+
+def _from_outside(f: _Facts) -> None:
+    """S11 and L2: the provider's log against the business rows, in both directions."""
+    secret = f.context.workload.secret
+    known = {derive_token(secret, key): key for key in f.eligible | f.poison_keys}
+    for token, count in sorted(f.accepted.items()):
+        if token not in known:
+            f.violate(
+                "S11 no stray sends",
+                f"token {token[:16]}…",
+                f"the provider accepted {count} message(s) whose token is no eligible key's",
+            )
+    for key in sorted(f.eligible):
+        if f.accepted.get(derive_token(secret, key)):
+            continue
+        jobs = f.jobs_by_key.get(key, [])
+        messages = f.outbox_by_key.get(key, [])
+        held = any(job[2] == "dead" and job[5] for job in jobs) or any(
+            m[2] in ("dead", "ambiguous") and m[6] for m in messages
+        )
+        if not held:
+            f.violate(
+                "L2 nothing eligible lost (outside)",
+                key,
+                "not in the provider's log and not visibly held: jobs "
+                f"{[(j[2], j[3]) for j in jobs]}, messages {[m[2] for m in messages]}",
+            )
 
 
 def _periods(f: _Facts) -> None:

@@ -11,6 +11,12 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        → `concurrent-consumers` fails (two intents for one key)
     period-%Y          the weekly period is formatted with %Y (calendar year) instead of the
                        ISO year → `iso-week-boundary` fails (a wrong, colliding period)
+    new-token-on-replay  a redriven message gets a new token (a new idempotency key): the
+                       replay-under-a-new-key bug → `redrive-after-hours` fails (S11: the provider
+                       takes tokens of no eligible key; L2: the keys' own tokens never arrive)
+    ignore-window      the provider's idempotency window is never past: an unknown outcome is
+                       resent under the same key however late → `resend-past-window` fails
+                       (S5: the provider had forgotten the key and delivers a second copy)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -44,8 +50,18 @@ MUTATIONS = {
         ),
         Mutation("no-unique-index", "the unique claim", "concurrent-consumers"),
         Mutation("period-%Y", "ISO-year periods", "iso-week-boundary"),
+        Mutation("new-token-on-replay", "replay under the same key", "redrive-after-hours"),
+        Mutation("ignore-window", "the idempotency window", "resend-past-window"),
     )
 }
+# What a mutation replaced in this process, to put back after the run (module, name, value).
+_PATCHED: list[tuple[Any, str, Any]] = []
+
+
+def _patch(module: Any, name: str, value: Any) -> None:
+    _PATCHED.append((module, name, getattr(module, name)))
+    setattr(module, name, value)
+
 
 # Query rewrites per dialect: (query name, text that must be there, what replaces it). A rewrite
 # whose text is missing is an error, so a refactor cannot silently turn a mutation into a no-op.
@@ -68,6 +84,10 @@ _FENCES = {
         ("outbox_mark_sending", "lease_token = :token AND ", ""),
         ("outbox_finish", "o.lease_token = :token AND ", ""),
     ),
+}
+_REPLAY = {
+    "postgres": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),),
+    "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
 }
 _CLAIM = {
     "postgres": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
@@ -101,12 +121,19 @@ def apply_to_store(store: Any, names: tuple[str, ...]) -> None:
         rewrites += _FENCES[store.dialect]
     if "no-unique-index" in names:
         rewrites += _CLAIM[store.dialect]
+    if "new-token-on-replay" in names:
+        rewrites += _REPLAY[store.dialect]
     for query, old, new in rewrites:
         if old not in queries[query]:
             raise RuntimeError(f"mutation cannot find {old!r} in query {query}: update it")
         queries[query] = queries[query].replace(old, new)
     if "ack-before-commit" in names:
         _install_ack_on_receipt()
+    if "ignore-window" in names:
+        from oncebox.outbox import delivery_rescuer, dispatcher  # noqa: PLC0415
+
+        for module in (dispatcher, delivery_rescuer):
+            _patch(module, "past_window", lambda *_args: False)
 
 
 def drop_unique_claim(conn: Any, dialect: str) -> None:
@@ -126,9 +153,9 @@ def drop_unique_claim(conn: Any, dialect: str) -> None:
 def undo_process_wide() -> None:
     """Put back what a mutation replaced in this process (the harness runs many scenarios in
     one process; a worker process simply exits)."""
-    from oncebox.lanes import assembly  # noqa: PLC0415
-
-    setattr(assembly, "TableTransport", TableTransport)  # noqa: B010 (mypy: not exported)
+    while _PATCHED:
+        module, name, value = _PATCHED.pop()
+        setattr(module, name, value)
 
 
 def _install_ack_on_receipt() -> None:
@@ -151,4 +178,4 @@ def _install_ack_on_receipt() -> None:
         def settle_in_transaction(self, tx: Any, settlements: Any) -> set[str]:
             return {s.delivery.message_id for s in settlements}
 
-    setattr(assembly, "TableTransport", AckOnReceipt)  # noqa: B010
+    _patch(assembly, "TableTransport", AckOnReceipt)

@@ -81,7 +81,8 @@ class Provider:
     @property
     def url(self) -> str:
         if self.api is not None:
-            return f"{self.api.url}?timeout={PROVIDER_TIMEOUT_S}"
+            window = self.api.window / timedelta(hours=1)
+            return f"{self.api.url}?timeout={PROVIDER_TIMEOUT_S}&window_hours={window:g}"
         assert self.smtp is not None
         return f"smtp://{self.smtp.host}:{self.smtp.port}?timeout={PROVIDER_TIMEOUT_S}"
 
@@ -104,9 +105,9 @@ class Provider:
 
 
 @contextmanager
-def provider(kind: ProviderKind) -> Iterator[Provider]:
+def provider(kind: ProviderKind, window: timedelta) -> Iterator[Provider]:
     if kind == "api":
-        with FakeEmailApi() as api:
+        with FakeEmailApi(window=window) as api:
             yield Provider(kind, api=api)
     else:
         with SmtpSink() as smtp:
@@ -124,6 +125,7 @@ class RunSettings:
     tz: str = "UTC"
     week: tuple[int, int] = (2026, 33)
     mutations: tuple[str, ...] = ()
+    window: timedelta = timedelta(hours=24)  # the HTTP API's idempotency window
 
 
 @dataclass
@@ -316,7 +318,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
     mutations.check(settings.mutations)
     with (
         workspace(settings.server) as url,
-        provider(settings.provider) as fake,
+        provider(settings.provider, settings.window) as fake,
         tempfile.TemporaryDirectory(prefix="oncebox-chaos-history-") as folder,
     ):
         workload = Workload(
@@ -356,6 +358,8 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 history=HistoryWriter(Path(folder), "harness", settings.seed),
                 clock=clock,
             )
+            if fake.api is not None:  # the outside world forgets on the run's own clock
+                fake.api.now = lambda: context.box.store.clock_now().timestamp()
             try:
                 yield context
             finally:

@@ -28,6 +28,7 @@ BOTH: tuple[Store, ...] = ("sqlite", "postgres")
 CONSUME = Lanes(dispatch=False, schedule=False, sweep=False)
 DISPATCH = Lanes(consume=False, schedule=False, sweep=False)
 CONSUME_ONLY = replace(DRAIN, dispatch=False, schedule=False, sweep=False)  # messages then wait
+DISPATCH_ONLY = replace(DRAIN, consume=False, schedule=False, sweep=False)
 PAST_ANY_LEASE = timedelta(hours=1)  # SQLite consumer leases outlast a transaction (~5 min)
 
 
@@ -44,6 +45,7 @@ class Scenario:
     week: tuple[int, int] = (2026, 33)
     ci: bool = True
     restarts_server: bool = False
+    window: timedelta = timedelta(hours=24)  # the HTTP API's idempotency window
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -55,6 +57,7 @@ class Scenario:
             ambiguity=self.ambiguity,
             tz=self.tz,
             week=self.week,
+            window=self.window,
         )
 
 
@@ -357,6 +360,22 @@ def restart_postgres() -> None:
     )
 
 
+def resend_past_window(run: RunContext) -> None:
+    """The API takes four digests and answers only after the client gave up (unknown
+    outcomes); the resends fall due after its idempotency window has passed. A resend then would
+    be a second copy — the API has forgotten the key — so the rows must be held `ambiguous`."""
+    run.fan_out()
+    run.work(CONSUME_ONLY)
+    run.provider.script(*["accept-then-timeout:2"] * 4)
+    run.work(DISPATCH_ONLY)  # four unknown outcomes; their resends wait out a backoff
+    window = run.settings.window
+    run.advance(window + timedelta(minutes=10))
+    run.fault(
+        f"4 sends answered after the client's timeout; the clock then passed the {window} window"
+    )
+    run.drain()
+
+
 def provider_storm(run: RunContext) -> None:
     """429 with Retry-After, 5xx, accepted-then-reset and accepted-then-timed-out answers."""
     run.fan_out()
@@ -559,6 +578,13 @@ SCENARIOS: dict[str, Scenario] = {
             "429s, 5xx, accepted-then-reset, accepted-then-timed-out",
             provider_storm,
             "S4, S5",
+        ),
+        Scenario(
+            "resend-past-window",
+            "unknown outcomes whose resends fall due past the API's idempotency window",
+            resend_past_window,
+            "S5, L2",
+            window=timedelta(hours=1),
         ),
         Scenario(
             "smtp-lost-acks-hold",

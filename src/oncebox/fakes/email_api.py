@@ -43,6 +43,7 @@ class Delivered:
     token: str | None
     body: dict[str, Any]
     message_id: str
+    at: float = 0.0  # when it arrived, on the real monotonic clock (rate checks)
 
 
 @dataclass
@@ -63,7 +64,7 @@ class FakeEmailApi:
         now: Callable[[], float] = clock.monotonic,
     ) -> None:
         self.window = window
-        self._now = now
+        self.now = now  # the clock its window is counted on (the chaos harness sets its own)
         self.delivered: list[Delivered] = []
         self.requests = 0
         self._script: deque[str] = deque()
@@ -99,7 +100,7 @@ class FakeEmailApi:
         if (
             stored is not None
             and stored.done.is_set()
-            and self._now() - stored.stored_at >= self.window.total_seconds()
+            and self.now() - stored.stored_at >= self.window.total_seconds()
         ):
             del self._keys[key]
             return None
@@ -185,7 +186,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 conflict = ""
             if stored is None and key:
-                stored = api._keys[key] = _Stored(body_hash, api._now())
+                stored = api._keys[key] = _Stored(body_hash, api.now())
         if conflict:
             self._reply(409, {"statusCode": 409, "name": conflict})
             return
@@ -250,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = body.get("headers") or {}
         with self.api._lock:
             self.api.delivered.append(
-                Delivered(key, headers.get("X-Oncebox-Token"), body, message_id)
+                Delivered(key, headers.get("X-Oncebox-Token"), body, message_id, clock.monotonic())
             )
         response = json.dumps({"id": message_id}).encode()
         if stored is not None:
