@@ -32,13 +32,13 @@ Scenarios add their own (S9 superseded leases commit nothing, S10 replays keep t
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from oncebox.chaos.history import SendOutcomes, read_history, send_outcomes
+from oncebox.chaos.rows import Job, Message, Rows, read_rows
 from oncebox.chaos.violation import Violation
-from oncebox.examples.logistics.app import DIGEST_KEY, HOLD_KEY, connect
+from oncebox.examples.logistics.app import DIGEST_KEY, HOLD_KEY
 from oncebox.outbox.tokens import derive_token
 
 if TYPE_CHECKING:
@@ -59,85 +59,12 @@ class Tally:
     ambiguous: int = 0
 
 
-Job = tuple[int, str, str, str | None, int, str | None]  # id, key, state, outcome, attempt, error
-Message = tuple[int, str, str, str, str, int, str | None]  # id, intent key, state, token, key, …
-
-
-@dataclass
-class _Rows:
-    intents: Counter[str]
-    jobs: list[Job]
-    job_attempts: Counter[int]
-    outbox: list[Message]
-    delivery_attempts: Counter[int]
-    definite_attempts: Counter[int]  # whose outcome the database recorded as known
-    digests: set[tuple[int, str]]
-    active: list[int]
-    expired_holds: list[int]
-    periods: list[str]
-
-
-def _read(context: RunContext) -> _Rows:
-    conn = connect(context.box)
-    try:
-
-        def rows(sql: str) -> list[Any]:
-            return list(conn.execute(sql).fetchall())
-
-        return _Rows(
-            intents=Counter(r[0] for r in rows("SELECT key FROM oncebox_intents")),
-            jobs=[
-                (int(r[0]), r[1], r[2], r[3], int(r[4]), r[5])
-                for r in rows(
-                    "SELECT id, key, state, outcome, attempt, last_error FROM oncebox_jobs"
-                )
-            ],
-            job_attempts=Counter(
-                {
-                    int(r[0]): int(r[1])
-                    for r in rows(
-                        "SELECT job_id, count(*) FROM oncebox_job_attempts GROUP BY job_id"
-                    )
-                }
-            ),
-            outbox=[
-                (int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), r[6])
-                for r in rows(
-                    "SELECT id, intent_key, state, token, key, possible_duplicates, last_error "
-                    "FROM oncebox_outbox"
-                )
-            ],
-            **_attempt_counts(
-                rows(
-                    "SELECT outbox_id, count(*), sum(CASE WHEN outcome IN ('sent', 'failed', "
-                    "'throttled', 'dead') THEN 1 ELSE 0 END) FROM oncebox_delivery_attempts "
-                    "GROUP BY outbox_id"
-                )
-            ),
-            digests={
-                (int(r[0]), r[1]) for r in rows("SELECT customer_id, period FROM freight_digests")
-            },
-            active=[int(r[0]) for r in rows("SELECT id FROM freight_customers WHERE active = 1")],
-            expired_holds=[
-                int(r[0]) for r in rows("SELECT id FROM freight_holds WHERE state = 'expired'")
-            ],
-            periods=[
-                r[0]
-                for r in rows(
-                    "SELECT period FROM oncebox_schedule_runs WHERE schedule = 'weekly-digest'"
-                )
-            ],
-        )
-    finally:
-        conn.close()
-
-
 @dataclass
 class _Facts:
     """What the checker knows once the run has settled."""
 
     context: RunContext
-    rows: _Rows
+    rows: Rows
     eligible: set[str]
     poison_keys: set[str]
     jobs_by_key: dict[str, list[Job]]
@@ -152,17 +79,9 @@ class _Facts:
         self.found.append(Violation(invariant, key, evidence))
 
 
-def _attempt_counts(rows: list[Any]) -> dict[str, Counter[int]]:
-    """Delivery attempts per message: all of them, and those with a known outcome."""
-    return {
-        "delivery_attempts": Counter({int(r[0]): int(r[1]) for r in rows}),
-        "definite_attempts": Counter({int(r[0]): int(r[2]) for r in rows}),
-    }
-
-
 def check(context: RunContext) -> tuple[list[Violation], Tally]:
     """Every invariant, with per-key evidence; the run's figures."""
-    rows = _read(context)
+    rows = read_rows(context.box)
     poison_keys = {DIGEST_KEY.format(customer_id=context.poison, period=p) for p in context.periods}
     digest_keys = {
         DIGEST_KEY.format(customer_id=c, period=p) for c in rows.active for p in context.periods

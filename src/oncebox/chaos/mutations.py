@@ -11,6 +11,23 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        → `concurrent-consumers` fails (two intents for one key)
     period-%Y          the weekly period is formatted with %Y (calendar year) instead of the
                        ISO year → `iso-week-boundary` fails (a wrong, colliding period)
+    no-lease-rescue    the lease rescuer does nothing: leases of dead processes are never freed
+                       → `real-clock-crashes` fails (L3: keys not visible within the bound)
+    release-refused-batch  a batch the database refuses at COMMIT is given back whole with its
+                       attempts undone (the fix reverted) → `commit-refused` fails (L1)
+    no-guard           the handler guard lets transaction control through, and recovery settles
+                       a batch by its claims alone (both fixes reverted) → `guard-bypass` fails
+                       (S3, L2: jobs done without their digest)
+    bucket-time-back   a rate-limit taker writes its earlier clock back into the bucket (the fix
+                       reverted) → `rate-limit-contention` fails (R1: more sends than the rate)
+    no-resume          the scheduler never resumes a stalled fan-out → `scheduler-replaced-after-
+                       next-fire` fails (S4, L2: the interrupted week's other customers)
+    strand-on-outage   a dispatcher forgets its round when the store goes away (the fix
+                       reverted) → `store-outage-dispatch` fails (L3: rows wait out the lease)
+    clock-never-lapses a test clock is held without an expiry → `clock-holder-killed` fails (L3:
+                       workers refuse the dead owner's clock)
+    greedy-writer      SQLite writers race for the lock as before turns, and the consumer keeps
+                       it 500 ms → `sqlite-writer-contention` fails (E1: enqueues time out)
     new-token-on-replay  a redriven message gets a new token (a new idempotency key): the
                        replay-under-a-new-key bug → `redrive-after-hours` fails (S11: the provider
                        takes tokens of no eligible key; L2: the keys' own tokens never arrive)
@@ -24,8 +41,8 @@ switch them on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from oncebox.errors import ConfigurationError
@@ -51,11 +68,20 @@ MUTATIONS = {
         Mutation("no-unique-index", "the unique claim", "concurrent-consumers"),
         Mutation("period-%Y", "ISO-year periods", "iso-week-boundary"),
         Mutation("new-token-on-replay", "replay under the same key", "redrive-after-hours"),
+        Mutation("no-lease-rescue", "the lease rescuer", "real-clock-crashes"),
+        Mutation("release-refused-batch", "commit-time refusals", "commit-refused"),
+        Mutation("no-guard", "the handler guard and its recovery", "guard-bypass"),
+        Mutation("bucket-time-back", "monotonic bucket time", "rate-limit-contention"),
+        Mutation("no-resume", "resuming stalled fan-outs", "scheduler-replaced-after-next-fire"),
+        Mutation("strand-on-outage", "recovery after a store outage", "store-outage-dispatch"),
+        Mutation("clock-never-lapses", "the test clock's lease", "clock-holder-killed"),
+        Mutation("greedy-writer", "SQLite write turns", "sqlite-writer-contention"),
         Mutation("ignore-window", "the idempotency window", "resend-past-window"),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
 _PATCHED: list[tuple[Any, str, Any]] = []
+_APPLIED: set[str] = set()
 
 
 def _patch(module: Any, name: str, value: Any) -> None:
@@ -89,6 +115,10 @@ _REPLAY = {
     "postgres": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),),
     "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
 }
+_STALLED = {
+    "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
+    "sqlite": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
+}
 _CLAIM = {
     "postgres": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
     "sqlite": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
@@ -113,8 +143,9 @@ def wrong_iso_week() -> PeriodKind:
     return PeriodKind(iso_week.name, of, iso_week.check)
 
 
-def apply_to_store(store: Any, names: tuple[str, ...]) -> None:
-    """Rewrite this process's copy of the store's queries."""
+def apply(store: Any, names: tuple[str, ...]) -> None:
+    """Rewrite this process's copy of the store's queries, and replace what the mutations
+    replace in this process."""
     queries: dict[str, str] = store._q  # a test switch reaches inside, on purpose
     rewrites: list[tuple[str, str, str]] = []
     if "no-lease-fence" in names:
@@ -123,17 +154,112 @@ def apply_to_store(store: Any, names: tuple[str, ...]) -> None:
         rewrites += _CLAIM[store.dialect]
     if "new-token-on-replay" in names:
         rewrites += _REPLAY[store.dialect]
+    if "no-resume" in names:
+        rewrites += _STALLED[store.dialect]
     for query, old, new in rewrites:
         if old not in queries[query]:
             raise RuntimeError(f"mutation cannot find {old!r} in query {query}: update it")
         queries[query] = queries[query].replace(old, new)
-    if "ack-before-commit" in names:
-        _install_ack_on_receipt()
-    if "ignore-window" in names:
-        from oncebox.outbox import delivery_rescuer, dispatcher  # noqa: PLC0415
+    for name in names:
+        if name in _PROCESS_WIDE and name not in _APPLIED:  # once per process
+            _APPLIED.add(name)
+            _PROCESS_WIDE[name]()
 
-        for module in (dispatcher, delivery_rescuer):
-            _patch(module, "past_window", lambda *_args: False)
+
+def _ignore_window() -> None:
+    from oncebox.outbox import delivery_rescuer, dispatcher  # noqa: PLC0415
+
+    for module in (dispatcher, delivery_rescuer):
+        _patch(module, "past_window", lambda *_args: False)
+
+
+def _no_lease_rescue() -> None:
+    from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerResult  # noqa: PLC0415
+
+    _patch(LeaseRescuer, "run_once", lambda _self: LeaseRescuerResult([]))
+
+
+def _release_refused_batch() -> None:
+    from oncebox.queue import consumer  # noqa: PLC0415
+
+    class NeverRaised(Exception):
+        """What the consumer now catches instead of StoreRefused: the refusal escapes."""
+
+    _patch(consumer, "StoreRefused", NeverRaised)
+
+
+def _no_guard() -> None:
+    from oncebox.queue.consumer import Consumer  # noqa: PLC0415
+    from oncebox.store import guard  # noqa: PLC0415
+    from oncebox.store.sqlite import SqliteConsumerTx  # noqa: PLC0415
+
+    _patch(guard, "check_statement", lambda *_args, **_kwargs: None)
+    _patch(SqliteConsumerTx, "_deny_transaction_statements", lambda _self: lambda: None)
+    _patch(Consumer, "_after_broken_batch", _settle_by_claim)
+
+
+def _settle_by_claim(self: Any, pending: list[Any], exc: Any, result: Any) -> list[Any]:
+    """The recovery before the fix: the culprit is completed if its claim is in the database,
+    and the rest of the batch runs again — where a claim of their own, committed by the
+    culprit's COMMIT, settles them `completed` without their handler ever running."""
+    from oncebox.queue.consumer import ConsumerResult, describe_error  # noqa: PLC0415
+    from oncebox.queue.transport import Settlement  # noqa: PLC0415
+
+    culprit = exc.culprit
+    outcome = ConsumerResult()
+    with self.session.transaction() as tx:
+        owners = tx.intent_owners([culprit.key]) if culprit.key else {}
+        if culprit.key is not None and owners.get(culprit.key) == culprit.delivery.job_id:
+            outcome.completed += 1
+            settlement = Settlement(culprit.delivery, "done", "completed")
+        else:
+            settlement = self._dead(culprit, describe_error(exc.error), outcome)
+        self.transport.settle_in_transaction(tx, [settlement])
+    self.transport.after_commit([settlement])
+    outcome.settled_ids = {culprit.delivery.message_id}
+    result.add(outcome)
+    return [d for d in pending if d.message_id != culprit.delivery.message_id]
+
+
+def _bucket_time_back() -> None:
+    from oncebox.outbox import dispatcher, ratelimit  # noqa: PLC0415
+
+    original = ratelimit.take
+
+    def take(buckets: Any, want: int, now: datetime, paused: datetime | None) -> Any:
+        after, grant = original(buckets, want, now, paused)
+        return [replace(bucket, updated_at=now) for bucket in after], grant
+
+    _patch(dispatcher, "take", take)
+
+
+def _strand_on_outage() -> None:
+    from oncebox.outbox.dispatcher import OutboxDispatcher  # noqa: PLC0415
+
+    def forget(self: Any, _result: Any) -> None:
+        self._open = {}  # the round's outcomes and unsent rows wait out their lease
+
+    _patch(OutboxDispatcher, "_recover", forget)
+
+
+def _clock_never_lapses() -> None:
+    from oncebox.clock import ClockLease  # noqa: PLC0415
+
+    def write(self: Any) -> None:
+        self.store.clock_set(self._setting)  # no expiry: it never lapses
+
+    _patch(ClockLease, "_write", write)
+
+
+def _greedy_writer() -> None:
+    from oncebox.queue import consumer  # noqa: PLC0415
+    from oncebox.store.sqlite_turns import WriterTurns  # noqa: PLC0415
+
+    def begin(_self: Any, conn: Any, greedy: bool = False) -> None:
+        conn.execute("BEGIN IMMEDIATE")  # SQLite's own busy handler, no turns
+
+    _patch(WriterTurns, "begin", begin)
+    _patch(consumer, "SQLITE_BUDGET", timedelta(milliseconds=500))
 
 
 def drop_unique_claim(conn: Any, dialect: str) -> None:
@@ -156,6 +282,7 @@ def undo_process_wide() -> None:
     while _PATCHED:
         module, name, value = _PATCHED.pop()
         setattr(module, name, value)
+    _APPLIED.clear()
 
 
 def _install_ack_on_receipt() -> None:
@@ -179,3 +306,16 @@ def _install_ack_on_receipt() -> None:
             return {s.delivery.message_id for s in settlements}
 
     _patch(assembly, "TableTransport", AckOnReceipt)
+
+
+_PROCESS_WIDE = {
+    "ack-before-commit": _install_ack_on_receipt,
+    "ignore-window": _ignore_window,
+    "no-lease-rescue": _no_lease_rescue,
+    "release-refused-batch": _release_refused_batch,
+    "no-guard": _no_guard,
+    "bucket-time-back": _bucket_time_back,
+    "strand-on-outage": _strand_on_outage,
+    "clock-never-lapses": _clock_never_lapses,
+    "greedy-writer": _greedy_writer,
+}

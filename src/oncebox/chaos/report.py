@@ -41,6 +41,8 @@ class ScenarioResult:
     violations: list[Violation] = field(default_factory=list)
     seconds: float = 0.0
     mutations: tuple[str, ...] = ()
+    settled_s: float | None = None  # real-clock runs: faults' end to every key visible
+    bound_s: float | None = None  # ... and the bound it had to be within
 
     @property
     def ok(self) -> bool:
@@ -79,6 +81,13 @@ def run_scenario(
             scenario.script(run)
         except NotSettled as exc:
             run.violation("L1 the system settles", scenario.name, str(exc))
+        except Exception as exc:  # a lane that keeps failing stops the run: it did not settle
+            run.violation(
+                "L1 the system settles",
+                scenario.name,
+                f"the run stopped on {type(exc).__name__}: {str(exc)[:300]}",
+            )
+        result.settled_s, result.bound_s = run.settled_s, run.bound_s
         violations, result.tally = check(run)
         result.violations = run.violations + [v for v in violations if v not in run.violations]
         result.faults = run.faults
@@ -165,6 +174,11 @@ def print_result(result: ScenarioResult, server: str | None, out: TextIO) -> Non
     )
     for fault in result.faults:
         out.write(f"  fault: {fault}\n")
+    if result.bound_s is not None:
+        settled = "never" if result.settled_s is None else f"in {result.settled_s:g} s"
+        out.write(
+            f"  real clock: settled {settled} after the faults (bound {result.bound_s:g} s)\n"
+        )
     by_invariant: dict[str, list[Violation]] = {}
     for violation in result.violations:
         by_invariant.setdefault(violation.invariant, []).append(violation)
@@ -192,5 +206,7 @@ def _as_dict(result: ScenarioResult, server: str | None) -> dict[str, object]:
         "faults": result.faults,
         "violations": [asdict(v) for v in result.violations],
         "mutations": list(result.mutations),
+        "settled_s": result.settled_s,
+        "bound_s": result.bound_s,
         "rerun": result.rerun(server),
     }

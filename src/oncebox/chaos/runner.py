@@ -25,18 +25,21 @@ from typing import Any, Literal
 from oncebox import Box, WorkerConfig
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
+from oncebox.chaos.rows import read_rows, unsettled
 from oncebox.chaos.violation import Violation
 from oncebox.chaos.workload import (
     Gate,
     Lanes,
     PointPlan,
+    Term,
+    Timing,
     Workload,
     build,
     racer_main,
     worker_main,
 )
 from oncebox.chaos.workspace import workspace
-from oncebox.clock import ClockLease
+from oncebox.clock import ClockLease, monotonic
 from oncebox.examples.logistics.app import connect, create_tables
 from oncebox.examples.logistics.seed import is_active, seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
@@ -126,6 +129,8 @@ class RunSettings:
     week: tuple[int, int] = (2026, 33)
     mutations: tuple[str, ...] = ()
     window: timedelta = timedelta(hours=24)  # the HTTP API's idempotency window
+    timing: Timing | None = None  # a run on the real clock (no test clock at all)
+    sneak: int = 0  # a customer whose handler tries to end the claim's transaction
 
 
 @dataclass
@@ -143,7 +148,9 @@ class RunContext:
     violations: list[Violation] = field(default_factory=list)
     absorbed: int = 0
     history: HistoryWriter | None = None
-    clock: ClockLease | None = None  # the harness's hold on the run's clock
+    clock: ClockLease | None = None  # the harness's hold on the run's clock (None: real)
+    settled_s: float | None = None  # real clock: from the faults' end to every key visible
+    bound_s: float | None = None  # ... and the bound it had to be within
 
     @property
     def dialect(self) -> str:
@@ -155,7 +162,8 @@ class RunContext:
         return self.box.store.clock_now()
 
     def set_clock(self, instant: datetime) -> None:
-        assert self.clock is not None
+        if self.clock is None:
+            raise RuntimeError("this run is on the real clock: it cannot be set")
         self.clock.set(frozen_at=instant)
 
     def advance(self, delta: timedelta) -> datetime:
@@ -164,6 +172,48 @@ class RunContext:
         return instant
 
     # -- the workload --------------------------------------------------------------------------
+
+    def fan_out_now(self) -> FanOutResult:
+        """On the real clock: fan out this week's period as an operator's run would (the
+        schedule fires on Mondays; this run cannot wait for one)."""
+        period = iso_label(self.now(), self.settings.tz)
+        self.periods.append(period)
+        return self.box.run_schedule("weekly-digest", period)
+
+    def settle_on_real_clock(self, terms: tuple[Term, ...], lanes: Lanes | None = None) -> None:
+        """The faults have stopped: start workers (until idle, on the real clock) and wait for
+        every eligible key to reach a visible state — delivered, or held dead or ambiguous with
+        its reason — within the bound the run's timing implies for these faults (L3). A worker
+        that stops early (it refused a test clock that is still held, say) is replaced."""
+        timing = self.settings.timing
+        assert timing is not None, "settle_on_real_clock is for runs on the real clock"
+        self.bound_s = bound = timing.bound(self.dialect, terms)
+        started = monotonic()
+        workers: list[Any] = []
+        left: list[str] = []
+        try:
+            while monotonic() - started <= bound:
+                left = unsettled(read_rows(self.box), self.periods, self.poison)
+                if not left:
+                    self.settled_s = round(monotonic() - started, 2)
+                    return
+                workers = [w for w in workers if w.is_alive()]
+                if not workers:
+                    workers.append(self.spawn(f"settler-{len(self.faults)}", lanes=lanes))
+                threading.Event().wait(0.1)
+        finally:
+            for worker in workers:  # settled: they finish; not settled: nothing to wait for
+                worker.join(bound if self.settled_s is not None else 0)
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join(10)
+        self.violation(
+            "L3 visible within the bound",
+            left[0] if left else self.settings.scenario,
+            f"{len(left)} eligible key(s) or row(s) still not in a visible state {bound:g} s "
+            f"after the faults stopped (the bound for {', '.join(terms) or 'no fault'} with "
+            f"this run's timing); first: {left[:3]}",
+        )
 
     def fan_out(self, at: datetime | None = None) -> FanOutResult:
         """Set the clock to a Monday fire (+30 s) and let the scheduler fan the week out."""
@@ -330,6 +380,8 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
             ambiguity=settings.ambiguity,
             tz=settings.tz,
             mutations=settings.mutations,
+            timing=settings.timing,
+            sneak=settings.sneak,
         )
         box = build(workload, "harness")
         try:
@@ -341,8 +393,12 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 finally:
                     conn.close()
             fire = monday_fire(*settings.week, tz=settings.tz)
-            clock = ClockLease(box.store)  # lapses by itself should the harness be killed
-            clock.set(frozen_at=fire)
+            clock: ClockLease | None = None
+            if settings.timing is None:
+                clock = ClockLease(box.store)  # lapses by itself should the harness be killed
+                clock.set(frozen_at=fire)
+            else:  # the real clock: the week is this one, and holds expire around now
+                fire = box.store.clock_now() - timedelta(minutes=1)
             # one fault schedule per (seed, scenario): scenarios do not all draw alike
             rng = random.Random(f"{settings.seed}:{settings.scenario}")
             poison = seed_freight(box, settings.customers, iso_label(fire), rng, fire)
@@ -358,7 +414,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 history=HistoryWriter(Path(folder), "harness", settings.seed),
                 clock=clock,
             )
-            if fake.api is not None:  # the outside world forgets on the run's own clock
+            if fake.api is not None and clock is not None:  # it forgets on the run's clock
                 fake.api.now = lambda: context.box.store.clock_now().timestamp()
             try:
                 yield context
@@ -366,7 +422,8 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
                 if context.history is not None:
                     context.history.close()
                 box = context.box  # a scenario may have replaced it (reconnect)
-                clock.release()
+                if clock is not None:
+                    clock.release()
         finally:
             box.close()
             mutations.undo_process_wide()

@@ -18,8 +18,9 @@ import psycopg
 
 from oncebox.chaos.history import read_history
 from oncebox.chaos.runner import DRAIN, RunContext, RunSettings, monday_fire
-from oncebox.chaos.workload import CHANNEL_RETRY, Lanes, PointPlan
+from oncebox.chaos.workload import CHANNEL_RETRY, SNEAKS, Lanes, PointPlan, Timing
 from oncebox.errors import ConfigurationError, PayloadTooLarge
+from oncebox.examples.logistics.app import connect
 from oncebox.operations import DeadFilter
 from oncebox.testing import RedeliveringTransport
 
@@ -46,6 +47,8 @@ class Scenario:
     ci: bool = True
     restarts_server: bool = False
     window: timedelta = timedelta(hours=24)  # the HTTP API's idempotency window
+    timing: Timing | None = None  # on the real clock, with these leases and backoffs
+    sneak: int = 0  # a customer whose handler tries to end the claim's transaction
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -58,6 +61,8 @@ class Scenario:
             tz=self.tz,
             week=self.week,
             window=self.window,
+            timing=self.timing,
+            sneak=self.sneak,
         )
 
 
@@ -429,6 +434,99 @@ def poison_and_oversized(run: RunContext) -> None:
     run.drain()
 
 
+# -- refused and ended transactions, interrupted fan-outs ----------------------------------------
+
+
+def commit_refused(run: RunContext) -> None:
+    """The database refuses one customer's digest at the end of its transaction — a deferred
+    constraint checked at COMMIT (PostgreSQL), a trigger on the outbox row (SQLite) — while it
+    shares batches with everyone else's: that job must end dead with the database's reason and
+    every other digest be delivered, not the batch given back and leased again for ever."""
+    refused = [c for c in run.active_customers() if c != run.poison][2]
+    conn = connect(run.box)
+    try:
+        if run.dialect == "postgres":
+            conn.execute("CREATE TABLE freight_allowed (customer_id bigint PRIMARY KEY)")
+            conn.execute(
+                "INSERT INTO freight_allowed SELECT id FROM freight_customers WHERE id <> %s",
+                (refused,),
+            )
+            conn.execute(
+                "ALTER TABLE freight_digests ADD CONSTRAINT digest_allowed FOREIGN KEY "
+                "(customer_id) REFERENCES freight_allowed DEFERRABLE INITIALLY DEFERRED"
+            )
+        else:
+            conn.execute(
+                "CREATE TRIGGER refuse_one BEFORE INSERT ON oncebox_outbox WHEN NEW.intent_key "
+                f"LIKE 'weekly-digest/customer-{refused}/%' BEGIN "
+                "SELECT RAISE(ABORT, 'refused by the database'); END"
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    run.fault(f"the database refuses customer {refused}'s digest at the end of its transaction")
+    run.fan_out()
+    run.drain()
+
+
+def guard_bypass(run: RunContext) -> None:
+    """One customer's handler tries to commit the claim's transaction behind a comment. The
+    guard must refuse it (that job ends dead), and nothing of the batches it shared may be
+    settled on the strength of a claim alone: every other digest is rendered and delivered."""
+    run.fan_out()
+    run.drain()
+    run.fault(f"customer {run.workload.sneak}'s handler runs {SNEAKS[run.dialect]!r}")
+
+
+def scheduler_replaced_after_next_fire(run: RunContext) -> None:
+    """The scheduler is SIGKILLed between two fan-out batches, and nobody takes over until the
+    next Monday's fire has passed: the interrupted week must still be fanned out in full — its
+    run is resumed before the catch-up policy (`latest`) picks the new week."""
+    fire = monday_fire(*run.settings.week, tz=run.settings.tz)
+    run.set_clock(fire + timedelta(seconds=30))
+    run.periods.append(run.label(fire))
+    victim = run.spawn(
+        "victim-scheduler",
+        (PointPlan("scheduler.between_batches", "kill", 1),),
+        lanes=Lanes(consume=False, dispatch=False, sweep=False),
+        workload=replace(run.workload, batch_size=max(10, run.settings.customers // 5)),
+    )
+    if run.killed(victim):
+        run.fault("SIGKILL between fan-out batches")
+    else:
+        run.violation("harness", "scheduler", f"scheduler exited {victim.exitcode}, not killed")
+    following = fire + timedelta(weeks=1)
+    run.set_clock(following + timedelta(minutes=10))
+    run.periods.append(run.label(following))
+    run.fault("no scheduler until 10 minutes after the next Monday's fire")
+    run.drain()
+
+
+# -- the real clock ----------------------------------------------------------------------------
+
+REAL = Timing()
+
+
+def real_clock_crashes(run: RunContext) -> None:
+    """No test clock at all: a consumer SIGKILLed inside its transaction and a dispatcher
+    SIGKILLed between the provider's acceptance and its record, each leaving its leases behind.
+    Once they are dead, every eligible key must reach a visible state within the bound their
+    leases, the rescuer and the backoffs imply — measured on the real clock."""
+    run.fan_out_now()
+    consumer = run.spawn(
+        "victim-consumer", (PointPlan("consumer.after_claim_insert", "kill", 1),), lanes=CONSUME
+    )
+    dispatcher = run.spawn(
+        "victim-dispatcher",
+        (PointPlan("dispatcher.after_provider_accept_before_record", "kill", 1),),
+    )
+    killed = [
+        name for name, p in (("consumer", consumer), ("dispatcher", dispatcher)) if run.killed(p)
+    ]
+    run.fault(f"SIGKILL of the {' and the '.join(killed)} holding their leases (real clock)")
+    run.settle_on_real_clock(("job_lease", "dispatcher_lease", "backoff"))
+
+
 def soak(run: RunContext) -> None:
     """Worker processes SIGKILLed at random points for a whole run, until the week settles."""
     crash_points = [
@@ -606,6 +704,32 @@ SCENARIOS: dict[str, Scenario] = {
             "poison, oversized and malformed messages",
             poison_and_oversized,
             "S4, S8",
+        ),
+        Scenario(
+            "commit-refused",
+            "the database refuses one digest at COMMIT, inside shared batches",
+            commit_refused,
+            "L1, L2, S4",
+        ),
+        Scenario(
+            "guard-bypass",
+            "a handler commits the claim's transaction behind a comment",
+            guard_bypass,
+            "S3, L2",
+            sneak=3,
+        ),
+        Scenario(
+            "scheduler-replaced-after-next-fire",
+            "a scheduler killed mid-fan-out, replaced only after the next fire",
+            scheduler_replaced_after_next_fire,
+            "S4, L2, P1",
+        ),
+        Scenario(
+            "real-clock-crashes",
+            "SIGKILLed consumer and dispatcher, then settling on the real clock",
+            real_clock_crashes,
+            "L3",
+            timing=REAL,
         ),
         Scenario("soak", "random SIGKILLs for a whole run", soak, "S1-S8", ci=False),
     ]

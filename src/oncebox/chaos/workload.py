@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -25,10 +25,53 @@ from oncebox.jobs.periods import iso_week
 from oncebox.outbox.dispatcher import DispatcherConfig
 from oncebox.providers import from_url
 from oncebox.queue.consumer import ConsumerConfig
+from oncebox.queue.lease_rescuer import LeaseRescuerConfig
 from oncebox.testing import RedeliveringTransport
 
 Action = Literal["kill", "stop", "pause", "raise"]
 CHANNEL_RETRY = Retry(max_attempts=4, base_delay=timedelta(seconds=30))
+Term = Literal["backoff", "pause", "job_lease", "dispatcher_lease", "clock", "fan_out"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A run on the real clock: no test clock at all, and leases, backoffs and pauses of a
+    second or so, so that what a deployment waits minutes for settles here in seconds.
+
+    `bound(dialect, terms)` is the liveness bound these settings imply for the faults a scenario
+    injected (`terms`), term by term as docs/guarantees.md states it with the defaults, plus
+    `startup_s` for the worker processes the harness starts after the faults (an interpreter,
+    imports, a connection: seconds on a loaded machine, not part of the guarantee)."""
+
+    consumer_lease_s: float = 2.0
+    dispatcher_lease_s: float = 3.0
+    rescue_every_s: float = 0.25
+    handler_timeout_s: float = 1.0
+    handler_grace_s: float = 0.5
+    max_delay_s: float = 0.5  # the longest retry backoff, jobs and messages
+    max_pause_s: float = 1.0  # the longest channel pause
+    clock_lease_s: float = 1.0  # ONCEBOX_CLOCK_LEASE of a process holding a test clock
+    idle_horizon_s: float = 30.0
+    startup_s: float = 15.0
+    limits: tuple[str, ...] = ()  # the channel's rate limits
+    busy_timeout_s: float | None = None  # SQLite's, when a scenario wants writers to give up
+
+    def job_lease_s(self, dialect: str) -> float:
+        """On SQLite a lease must outlast one transaction: the handler's timeout and grace."""
+        if dialect == "sqlite":
+            return max(self.consumer_lease_s, self.handler_timeout_s + self.handler_grace_s + 0.1)
+        return self.consumer_lease_s
+
+    def bound(self, dialect: str, terms: tuple[Term, ...]) -> float:
+        waits = {
+            "backoff": self.max_delay_s,
+            "pause": self.max_pause_s,
+            "job_lease": self.job_lease_s(dialect) + self.rescue_every_s,
+            "dispatcher_lease": self.dispatcher_lease_s + self.rescue_every_s,
+            "clock": self.clock_lease_s,
+            "fan_out": 0.0,  # a manual re-run: no schedule lease on the real clock here
+        }
+        return self.startup_s + sum(waits[term] for term in terms)
 
 
 @dataclass(frozen=True)
@@ -45,6 +88,8 @@ class Workload:
     mutations: tuple[str, ...] = ()
     batch_size: int = 5000  # the schedule's fan-out batch
     log_level: int = logging.ERROR  # expected warnings (expired leases, pauses) stay quiet
+    timing: Timing | None = None  # a run on the real clock; None: the harness's frozen clock
+    sneak: int = 0  # a customer whose digest handler tries to end the claim's transaction
 
 
 @dataclass(frozen=True)
@@ -80,12 +125,17 @@ class Lanes:
 def build(workload: Workload, worker: str) -> Box:
     """The freight box with the run's provider behind a recorder, and the run's mutations."""
     period = mutations.wrong_iso_week() if "period-%Y" in workload.mutations else iso_week
+    timing = workload.timing
+    url = workload.url
+    if timing is not None and timing.busy_timeout_s is not None and url.startswith("sqlite"):
+        url = f"{url}?busy_timeout={timing.busy_timeout_s:g}"
     box = build_box(
-        workload.url,
+        url,
         secret=workload.secret,
         tz=workload.tz,
         period=period,
         batch_size=workload.batch_size,
+        **_task_timing(timing),
     )
     history = HistoryWriter(Path(workload.history), worker, workload.seed)
     box.channel(
@@ -93,24 +143,89 @@ def build(workload: Workload, worker: str) -> Box:
         provider=RecordingProvider(from_url(workload.email), history),
         sender=SENDER,
         ambiguity=workload.ambiguity,
-        retry=CHANNEL_RETRY,
+        **_channel_timing(timing),
     )
-    mutations.apply_to_store(box.store, workload.mutations)
+    mutations.apply(box.store, workload.mutations)
+    if workload.sneak:
+        _sneak_in(box, workload.sneak)
     return box
 
 
-def worker_config(lanes: Lanes) -> WorkerConfig:
+SNEAKS = {
+    # what the guard must refuse: transaction control behind comments the naive reading misses
+    "postgres": "/* /* nested */ */ COMMIT",
+    "sqlite": "/* a comment */ COMMIT",
+}
+
+
+def _sneak_in(box: Box, customer: int) -> None:
+    """The digest handler of `customer` first tries to commit the claim's transaction, as a
+    handler written against the wrong advice would; the others are untouched."""
+    task = box.registry.get("weekly_digest")
+    handler = task.fn
+
+    def sneaky(ctx: Any, customer_id: int, period: str) -> None:
+        if customer_id == customer:
+            ctx.connection.execute(SNEAKS[ctx.dialect])
+        handler(ctx, customer_id=customer_id, period=period)
+
+    box.registry._tasks[task.name] = replace(task, fn=sneaky)  # a harness switch, on purpose
+
+
+def _task_timing(timing: Timing | None) -> dict[str, Any]:
+    if timing is None:
+        return {}
+    delay = timedelta(seconds=timing.max_delay_s)
+    return {
+        "retry": Retry(max_attempts=5, base_delay=delay / 8, max_delay=delay),
+        "timeout": timedelta(seconds=timing.handler_timeout_s),
+    }
+
+
+def _channel_timing(timing: Timing | None) -> dict[str, Any]:
+    if timing is None:
+        return {"retry": CHANNEL_RETRY}
+    delay, pause = timedelta(seconds=timing.max_delay_s), timedelta(seconds=timing.max_pause_s)
+    return {
+        "retry": Retry(max_attempts=4, base_delay=delay / 8, max_delay=delay),
+        "limits": timing.limits,
+        "max_pause": pause,
+        "default_throttle": pause,
+        "pause_on_421": pause,
+    }
+
+
+def worker_config(lanes: Lanes, timing: Timing | None = None) -> WorkerConfig:
+    """Until idle. On the harness's frozen clock (simulated time); with `timing`, on the real
+    clock with its short leases, waiting up to its horizon for work that falls due."""
+    consumer = ConsumerConfig(batch_size=lanes.batch)
+    dispatcher = DispatcherConfig(batch_size=lanes.batch)
+    if timing is None:
+        return WorkerConfig(
+            until_idle=True,
+            simulated_time=True,
+            exit_on_hung_handler=False,
+            concurrency=lanes.concurrency,
+            consume=lanes.consume,
+            dispatch=lanes.dispatch,
+            schedule=lanes.schedule,
+            sweep=lanes.sweep,
+            consumer=consumer,
+            dispatcher=dispatcher,
+        )
     return WorkerConfig(
         until_idle=True,
-        simulated_time=True,
+        idle_horizon=timedelta(seconds=timing.idle_horizon_s),
+        handler_grace=timedelta(seconds=timing.handler_grace_s),
         exit_on_hung_handler=False,
         concurrency=lanes.concurrency,
         consume=lanes.consume,
         dispatch=lanes.dispatch,
         schedule=lanes.schedule,
         sweep=lanes.sweep,
-        consumer=ConsumerConfig(batch_size=lanes.batch),
-        dispatcher=DispatcherConfig(batch_size=lanes.batch),
+        consumer=replace(consumer, lease=timedelta(seconds=timing.consumer_lease_s)),
+        dispatcher=replace(dispatcher, lease=timedelta(seconds=timing.dispatcher_lease_s)),
+        rescuer=LeaseRescuerConfig(interval=timedelta(seconds=timing.rescue_every_s)),
     )
 
 
@@ -177,7 +292,7 @@ def worker_main(
         _stop_heartbeats()
     box = build(workload, name)
     try:
-        box.work(config=worker_config(lanes))
+        box.work(config=worker_config(lanes, workload.timing))
     finally:
         box.close()
 

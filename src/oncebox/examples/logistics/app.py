@@ -94,17 +94,24 @@ def build_box(
     tz: str = "UTC",
     period: PeriodKind = iso_week,
     batch_size: int = 5000,
+    retry: Retry | None = None,
+    timeout: timedelta = timedelta(minutes=5),
 ) -> Box:
     """The freight app's box: the `weekly_digest` task, the `weekly-digest` schedule (Monday
-    09:00 in `tz`, over active customers) and the `hold-expiry` sweeper. `period` is for the
-    chaos harness, which swaps in a wrong one to prove it notices."""
+    09:00 in `tz`, over active customers) and the `hold-expiry` sweeper. `period`, `retry` and
+    `timeout` are for the chaos harness: it swaps in a wrong period to prove it notices, and
+    short backoffs and timeouts for its runs on the real clock."""
     box = Box(url, secret=secret)
     if email is not None:
         box.channel("email", provider=email, limits=limits, sender=SENDER)
     else:
         box.channel("email", limits=limits, sender=SENDER)
 
-    @box.task(key=DIGEST_KEY, retry=Retry(max_attempts=5, base_delay=timedelta(seconds=30)))
+    @box.task(
+        key=DIGEST_KEY,
+        retry=retry or Retry(max_attempts=5, base_delay=timedelta(seconds=30)),
+        timeout=timeout,
+    )
     def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
         ph = _ph(ctx.dialect)
         customer = ctx.connection.execute(
