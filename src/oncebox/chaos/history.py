@@ -31,21 +31,37 @@ class Event:
 
 
 class HistoryWriter:
-    """Appends one process's events to `<dir>/history-<pid>.jsonl`."""
+    """Appends one process's events to `<dir>/history-<pid>.jsonl`, one `write` per event.
+
+    The history is the harness's record, not a victim of the faults it injects: while the
+    process cannot write (the disk the harness filled for it), events wait in memory and go out
+    with the next write that succeeds."""
 
     def __init__(self, folder: Path, worker: str, seed: int) -> None:
         self.worker, self.seed = worker, seed
-        self._file = (folder / f"history-{os.getpid()}.jsonl").open("a", buffering=1)
+        path = folder / f"history-{os.getpid()}.jsonl"
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._waiting: list[bytes] = []
         self._lock = threading.Lock()
 
     def write(self, op: str, phase: Phase, key: str, detail: str = "") -> None:
         event = Event(op, phase, key, self.worker, self.seed, detail)
         with self._lock:
-            self._file.write(json.dumps(asdict(event)) + "\n")
+            self._waiting.append((json.dumps(asdict(event)) + "\n").encode())
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._waiting:
+            try:
+                os.write(self._fd, self._waiting[0])
+            except OSError:  # EFBIG, ENOSPC: later
+                return
+            self._waiting.pop(0)
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            self._flush()
+            os.close(self._fd)
 
 
 def read_history(folder: Path) -> list[Event]:

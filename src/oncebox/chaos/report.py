@@ -3,6 +3,7 @@ and the command that runs the scenario again with the same seed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -10,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from oncebox.chaos.checker import Tally, check
+from oncebox.chaos.private_server import private_server
 from oncebox.chaos.runner import NotSettled, run_context
 from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
 from oncebox.chaos.violation import Violation
@@ -76,7 +78,15 @@ def run_scenario(
     settings = scenario.settings(server, customers, seed)
     settings.mutations = mutations
     result = ScenarioResult(scenario.name, store_of(server), seed, customers, mutations=mutations)
-    with run_context(settings) as run:
+    with contextlib.ExitStack() as stack:
+        if scenario.restarts_server and result.store == "postgres":
+            # never the --db server: one of the run's own, which it may restart
+            own = stack.enter_context(private_server())
+            settings.server = own.url
+        else:
+            own = None
+        run = stack.enter_context(run_context(settings))
+        run.server = own
         try:
             scenario.script(run)
         except NotSettled as exc:
@@ -105,11 +115,11 @@ def select(
             s
             for s in SCENARIOS.values()
             if (s.ci or (name == "all" and s.name != "soak"))
-            and (allow_server_restart or not s.restarts_server)
+            and (allow_server_restart or not (s.restarts_server and store == "postgres"))
         ]
     elif name in SCENARIOS:
         chosen = [SCENARIOS[name]]
-        if chosen[0].restarts_server and not allow_server_restart:
+        if chosen[0].restarts_server and store == "postgres" and not allow_server_restart:
             raise ConfigurationError(
                 f"scenario {name} restarts the database server: add --allow-server-restart"
             )

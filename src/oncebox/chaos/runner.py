@@ -25,6 +25,7 @@ from typing import Any, Literal
 from oncebox import Box, WorkerConfig
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
+from oncebox.chaos.private_server import PrivateServer
 from oncebox.chaos.rows import read_rows, unsettled
 from oncebox.chaos.violation import Violation
 from oncebox.chaos.workload import (
@@ -35,7 +36,10 @@ from oncebox.chaos.workload import (
     Timing,
     Workload,
     build,
+    clock_holder_main,
+    publisher_main,
     racer_main,
+    taker_main,
     worker_main,
 )
 from oncebox.chaos.workspace import workspace
@@ -150,6 +154,7 @@ class RunContext:
     history: HistoryWriter | None = None
     clock: ClockLease | None = None  # the harness's hold on the run's clock (None: real)
     settled_s: float | None = None  # real clock: from the faults' end to every key visible
+    server: PrivateServer | None = None  # the run's own PostgreSQL, for scenarios that restart it
     bound_s: float | None = None  # ... and the bound it had to be within
 
     @property
@@ -180,14 +185,17 @@ class RunContext:
         self.periods.append(period)
         return self.box.run_schedule("weekly-digest", period)
 
-    def settle_on_real_clock(self, terms: tuple[Term, ...], lanes: Lanes | None = None) -> None:
+    def settle_on_real_clock(
+        self, terms: tuple[Term, ...], lanes: Lanes | None = None, extra_s: float = 0.0
+    ) -> None:
         """The faults have stopped: start workers (until idle, on the real clock) and wait for
         every eligible key to reach a visible state — delivered, or held dead or ambiguous with
-        its reason — within the bound the run's timing implies for these faults (L3). A worker
-        that stops early (it refused a test clock that is still held, say) is replaced."""
+        its reason — within the bound the run's timing implies for these faults (L3), plus
+        `extra_s` for the run's own load (its messages at a channel's rate). A worker that
+        stops early (it refused a test clock that is still held, say) is replaced."""
         timing = self.settings.timing
         assert timing is not None, "settle_on_real_clock is for runs on the real clock"
-        self.bound_s = bound = timing.bound(self.dialect, terms)
+        self.bound_s = bound = timing.bound(self.dialect, terms) + extra_s
         started = monotonic()
         workers: list[Any] = []
         left: list[str] = []
@@ -268,6 +276,24 @@ class RunContext:
         """A process consuming broker deliveries of these customers' digests."""
         return self._start(racer_main, name, (self.workload, name, customers, period, start))
 
+    def spawn_clock_holder(self, frozen_at: datetime, held: Any) -> Any:
+        """A process that freezes the database's clock through a lease, then is SIGKILLed."""
+        return self._start(
+            clock_holder_main, "clock-holder", (self.workload, "clock-holder", frozen_at, held)
+        )
+
+    def spawn_publisher(self, name: str, customers: list[int], period: str, gate: Gate) -> Any:
+        """Another process of the app, enqueueing these digests again, one at a time, from
+        `gate.reached` until `gate.release`."""
+        return self._start(publisher_main, name, (self.workload, name, customers, period, gate))
+
+    def spawn_taker(self, name: str, seconds: float, gate: Gate) -> Any:
+        """A process taking the email channel's tokens as fast as it can, from `gate.reached`."""
+        return self._start(taker_main, name, (self.workload, name, seconds, gate))
+
+    def event(self) -> Any:
+        return SPAWN.Event()
+
     def _start(self, target: Callable[..., None], name: str, args: tuple[Any, ...]) -> Any:
         process = SPAWN.Process(target=target, args=args, name=f"chaos-{name}", daemon=True)
         process.start()
@@ -337,6 +363,12 @@ class RunContext:
             conn.close()
         for key, count in rows:
             self.violation("S1 one intent per key", key, f"{count} intents observed mid-run")
+
+    def restart_server(self) -> None:
+        """Restart the run's own PostgreSQL server (never a shared one)."""
+        if self.server is None:
+            raise RuntimeError("this scenario has no server of its own to restart")
+        self.server.restart()
 
     def reconnect(self) -> None:
         """After a server restart the harness's own pooled connections are dead: open a new

@@ -19,9 +19,10 @@ import psycopg
 from oncebox.chaos.history import read_history
 from oncebox.chaos.runner import DRAIN, RunContext, RunSettings, monday_fire
 from oncebox.chaos.workload import CHANNEL_RETRY, SNEAKS, Lanes, PointPlan, Timing
-from oncebox.errors import ConfigurationError, PayloadTooLarge
+from oncebox.errors import PayloadTooLarge
 from oncebox.examples.logistics.app import connect
 from oncebox.operations import DeadFilter
+from oncebox.outbox.ratelimit import Limit
 from oncebox.testing import RedeliveringTransport
 
 Store = Literal["sqlite", "postgres"]
@@ -331,14 +332,14 @@ def connection_drops(run: RunContext) -> None:
 def server_restart(run: RunContext) -> None:
     """The PostgreSQL server restarts while a worker is inside its consumer transaction (and
     every pooled connection dies): the transaction rolls back, the workers reconnect, the week
-    is delivered once."""
+    is delivered once. The server is the run's own (see private_server.py)."""
     run.fan_out()
     gate = run.gate()
     victim = run.spawn(
         "restarted", (PointPlan("consumer.after_claim_insert", "pause", 1),), gate, lanes=CONSUME
     )
     run.wait(gate, "the worker to be inside its transaction")
-    restart_postgres()
+    run.restart_server()
     gate.release.set()
     code = run.join(victim)
     run.fault(f"PostgreSQL restarted mid-transaction (the worker then exited {code})")
@@ -347,22 +348,6 @@ def server_restart(run: RunContext) -> None:
     run.join(survivor)
     run.advance(PAST_ANY_LEASE)
     run.drain()
-
-
-def restart_postgres() -> None:
-    """`pg_ctlcluster … restart` of the local cluster (only with --allow-server-restart)."""
-    import subprocess  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    versions = sorted(p.name for p in Path("/etc/postgresql").glob("*"))
-    if not versions:
-        raise ConfigurationError("no local PostgreSQL cluster to restart (/etc/postgresql)")
-    subprocess.run(  # noqa: S603 (a fixed command; the version comes from /etc/postgresql)
-        ["/usr/bin/pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
 
 
 def resend_past_window(run: RunContext) -> None:
@@ -525,6 +510,106 @@ def real_clock_crashes(run: RunContext) -> None:
     ]
     run.fault(f"SIGKILL of the {' and the '.join(killed)} holding their leases (real clock)")
     run.settle_on_real_clock(("job_lease", "dispatcher_lease", "backoff"))
+
+
+def store_outage_dispatch(run: RunContext) -> None:
+    """The store goes away in the middle of a dispatcher's round, after the provider took
+    messages and before their outcomes are recorded — on SQLite the disk fills up for a second,
+    on PostgreSQL the run's own server restarts. The dispatcher must record what it learned, and
+    give back what it did not send, as soon as the store answers: its lease here is a minute,
+    and the bound holds no lease term."""
+    run.fan_out_now()
+    run.work(CONSUME_ONLY)  # the week's messages wait for a sender
+    accepted = PointPlan("dispatcher.after_provider_accept_before_record", "pause", 2)
+    if run.dialect == "sqlite":
+        run.spawn("victim-dispatcher", (replace(accepted, action="full"),), lanes=DISPATCH)
+        run.fault(
+            f"the disk full for {run.settings.timing and run.settings.timing.outage_s:g} s "
+            "between the provider's acceptance and the record (SQLite: database or disk is full)"
+        )
+    else:
+        gate = run.gate()
+        run.spawn("victim-dispatcher", (accepted,), gate, lanes=DISPATCH)
+        run.wait(gate, "the dispatcher to have sends to record")
+        run.restart_server()
+        run.reconnect()
+        gate.release.set()
+        run.fault("the run's PostgreSQL server restarted between acceptance and record")
+    run.settle_on_real_clock(("outage", "backoff"))
+
+
+def clock_holder_killed(run: RunContext) -> None:
+    """A test process froze the database's clock and was SIGKILLed while it held it. Workers
+    must refuse that clock while its owner might be alive, and run on real time once its lease
+    has lapsed: every eligible key visible within the bound, which has a term for the lease."""
+    run.fan_out_now()
+    held = run.event()
+    holder = run.spawn_clock_holder(run.now() - timedelta(hours=1), held)
+    if run.killed(holder) and held.is_set():
+        run.fault("a process that held the database's clock frozen was SIGKILLed")
+    else:
+        run.violation("harness", "clock-holder", f"the holder exited {holder.exitcode}")
+    run.settle_on_real_clock(("clock", "backoff"))
+
+
+def rate_limit_contention(run: RunContext) -> None:
+    """Five processes take the email channel's tokens as fast as its bucket answers, for two
+    seconds of real time, contending for its lock — as many dispatchers sharing a limit do.
+    Together they must be granted no more than the bucket allows (R1): its capacity plus its
+    rate times the time they took (and one for the edges). Then the week is delivered under
+    that limit."""
+    run.fan_out_now()
+    run.work(CONSUME_ONLY)
+    timing = run.settings.timing
+    assert timing is not None
+    limit = Limit.parse(timing.limits[0])
+    gate = run.gate()
+    takers = [run.spawn_taker(f"taker-{i}", 2.0, gate) for i in range(5)]
+    gate.reached.set()
+    for taker in takers:
+        run.join(taker)
+    takes = [e.detail.split() for e in read_history(run.folder) if e.op == "take"]
+    granted = sum(int(t[0]) for t in takes)
+    span = max((float(t[2]) for t in takes), default=0.0) - min(
+        (float(t[1]) for t in takes), default=0.0
+    )
+    allowed = limit.count + limit.refill_per_s * span + 1
+    run.fault(f"5 processes took {limit.name} tokens as fast as they could: {granted} granted")
+    if granted > allowed:
+        run.violation(
+            "R1 the rate limit holds",
+            f"channel email {limit.name}",
+            f"{granted} tokens granted in {span:.2f} s (at most {allowed:.1f})",
+        )
+    # the week's messages are then sent at the channel's rate: that much more time
+    pending = run.count("SELECT count(*) FROM oncebox_outbox WHERE state <> 'sent'")
+    run.settle_on_real_clock(("pause", "backoff"), extra_s=pending / limit.refill_per_s)
+
+
+def sqlite_writer_contention(run: RunContext) -> None:
+    """While a worker drains digests whose handlers take 50 to 150 ms, four other processes of
+    the app publish the week again, one enqueue at a time, with a busy timeout of two seconds.
+    Every one of those enqueues must commit (E1): the worker takes SQLite's write lock in turns,
+    not for as long as it can."""
+    fan_out = run.fan_out_now()
+    customers = [c for c in run.active_customers() if c != run.poison]
+    publishing = run.gate()  # reached: start publishing; release: stop
+    publishers = [
+        run.spawn_publisher(f"publisher-{i}", customers[i::4], fan_out.period, publishing)
+        for i in range(4)
+    ]
+    worker = run.spawn("drainer", lanes=CONSUME)
+    publishing.reached.set()
+    run.join(worker)
+    publishing.release.set()
+    for publisher in publishers:
+        run.join(publisher)
+    failed = [e for e in read_history(run.folder) if e.op == "enqueue" and e.phase == "fail"]
+    tried = [e for e in read_history(run.folder) if e.op == "enqueue"]
+    run.fault(f"4 processes made {len(tried)} enqueues while a worker drained")
+    for event in failed[:5]:
+        run.violation("E1 every enqueue commits", event.key, f"{event.worker}: {event.detail}")
+    run.settle_on_real_clock(("backoff",))
 
 
 def soak(run: RunContext) -> None:
@@ -730,6 +815,36 @@ SCENARIOS: dict[str, Scenario] = {
             real_clock_crashes,
             "L3",
             timing=REAL,
+        ),
+        Scenario(
+            "store-outage-dispatch",
+            "the store away mid-dispatch: a full disk (SQLite), a restart (PostgreSQL)",
+            store_outage_dispatch,
+            "L3, S5",
+            timing=replace(REAL, dispatcher_lease_s=60.0),
+            restarts_server=True,
+        ),
+        Scenario(
+            "clock-holder-killed",
+            "a process holding a frozen test clock SIGKILLed, then workers on real time",
+            clock_holder_killed,
+            "L3",
+            timing=replace(REAL, clock_lease_s=4.0),  # outlives a worker's start: refused first
+        ),
+        Scenario(
+            "rate-limit-contention",
+            "five processes contending for a 5/s channel's bucket on the real clock",
+            rate_limit_contention,
+            "R1",
+            timing=replace(REAL, limits=("5/s",)),
+        ),
+        Scenario(
+            "sqlite-writer-contention",
+            "four processes enqueueing while a worker drains 50-150 ms handlers (SQLite)",
+            sqlite_writer_contention,
+            "E1",
+            timing=replace(REAL, busy_timeout_s=2.0, handler_s=(0.05, 0.15)),
+            stores=("sqlite",),
         ),
         Scenario("soak", "random SIGKILLs for a whole run", soak, "S1-S8", ci=False),
     ]

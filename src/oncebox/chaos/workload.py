@@ -7,19 +7,25 @@ points, and works until idle. The harness drives the one clock they all read (th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import random
+import resource
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from oncebox import Box, Retry, WorkerConfig, points
+from oncebox import Box, Retry, WorkerConfig, clock, points
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.recording import RecordingProvider
+from oncebox.clock import ClockLease
+from oncebox.errors import ClockHeld, StoreUnavailable
 from oncebox.examples.logistics.app import SENDER, build_box
 from oncebox.jobs.periods import iso_week
 from oncebox.outbox.dispatcher import DispatcherConfig
@@ -28,9 +34,9 @@ from oncebox.queue.consumer import ConsumerConfig
 from oncebox.queue.lease_rescuer import LeaseRescuerConfig
 from oncebox.testing import RedeliveringTransport
 
-Action = Literal["kill", "stop", "pause", "raise"]
+Action = Literal["kill", "stop", "pause", "raise", "full"]
 CHANNEL_RETRY = Retry(max_attempts=4, base_delay=timedelta(seconds=30))
-Term = Literal["backoff", "pause", "job_lease", "dispatcher_lease", "clock", "fan_out"]
+Term = Literal["backoff", "pause", "job_lease", "dispatcher_lease", "clock", "outage"]
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,11 @@ class Timing:
     max_pause_s: float = 1.0  # the longest channel pause
     clock_lease_s: float = 1.0  # ONCEBOX_CLOCK_LEASE of a process holding a test clock
     idle_horizon_s: float = 30.0
+    outage_s: float = 1.0  # how long a store outage the harness injects lasts
     startup_s: float = 15.0
     limits: tuple[str, ...] = ()  # the channel's rate limits
     busy_timeout_s: float | None = None  # SQLite's, when a scenario wants writers to give up
+    handler_s: tuple[float, float] = (0.0, 0.0)  # each digest handler's own work, at least
 
     def job_lease_s(self, dialect: str) -> float:
         """On SQLite a lease must outlast one transaction: the handler's timeout and grace."""
@@ -69,7 +77,8 @@ class Timing:
             "job_lease": self.job_lease_s(dialect) + self.rescue_every_s,
             "dispatcher_lease": self.dispatcher_lease_s + self.rescue_every_s,
             "clock": self.clock_lease_s,
-            "fan_out": 0.0,  # a manual re-run: no schedule lease on the real clock here
+            # the outage itself, and the lanes' backoff while the store was away (0.5 s, 1 s)
+            "outage": self.outage_s + 2.0,
         }
         return self.startup_s + sum(waits[term] for term in terms)
 
@@ -95,7 +104,8 @@ class Workload:
 @dataclass(frozen=True)
 class PointPlan:
     """At the `nth` arrival at `point`, do `action` (`stop`: SIGSTOP this process; `pause`:
-    block until the harness releases the gate)."""
+    block until the harness releases the gate; `full`: the disk fills up for this process for
+    the run's `outage_s`, as SQLite sees it)."""
 
     point: str
     action: Action
@@ -148,7 +158,22 @@ def build(workload: Workload, worker: str) -> Box:
     mutations.apply(box.store, workload.mutations)
     if workload.sneak:
         _sneak_in(box, workload.sneak)
+    if timing is not None and timing.handler_s[1] > 0:
+        _slow_down(box, timing.handler_s)
     return box
+
+
+def _slow_down(box: Box, seconds: tuple[float, float]) -> None:
+    """Each digest handler takes a while (the customer's own, seeded) — its own work, as a
+    real handler's calls and queries would — while it holds SQLite's write lock."""
+    task = box.registry.get("weekly_digest")
+    handler = task.fn
+
+    def slow(ctx: Any, customer_id: int, period: str) -> None:
+        clock.sleep(random.Random(customer_id).uniform(*seconds))
+        handler(ctx, customer_id=customer_id, period=period)
+
+    box.registry._tasks[task.name] = replace(task, fn=slow)  # a harness switch, on purpose
 
 
 SNEAKS = {
@@ -240,11 +265,42 @@ class _Arrivals:
             return self.counts[point]
 
 
+def fill_the_disk(seconds: float) -> None:
+    """The disk is full, for this process, for `seconds`: every write that would grow a file
+    fails with EFBIG (RLIMIT_FSIZE of one byte, SIGXFSZ ignored), which SQLite reports as
+    "database or disk is full", as on a full disk; then the limit is lifted again."""
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, previous[1]))
+    threading.Timer(seconds, resource.setrlimit, (resource.RLIMIT_FSIZE, previous)).start()
+
+
+def _do(action: Action, name: str, gate: Gate | None, outage_s: float) -> None:
+    if action == "kill":
+        points.kill(name)
+    elif action == "raise":
+        raise RuntimeError(f"chaos: injected failure at {name}")
+    elif action == "full":
+        fill_the_disk(outage_s)
+        return
+    assert gate is not None, "stop and pause need a gate"
+    gate.reached.set()
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif not gate.release.wait(120):
+        raise TimeoutError(f"chaos: {name} was never released")
+
+
 def install_plan(
-    plans: tuple[PointPlan, ...], gate: Gate | None, history: HistoryWriter | None = None
+    plans: tuple[PointPlan, ...],
+    gate: Gate | None,
+    history: HistoryWriter | None = None,
+    outage_s: float = 1.0,
 ) -> None:
     """The fault plan's actions, and (with `history`) a record of every consumer commit and
-    every fenced-off settlement: superseded leases must commit nothing (S9)."""
+    every fenced-off settlement: superseded leases must commit nothing (S9). Called in the
+    process's main thread (a signal disposition can only be set there)."""
+    if any(plan.action == "full" for plan in plans):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, no more
     arrivals = _Arrivals()
     chains: dict[str, list[points.Action]] = {}
     if history is not None:
@@ -255,18 +311,8 @@ def install_plan(
     for plan in plans:
 
         def act(name: str, plan: PointPlan = plan) -> None:
-            if arrivals.arrive(name) != plan.nth:
-                return
-            if plan.action == "kill":
-                points.kill(name)
-            elif plan.action == "raise":
-                raise RuntimeError(f"chaos: injected failure at {name}")
-            assert gate is not None, "stop and pause need a gate"
-            gate.reached.set()
-            if plan.action == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            elif not gate.release.wait(120):
-                raise TimeoutError(f"chaos: {name} was never released")
+            if arrivals.arrive(name) == plan.nth:
+                _do(plan.action, name, gate, outage_s)
 
         chains.setdefault(plan.point, []).append(act)
     for point, actions in chains.items():
@@ -287,13 +333,78 @@ def worker_main(
 ) -> None:
     """A worker process: the run's box, the fault plan, work until idle, exit 0."""
     logging.basicConfig(level=workload.log_level, format=f"{name}: %(levelname)s %(message)s")
-    install_plan(plans, gate, HistoryWriter(Path(workload.history), name, workload.seed))
+    outage = workload.timing.outage_s if workload.timing else 1.0
+    install_plan(plans, gate, HistoryWriter(Path(workload.history), name, workload.seed), outage)
     if not lanes.heartbeats:
         _stop_heartbeats()
     box = build(workload, name)
     try:
         box.work(config=worker_config(lanes, workload.timing))
+    except ClockHeld as held:  # another process holds a test clock: the harness tries again
+        logging.getLogger("oncebox.chaos").warning("%s", held)
+        sys.exit(4)
     finally:
+        box.close()
+
+
+def taker_main(workload: Workload, name: str, seconds: float, gate: Gate) -> None:
+    """A process that takes the email channel's tokens one at a time, as fast as the bucket
+    answers, for `seconds` of real time from `gate.reached` — as a dispatcher's rounds do, only
+    more often: what it was granted, and when it began and ended, go into the history."""
+    from oncebox.outbox import dispatcher  # noqa: PLC0415 (a mutation may replace its `take`)
+
+    box = build(workload, name)
+    history = HistoryWriter(Path(workload.history), name, workload.seed)
+    channel = box.channels["email"]
+    box.store.rate_bucket_configure(channel.name, channel.bucket_specs())
+    names = [limit.name for limit in channel.limits]
+    take = getattr(dispatcher, "take")  # noqa: B009 (looked up now: a mutation replaces it)
+    gate.reached.wait()
+    began = clock.monotonic()
+    granted = 0
+    while clock.monotonic() - began < seconds:
+        grant = box.store.rate_bucket_apply(
+            channel.name, names, lambda b, now, paused: take(b, 1, now, paused)
+        )
+        granted += grant.granted
+    history.write("take", "ok", name, f"{granted} {began} {clock.monotonic()}")
+    history.close()
+    box.close()
+
+
+def clock_holder_main(workload: Workload, name: str, frozen_at: datetime, held: Any) -> None:
+    """A test process that holds the database's clock frozen, through a lease, and is then
+    SIGKILLed: no `finally`, no release."""
+    box = build(workload, name)
+    lease = timedelta(seconds=workload.timing.clock_lease_s if workload.timing else 30.0)
+    ClockLease(box.store, lease).set(frozen_at=frozen_at)
+    held.set()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def publisher_main(
+    workload: Workload, name: str, customers: list[int], period: str, gate: Gate
+) -> None:
+    """Another process of the app, enqueueing the week's digests again one at a time (each a
+    write that finds its key taken), from `gate.reached` until `gate.release`: whether each
+    enqueue committed goes into the history."""
+    logging.basicConfig(level=workload.log_level, format=f"{name}: %(levelname)s %(message)s")
+    box = build(workload, name)
+    history = HistoryWriter(Path(workload.history), name, workload.seed)
+    pace = random.Random(f"{workload.seed}:{name}")
+    gate.reached.wait()
+    try:
+        for customer in itertools.cycle(customers):
+            if gate.release.is_set():
+                break
+            try:
+                box.enqueue("weekly_digest", customer_id=customer, period=period)
+                history.write("enqueue", "ok", f"customer-{customer}")
+            except StoreUnavailable as exc:
+                history.write("enqueue", "fail", f"customer-{customer}", str(exc)[:300])
+            clock.sleep(pace.uniform(0.02, 0.12))  # the app's own pace between two requests
+    finally:
+        history.close()
         box.close()
 
 

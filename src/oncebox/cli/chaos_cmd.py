@@ -45,7 +45,8 @@ def _scenario_names() -> list[str]:
 @click.option(
     "--allow-server-restart",
     is_flag=True,
-    help="Allow scenarios that restart the PostgreSQL server (pg_ctlcluster).",
+    help="Allow the scenarios that restart a PostgreSQL server: always a private one the "
+    "harness starts for the run on a free port (initdb, pg_ctl), never the --db server.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option(
@@ -53,8 +54,8 @@ def _scenario_names() -> list[str]:
     "mutations",
     multiple=True,
     metavar="NAME",
-    help="Break a guarantee on purpose (no-lease-fence, ack-before-commit, no-unique-index, "
-    "period-%Y) to see the harness fail: for the harness's own tests.",
+    help="Break a guarantee on purpose (docs/guarantees.md lists them, with the scenario each "
+    "must make fail) to see the harness fail: for the harness's own tests.",
 )
 def chaos(
     *,

@@ -87,7 +87,7 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
             f"the SQLite database {where} stayed locked by another writer past the busy "
             f"timeout ({text}); nothing was written"
         )
-    if "unable to open" in text or "disk I/O" in text or "readonly" in text:
+    if "unable to open" in text or "disk I/O" in text or "readonly" in text or "full" in text:
         return StoreUnavailable(f"cannot write the SQLite database {where}: {text}")
     if "no such table: oncebox_" in text:
         return SchemaError(
@@ -183,6 +183,13 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             raise _translate(exc, self.path) from None
         try:
             yield conn
+        except sqlite3.Error as exc:  # a statement of the transaction: a full disk, say
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            translated = _translate(exc, self.path)
+            if translated is exc:
+                raise
+            raise translated from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
