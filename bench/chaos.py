@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         "seconds": result.seconds,
                         **asdict(result.tally),
                         "faults": len(result.faults),
+                        "settled_s": result.settled_s,
+                        "bound_s": result.bound_s,
                         "violations": [asdict(v) for v in result.violations],
                     }
                 )

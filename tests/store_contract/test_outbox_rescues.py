@@ -69,3 +69,49 @@ def test_max_rescues_is_a_bounded_channel_policy(store_url, mail_box):
 
     with pytest.raises(ConfigurationError, match="max_rescues"):
         mail_box(store_url, MemoryProvider(), max_rescues=0)
+
+
+class KillingProvider(MemoryProvider):
+    """Idempotent; sending one message stops the dispatcher every time (a crash in the
+    provider's library on that payload)."""
+
+    def __init__(self, poison_subject: str) -> None:
+        super().__init__()
+        self.poison_subject = poison_subject
+
+    def send(self, outgoing, idempotency_key):
+        if outgoing.payload.get("subject") == self.poison_subject:
+            raise SystemExit(9)
+        return super().send(outgoing, idempotency_key)
+
+
+def test_only_the_message_that_stops_its_dispatcher_is_held_not_those_leased_beside_it(
+    store_url,
+):
+    """The culprit shares its first batch with two others: after the first rescue each is
+    sent alone, so the two are delivered and only the culprit reaches `max_rescues`."""
+    from oncebox import Box, Retry
+
+    box = Box(store_url, secret="outbox-test-secret-0123456789")
+    provider = KillingProvider("poison")
+    box.channel("email", provider=provider, max_rescues=3)
+
+    @box.task(key="note/{n}", retry=Retry(max_attempts=1))
+    def note(ctx, n: int) -> None:
+        ctx.outbox.email(to=f"n{n}@example.com", subject="poison" if n == 2 else f"n{n}", text="x")
+
+    with FrozenClock(box, at=T0) as clock:
+        for n in (1, 2, 3):
+            box.enqueue(note, n=n)
+        drain(box, dispatch=False)
+        rescuer = DeliveryRescuer(box.store, box.channels, box.metrics)
+        for _ in range(10):
+            try:
+                box.dispatcher().run_once()
+            except SystemExit:
+                clock.advance(timedelta(hours=1))  # the dead dispatcher's lease runs out
+                rescuer.run_once()
+        states = {n: box.store.outbox_find_by_key(f"note/{n}")[0].state for n in (1, 2, 3)}
+    assert states == {1: "sent", 2: "ambiguous", 3: "sent"}
+    assert sorted(m["subject"] for m in provider.messages()) == ["n1", "n3"]
+    box.close()

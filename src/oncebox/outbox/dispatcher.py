@@ -144,6 +144,7 @@ class OutboxDispatcher:
         points.reach("dispatcher.after_lease")
         started = clock.monotonic()
         self._open, self._open_token = dict.fromkeys(row.id for row in rows), token
+        rows = self._quarantine(rows, token, result)
         for name in sorted({row.channel for row in rows}):
             batch = [row for row in rows if row.channel == name]
             self._channel_round(self.channels[name], batch, token, started, result)
@@ -153,6 +154,21 @@ class OutboxDispatcher:
             self._lease_size = min(self.config.batch_size, self._lease_size * 2)
         self._count(result)
         return result
+
+    def _quarantine(
+        self, rows: list[OutboxLeased], token: str, result: DispatcherResult
+    ) -> list[OutboxLeased]:
+        """A row on which a dispatcher's lease ran out before (`rescues`) may be what stopped
+        that dispatcher, or may only have shared its batch. It is sent alone — the rest of the
+        batch goes back, due now, no attempt spent — so that a dispatcher that dies again is
+        counted against that row only, and `max_rescues` catches a message that kills every
+        dispatcher without catching the ones that were merely leased beside it."""
+        suspects = [row for row in rows if row.rescues]
+        if not suspects or len(rows) == 1:
+            return rows
+        alone = suspects[0]
+        self._give_back(token, [row for row in rows if row is not alone], ZERO, result)
+        return [alone]
 
     def _recover(self, result: DispatcherResult) -> None:
         """Settle what the last round could not: the store went away mid-round. Outcomes it

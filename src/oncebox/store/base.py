@@ -398,6 +398,7 @@ class OutboxLeased:
     leased_at: datetime
     lease_token: str
     uncertain: bool = False
+    rescues: int = 0  # leases that ran out on it before: a suspect (see the dispatcher)
 
 
 @dataclass(frozen=True, slots=True)

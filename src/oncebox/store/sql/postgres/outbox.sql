@@ -50,7 +50,7 @@ FROM picked, clock
 WHERE o.id = picked.id
 RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token,
           o.attempt, o.attempt_base, o.possible_duplicates, o.first_leased_at,
-          clock.now AS leased_at, o.uncertain;
+          clock.now AS leased_at, o.uncertain, o.rescues;
 
 -- name: outbox_next_due
 -- When the earliest pending row of these channels falls due (NULL if none), and the time now:

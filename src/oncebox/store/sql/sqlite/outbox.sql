@@ -32,7 +32,7 @@ WHERE id IN (
     ORDER BY o.next_attempt_at, o.id
     LIMIT :limit)
 RETURNING id, key, intent_key, channel, payload AS payload_json, token, attempt, attempt_base,
-          possible_duplicates, first_leased_at, leased_at, uncertain;
+          possible_duplicates, first_leased_at, leased_at, uncertain, rescues;
 
 -- name: outbox_next_due
 SELECT (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox AS o
