@@ -53,7 +53,7 @@ class Channel:
     max_pause: timedelta = timedelta(hours=1)
     sender: str | None = None
     batch_size: int = 100
-    max_rescues: int = 3
+    max_rescues: int = 5
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -80,7 +80,7 @@ def make_channel(
     max_pause: timedelta = timedelta(hours=1),
     sender: str | None = None,
     batch_size: int = 100,
-    max_rescues: int = 3,
+    max_rescues: int = 5,
 ) -> Channel:
     check_name("channel", name)
     if ambiguity not in ("hold", "retry"):

@@ -13,7 +13,7 @@ What an expired lease means depends on how far the dispatcher got, which the row
   policy `retry`: resent, counted as a possible duplicate.
 
 The first two spend no attempt, so each is counted on the row (`rescues`): after the channel's
-`max_rescues` (3), a message that stops its dispatcher every time is dead-lettered (no send was
+`max_rescues` (5), a message that stops its dispatcher every time is dead-lettered (no send was
 attempted) or held `ambiguous` (one may have been), with a reason that says what happened.
 Rows of channels this process does not know are left for a worker that knows them.
 """
