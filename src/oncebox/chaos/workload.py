@@ -223,33 +223,26 @@ def _channel_timing(timing: Timing | None) -> dict[str, Any]:
 def worker_config(lanes: Lanes, timing: Timing | None = None) -> WorkerConfig:
     """Until idle. On the harness's frozen clock (simulated time); with `timing`, on the real
     clock with its short leases, waiting up to its horizon for work that falls due."""
-    consumer = ConsumerConfig(batch_size=lanes.batch)
-    dispatcher = DispatcherConfig(batch_size=lanes.batch)
-    if timing is None:
-        return WorkerConfig(
-            until_idle=True,
-            simulated_time=True,
-            exit_on_hung_handler=False,
-            concurrency=lanes.concurrency,
-            consume=lanes.consume,
-            dispatch=lanes.dispatch,
-            schedule=lanes.schedule,
-            sweep=lanes.sweep,
-            consumer=consumer,
-            dispatcher=dispatcher,
-        )
-    return WorkerConfig(
+    config = WorkerConfig(
         until_idle=True,
-        idle_horizon=timedelta(seconds=timing.idle_horizon_s),
-        handler_grace=timedelta(seconds=timing.handler_grace_s),
+        simulated_time=timing is None,
         exit_on_hung_handler=False,
         concurrency=lanes.concurrency,
         consume=lanes.consume,
         dispatch=lanes.dispatch,
         schedule=lanes.schedule,
         sweep=lanes.sweep,
-        consumer=replace(consumer, lease=timedelta(seconds=timing.consumer_lease_s)),
-        dispatcher=replace(dispatcher, lease=timedelta(seconds=timing.dispatcher_lease_s)),
+        consumer=ConsumerConfig(batch_size=lanes.batch),
+        dispatcher=DispatcherConfig(batch_size=lanes.batch),
+    )
+    if timing is None:
+        return config
+    return replace(
+        config,
+        idle_horizon=timedelta(seconds=timing.idle_horizon_s),
+        handler_grace=timedelta(seconds=timing.handler_grace_s),
+        consumer=replace(config.consumer, lease=timedelta(seconds=timing.consumer_lease_s)),
+        dispatcher=replace(config.dispatcher, lease=timedelta(seconds=timing.dispatcher_lease_s)),
         rescuer=LeaseRescuerConfig(interval=timedelta(seconds=timing.rescue_every_s)),
     )
 
