@@ -1,45 +1,70 @@
-"""The README's example runs as written: a reader who copies it gets one email for customer 42,
-however many times it is enqueued."""
+"""The README's first example runs as pasted into an empty directory — no database, no
+environment — prints what its README says it prints, sends one email for customer 42 however
+often it runs, and is importable by a worker without running its demonstration."""
 
 from __future__ import annotations
 
+import os
 import re
-import sqlite3
+import subprocess
+import sys
 from email import message_from_bytes
 from pathlib import Path
 
-from oncebox import Box
-
 README = Path(__file__).resolve().parent.parent / "README.md"
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("ONCEBOX_")}
+
+
+def readme_section() -> str:
+    text = README.read_text()
+    return text[text.index("## Twenty lines") : text.index("## What is guaranteed")]
 
 
 def readme_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Twenty lines") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
+    match = re.search(r"```python\n(.*?)```", readme_section(), re.S)
     assert match is not None
     return match.group(1)
 
 
-def test_the_readme_example_is_at_most_twenty_odd_lines_and_sends_one_email(tmp_path, monkeypatch):
+def readme_output() -> list[str]:
+    """The output the README shows for `python freight.py`, without its `$` line."""
+    match = re.search(r"```\n\$ python freight.py\n(.*?)```", readme_section(), re.S)
+    assert match is not None
+    return match.group(1).splitlines()
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=CLEAN, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def test_the_readme_example_runs_as_pasted_and_prints_what_the_readme_shows(tmp_path):
     code = readme_example()
-    assert len(code.strip().splitlines()) <= 22
-    db = tmp_path / "freight.db"
-    sqlite3.connect(db).execute(
-        "CREATE TABLE customers (id INTEGER, active INTEGER)"
-    ).connection.commit()
-    monkeypatch.setenv("ONCEBOX_DB", f"sqlite:///{db}")
-    monkeypatch.setenv("ONCEBOX_EMAIL", f"file://{tmp_path / 'mail'}")
-    monkeypatch.delenv("ONCEBOX_SECRET", raising=False)
-    namespace: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (run as a reader would)
-    box = namespace["box"]
-    assert isinstance(box, Box)
-    try:
-        [mail] = [message_from_bytes(p.read_bytes()) for p in (tmp_path / "mail").glob("*.eml")]
-        assert mail["To"] == "ops@customer-42.example"
-        assert mail["Subject"] == "Your shipments, 2026-W33"
-        [job] = box.store.job_find_by_key("weekly-digest/customer-42/2026-W33")
-        assert (job.state, job.outcome) == ("done", "completed")
-    finally:
-        box.close()
+    assert len(code.strip().splitlines()) <= 24, "the README promises about twenty lines"
+    (tmp_path / "freight.py").write_text(code)
+    first = run([sys.executable, "freight.py"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    expected = readme_output()
+    notice = expected[0].replace("/home/me/freight", str(tmp_path))
+    assert first.stderr.strip() == notice  # it says which database it chose, and where
+    assert first.stdout.splitlines() == expected[1:]
+    [mail] = [message_from_bytes(p.read_bytes()) for p in tmp_path.glob("oncebox-outbox/*.eml")]
+    assert mail["To"] == "ops@customer-42.example"
+    assert mail["Subject"] == "Your shipments, 2026-W33"
+
+    again = run([sys.executable, "freight.py"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "was already claimed by job 1" in again.stdout
+    assert len(list(tmp_path.glob("oncebox-outbox/*.eml"))) == 1  # nothing sent twice
+
+
+def test_a_worker_imports_the_example_without_running_its_demonstration(tmp_path):
+    (tmp_path / "freight.py").write_text(readme_example())
+    worker = run(
+        [sys.executable, "-m", "oncebox.cli", "worker", "--app", "freight", "--until-idle"],
+        tmp_path,
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert worker.stdout.startswith("worker stopped: 0 completed")  # nothing was enqueued
+    assert not list(tmp_path.glob("oncebox-outbox/*.eml"))

@@ -31,7 +31,7 @@ def test_a_greedy_writer_yields_its_next_turn_to_a_waiting_one(tmp_path):
     greedy.execute("COMMIT")
     waiter.join(30)
     assert order == ["waiting writer", "greedy writer"]
-    assert list(turns.folder.iterdir()) == []  # the waiter left no file behind
+    assert not turns.folder.exists()  # the waiter left no file, nor the folder, behind
     store.close()
 
 

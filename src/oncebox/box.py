@@ -17,6 +17,7 @@ the façade imports this module.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +54,8 @@ from oncebox.timers.sweeper import SweepContext, Sweeper, make_sweeper
 
 __all__ = ["Box", "EnqueueManyResult", "EnqueueResult"]
 F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_URL = "sqlite:///oncebox.db"
+log = logging.getLogger("oncebox")
 RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
 
 
@@ -70,8 +73,11 @@ class Box(Operations):
     ) -> None:
         url = url if url is not None else os.environ.get("ONCEBOX_DB")
         if store is None and not url:
-            raise ConfigurationError(
-                "no database: pass a URL (Box('sqlite:///oncebox.db')) or set ONCEBOX_DB"
+            url = DEFAULT_URL  # the embedded default: zero set-up, and it says so
+            log.warning(
+                "no database given (Box(url) or ONCEBOX_DB): using %s, a SQLite file in %s",
+                url,
+                os.getcwd(),
             )
         metrics = Metrics()
         if store is None:

@@ -109,12 +109,7 @@ def worker(
                 idle_horizon=timedelta(seconds=horizon),
             )
         )
-    consumed, dispatched = result.consumed, result.dispatched
-    click.echo(
-        f"worker stopped: {consumed.completed} completed, {consumed.duplicates} duplicate(s) "
-        f"absorbed, {consumed.retried} retried, {consumed.dead} dead; "
-        f"{dispatched.sent} message(s) sent"
-    )
+    click.echo(str(result).splitlines()[0])
     if until_idle and not result.settled:
         assert result.now is not None
         click.echo(
@@ -281,12 +276,5 @@ def enqueue(
                 "reason": result.reason,
             }
         )
-    elif result.created:
-        click.echo(f"job {result.job_id} enqueued" + (f" (key {result.key})" if result.key else ""))
-    elif result.reason == "active_job":
-        click.echo(
-            f"not enqueued: key {result.key} is held by job {result.job_id} ({result.state})"
-        )
     else:
-        holder = f" by job {result.job_id}" if result.job_id is not None else ""
-        click.echo(f"not enqueued: key {result.key} was already claimed{holder}")
+        click.echo(str(result))

@@ -44,6 +44,7 @@ def schedule_list(app: str | None, db: str | None, as_json: bool) -> None:
         for name in sorted(set(states) | set(defined)):
             paused, last = states.get(name, (False, None))
             definition = defined.get(name)
+            runs = box.store.schedule_run_list(name, 1) if name in states else []
             rows.append(
                 {
                     "name": name,
@@ -53,6 +54,15 @@ def schedule_list(app: str | None, db: str | None, as_json: bool) -> None:
                     "task": definition.task if definition else None,
                     "paused": paused,
                     "last_fire_at": instant(last),
+                    "last_fan_out": (
+                        {
+                            "period": runs[0].period,
+                            "fire_at": instant(runs[0].fire_at),
+                            "state": runs[0].state,
+                        }
+                        if runs
+                        else None
+                    ),
                     "next_fire_at": instant(definition.next_fire(now)) if definition else None,
                 }
             )
@@ -60,7 +70,17 @@ def schedule_list(app: str | None, db: str | None, as_json: bool) -> None:
         print_json(rows)
         return
     print_table(
-        ["NAME", "CRON", "TZ", "PERIOD", "TASK", "PAUSED", "LAST FIRE", "NEXT FIRE"],
+        [
+            "NAME",
+            "CRON",
+            "TZ",
+            "PERIOD",
+            "TASK",
+            "PAUSED",
+            "LAST FAN-OUT",
+            "CHECKED TO",
+            "NEXT FIRE",
+        ],
         [
             [
                 r["name"],
@@ -69,6 +89,11 @@ def schedule_list(app: str | None, db: str | None, as_json: bool) -> None:
                 r["period"],
                 r["task"],
                 "yes" if r["paused"] else "no",
+                (
+                    f"{r['last_fan_out']['period']} ({r['last_fan_out']['state']})"
+                    if r["last_fan_out"]
+                    else "none yet"
+                ),
                 r["last_fire_at"],
                 r["next_fire_at"],
             ]

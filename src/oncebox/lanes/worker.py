@@ -131,6 +131,19 @@ class WorkerResult:
         """Nothing remains: every job and message reached a final or held state."""
         return not self.remaining
 
+    def __str__(self) -> str:
+        """For people: what the worker did, and (after `until_idle`) what it left."""
+        consumed, dispatched = self.consumed, self.dispatched
+        text = (
+            f"worker stopped: {consumed.completed} completed, {consumed.duplicates} "
+            f"duplicate(s) absorbed, {consumed.retried} retried, {consumed.dead} dead; "
+            f"{dispatched.sent} message(s) sent"
+        )
+        for row in self.remaining:
+            what = "job(s) of task" if row.kind == "job" else "message(s) on channel"
+            text += f"\n  still waiting: {row.waiting + row.held} {what} {row.name}"
+        return text
+
 
 class Worker:
     def __init__(self, runtime: Runtime, config: WorkerConfig | None = None) -> None:

@@ -40,6 +40,16 @@ class EnqueueResult:
     state: str
     reason: EnqueueReason
 
+    def __str__(self) -> str:
+        """One line for people, as `oncebox enqueue` prints it."""
+        key = f" (key {self.key})" if self.key else ""
+        if self.created:
+            return f"job {self.job_id} enqueued{key}"
+        if self.reason == "active_job":
+            return f"not enqueued: key {self.key} is held by job {self.job_id} ({self.state})"
+        holder = f" by job {self.job_id}" if self.job_id is not None else ""
+        return f"not enqueued: key {self.key} was already claimed{holder}"
+
 
 @dataclass(frozen=True)
 class EnqueueManyResult:

@@ -120,6 +120,8 @@ class WriterTurns:
             self._local.mine = None
             with contextlib.suppress(OSError):
                 path.unlink()
+            with contextlib.suppress(OSError):  # the last waiter out leaves no folder behind
+                self.folder.rmdir()
 
     def _yield_to_waiters(self) -> None:
         """Wait while another writer waits for the lock, at most `MAX_YIELD`."""
