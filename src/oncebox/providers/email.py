@@ -21,6 +21,20 @@ from oncebox.errors import InvalidArguments
 from oncebox.providers.base import Outgoing, SendPermanent
 
 RESERVED_HEADERS = frozenset({"message-id", "x-oncebox-token", "from", "to", "subject", "date"})
+# What Python's email package (as `str.splitlines`) takes for the end of a line: in a header it
+# would end the header, so rendering refuses it. Refused when written, not when sent.
+LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _one_line(value: object) -> bool:
+    return isinstance(value, str) and not any(char in LINE_BREAKS for char in value)
+
+
+def _breaks(value: str) -> str:
+    found = sorted({f"U+{ord(char):04X}" for char in value if char in LINE_BREAKS})
+    return f" (it holds {', '.join(found)}, a line break to email)" if found else ""
+
+
 MAX_EMAIL_BYTES = 10 * 1024 * 1024
 
 
@@ -40,7 +54,7 @@ def _address(value: str, field: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _parsed_address(value: str, field: str) -> str:
-    if not isinstance(value, str) or "\r" in value or "\n" in value:
+    if not _one_line(value):
         raise InvalidArguments(f"email {field} {value!r} is not an address")
     if not value.isascii():
         raise InvalidArguments(
@@ -85,8 +99,11 @@ def email_payload(
     recipients = [to] if isinstance(to, str) else list(to)
     if not recipients:
         raise InvalidArguments("an email needs at least one recipient")
-    if not isinstance(subject, str) or "\r" in subject or "\n" in subject:
-        raise InvalidArguments("the email subject must be one line of text")
+    if not _one_line(subject):
+        raise InvalidArguments(
+            "the email subject must be one line of text"
+            + (_breaks(subject) if isinstance(subject, str) else "")
+        )
     if text is None and html is None:
         raise InvalidArguments("an email needs a text or an html body")
     clean_headers: dict[str, str] = {}
@@ -95,8 +112,11 @@ def email_payload(
             raise InvalidArguments(f"email header name {name!r} is not a header name")
         if name.lower() in RESERVED_HEADERS:
             raise InvalidArguments(f"email header {name!r} is set by oncebox or by a parameter")
-        if not isinstance(value, str) or "\r" in value or "\n" in value:
-            raise InvalidArguments(f"email header {name!r} must be one line of text")
+        if not _one_line(value):
+            raise InvalidArguments(
+                f"email header {name!r} must be one line of text"
+                + (_breaks(value) if isinstance(value, str) else "")
+            )
         clean_headers[name] = value
     payload: dict[str, Any] = {
         "to": [_address(r, "recipient") for r in recipients],
