@@ -508,3 +508,92 @@ def test_operator_commands_on_an_unmigrated_postgresql_say_run_migrate(pg_templa
     finally:
         with _admin() as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+def frozen_unsendable_message(url: str, env, monkeypatch) -> str:
+    """A digest written by an older version that let a U+2028 into its subject: the job runs
+    (consumer lane only), then its frozen row is edited as that version would have written it."""
+    for name in ("ONCEBOX_SECRET", "ONCEBOX_EMAIL"):
+        monkeypatch.setenv(name, env[name])
+    run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
+    box = build_box(url)
+    try:
+        consumer = box.consumer()
+        try:
+            assert consumer.run_once().completed == 1
+        finally:
+            consumer.session.close()
+    finally:
+        box.close()
+    conn = connect_db(url)
+    try:
+        [(key, payload)] = conn.execute("SELECT key, payload FROM oncebox_outbox").fetchall()
+        body = json.loads(payload)
+        body["subject"] += "\u2028Bcc: everyone@example"
+        conn.execute("UPDATE oncebox_outbox SET payload = ?", (json.dumps(body),))
+        conn.commit()
+    finally:
+        conn.close()
+    return str(key)
+
+
+def connect_db(url: str):
+    import sqlite3
+
+    return sqlite3.connect(url.removeprefix("sqlite:///"))
+
+
+def test_a_dead_message_no_provider_takes_is_discarded_and_its_job_replayed_under_the_same_key(
+    freight, monkeypatch
+):
+    url, env, tmp = freight
+    key = frozen_unsendable_message(url, env, monkeypatch)
+    assert run(env, "worker", "--until-idle").returncode == 0
+    [dead] = ok_json(run(env, "dlq", "list", "--kind", "delivery", "--json"))
+    assert dead["key"] == key
+    replay = ok_json(run(env, "dlq", "replay", key, "--reason", "try again", "--json"))
+    assert [r["kind"] for r in replay] == ["delivery"]
+    assert run(env, "worker", "--until-idle").returncode == 0
+    [again] = ok_json(run(env, "dlq", "list", "--kind", "delivery", "--json"))
+    assert again["key"] == key  # the frozen content fails the same way for ever
+
+    assert run(env, "outbox", "discard", key).returncode == 2  # no --reason
+    done = ok_json(
+        run(env, "outbox", "discard", key, "--reason", "subject frozen unsendable", "--json")
+    )
+    assert (done["key"], done["intent_released"], done["kept"]) == (key, True, [])
+    assert done["renamed"].startswith(f"{key}~discarded-")
+    job = done["job_reopened"]
+    [shown] = ok_json(run(env, "outbox", "show", key, "--json"))
+    assert (shown["state"], shown["key"]) == ("discarded", done["renamed"])
+    [entry] = ok_json(run(env, "audit", "list", "--action", "discard", "--json"))
+    assert (entry["target_key"], entry["actor"], entry["reason"]) == (
+        key,
+        "ops-alice",
+        "subject frozen unsendable",
+    )
+    twice = run(env, "outbox", "discard", key, "--reason", "twice")
+    assert_one_line_error(twice, 2, "is discarded; only dead messages can be discarded")
+
+    human = run(env, "dlq", "replay", str(job), "--reason", "subject fixed")
+    assert human.returncode == 0, human.stderr
+    assert run(env, "worker", "--until-idle").returncode == 0
+    sent = ok_json(run(env, "outbox", "list", "--state", "sent", "--json"))
+    assert [row["key"] for row in sent] == [key]
+    assert ok_json(run(env, "dlq", "list", "--json")) == []
+    mail = list((tmp / "mail").glob("*.eml"))
+    assert len(mail) == 1 and "\u2028" not in mail[0].read_text(encoding="utf-8")
+
+
+def test_a_message_that_may_have_been_delivered_is_not_discarded(freight):
+    _url, env, _tmp = freight
+    with SmtpSink() as sink:
+        sink.script("drop")
+        env = {**env, "ONCEBOX_EMAIL": sink.url}
+        run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
+        assert run(env, "worker", "--until-idle").returncode == 0
+    [row] = ok_json(run(env, "outbox", "list", "--state", "ambiguous", "--json"))
+    refused = run(env, "outbox", "discard", row["key"], "--reason", "x")
+    assert_one_line_error(refused, 2, "only dead")
+    assert ok_json(run(env, "outbox", "show", row["key"], "--json"))[0]["state"] == "ambiguous"
+    assert ok_json(run(env, "audit", "list", "--json")) == []

@@ -29,7 +29,7 @@ CALLS: dict[str, Callable[[], OutboxFinish]] = {
     "dead_after_rescues": lambda: transitions.dead_after_rescues(7, "lease ran out 3 times"),
     "held_after_rescues": lambda: transitions.held_after_rescues(7, "lease ran out 3 times"),
 }
-STATES = {"pending", "leased", "sending", "sent", "dead", "ambiguous"}
+STATES = {"pending", "leased", "sending", "sent", "dead", "ambiguous", "discarded"}
 
 
 def table() -> list[tuple[str, str, str, str]]:

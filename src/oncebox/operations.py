@@ -3,6 +3,11 @@
 Replays happen in place and keep the key: a dead job goes back to ready with the same id and key
 and its history; a dead message goes back to pending with the same key and frozen content. There
 is no way to replay under a new key — a new key is a new business operation.
+
+One audited exception frees a key: discarding a dead message whose frozen content no provider
+will take (`discard`). Replaying it would fail the same way for ever; discarding it releases
+its intent (once none of the intent's messages stands) and makes its job dead again, so a replay
+of the job — with the code fixed — writes the message afresh under the same key.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from oncebox.jobs.keys import validate_key
 from oncebox.metrics import Metrics
 from oncebox.runtime import Runtime
 from oncebox.store.base import (
+    DiscardResult,
     JobFilter,
     JobRow,
     OperatorAction,
@@ -239,7 +245,10 @@ class Operations:
                 f"{key_or_id!r} names several {wanted} messages ({keys}); {verb} them one by one"
             )
         states = ", ".join(f"{row.key} is {row.state}" for row in rows)
-        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be")
+        raise InvalidState(
+            f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be "
+            f"{verb.removesuffix('e')}ed"
+        )
 
     def resolve(
         self,
@@ -263,6 +272,26 @@ class Operations:
         if resolution == "resend":
             self._wake_local()
         return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
+
+    def discard(self, key_or_id: str | int, *, reason: str, actor: str = "api") -> DiscardResult:
+        """Discard a dead message that will never be sent as frozen, audited (see the module
+        docstring). Refused for a message that may have been delivered: an unknown outcome, or
+        a blind resend, means the recipient may already have it — replay it (same key, same
+        content) or leave it dead."""
+        reason = reason_text(reason)
+        is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
+        row = self._one_delivery(key_or_id, is_id, "dead", "discard")
+        if row.uncertain or row.possible_duplicates:
+            raise InvalidState(
+                f"cannot discard message {row.id} ({row.key}): it may have been delivered "
+                "(an earlier send's outcome is unknown), and a re-run could send it twice; "
+                "replay it as it is, or leave it dead"
+            )
+        done = self.store.outbox_discard(OperatorAction(row.id, actor, reason), row.key)
+        if done is None:
+            raise InvalidState(f"outbox row {row.id} stopped being dead while discarded")
+        self.metrics.count("deliveries_discarded")
+        return done
 
     def cancel(
         self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"

@@ -18,6 +18,7 @@ from support.contract import (
     LEASE,
     T0,
     advance,
+    done_job,
     finish_outbox,
     insert,
     lease_outbox,
@@ -26,6 +27,7 @@ from support.contract import (
     opened_session,
     outbox_insert,
     outbox_lease_params,
+    row,
     write_outbox,
 )
 
@@ -332,6 +334,91 @@ def test_outbox_replay_makes_a_dead_row_pending_with_a_fresh_budget_and_audits_i
     assert (audit.action, audit.actor, audit.reason) == ("replay", "ops-bob", "address fixed")
     assert json.loads(audit.details or "{}") == {"channel": "email", "attempts_before": 1}
     assert store.outbox_replay(OperatorAction(outbox_id, "ops", "again")) is None
+
+
+def dead_messages(store: Store, job_id: int, *keys: str) -> list[int]:
+    """Messages of the intent `keys[0]` written by job `job_id`, each dead on its first send."""
+    ids = write_outbox(store, *(outbox_insert(k, intent_key=keys[0], job_id=job_id) for k in keys))
+    for outbox_id in ids:
+        finish_outbox(store, outbox_id, OutboxFinish(outbox_id, "dead", "dead", True, error="x"))
+    return ids
+
+
+def test_outbox_discard_renames_the_row_frees_the_intent_and_makes_its_job_dead_again(
+    store: Store,
+):
+    job_id = done_job(store, "digest/c-1")
+    [outbox_id] = dead_messages(store, job_id, "digest/c-1")
+    assert store.outbox_discard(OperatorAction(outbox_id + 1000, "ops", "r"), "x") is None
+    advance(store, timedelta(minutes=5))
+    done = store.outbox_discard(
+        OperatorAction(outbox_id, "ops-ann", "U+2028 in subject"), "digest/c-1"
+    )
+    assert done is not None
+    renamed = f"digest/c-1~discarded-{outbox_id}"
+    assert (done.id, done.key, done.renamed, done.intent_key) == (
+        outbox_id,
+        "digest/c-1",
+        renamed,
+        "digest/c-1",
+    )
+    assert (done.kept, done.intent_released, done.job_reopened) == ((), True, job_id)
+    gone = message(store, outbox_id)
+    assert (gone.key, gone.state) == (renamed, "discarded")
+    assert store.intent_get("digest/c-1") is None
+    job = row(store, job_id)
+    assert (job.state, job.outcome) == ("dead", None)
+    assert job.last_error == f"its message {outbox_id} was discarded by ops-ann: U+2028 in subject"
+    [audit] = store.audit_list(outbox_id)
+    assert (audit.action, audit.actor, audit.target_key) == ("discard", "ops-ann", "digest/c-1")
+    assert json.loads(audit.details or "{}") == {
+        "channel": "email",
+        "renamed": renamed,
+        "intent_released": True,
+        "job_reopened": job_id,
+    }
+    # found by the key it had, counted apart from dead, never replayed or discarded again
+    assert [m.id for m in store.outbox_find_by_key("digest/c-1")] == [outbox_id]
+    assert store.outbox_count_by_state().counts == {"discarded": 1}
+    assert store.outbox_list(OutboxFilter(state="dead")) == []
+    assert [m.id for m in store.outbox_list(OutboxFilter(state="discarded"))] == [outbox_id]
+    assert store.outbox_replay(OperatorAction(outbox_id, "ops", "again")) is None
+    assert store.outbox_discard(OperatorAction(outbox_id, "ops", "again"), "digest/c-1") is None
+    # the key is free: the re-run's message takes it
+    [again] = write_outbox(store, outbox_insert("digest/c-1", job_id=job_id))
+    assert again != outbox_id and message(store, again).state == "pending"
+
+
+def test_outbox_discard_keeps_the_intent_while_another_message_of_it_stands(store: Store):
+    job_id = done_job(store, "digest/c-2")
+    first, second = dead_messages(store, job_id, "digest/c-2", "digest/c-2~ops")
+    done = store.outbox_discard(OperatorAction(second, "ops", "bad header"), "digest/c-2~ops")
+    assert done is not None
+    assert (done.kept, done.intent_released, done.job_reopened) == (
+        (("digest/c-2", "dead"),),
+        False,
+        None,
+    )
+    assert store.intent_get("digest/c-2") is not None and row(store, job_id).state == "done"
+    assert [m.id for m in store.outbox_find_by_key("digest/c-2~ops")] == [second]
+    last = store.outbox_discard(OperatorAction(first, "ops", "bad subject"), "digest/c-2")
+    assert last is not None and (last.kept, last.intent_released, last.job_reopened) == (
+        (),
+        True,
+        job_id,
+    )
+
+
+def test_outbox_discard_refuses_a_row_that_may_have_been_delivered(store: Store):
+    [outbox_id] = write_outbox(store, outbox_insert("digest/c-3"))
+    finish_outbox(
+        store,
+        outbox_id,
+        OutboxFinish(outbox_id, "dead", "dead", True, error="timeout", uncertain=True),
+    )
+    assert store.outbox_discard(OperatorAction(outbox_id, "ops", "r"), "digest/c-3") is None
+    assert message(store, outbox_id).state == "dead"
+    assert store.audit_list(outbox_id) == []
 
 
 def test_outbox_count_by_state_counts_rows_per_state(store: Store):

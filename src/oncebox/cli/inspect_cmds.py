@@ -30,7 +30,7 @@ from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.store.base import AuditFilter, JobFilter
 
 JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
-OUTBOX_STATES = ["pending", "leased", "sending", "sent", "dead", "ambiguous"]
+OUTBOX_STATES = ["pending", "leased", "sending", "sent", "dead", "ambiguous", "discarded"]
 PERIOD_HEADERS = [
     "PERIOD",
     "STATE",
@@ -313,6 +313,7 @@ def audit() -> None:
             "cancel",
             "resolve-sent",
             "resolve-resend",
+            "discard",
             "pause",
             "resume",
             "accept-keys",

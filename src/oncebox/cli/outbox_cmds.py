@@ -1,4 +1,5 @@
-"""`oncebox outbox list|show|resolve`: the messages jobs wrote, and settling ambiguous sends."""
+"""`oncebox outbox list|show|resolve|discard`: the messages jobs wrote, settling ambiguous sends,
+and discarding a message no provider will take."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from oncebox.cli.common import (
 from oncebox.cli.inspect_cmds import OUTBOX_STATES
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
-from oncebox.store.base import OutboxFilter
+from oncebox.store.base import DiscardResult, OutboxFilter
 
 
 def _recipients(to: object) -> str:
@@ -170,3 +171,47 @@ def outbox_resolve(
     else:
         done = "recorded as sent" if resolution == "sent" else "pending again, to be resent"
         click.echo(f"message {outcome.id} ({outcome.key}) {done}; audit #{outcome.audit_id}")
+
+
+@outbox.command("discard")
+@click.argument("key_or_id")
+@reason_option
+@actor_option
+@app_option
+@db_option
+@json_option
+def outbox_discard(
+    *, key_or_id: str, reason: str, actor: str, app: str | None, db: str | None, as_json: bool
+) -> None:
+    """Discard a dead message that will never be sent as frozen (content no provider takes),
+    so its job can be re-run to write it afresh under the same key. Audited."""
+    with reported():
+        box = box_for_admin(app, db)
+        done = box.discard(id_or_key(key_or_id, "message"), reason=reason, actor=actor)
+    if as_json:
+        print_json(shapes.discard(done))
+        return
+    click.echo(
+        f"message {done.id} ({done.key}) discarded; kept as {done.renamed}; audit #{done.audit_id}"
+    )
+    click.echo(discard_next_step(done))
+
+
+def discard_next_step(done: DiscardResult) -> str:
+    """What the operator does next: a discard frees the key only once the intent has nothing
+    else standing, and re-sends nothing by itself."""
+    if done.kept:
+        standing = ", ".join(f"{key} ({state})" for key, state in done.kept)
+        return (
+            f"the intent {done.intent_key} stays claimed: {standing} still stand(s); "
+            "nothing will re-send the discarded message"
+        )
+    if done.job_reopened is not None:
+        return (
+            f"job {done.job_reopened} is dead again: once its code is fixed, "
+            f"'oncebox dlq replay {done.job_reopened}' re-runs it and writes the message afresh"
+        )
+    return (
+        f"the key {done.intent_key} is free (no job of it is left to replay): "
+        "enqueue the operation again to write the message afresh"
+    )

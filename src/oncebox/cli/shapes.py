@@ -16,6 +16,7 @@ from oncebox.store.base import (
     AuditRow,
     BacklogRow,
     DeliveryAttemptRow,
+    DiscardResult,
     JobRow,
     OutboxRow,
     PeriodStats,
@@ -175,3 +176,16 @@ def backlog_row(data: dict[str, Any]) -> BacklogRow:
 
 def _parsed(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
+
+
+def discard(done: DiscardResult) -> dict[str, Any]:
+    return {
+        "id": done.id,
+        "key": done.key,
+        "renamed": done.renamed,
+        "intent_key": done.intent_key,
+        "kept": [{"key": key, "state": state} for key, state in done.kept],
+        "intent_released": done.intent_released,
+        "job_reopened": done.job_reopened,
+        "audit_id": done.audit_id,
+    }

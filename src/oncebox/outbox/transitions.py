@@ -9,6 +9,9 @@ States:
     dead       final until an operator replays it: a permanent failure, or attempts spent
     ambiguous  held: it may have reached the provider and a resend could duplicate; awaits the
                resolver (a provider lookup) or an operator (`oncebox outbox resolve`)
+    discarded  final: dead content no provider will take, discarded by an operator (`oncebox
+               outbox discard`); its key is freed for a re-run of its job. Stored as dead with
+               `discarded_at` set, read back as discarded
 
 Transitions (the function that builds each is named in the third column; `attempt` says
 whether it spends one of the channel's attempts; a test holds this table against the code):
@@ -42,6 +45,8 @@ whether it spends one of the channel's attempts; a test holds this table against
     ambiguous         pending    (store.outbox_resolve)      -        resolver or operator: resend
     dead              pending    (store.outbox_replay)       -        an operator's replay, same
                                                                       key, same content
+    dead              discarded  (store.outbox_discard)      -        an operator's discard: never
+                                                                      sent, renamed, key freed
 
 A lease that expires on a `sending` row ends in `hold_ambiguous` (policy hold) or
 `resend_possible_duplicate` (policy retry); on an idempotent channel past its window, in

@@ -187,7 +187,8 @@ class OutboxLeaseParams:
     lease_for: timedelta
 
 
-OutboxState = Literal["pending", "leased", "sending", "sent", "dead", "ambiguous"]
+# "discarded" is read back, never written: a dead row an operator discarded (`outbox_discard`).
+OutboxState = Literal["pending", "leased", "sending", "sent", "dead", "ambiguous", "discarded"]
 OutboxFinishState = Literal["sent", "pending", "dead", "ambiguous"]
 DeliveryOutcome = Literal[
     "sent", "failed", "throttled", "dead", "ambiguous", "resent", "lease_expired"
@@ -380,6 +381,22 @@ class ActionResult:
 
     job_id: int
     key: str | None
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardResult:
+    """A dead message discarded, and what it freed: its key (renamed `renamed`), its intent once
+    no other message of it stands (`kept` names those that do), and its job, dead again so a
+    replay re-runs it (`job_reopened`)."""
+
+    id: int
+    key: str
+    renamed: str
+    intent_key: str
+    kept: tuple[tuple[str, str], ...]
+    intent_released: bool
+    job_reopened: int | None
     audit_id: int
 
 
@@ -803,6 +820,10 @@ class Store(Protocol):
         self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
     ) -> ActionResult | None: ...
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None: ...
+    def outbox_discard(self, action: OperatorAction, key: str) -> DiscardResult | None:
+        """Discard dead message `action.job_id` (whose key is `key`): see `DiscardResult`."""
+        ...
+
     def outbox_get(self, outbox_id: int) -> OutboxRow | None: ...
     def outbox_find_by_key(self, key: str) -> list[OutboxRow]:
         """Rows whose key, or whose intent's key, is `key`."""

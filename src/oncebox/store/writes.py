@@ -34,6 +34,7 @@ from oncebox.store.base import (
     Audit,
     BucketDecision,
     BucketState,
+    DiscardResult,
     InsertManyResult,
     InsertRow,
     JobInsert,
@@ -235,6 +236,44 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     @operation
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
         return self._replayed("outbox_replay", action)
+
+    @operation
+    def outbox_discard(self, action: OperatorAction, key: str) -> DiscardResult | None:
+        params = {**_action_params(action), "key": key}
+        with self._transaction() as tx:
+            tx.fetch("outbox_discard__lock", params)
+            found = tx.fetch("outbox_discard", params)
+            if not found.rows:
+                return None
+            row = dict(zip(found.columns(), found.rows[0], strict=True))
+            intent = {"intent_key": row["intent_key"]}
+            kept = tuple((k, s) for k, s in tx.fetch("outbox_discard__kept", intent).rows)
+            released, reopened = False, None
+            if not kept:  # nothing of the intent stands: free its key, re-open its job
+                released = bool(tx.fetch("outbox_discard__release", intent).rows)
+                error = f"its message {row['id']} was discarded by {action.actor}: {action.reason}"
+                job = tx.fetch("outbox_discard__job", {"job_id": row["job_id"], "error": error})
+                reopened = job.first("id") if job.rows else None
+            audit = tx.fetch(
+                "outbox_discard__audit",
+                {
+                    **params,
+                    "channel": row["channel"],
+                    "renamed": row["key"],
+                    "released": released,
+                    "job_reopened": reopened,
+                },
+            )
+            return DiscardResult(
+                id=row["id"],
+                key=key,
+                renamed=row["key"],
+                intent_key=row["intent_key"],
+                kept=kept,
+                intent_released=released,
+                job_reopened=reopened,
+                audit_id=audit.first("id"),
+            )
 
     # -- the outbox ----------------------------------------------------------------------------
 

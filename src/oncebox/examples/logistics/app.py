@@ -142,9 +142,15 @@ def build_box(
         text = _templates.get_template("digest.txt").render(values)
         html = _templates.get_template("digest.html").render(values)
         rendered_at = ctx.now() if ctx.dialect == "postgres" else to_micros(ctx.now())
+        # An upsert, not an insert: the claim runs this once per key, but an operator who
+        # discards an unsendable message re-runs the job on purpose, and the archive then holds
+        # the digest as it was last rendered (docs/runbook.md, "A message no provider takes").
         ctx.connection.execute(
             "INSERT INTO freight_digests (customer_id, period, subject, text_body, html_body, "
-            f"rendered_at) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
+            f"rendered_at) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}) "
+            "ON CONFLICT (customer_id, period) DO UPDATE SET subject = excluded.subject, "
+            "text_body = excluded.text_body, html_body = excluded.html_body, "
+            "rendered_at = excluded.rendered_at",
             (customer_id, period, subject, text, html, rendered_at),
         )
         ctx.outbox.email(

@@ -164,7 +164,7 @@ replayed AS (
     UPDATE __S__.oncebox_outbox o
     SET state = 'pending', next_attempt_at = clock.now, attempt_base = o.attempt, rescues = 0
     FROM clock
-    WHERE o.id = %(id)s AND o.state = 'dead'
+    WHERE o.id = %(id)s AND o.state = 'dead' AND o.discarded_at IS NULL
     RETURNING o.id, o.key, o.channel, o.attempt, clock.now
 ),
 audited AS (
@@ -177,19 +177,70 @@ audited AS (
 )
 SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 
+-- name: outbox_discard__lock
+-- Every message of the intent, locked: two sibling messages discarded at once must not each
+-- see the other still standing and both leave the intent claimed.
+SELECT o.id FROM __S__.oncebox_outbox o
+WHERE o.intent_key = (SELECT intent_key FROM __S__.oncebox_outbox WHERE id = %(id)s)
+ORDER BY o.id
+FOR UPDATE;
+
+-- name: outbox_discard
+-- Dead → discarded (an operator: content no provider will take). The state stays 'dead' and
+-- `discarded_at` says discarded (0007); the key is renamed `key~discarded-<id>` so a re-run of
+-- its job can write the key afresh. Only a row that cannot have been delivered: never sent with
+-- an unknown outcome, never resent blind.
+UPDATE __S__.oncebox_outbox
+SET discarded_at = __S__.oncebox_now(), key = key || '~discarded-' || id
+WHERE id = %(id)s AND state = 'dead' AND discarded_at IS NULL
+  AND NOT uncertain AND possible_duplicates = 0
+RETURNING id, key, intent_key, job_id, channel;
+
+-- name: outbox_discard__kept
+-- The intent's other messages still standing: while one is, the intent stays claimed.
+SELECT key, state FROM __S__.oncebox_outbox
+WHERE intent_key = %(intent_key)s AND discarded_at IS NULL
+ORDER BY id;
+
+-- name: outbox_discard__release
+DELETE FROM __S__.oncebox_intents WHERE key = %(intent_key)s RETURNING key;
+
+-- name: outbox_discard__job
+-- The job that wrote the discarded messages is dead again, so `dlq replay` re-runs it.
+UPDATE __S__.oncebox_jobs
+SET state = 'dead', outcome = NULL, finished_at = __S__.oncebox_now(), last_error = %(error)s
+WHERE id = %(job_id)s AND state = 'done'
+RETURNING id;
+
+-- name: outbox_discard__audit
+INSERT INTO __S__.oncebox_audit
+    (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (__S__.oncebox_now(), %(actor)s, 'discard', 'delivery', %(id)s, %(key)s, %(reason)s,
+        jsonb_build_object('channel', %(channel)s::text, 'renamed', %(renamed)s::text,
+                           'intent_released', %(released)s::boolean,
+                           'job_reopened', %(job_reopened)s::bigint))
+RETURNING id;
+
 -- name: outbox_get
-SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id,
+       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
        uncertain, rescues
 FROM __S__.oncebox_outbox WHERE id = %(id)s;
 
 -- name: outbox_find_by_key
-SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id,
+       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
        uncertain, rescues
-FROM __S__.oncebox_outbox WHERE key = %(key)s OR intent_key = %(key)s ORDER BY id;
+FROM __S__.oncebox_outbox
+WHERE key = %(key)s OR intent_key = %(key)s
+   -- a discarded row, by the key it had (outbox_discard renames it)
+   OR (intent_key = split_part(%(key)s, '~', 1) AND discarded_at IS NOT NULL
+       AND left(key, length(%(key)s) + 11) = %(key)s || '~discarded-')
+ORDER BY id;
 
 -- name: outbox_ambiguous_list
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
@@ -201,19 +252,22 @@ WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
 ORDER BY id LIMIT %(limit)s;
 
 -- name: outbox_count_by_state
-SELECT state, count(*) AS count FROM __S__.oncebox_outbox GROUP BY state;
+SELECT CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, count(*) AS count
+FROM __S__.oncebox_outbox GROUP BY 1;
 
 -- name: delivery_attempt_list
 SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
 FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
 
 -- name: outbox_list
-SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
+SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id,
+       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
        uncertain, rescues
 FROM __S__.oncebox_outbox
-WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+WHERE (%(state)s::text IS NULL
+       OR (CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END) = %(state)s::text)
   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC

@@ -129,7 +129,7 @@ messages AS (
            count(*) FILTER (WHERE o.state = 'ambiguous') AS ambiguous,
            count(*) FILTER (WHERE o.state <> 'sent') AS unsent
     FROM __S__.oncebox_outbox o
-    WHERE o.job_id IN (SELECT id FROM jobs)
+    WHERE o.job_id IN (SELECT id FROM jobs) AND o.discarded_at IS NULL
     GROUP BY o.job_id
 ),
 per_period AS (

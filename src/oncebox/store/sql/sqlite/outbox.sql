@@ -112,7 +112,7 @@ RETURNING id;
 -- name: outbox_replay
 UPDATE oncebox_outbox
 SET state = 'pending', next_attempt_at = :now, attempt_base = attempt, rescues = 0
-WHERE id = :id AND state = 'dead'
+WHERE id = :id AND state = 'dead' AND discarded_at IS NULL
 RETURNING id, key, channel, attempt;
 
 -- name: outbox_replay__audit
@@ -121,19 +121,64 @@ VALUES (:now, :actor, 'replay', 'delivery', :id, :key, :reason,
         json_object('channel', :channel, 'attempts_before', :attempt))
 RETURNING id;
 
+-- name: outbox_discard__lock
+-- The discard's transaction already holds SQLite's write lock: nothing to lock row by row.
+SELECT id FROM oncebox_outbox WHERE id = :id;
+
+-- name: outbox_discard
+-- Dead → discarded (an operator: content no provider will take). The state stays 'dead' and
+-- `discarded_at` says discarded (0007); the key is renamed `key~discarded-<id>` so a re-run of
+-- its job can write the key afresh. Only a row that cannot have been delivered: never sent with
+-- an unknown outcome, never resent blind.
+UPDATE oncebox_outbox
+SET discarded_at = :now, key = key || '~discarded-' || id
+WHERE id = :id AND state = 'dead' AND discarded_at IS NULL
+  AND NOT uncertain AND possible_duplicates = 0
+RETURNING id, key, intent_key, job_id, channel;
+
+-- name: outbox_discard__kept
+-- The intent's other messages still standing: while one is, the intent stays claimed.
+SELECT key, state FROM oncebox_outbox
+WHERE intent_key = :intent_key AND discarded_at IS NULL
+ORDER BY id;
+
+-- name: outbox_discard__release
+DELETE FROM oncebox_intents WHERE key = :intent_key RETURNING key;
+
+-- name: outbox_discard__job
+-- The job that wrote the discarded messages is dead again, so `dlq replay` re-runs it.
+UPDATE oncebox_jobs
+SET state = 'dead', outcome = NULL, finished_at = :now, last_error = :error
+WHERE id = :job_id AND state = 'done'
+RETURNING id;
+
+-- name: outbox_discard__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'discard', 'delivery', :id, :key, :reason,
+        json_object('channel', :channel, 'renamed', :renamed, 'intent_released', json(CASE WHEN :released THEN 'true' ELSE 'false' END),
+                    'job_reopened', :job_reopened))
+RETURNING id;
+
 -- name: outbox_get
-SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
+       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
        uncertain, rescues
 FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_find_by_key
-SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
+       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
        uncertain, rescues
-FROM oncebox_outbox WHERE key = :key OR intent_key = :key ORDER BY id;
+FROM oncebox_outbox
+WHERE key = :key OR intent_key = :key
+   -- a discarded row, by the key it had (outbox_discard renames it)
+   OR (intent_key = substr(:key, 1, instr(:key || '~', '~') - 1) AND discarded_at IS NOT NULL
+       AND substr(key, 1, length(:key) + 11) = :key || '~discarded-')
+ORDER BY id;
 
 -- name: outbox_ambiguous_list
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
@@ -145,19 +190,21 @@ WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels)
 ORDER BY id LIMIT :limit;
 
 -- name: outbox_count_by_state
-SELECT state, count(*) AS count FROM oncebox_outbox GROUP BY state;
+SELECT CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, count(*) AS count
+FROM oncebox_outbox GROUP BY 1;
 
 -- name: delivery_attempt_list
 SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt
 FROM oncebox_delivery_attempts WHERE outbox_id = :id ORDER BY id;
 
 -- name: outbox_list
-SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
+SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
+       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
        uncertain, rescues
 FROM oncebox_outbox
-WHERE (:state IS NULL OR state = :state)
+WHERE (:state IS NULL OR (CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END) = :state)
   AND (:channel IS NULL OR channel = :channel)
   AND (:before_id IS NULL OR id < :before_id)
 ORDER BY id DESC

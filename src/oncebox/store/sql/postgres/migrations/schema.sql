@@ -132,6 +132,7 @@ TABLE oncebox_outbox
   receipt text
   last_error text
   rescues integer NOT NULL DEFAULT 0
+  discarded_at timestamp with time zone
   CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
   CONSTRAINT PRIMARY KEY (id)

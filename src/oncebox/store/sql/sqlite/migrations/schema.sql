@@ -125,7 +125,7 @@ CREATE TABLE oncebox_outbox (
     lease_expires_at INTEGER,
     sent_at INTEGER,
     receipt TEXT,
-    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER,
     CHECK ((state IN ('leased', 'sending')) = (lease_token IS NOT NULL))
 ) STRICT;
 
