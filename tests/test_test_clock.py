@@ -80,7 +80,7 @@ def test_a_worker_in_the_process_that_froze_the_clock_runs_on_it(store_url):
 def test_a_running_worker_stops_when_another_process_freezes_the_clock(store_url, monkeypatch):
     from oncebox.lanes import worker as worker_module
 
-    monkeypatch.setattr(worker_module, "CLOCK_CHECK_EVERY", 0.05)
+    monkeypatch.setattr(worker_module, "GUARD_EVERY", 0.05)
     box = noop_box(store_url)
     running = box.worker()
     result: list[BaseException] = []

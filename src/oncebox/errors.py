@@ -90,6 +90,12 @@ class StoreUnavailable(OnceboxError):
     """The database cannot be reached. Lanes back off and try again; commands exit 1."""
 
 
+class StoreReplaced(OnceboxError):
+    """The SQLite file this process opened is no longer the one at its path: a restore moved
+    another into place, or it was deleted. Open connections would go on reading and writing the
+    old file, unseen by anyone, so a worker stops; started again, it opens the file now there."""
+
+
 class ClockHeld(OnceboxError):
     """Another process (a test, the demo, the chaos harness) froze or offset the database's
     clock, and its setting is in force. A worker refuses to run on it — leases would never

@@ -42,7 +42,14 @@ from datetime import datetime, timedelta
 from types import FrameType
 
 from oncebox import clock, points
-from oncebox.errors import ClockHeld, ConfigurationError, StoreUnavailable
+from oncebox.errors import (
+    ClockHeld,
+    ConfigurationError,
+    OnceboxError,
+    SchemaError,
+    StoreReplaced,
+    StoreUnavailable,
+)
 from oncebox.lanes.assembly import build_consumer, worker_name
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
@@ -73,7 +80,7 @@ def unserved(store: Store) -> list[tuple[str, int]]:
     ]
 
 
-CLOCK_CHECK_EVERY = 5.0  # seconds between two looks at the database's clock setting
+GUARD_EVERY = 5.0  # seconds between two looks at the clock setting and the database file
 PRESENCE_EVERY = 10.0  # seconds between two refreshes of this worker's row in oncebox_workers
 LIVE_WITHIN = timedelta(seconds=3 * PRESENCE_EVERY)  # a worker seen this recently is live
 MISSED_DUE_WAIT = 0.05  # seconds before a lane looks again at work due that it did not lease
@@ -331,8 +338,7 @@ class Worker:
         if resolver.active:
             lanes.append(("resolver", resolver.run_forever))
         lanes.append(("presence", self._presence))
-        if not self.config.simulated_time:
-            lanes.append(("clock-guard", self._guard_clock))
+        lanes.append(("guard", self._guard))
         if store.supports_notifications and not self.config.until_idle:
             # an until-idle run looks for work itself and exits when there is none: a listener
             # would only make its exit wait out a LISTEN timeout
@@ -396,6 +402,9 @@ class Worker:
                 log.warning("%s: %s; retrying in %.1fs", name, exc, backoff)
                 self.stop_event.wait(backoff)
                 continue
+            except (SchemaError, StoreReplaced) as fatal:  # a damaged or vanished database
+                self._fail(fatal)
+                return
             except Exception as exc:
                 if self.config.until_idle:  # a run meant to finish fails loudly, and ends
                     self._error = self._error or exc
@@ -523,19 +532,25 @@ class Worker:
         with contextlib.suppress(Exception):
             store.worker_stop(beat.name)
 
-    def _guard_clock(self, stop: threading.Event) -> None:
-        """A test clock set by another process while this worker runs stops it, as it would
-        have refused to start (see `_check_clock`)."""
-        while not stop.wait(CLOCK_CHECK_EVERY):
+    def _guard(self, stop: threading.Event) -> None:
+        """Stop this worker, as it would have refused to start, when a test clock set by
+        another process is in force (see `_check_clock`) or its SQLite file was replaced or
+        deleted under it (`Store.check_identity`)."""
+        while not stop.wait(GUARD_EVERY):
             try:
+                self.runtime.store.check_identity()
                 self._check_clock()
             except StoreUnavailable:
                 continue
-            except ClockHeld as held:
-                log.error("%s", held)
-                self._error = self._error or held
-                self.stop()
+            except (ClockHeld, StoreReplaced) as fatal:
+                self._fail(fatal)
                 return
+
+    def _fail(self, error: OnceboxError) -> None:
+        """A condition no retry can mend: say it once, stop, and make `run` raise it."""
+        log.error("%s", error)
+        self._error = self._error or error
+        self.stop()
 
     def _listen(self) -> None:
         while not self.stop_event.is_set():

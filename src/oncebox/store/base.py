@@ -908,6 +908,11 @@ class Store(Protocol):
         """Wake idle workers after rows became ready without an insert."""
         ...
 
+    def check_identity(self) -> None:
+        """Raise `StoreReplaced` when the database this store opened is no longer the one its
+        URL names (a SQLite file moved or deleted under it); a server is always itself."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ConsumerSettings:

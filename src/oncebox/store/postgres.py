@@ -623,6 +623,9 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     def notify_jobs(self) -> None:
         self._fetch("job_notify", {"schema": self.schema})
 
+    def check_identity(self) -> None:
+        """A server's database is reached by name, never through an open file: nothing to see."""
+
 
 class PostgresTx:
     """A write transaction on PostgreSQL (`PostgresStore._transaction`): a pooled connection in a

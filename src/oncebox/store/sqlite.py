@@ -26,7 +26,13 @@ from typing import Any, Literal, LiteralString
 
 from oncebox import clock
 from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
-from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
+from oncebox.errors import (
+    ConfigurationError,
+    SchemaError,
+    StoreRefused,
+    StoreReplaced,
+    StoreUnavailable,
+)
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
@@ -93,6 +99,15 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
         return SchemaError(
             f"the oncebox tables are missing in {where} ({text}): run `oncebox migrate`"
         )
+    if "not a database" in text:
+        return SchemaError(
+            f"{where} is not a SQLite database ({text}): is the URL's path the right file?"
+        )
+    if "malformed" in text or "corrupt" in text:
+        return SchemaError(
+            f"the SQLite database {where} is damaged ({text}): stop its writers and restore "
+            f"it from a backup (`sqlite3 {where} 'PRAGMA integrity_check'` lists the damage)"
+        )
     return exc
 
 
@@ -134,6 +149,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             raise ConfigurationError(f"the directory of the SQLite database {path} does not exist")
         if migrate:
             self.schema_migrate()
+        self._identity = self._file_identity()  # a restore moved into place is another file
         self._opened = self._files_state()  # a commit from now on wakes `wait_for_jobs`
         self._watchers = threading.local()  # each listener's last look (a box can run several)
 
@@ -257,8 +273,11 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     def schema_status(self) -> SchemaStatus:
         known = tuple(m.version for m in load_migrations("sqlite"))
         conn = self._conn()
-        conn.execute(self._q["migration_table_create"])
-        listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
+        try:
+            conn.execute(self._q["migration_table_create"])
+            listed = _result(self._q["migration_list"], conn.execute(self._q["migration_list"]))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
         version = listed.columns()["version"]
         return SchemaStatus(applied=tuple(row[version] for row in listed.rows), known=known)
 
@@ -509,6 +528,28 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             return found.st_ino, found.st_mtime_ns, found.st_size
 
         return state(self.path), state(self._wal)
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            found = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return found.st_dev, found.st_ino
+
+    def check_identity(self) -> None:
+        """The file at the path is still the one this store opened. A restore moved into place
+        (or a deletion) leaves open connections on the old inode, where every commit is lost
+        to everyone else — so a worker stops and, restarted, opens what is there now. A copy
+        over the file in place keeps the inode; the connections read the new content."""
+        now = self._file_identity()
+        if now == self._identity:
+            return
+        how = "deleted" if now is None else "replaced"
+        raise StoreReplaced(
+            f"the SQLite database {self.path} was {how} while this process had it open "
+            f"(a restore from backup?): stopping rather than serve the old file; start the "
+            "worker again to open the one now at that path"
+        )
 
     def notify_jobs(self) -> None:
         """Nothing to send: the commit that made rows ready changed the files (see
