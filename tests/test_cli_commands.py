@@ -295,6 +295,8 @@ def test_dlq_list_show_and_a_rate_limited_replay_all_keep_the_key_and_audit(frei
     )
     assert ok_json(run(env, "jobs", "show", key, "--json"))[0]["state"] == "ready"
     assert ok_json(run(env, "dlq", "list", "--json")) == []
+    again = run(env, "dlq", "replay", key, "--reason", "again")
+    assert_one_line_error(again, 2, "is ready; only dead jobs can be replayed")
 
 
 @pytest.mark.parametrize(

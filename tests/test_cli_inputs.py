@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -358,3 +359,59 @@ def test_cli_enqueue_refuses_bad_values_on_one_line_and_writes_nothing(cli_app, 
 def test_cli_enqueue_refuses_hostile_values_as_usage_errors(cli_app, args):
     assert_refused(invoke("enqueue", *args), 2)
     assert jobs_in(cli_app) == {}
+
+
+BAD_BYTES = "\udcff\udcfe"  # what Python makes of the bytes 0xFF 0xFE in an argument
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("jobs", "list", "--task", BAD_BYTES), "--task is not UTF-8 text: '\\xff\\xfe'"),
+        (("jobs", "list", f"--queue=a{BAD_BYTES}"), "--queue is not UTF-8 text: 'a\\xff\\xfe'"),
+        (("dlq", "list", "--channel", BAD_BYTES), "--channel is not UTF-8 text: '\\xff\\xfe'"),
+        (("jobs", "cancel", "1", "--reason", BAD_BYTES), "--reason is not UTF-8 text"),
+        (("jobs", "cancel", "1", "--reason", "x", "--actor", BAD_BYTES), "--actor is not"),
+        (("jobs", "show", BAD_BYTES), "argument 3 is not UTF-8 text: '\\xff\\xfe'"),
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it(cli_db, args, named):
+    message = refused(invoke(*args, "--db", cli_db))
+    assert message.startswith(f"oncebox: {named}"), message
+
+
+def test_an_environment_value_that_is_not_utf8_is_a_usage_error_naming_it(cli_db, monkeypatch):
+    monkeypatch.setenv("ONCEBOX_APP", BAD_BYTES)
+    message = refused(invoke("status", "--db", cli_db))
+    assert message == "oncebox: ONCEBOX_APP is not UTF-8 text: '\\xff\\xfe'"
+
+
+def test_bytes_that_are_not_utf8_on_a_real_command_line_exit_2(cli_db):
+    result = subprocess.run(
+        [sys.executable, "-m", "oncebox.cli", "jobs", "list", "--db", cli_db, "--task", b"\xff"],
+        capture_output=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == b"oncebox: --task is not UTF-8 text: '\\xff'\n"
+
+
+@pytest.mark.parametrize(
+    ("email", "needle"),
+    [
+        ("smtp://u:pw-secret@[127.0.0.1:2526", "is malformed"),
+        ("smtp://127.0.0.1:99999", "is malformed"),
+        ("smtp://127.0.0.1:2525?timeout=-1", "timeout"),
+        ("smtp://127.0.0.1:2525?timeout=nan", "timeout"),
+        ("resend+http://127.0.0.1:1/?window_hours=inf", "window_hours"),
+    ],
+)
+def test_a_malformed_email_url_is_a_usage_error_without_its_password(cli_app, email, needle):
+    message = refused(invoke("worker", "--until-idle", "--email", email))
+    assert needle in message and "pw-secret" not in message, message
+
+
+@pytest.mark.parametrize("timeout", ["-5", "nan", "inf", "1e400", "86401"])
+def test_a_busy_timeout_out_of_range_is_refused(cli_db, timeout):
+    message = refused(invoke("status", "--db", f"{cli_db}?busy_timeout={timeout}"))
+    assert "busy_timeout" in message, message

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from oncebox.errors import ConfigurationError
+from oncebox.inert import redact
 from oncebox.store import open_store
-from oncebox.store.postgres import PostgresStore, redact, split_url
+from oncebox.store.postgres import PostgresStore, split_url
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,7 @@ def test_smtp_data_is_dot_stuffed_and_terminated():
         ("carrier-pigeon://x", "not supported"),
         ("nonsense", "is not a URL"),
         ("file://", "names no directory"),
-        ("smtp://host:25?timeout=soon", "timeout must be a number"),
+        ("smtp://host:25?timeout=soon", "timeout='soon' must be a number"),
     ],
 )
 def test_bad_provider_urls_are_refused(url, why):

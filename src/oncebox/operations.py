@@ -96,7 +96,9 @@ class Operations:
             if job.state == wanted:
                 return job
         states = ", ".join(f"job {job.id} is {job.state}" for job in jobs)
-        raise InvalidState(f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be")
+        raise InvalidState(
+            f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be {_done(verb)}"
+        )
 
     def replay(
         self,
@@ -246,8 +248,7 @@ class Operations:
             )
         states = ", ".join(f"{row.key} is {row.state}" for row in rows)
         raise InvalidState(
-            f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be "
-            f"{verb.removesuffix('e')}ed"
+            f"cannot {verb} {key_or_id!r}: {states}; only {wanted} messages can be {_done(verb)}"
         )
 
     def resolve(
@@ -310,3 +311,8 @@ class Operations:
 def _is_id(text: str) -> bool:
     """A row id is ASCII digits: `str.isdigit()` is true of "²" too, which `int()` refuses."""
     return text.isascii() and text.isdigit()
+
+
+def _done(verb: str) -> str:
+    """The participle that ends "only dead jobs can be …": replayed, cancelled, resolved."""
+    return {"cancel": "cancelled"}.get(verb, verb.removesuffix("e") + "ed")

@@ -17,7 +17,7 @@ from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
 from oncebox.chaos.violation import Violation
 from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError
-from oncebox.store.postgres import redact
+from oncebox.inert import redact
 
 PER_INVARIANT = 5  # violations printed per invariant; --json lists them all
 COLUMNS = (

@@ -19,8 +19,9 @@ from pathlib import Path
 import psycopg
 
 from oncebox.errors import ConfigurationError, StoreUnavailable
+from oncebox.inert import redact
 from oncebox.store import open_store
-from oncebox.store.postgres import redact, split_url
+from oncebox.store.postgres import split_url
 
 
 @contextmanager

@@ -4,11 +4,14 @@ alphabetically)."""
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
 import click
 
 from oncebox.cli.chaos_cmd import chaos
 from oncebox.cli.clock_cmds import clock
+from oncebox.cli.common import fail
 from oncebox.cli.demo_cmd import demo
 from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
@@ -16,9 +19,40 @@ from oncebox.cli.keys_cmds import keys
 from oncebox.cli.outbox_cmds import outbox
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
+from oncebox.inert import printable
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Oncebox(click.Group):
+    """The group, refusing text it could not write anywhere before any command sees it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        refuse_undecodable(args, os.environ)
+        return super().parse_args(ctx, args)
+
+
+def refuse_undecodable(args: list[str], environ: Any) -> None:
+    """Bytes that are not UTF-8, in an argument or an ONCEBOX_* variable, reach Python as lone
+    surrogates that no database, log or audit entry can hold: a usage mistake, named with the
+    option it was given to, before it fails half-way through a command."""
+    for index, arg in enumerate(args):
+        if not _undecodable(arg):
+            continue
+        option, equals, value = arg.partition("=")
+        previous = args[index - 1] if index else ""
+        if arg.startswith("--") and equals:
+            fail(f"{option} is not UTF-8 text: '{printable(value)}'", 2)
+        where = previous if previous.startswith("-") else f"argument {index + 1}"
+        fail(f"{where} is not UTF-8 text: '{printable(arg)}'", 2)
+    for name in sorted(environ):
+        if name.startswith("ONCEBOX_") and _undecodable(environ[name]):
+            fail(f"{name} is not UTF-8 text: '{printable(environ[name])}'", 2)
+
+
+def _undecodable(text: str) -> bool:
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+@click.group(cls=_Oncebox, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """oncebox: background jobs whose side effects happen once per business operation.

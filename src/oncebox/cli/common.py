@@ -29,6 +29,7 @@ from oncebox.errors import (
     NotFound,
     OnceboxError,
 )
+from oncebox.inert import printable, redact
 from oncebox.store import open_store
 from oncebox.store.base import BacklogRow
 from oncebox.store.migrations import check_runnable
@@ -154,8 +155,6 @@ def load_app(app: str | None, db: str | None, email: str | None = None) -> Box:
     if box is None:
         fail(f"{app} holds no oncebox.Box (expected an attribute named {attr or 'box'!r})", 2)
     if db and box.store.url != db:
-        from oncebox.store.postgres import redact  # noqa: PLC0415 (psycopg only on this error)
-
         fail(
             f"--db {redact(db)} differs from the database of {app} ({box.where}); create the "
             "Box with Box() so it reads ONCEBOX_DB",
@@ -257,8 +256,3 @@ def backlog_lines(rows: Sequence[BacklogRow], unserved: Sequence[str], now: date
             parts.append("no live worker serves this task")
         lines.append(f"{noun} {printable(row.name)}: " + "; ".join(parts))
     return lines
-
-
-def printable(text: str) -> str:
-    """Text from the database as it may be shown on a terminal: control characters escaped."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from oncebox.errors import ConfigurationError
+from oncebox.inert import redact
 from oncebox.providers.base import (
     Outgoing,
     Provider,
@@ -59,14 +60,17 @@ def from_url(url: str) -> Provider:
         from oncebox.providers.local import ConsoleProvider, NullProvider  # noqa: PLC0415
 
         return ConsoleProvider() if scheme == "console" else NullProvider()
-    if scheme in {"smtp", "smtps"}:
-        from oncebox.providers.smtp import SmtpProvider  # noqa: PLC0415
+    try:
+        if scheme in {"smtp", "smtps"}:
+            from oncebox.providers.smtp import SmtpProvider  # noqa: PLC0415
 
-        return SmtpProvider(url)
-    if scheme in {"resend", "resend+http", "resend+https"}:
-        from oncebox.providers.http import HttpEmailProvider  # noqa: PLC0415 (httpx2 on demand)
+            return SmtpProvider(url)
+        if scheme in {"resend", "resend+http", "resend+https"}:
+            from oncebox.providers.http import HttpEmailProvider  # noqa: PLC0415 (httpx2 lazily)
 
-        return HttpEmailProvider(url)
+            return HttpEmailProvider(url)
+    except ValueError as exc:  # an unclosed '[', a port out of range: urlsplit's own errors
+        raise ConfigurationError(f"email URL {redact(url)!r} is malformed: {exc}") from None
     raise ConfigurationError(
         f"email URL scheme {scheme!r} is not supported: use file://, console:, null:, smtp://, "
         "smtps:// or resend://"

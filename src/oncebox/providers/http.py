@@ -32,7 +32,6 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx2
 
 from oncebox import clock
-from oncebox.errors import ConfigurationError
 from oncebox.providers.base import (
     Outgoing,
     Receipt,
@@ -42,6 +41,7 @@ from oncebox.providers.base import (
     SendThrottled,
 )
 from oncebox.providers.email import check_email_payload, render
+from oncebox.url_options import number_option
 
 IN_PROGRESS = {"concurrent_idempotent_requests", "1601"}
 KEY_REUSED = {"invalid_idempotent_request", "1600"}
@@ -109,11 +109,10 @@ class HttpEmailProvider:
             self.base_url = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
         env = options.get("api_key_env", "ONCEBOX_EMAIL_API_KEY")
         self._api_key = os.environ.get(env, "")
-        try:
-            self.timeout = float(options.get("timeout", "30"))
-            window = timedelta(hours=float(options.get("window_hours", "24")))
-        except ValueError:
-            raise ConfigurationError("timeout and window_hours must be numbers") from None
+        self.timeout = number_option(options, "timeout", 30.0, low=0.1, high=3600, unit="seconds")
+        window = timedelta(
+            hours=number_option(options, "window_hours", 24.0, low=0, high=24 * 365, unit="hours")
+        )
         self.idempotency_window: timedelta | None = window
         self.where = self.base_url
         self._client = httpx2.Client(

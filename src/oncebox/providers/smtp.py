@@ -33,7 +33,6 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from oncebox.errors import ConfigurationError
 from oncebox.providers.base import (
     Outgoing,
     Receipt,
@@ -44,6 +43,7 @@ from oncebox.providers.base import (
     SendThrottled,
 )
 from oncebox.providers.email import check_email_payload, render
+from oncebox.url_options import number_option
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 
@@ -89,10 +89,7 @@ class SmtpProvider:
         )
         self.starttls = options.get("starttls", "0") in {"1", "true", "yes"}
         self.cafile = options.get("cafile")  # a private CA (the server's certificate is verified)
-        try:
-            self.timeout = float(options.get("timeout", "30"))
-        except ValueError:
-            raise ConfigurationError("smtp timeout must be a number of seconds") from None
+        self.timeout = number_option(options, "timeout", 30.0, low=0.1, high=3600, unit="seconds")
         self.where = f"{parts.scheme}://{self.host}:{self.port}"
         self._local = threading.local()
         self._open: set[smtplib.SMTP] = set()  # every thread's connection, for close()

@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from oncebox.errors import ConfigurationError, NotFound
 from oncebox.metrics import Metrics
 from oncebox.store.base import Store
+from oncebox.url_options import number_option
 
 __all__ = ["Store", "open_store"]
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
@@ -79,10 +80,9 @@ def _open_sqlite(url: str, *, metrics: Metrics | None, migrate: bool, must_exist
     unknown = set(options) - {"synchronous", "busy_timeout"}
     if unknown:
         raise ConfigurationError(f"unknown SQLite URL option(s): {', '.join(sorted(unknown))}")
-    try:
-        busy = timedelta(seconds=float(options.get("busy_timeout", "10")))
-    except ValueError:
-        raise ConfigurationError("busy_timeout must be a number of seconds") from None
+    busy = timedelta(
+        seconds=number_option(options, "busy_timeout", 10.0, low=0, high=86_400, unit="seconds")
+    )
     return SqliteStore(
         Path(raw_path),
         url=url,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -33,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from oncebox.clock import ClockSetting, process_owner
 from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
+from oncebox.inert import printable, redact, scrubbed
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
@@ -170,61 +170,14 @@ def _check_conninfo(url: str, conninfo: str) -> None:
     except (psycopg.Error, ValueError) as exc:  # ValueError: a lone surrogate
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         detail = detail.split(" in URI:")[0]  # libpq quotes the whole URL, password and all
-        detail = _printable(_scrubbed(detail, url))[:200]
+        detail = printable(scrubbed(detail, url))[:200]
         raise ConfigurationError(f"PostgreSQL URL '{shown}' is malformed: {detail}") from None
     for port in str(parsed.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port[:6]) < 65536):
             raise ConfigurationError(
-                f"PostgreSQL URL '{shown}' is malformed: port {_scrubbed(port, url)[:20]!r} is "
+                f"PostgreSQL URL '{shown}' is malformed: port {scrubbed(port, url)[:20]!r} is "
                 "not a number within 1..65535"
             )
-
-
-_MASK = "***"  # what a password is shown as
-# The password of `scheme://user:password@host`: up to the last `@` before the path, which
-# covers both readings of an unencoded `@` in it (libpq stops at the first, urlsplit at the last).
-_URL_PASSWORD = re.compile(r"^(?P<keep>[A-Za-z][A-Za-z0-9+.-]*://[^:@/]*:)(?P<secret>[^/]*)@")
-# A `password=` (or `sslpassword=`, …) query parameter of a URL.
-_QUERY_PASSWORD = re.compile(r"(?P<keep>(?:^|[?&;])[^&;=#]*password[^&;=#]*=)(?P<secret>[^&;#]*)",
-                             re.IGNORECASE)  # fmt: skip
-# A `password = …` pair of a keyword DSN (`host=… password=…`), quoted or not.
-_KEYWORD_PASSWORD = re.compile(
-    r"(?P<keep>\b\w*password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE
-)
-
-
-def _secrets(url: str) -> list[str]:
-    """Every password a URL (or keyword DSN) carries, as written and percent-decoded."""
-    found = [m["secret"] for m in _URL_PASSWORD.finditer(url)]
-    _, _, query = url.partition("?")
-    found += [m["secret"] for m in _QUERY_PASSWORD.finditer(query)]
-    if "://" not in url:
-        found += [m["secret"] for m in _KEYWORD_PASSWORD.finditer(url)]
-    found += [unquote(secret) for secret in found]
-    return sorted({s for s in found if s and s != _MASK}, key=len, reverse=True)
-
-
-def _scrubbed(text: str, url: str) -> str:
-    """`text` (a driver's message) with any password of `url` in it replaced by ***."""
-    for secret in _secrets(url):
-        text = text.replace(secret, _MASK)
-    return text
-
-
-def _printable(text: str) -> str:
-    """`text` on one line: control and other unprintable characters escaped (`\\n`, `\\x1b`)."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
-
-
-def redact(url: str) -> str:
-    """The URL without its passwords — in `user:password@`, and in `password=` query parameters
-    (or keyword-DSN pairs) — and with unprintable characters escaped, for messages and logs.
-    Works on text that is not a valid URL too."""
-    if "://" not in url:
-        return _printable(_KEYWORD_PASSWORD.sub(r"\g<keep>***", url))
-    url = _URL_PASSWORD.sub(r"\g<keep>***@", url, count=1)
-    head, mark, query = url.partition("?")
-    return _printable(head + mark + _QUERY_PASSWORD.sub(r"\g<keep>***", query))
 
 
 MIGRATION_LOCK_TIMEOUT_MS = 10_000
@@ -262,7 +215,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        detail = _printable(_scrubbed(detail, self.url))
+        detail = printable(scrubbed(detail, self.url))
         return StoreUnavailable(f"PostgreSQL at {self.where} is unavailable: {detail}")
 
     def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
