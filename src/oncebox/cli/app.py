@@ -11,7 +11,7 @@ import click
 
 from oncebox.cli.chaos_cmd import chaos
 from oncebox.cli.clock_cmds import clock
-from oncebox.cli.common import fail
+from oncebox.cli.common import InertFormatter, fail
 from oncebox.cli.demo_cmd import demo
 from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
@@ -60,7 +60,9 @@ def main(verbose: int) -> None:
     Commands read ONCEBOX_DB, ONCEBOX_APP and ONCEBOX_EMAIL. Exit 2 on a usage mistake, 1 on a
     runtime failure (or a failed check); one line on stderr, and a traceback only with -v."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 for command in (

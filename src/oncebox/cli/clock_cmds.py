@@ -19,6 +19,7 @@ from oncebox.cli.common import (
     print_json,
     reason_option,
     reported,
+    say,
 )
 from oncebox.cli.shapes import clock_shape
 from oncebox.clock import ClockSetting
@@ -42,8 +43,8 @@ def clock_show(app: str | None, db: str | None, as_json: bool) -> None:
     if as_json:
         print_json(clock_shape(setting, now))
         return
-    click.echo(f"clock: {setting.describe()}")
-    click.echo(f"now:   {now.isoformat()}")
+    say(f"clock: {setting.describe()}")
+    say(f"now:   {now.isoformat()}")
 
 
 @clock.command("reset")
@@ -59,6 +60,6 @@ def clock_reset(app: str | None, db: str | None, reason: str, actor: str) -> Non
         was = box.store.clock_get()
         box.store.clock_set(ClockSetting(), audit)
     if was.frozen_at is None and was.offset is None:
-        click.echo("the clock was already real; nothing to reset (recorded in the audit log)")
+        say("the clock was already real; nothing to reset (recorded in the audit log)")
     else:
-        click.echo(f"clock reset to real time (it was {was.describe()})")
+        say(f"clock reset to real time (it was {was.describe()})")

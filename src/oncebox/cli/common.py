@@ -38,8 +38,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 USAGE_ERRORS = (ConfigurationError, EnqueueError, NotFound, InvalidState)
 
 
+def say(text: str = "", *, err: bool = False) -> None:
+    """Print `text` for a person, every line of it inert (`oncebox.inert.printable`): what users
+    and providers wrote cannot drive the terminal. Only `--json` output bypasses this; JSON
+    escapes every control itself."""
+    click.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
+
+
+class InertFormatter(logging.Formatter):
+    """The worker's log as `say` prints: a handler's error or a provider's reply in a log line
+    cannot drive the terminal (or the log viewer) either."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+
+
 def fail(message: str, code: int) -> NoReturn:
-    click.echo(f"oncebox: {message}", err=True)
+    say(f"oncebox: {message}", err=True)
     sys.exit(code)
 
 
@@ -202,18 +217,18 @@ def print_json(data: Any) -> None:
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> None:
     """Aligned columns; long cells are cut so a row stays on one line."""
     if not rows:
-        click.echo(empty)
+        say(empty)
         return
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
-    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    say("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for row in cells:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _cell(value: Any) -> str:
     text = "-" if value is None else str(value)
-    text = text.splitlines()[0] if text else text
+    text = printable(text.splitlines()[0] if text.strip() else text)
     return text if len(text) <= 60 else text[:59] + "…"
 
 

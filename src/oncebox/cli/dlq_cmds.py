@@ -22,6 +22,7 @@ from oncebox.cli.common import (
     print_table,
     reason_option,
     reported,
+    say,
 )
 from oncebox.errors import InvalidState, NotFound
 from oncebox.operations import ActionOutcome, DeadFilter
@@ -125,27 +126,25 @@ def dlq_show(
         return
     for record in records:
         target = record["task"] if record["kind"] == "job" else record["channel"]
-        click.echo(f"dead {record['kind']} {record['id']}  {target}  key={record['key']}")
+        say(f"dead {record['kind']} {record['id']}  {target}  key={record['key']}")
         for attempt in record["attempts"]:
             first = (attempt["error"] or "").splitlines()[:1]
-            click.echo(
+            say(
                 f"  attempt {attempt['attempt']}: {attempt['outcome']} at "
                 f"{attempt['finished_at']}: {' '.join(first)}"
             )
-        click.echo("  last error:")
+        say("  last error:")
         for line in (record["last_error"] or "-").splitlines():
-            click.echo(f"    {line}")
+            say(f"    {line}")
 
 
 def _echo_outcome(outcome: ActionOutcome | InvalidState) -> None:
     if isinstance(outcome, InvalidState):
-        click.echo(f"skipped: {outcome}")
+        say(f"skipped: {outcome}")
     elif outcome.kind == "delivery":
-        click.echo(
-            f"message {outcome.id} ({outcome.key}) is pending again; audit #{outcome.audit_id}"
-        )
+        say(f"message {outcome.id} ({outcome.key}) is pending again; audit #{outcome.audit_id}")
     else:
-        click.echo(f"job {outcome.id} ({outcome.key}) is ready again; audit #{outcome.audit_id}")
+        say(f"job {outcome.id} ({outcome.key}) is ready again; audit #{outcome.audit_id}")
 
 
 @dlq.command("replay")
@@ -212,7 +211,7 @@ def dlq_replay(
                 on_each=(lambda _o: None) if as_json else _echo_outcome,
             )
             if not as_json:
-                click.echo(f"{len(outcomes)} replayed")
+                say(f"{len(outcomes)} replayed")
     if as_json:
         print_json(
             [{"kind": o.kind, "id": o.id, "key": o.key, "audit_id": o.audit_id} for o in outcomes]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from oncebox.cli.common import (
     print_table,
     reason_option,
     reported,
+    say,
 )
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
@@ -117,12 +119,12 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     pending_age = data["oldest_pending_message_age_s"]
     jobs, outbox = data["jobs"], data["outbox"]
     if data["clock"]["mode"] != "real":  # first: every other figure is read on this clock
-        click.echo(
+        say(
             f"CLOCK      {clock_setting.describe()}; workers refuse it — if its owner is gone: "
             "oncebox clock reset --reason ..."
         )
-    click.echo(f"database   {data['database']} (schema {data['schema_version']})")
-    click.echo(
+    say(f"database   {data['database']} (schema {data['schema_version']})")
+    say(
         "jobs       "
         + ", ".join(f"{state} {jobs[state]}" for state in JOB_STATES)
         + (
@@ -131,11 +133,11 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
             else ""
         )
     )
-    click.echo(
+    say(
         f"claims     {data['claim_conflicts']} job(s) completed as duplicates (their key was "
         "already claimed)"
     )
-    click.echo(
+    say(
         "outbox     "
         + ", ".join(f"{state} {outbox[state]}" for state in OUTBOX_STATES)
         + (
@@ -147,9 +149,9 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     backlog = [shapes.backlog_row(entry) for entry in data["backlog"]]
     unserved = [entry["task"] for entry in data["unserved_tasks"]]
     if backlog:
-        click.echo(f"waiting    ({data['workers_live']} live worker(s))")
+        say(f"waiting    ({data['workers_live']} live worker(s))")
         for line in backlog_lines(backlog, unserved, now):
-            click.echo(f"  {line}")
+            say(f"  {line}")
     attention = [
         f"{entry['waiting']} job(s) of task {entry['task']} wait with no live worker serving it"
         for entry in data["unserved_tasks"]
@@ -158,9 +160,9 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
         attention.append(f"{data['dead']} dead (oncebox dlq list)")
     if data["ambiguous"]:
         attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
-    click.echo("attention  " + ("; ".join(attention) if attention else "none"))
+    say("attention  " + ("; ".join(attention) if attention else "none"))
     for entry in data["schedules"]:
-        click.echo(f"\nschedule {entry['name']}" + ("  (paused)" if entry["paused"] else ""))
+        say(f"\nschedule {entry['name']}" + ("  (paused)" if entry["paused"] else ""))
         print_table(
             PERIOD_HEADERS,
             [
@@ -263,15 +265,16 @@ def jobs_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) ->
         return
     for record in records:
         state = record["state"] + (f" ({record['outcome']})" if record["outcome"] else "")
-        click.echo(
+        say(
             f"job {record['id']}  {record['task']}  key={record['key']}  state={state}  "
             f"attempt={record['attempt']}/{record['max_attempts']}"
         )
+        say(f"  args {json.dumps(record['args'], ensure_ascii=False)}")
         if record["schedule"]:
-            click.echo(f"  enqueued by schedule {record['schedule']} for {record['period']}")
+            say(f"  enqueued by schedule {record['schedule']} for {record['period']}")
         for attempt in record["attempts"]:
             first = (attempt["error"] or "").splitlines()[:1]
-            click.echo(
+            say(
                 f"  attempt {attempt['attempt']}: {attempt['outcome']} by "
                 f"{attempt['worker']} at {attempt['finished_at']}: {' '.join(first)}"
             )
@@ -295,7 +298,7 @@ def jobs_cancel(
     if as_json:
         print_json({"id": outcome.id, "key": outcome.key, "audit_id": outcome.audit_id})
     else:
-        click.echo(f"job {outcome.id} ({outcome.key}) cancelled; audit #{outcome.audit_id}")
+        say(f"job {outcome.id} ({outcome.key}) cancelled; audit #{outcome.audit_id}")
 
 
 @click.group()

@@ -16,6 +16,7 @@ from oncebox.cli.common import (
     print_table,
     reason_option,
     reported,
+    say,
 )
 
 
@@ -56,7 +57,7 @@ def keys_check(app: str | None, db: str | None, as_json: bool) -> None:
         )
         for s in statuses:
             if s.detail:
-                click.echo(f"\n{s.detail}")
+                say(f"\n{s.detail}")
     sys.exit(1 if any(s.status in ("drifted", "orphaned") for s in statuses) else 0)
 
 
@@ -79,6 +80,6 @@ def keys_accept(
     if as_json:
         print_json({"name": name, "accepted": audit_id is not None, "audit_id": audit_id})
     elif audit_id is None:
-        click.echo(f"{name}: the recorded keys already match this code; nothing to accept")
+        say(f"{name}: the recorded keys already match this code; nothing to accept")
     else:
-        click.echo(f"{name}: this code's keys are accepted; audit #{audit_id}")
+        say(f"{name}: this code's keys are accepted; audit #{audit_id}")

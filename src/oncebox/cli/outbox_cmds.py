@@ -20,6 +20,7 @@ from oncebox.cli.common import (
     print_table,
     reason_option,
     reported,
+    say,
 )
 from oncebox.cli.inspect_cmds import OUTBOX_STATES
 from oncebox.errors import NotFound
@@ -106,16 +107,16 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
         print_json(records)
         return
     for m in records:
-        click.echo(
+        say(
             f"message {m['id']}  {m['channel']}  key={m['key']}  state={m['state']}  "
             f"to={_recipients(m['to'])}  subject={m['subject']!r}"
         )
         if m["possible_duplicates"]:
-            click.echo(f"  possible duplicates: {m['possible_duplicates']}")
+            say(f"  possible duplicates: {m['possible_duplicates']}")
         if m["rescues"]:
-            click.echo(f"  leases run out with no outcome: {m['rescues']}")
+            say(f"  leases run out with no outcome: {m['rescues']}")
         for a in m["attempts"]:
-            click.echo(
+            say(
                 f"  attempt {a['attempt']}: {a['outcome']} at {a['finished_at']}"
                 + (f": {a['error']}" if a["error"] else "")
                 + (f" (receipt {a['receipt']})" if a["receipt"] else "")
@@ -170,7 +171,7 @@ def outbox_resolve(
         )
     else:
         done = "recorded as sent" if resolution == "sent" else "pending again, to be resent"
-        click.echo(f"message {outcome.id} ({outcome.key}) {done}; audit #{outcome.audit_id}")
+        say(f"message {outcome.id} ({outcome.key}) {done}; audit #{outcome.audit_id}")
 
 
 @outbox.command("discard")
@@ -191,10 +192,8 @@ def outbox_discard(
     if as_json:
         print_json(shapes.discard(done))
         return
-    click.echo(
-        f"message {done.id} ({done.key}) discarded; kept as {done.renamed}; audit #{done.audit_id}"
-    )
-    click.echo(discard_next_step(done))
+    say(f"message {done.id} ({done.key}) discarded; kept as {done.renamed}; audit #{done.audit_id}")
+    say(discard_next_step(done))
 
 
 def discard_next_step(done: DiscardResult) -> str:

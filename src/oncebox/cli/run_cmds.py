@@ -21,6 +21,7 @@ from oncebox.cli.common import (
     load_app,
     print_json,
     reported,
+    say,
 )
 from oncebox.errors import InvalidArguments
 from oncebox.jobs.codec import MAX_DEPTH
@@ -44,12 +45,12 @@ def migrate(db: str | None) -> None:
         finally:
             store.close()
     if applied:
-        click.echo(
+        say(
             f"applied migration(s) {', '.join(map(str, applied))}; "
             f"schema is at version {status.current}"
         )
     else:
-        click.echo(f"schema is up to date (version {status.current})")
+        say(f"schema is up to date (version {status.current})")
 
 
 @click.command()
@@ -109,14 +110,12 @@ def worker(
                 idle_horizon=timedelta(seconds=horizon),
             )
         )
-    click.echo(str(result).splitlines()[0])
+    say(str(result).splitlines()[0])
     if until_idle and not result.settled:
         assert result.now is not None
-        click.echo(
-            f"remaining, by the database's clock ({result.now.isoformat(timespec='seconds')}):"
-        )
+        say(f"remaining, by the database's clock ({result.now.isoformat(timespec='seconds')}):")
         for line in backlog_lines(result.remaining, result.unserved, result.now):
-            click.echo(f"  {line}")
+            say(f"  {line}")
         sys.exit(REMAINS)
 
 
@@ -277,4 +276,4 @@ def enqueue(
             }
         )
     else:
-        click.echo(str(result))
+        say(str(result))

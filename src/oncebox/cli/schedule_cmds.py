@@ -17,6 +17,7 @@ from oncebox.cli.common import (
     print_table,
     reason_option,
     reported,
+    say,
 )
 from oncebox.cli.shapes import instant
 from oncebox.errors import NotFound
@@ -125,7 +126,7 @@ def schedule_run(name: str, period: str, app: str | None, db: str | None, as_jso
     if as_json:
         print_json(shape)
     else:
-        click.echo(
+        say(
             f"{name} {period}: {result.eligible} eligible, {result.enqueued} enqueued, "
             f"{result.eligible - result.enqueued} already claimed or active"
         )
@@ -142,7 +143,7 @@ def _set_paused(
                 f"no schedule named {name!r} (known: {', '.join(sorted(known)) or 'none'})"
             )
         box.store.schedule_state_pause(name, paused, Audit(actor, reason_text(reason)))
-    click.echo(f"{name} {'paused' if paused else 'resumed (fires that passed are skipped)'}")
+    say(f"{name} {'paused' if paused else 'resumed (fires that passed are skipped)'}")
 
 
 @schedule.command("pause")

@@ -591,6 +591,16 @@ class Consumer:
         return [d for d in pending if d.message_id not in done]
 
     def _count(self, outcome: ConsumerResult) -> None:
+        for failed in outcome.failures:  # committed: what the operator's log should show
+            log.warning(
+                "job %s (%s) of task %s failed attempt %d; %s: %s",
+                failed.job_id,
+                failed.key or "no key",
+                failed.task,
+                failed.attempt,
+                "dead" if failed.final else "to be retried",
+                failed.error[:500],
+            )
         self.metrics.count("jobs_completed", outcome.completed)
         self.metrics.count("claim_conflicts", outcome.duplicates)
         self.metrics.count("jobs_retried", outcome.retried)
