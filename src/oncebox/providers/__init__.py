@@ -10,7 +10,7 @@ resend://             an HTTP email API with idempotency keys (resend+http://hos
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from oncebox.errors import ConfigurationError
 from oncebox.inert import redact
@@ -53,9 +53,9 @@ def from_url(url: str) -> Provider:
         path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
         if not path:
             raise ConfigurationError(f"email URL {url!r} names no directory")
-        from oncebox.providers.local import FileProvider  # noqa: PLC0415 (light start-up)
+        from oncebox.providers.local import PRIVATE_FOLDER, FileProvider  # noqa: PLC0415
 
-        return FileProvider(Path(path))
+        return FileProvider(Path(path), _folder_mode(url, parts.query, PRIVATE_FOLDER))
     if scheme in {"console", "null"}:
         from oncebox.providers.local import ConsoleProvider, NullProvider  # noqa: PLC0415
 
@@ -75,3 +75,17 @@ def from_url(url: str) -> Provider:
         f"email URL scheme {scheme!r} is not supported: use file://, console:, null:, smtp://, "
         "smtps:// or resend://"
     )
+
+
+def _folder_mode(url: str, query: str, default: int) -> int:
+    """`?mode=0750` of a `file://` URL, in octal, the only option it takes."""
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - {"mode"})
+    if unknown:
+        raise ConfigurationError(f"email URL {url!r}: unknown option(s) {', '.join(unknown)}")
+    text = options.get("mode")
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and set(text) <= set("01234567") and len(text) <= 4):
+        raise ConfigurationError(f"email URL {url!r}: mode={text!r} is not an octal mode (0750)")
+    return int(text, 8)

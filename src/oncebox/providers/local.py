@@ -2,13 +2,16 @@
 
 - `file://DIR` writes one `.eml` per outbox row, named by its token, atomically (a temporary file
   hard-linked into place): a second write of the same row is detected and not duplicated, so the
-  sink is idempotent by construction, forever. It answers `status` from the directory.
-- `console:` prints each message; not idempotent (a resend prints twice).
+  sink is idempotent by construction, forever. It answers `status` from the directory. The
+  messages are private: a folder it creates is 0700 and each message 0600, whatever the umask
+  (`?mode=0750` lets a group read them: the files get the folder's mode without execute).
+- `console:` prints each message, inert on the terminal; not idempotent (a resend prints twice).
 - `null:` accepts everything instantly (benchmarks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -17,8 +20,26 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from oncebox.errors import ConfigurationError
+from oncebox.inert import printable
 from oncebox.providers.base import Outgoing, Receipt, SendRetryable, StatusAnswer
 from oncebox.providers.email import check_email_payload, render
+
+PRIVATE_FOLDER = 0o700
+
+
+def check_folder_mode(mode: int) -> int:
+    """A folder mode the outbox can work in and that keeps strangers out."""
+    if mode & 0o700 != 0o700:
+        raise ConfigurationError(
+            f"outbox folder mode {mode:04o} must give its owner read, write and search (0700)"
+        )
+    if mode & 0o002 or mode & ~0o777:
+        raise ConfigurationError(
+            f"outbox folder mode {mode:04o} would leave the messages writable by others "
+            "(or set special bits): use 0700, or 0750 for a group of readers"
+        )
+    return mode
 
 
 class FileProvider:
@@ -26,8 +47,10 @@ class FileProvider:
     idempotent = True
     idempotency_window: timedelta | None = None  # forever: the file is the record
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, mode: int = PRIVATE_FOLDER) -> None:
         self.directory = directory
+        self.folder_mode = check_folder_mode(mode)
+        self.file_mode = mode & 0o666  # the folder's read and write bits, never execute
 
     def path_for(self, outgoing: Outgoing) -> Path:
         return self.directory / f"{outgoing.token}.eml"
@@ -38,23 +61,33 @@ class FileProvider:
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         final = self.path_for(outgoing)
+        message = bytes(render(outgoing))  # before any file: a refusal leaves nothing behind
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            with tmp.open("wb") as handle:
-                handle.write(bytes(render(outgoing)))
+            self._make_folder()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), self.file_mode)  # exactly, whatever the umask
+                handle.write(message)
                 handle.flush()
                 os.fsync(handle.fileno())  # the receipt must not outlive the file
-            try:
-                os.link(tmp, final)
-                _fsync_directory(self.directory)
-            except FileExistsError:
-                return Receipt(final.name, "already written: the earlier write is the delivery")
-            finally:
-                tmp.unlink(missing_ok=True)
+            os.link(tmp, final)
+            _fsync_directory(self.directory)
+        except FileExistsError:
+            return Receipt(final.name, "already written: the earlier write is the delivery")
         except OSError as exc:
             raise SendRetryable(f"cannot write {final}: {exc.strerror or exc}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
         return Receipt(final.name, str(final))
+
+    def _make_folder(self) -> None:
+        """The folder, created with its mode exactly; one that exists keeps its own."""
+        for folder in reversed([self.directory, *self.directory.parents]):
+            if not folder.exists():
+                with contextlib.suppress(FileExistsError):  # another dispatcher, just now
+                    folder.mkdir()
+                    folder.chmod(self.folder_mode)
 
     def status(
         self, outgoing: Outgoing, idempotency_key: str
@@ -85,8 +118,8 @@ class ConsoleProvider:
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         message = render(outgoing)
         sys.stdout.write(f"--- oncebox {outgoing.channel} message {outgoing.message_id}\n")
-        sys.stdout.write(message.as_string())
-        sys.stdout.write("\n")
+        lines = message.as_string().splitlines()  # inert: a body cannot drive the terminal
+        sys.stdout.write("".join(printable(line) + "\n" for line in lines))
         return Receipt(outgoing.message_id)
 
 

@@ -14,7 +14,9 @@ SQLite handlers short. Each thread gets its own connection.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -111,6 +113,14 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
     return exc
 
 
+def _create_private(path: Path) -> None:
+    """Create a new database file readable by its owner only: it holds the outbox secret and
+    every rendered message, and SQLite gives its `-wal` and `-shm` files the same mode. A file
+    that exists keeps the mode its operator gave it."""
+    with contextlib.suppress(OSError):  # it exists; or a read-only folder SQLite will report
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class SqliteStore(WriteOperations["SqliteTx"]):
     """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
 
@@ -147,6 +157,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         self._all_lock = threading.Lock()
         if not path.parent.exists():
             raise ConfigurationError(f"the directory of the SQLite database {path} does not exist")
+        _create_private(path)
         if migrate:
             self.schema_migrate()
         self._identity = self._file_identity()  # a restore moved into place is another file
