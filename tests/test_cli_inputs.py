@@ -308,7 +308,8 @@ def cli_app(tmp_path: Path, monkeypatch) -> Iterator[str]:
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_app prepends the cwd
     monkeypatch.setenv("ONCEBOX_DB", url)  # load_app may set it: restored afterwards
     monkeypatch.setenv("ONCEBOX_APP", name)
-    monkeypatch.delenv("ONCEBOX_EMAIL", raising=False)
+    monkeypatch.setenv("ONCEBOX_EMAIL", "")  # recorded, so what a command sets is undone
+    monkeypatch.delenv("ONCEBOX_EMAIL")
     yield url
     module = sys.modules.pop(name, None)
     if module is not None:

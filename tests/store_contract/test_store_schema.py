@@ -6,6 +6,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
+from oncebox.errors import StoreReplaced
 from oncebox.store import open_store
 from oncebox.store.base import Store
 from support.contract import job
@@ -62,3 +65,20 @@ def test_closing_a_store_keeps_what_it_committed(store: Store):
         assert found is not None and (found.key, found.state) == ("k/1", "ready")
     finally:
         again.close()
+
+
+def test_check_identity_holds_while_the_database_is_the_one_opened(store: Store, tmp_path: Path):
+    store.check_identity()  # nothing moved: no error, on either store
+    if store.dialect == "postgres":
+        return  # a server's database is reached by name: it cannot be swapped under the store
+    path = Path(store.url.removeprefix("sqlite:///"))
+    replacement = tmp_path / "restored.db"
+    open_store(f"sqlite:///{replacement}").close()
+    replacement.replace(path)
+    with pytest.raises(StoreReplaced, match=f"{path} was replaced"):
+        store.check_identity()
+    reopened = open_store(store.url)  # the new file opens normally
+    try:
+        assert reopened.schema_status().applied
+    finally:
+        reopened.close()
