@@ -1,6 +1,6 @@
-"""The machinery behind the docs' command samples: running a command as a user types it,
-rendering what it printed, finding the marked blocks in the Markdown, and masking what no two
-runs share.
+"""The machinery behind the docs' command samples: running a command as a user types it, in a
+`Story` (one shell session), rendering what it printed, finding the marked blocks in the
+Markdown, and masking what no two runs share.
 
 A sample block is the fenced block right after a marker line:
 
@@ -30,6 +30,8 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ MARKER = re.compile(
     re.M | re.S,
 )
 COMMAND_TIMEOUT = 120
+READERS = 4  # read-only commands run this many at a time
 
 
 def oncebox_command() -> list[str]:
@@ -252,3 +255,88 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 def resume(process: subprocess.Popen[str]) -> None:
     process.send_signal(signal.SIGCONT)
+
+
+# -- the story's session -------------------------------------------------------------------------
+
+
+class StoryError(AssertionError):
+    """The story did not go as written: a command exited otherwise than the docs say."""
+
+
+@dataclass
+class Story:
+    """One shell session in `cwd`: `export`ed variables, then commands. Each command's sample is
+    kept under its name; the docs show some, and tell in prose what the others did (they set the
+    scene)."""
+
+    cwd: Path
+    exported: dict[str, str]
+    samples: dict[str, str] = field(default_factory=dict)
+    runs: dict[str, Run] = field(default_factory=dict)
+    _batch: list[tuple[str, Run, Shorten | None]] | None = None
+
+    def env(self, shown: Mapping[str, str]) -> dict[str, str]:
+        """As the shell passes them: `ONCEBOX_APP= oncebox …` sets it empty, which the commands
+        read as unset."""
+        return {**base_environment(), **self.exported, **shown}
+
+    def cmd(
+        self,
+        name: str,
+        line: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        comment: str = "",
+        code: int = 0,
+        shorten: Shorten | None = None,
+    ) -> None:
+        """Run `oncebox LINE` (shell words) with `env` on top of the exported variables, shown
+        as `ENV=… ` before it; `code` is the exit code the story expects."""
+        run = Run(shlex.split(line), dict(env or {}), comment, code)
+        if self._batch is not None:
+            self._batch.append((name, run, shorten))
+            return
+        self.record(name, run, shorten, *finish(self.start(run)))
+
+    def start(self, run: Run) -> subprocess.Popen[str]:
+        return run_command(run.args, cwd=self.cwd, env=self.env(run.shown_env))
+
+    def record(
+        self, name: str, run: Run, shorten: Shorten | None, returncode: int, output: str
+    ) -> None:
+        if returncode != run.returncode:
+            raise StoryError(
+                f"{name}: `{run.prompt()}` exited {returncode}, the story expects "
+                f"{run.returncode}:\n{output}"
+            )
+        run.output = output
+        if name in self.runs:
+            raise StoryError(f"two samples are named {name!r}")
+        self.runs[name] = run
+        self.samples[name] = render(run, shorten)
+
+    @contextmanager
+    def reads(self) -> Iterator[None]:
+        """Commands that write nothing, run side by side: their output does not depend on one
+        another, and the story is as slow as its slowest command, not their sum."""
+        self._batch = []
+        try:
+            yield
+            batch, self._batch = self._batch, None
+            with ThreadPoolExecutor(READERS) as pool:
+                futures = [
+                    pool.submit(lambda run: finish(self.start(run)), run) for _, run, _ in batch
+                ]
+                for (name, run, shorten), future in zip(batch, futures, strict=True):
+                    self.record(name, run, shorten, *future.result())
+        finally:
+            self._batch = None
+
+    def view(self, name: str, of: str, *, keep: slice) -> None:
+        """A sample that shows only some lines of another's output (a runbook excerpt)."""
+        self.samples[name] = "\n".join(render(self.runs[of], prompt=False).split("\n")[keep])
+
+    def with_exit_code(self, name: str) -> None:
+        """Add `$ echo $?` and the code to a sample, for a command whose exit code is the point."""
+        self.samples[name] += f"\n$ echo $?\n{self.runs[name].returncode}"

@@ -23,10 +23,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `support.*` importable as in the tests
@@ -38,207 +37,24 @@ from support.doc_samples import (
     STORY_PREFIX,
     Run,
     Shorten,
+    Story,
+    StoryError,
     base_environment,
     blocks,
     expected,
     finish,
     mask,
-    render,
     resume,
     rewrite,
     run_command,
     stop,
 )
+from support.doc_story_apps import HOLD_CLOCK, MODULES
 
 PERIOD = "2026-W49"  # a past week: the demo simulates it on a clock behind the real one
 DEMO_DB = "sqlite:///oncebox-demo.db"
 SESSION = {"ONCEBOX_DB": DEMO_DB, "ONCEBOX_APP": "freightapp", "USER": "ops-alice"}
 DOCUMENTS = ("cli.md", "runbook.md")
-READERS = 4  # read-only commands run this many at a time
-
-FREIGHTAPP = "from oncebox.examples.logistics.app import build_box\n\nbox = build_box()\n"
-
-# Another module on the same database: its digest task mints other keys, it declares a schedule
-# named like the task, and it lacks the freight app's schedule.
-INVOICING = """\
-from oncebox import Box
-from oncebox.periods import iso_week
-
-box = Box()
-box.channel("email")
-
-
-@box.task(key="invoice/{customer_id}/{period}")
-def weekly_digest(ctx, customer_id: int, period: str) -> None:
-    ctx.outbox.email(to=f"billing{customer_id}@customer.example", subject=period, text="invoice")
-
-
-@box.schedule("weekly_digest", cron="0 6 * * MON", tz="UTC", period=iso_week, task=weekly_digest)
-def invoiced_customers(ctx):
-    return []
-"""
-
-# The freight app after a rename of its task: jobs of the old name wait with nobody to run them.
-RENAMED = """\
-from oncebox import Box
-from oncebox.periods import iso_week
-
-box = Box()
-box.channel("email")
-
-
-@box.task(key="weekly-digest/customer-{customer_id}/{period}")
-def send_weekly_digest(ctx, customer_id: int, period: str) -> None:
-    ctx.outbox.email(to=f"ops{customer_id}@customer.example", subject=period, text="digest")
-
-
-@box.schedule("weekly-digest", cron="0 9 * * MON", tz="UTC", period=iso_week,
-              task=send_weekly_digest)
-def active_customers(ctx):
-    return []
-"""
-
-# A careless refactor: the digest key lost its `customer-` prefix, the schedule moved to Berlin.
-FREIGHTAPP_V2 = """\
-from oncebox import Box
-from oncebox.periods import iso_week
-
-box = Box()
-box.channel("email")
-
-
-@box.task(key="weekly-digest/{customer_id}/{period}")
-def weekly_digest(ctx, customer_id: int, period: str) -> None:
-    ctx.outbox.email(to=f"ops{customer_id}@customer.example", subject=period, text="digest")
-
-
-@box.schedule("weekly-digest", cron="0 9 * * MON", tz="Europe/Berlin", period=iso_week,
-              task=weekly_digest)
-def active_customers(ctx):
-    return []
-"""
-
-# An app whose Box names its own database, so a different --db is a mistake.
-PINNED = 'from oncebox import Box\n\nbox = Box("sqlite:///fresh2.db")\n'
-
-# A shop with one task and no schedule (a scheduler's first tick could fan out a week).
-SHOP = """\
-from oncebox import Box
-
-box = Box()
-box.channel("email")
-
-
-@box.task(key="weekly-digest/customer-{customer_id}/{period}")
-def weekly_digest(ctx, customer_id: int, period: str) -> None:
-    ctx.outbox.email(to=f"ops@customer-{customer_id}.example", subject=period, text="...")
-"""
-
-# A process that freezes the database's clock and is then killed: its setting outlives it.
-HOLD_CLOCK = """\
-import sys
-from datetime import UTC, datetime, timedelta
-from oncebox.clock import ClockLease
-from oncebox.store import open_store
-
-ClockLease(open_store(sys.argv[1]), timedelta(minutes=10)).set(
-    frozen_at=datetime(2026, 11, 30, 9, 1, tzinfo=UTC))
-print("held", flush=True)
-sys.stdin.read()
-"""
-
-
-MODULES = {
-    "freightapp.py": FREIGHTAPP,
-    "invoicing.py": INVOICING,
-    "freightapp_renamed.py": RENAMED,
-    "freightapp_v2.py": FREIGHTAPP_V2,
-    "pinned.py": PINNED,
-    "shop.py": SHOP,
-}
-
-
-class StoryError(AssertionError):
-    """The story did not go as written: a command exited otherwise than the docs say."""
-
-
-@dataclass
-class Story:
-    """One shell session in `cwd`: `export`ed variables, then commands. Each command's sample is
-    kept under its name; the docs show some, and tell in prose what the others did (they set the
-    scene)."""
-
-    cwd: Path
-    exported: dict[str, str]
-    samples: dict[str, str] = field(default_factory=dict)
-    runs: dict[str, Run] = field(default_factory=dict)
-    _batch: list[tuple[str, Run, Shorten | None]] | None = None
-
-    def env(self, shown: Mapping[str, str]) -> dict[str, str]:
-        """As the shell passes them: `ONCEBOX_APP= oncebox …` sets it empty, which the commands
-        read as unset."""
-        return {**base_environment(), **self.exported, **shown}
-
-    def cmd(
-        self,
-        name: str,
-        line: str,
-        *,
-        env: Mapping[str, str] | None = None,
-        comment: str = "",
-        code: int = 0,
-        shorten: Shorten | None = None,
-    ) -> None:
-        """Run `oncebox LINE` (shell words) with `env` on top of the exported variables, shown
-        as `ENV=… ` before it; `code` is the exit code the story expects."""
-        run = Run(shlex.split(line), dict(env or {}), comment, code)
-        if self._batch is not None:
-            self._batch.append((name, run, shorten))
-            return
-        self.record(name, run, shorten, *finish(self.start(run)))
-
-    def start(self, run: Run) -> subprocess.Popen[str]:
-        return run_command(run.args, cwd=self.cwd, env=self.env(run.shown_env))
-
-    def record(
-        self, name: str, run: Run, shorten: Shorten | None, returncode: int, output: str
-    ) -> None:
-        if returncode != run.returncode:
-            raise StoryError(
-                f"{name}: `{run.prompt()}` exited {returncode}, the story expects "
-                f"{run.returncode}:\n{output}"
-            )
-        run.output = output
-        if name in self.runs:
-            raise StoryError(f"two samples are named {name!r}")
-        self.runs[name] = run
-        self.samples[name] = render(run, shorten)
-
-    @contextmanager
-    def reads(self) -> Iterator[None]:
-        """Commands that write nothing, run side by side: their output does not depend on one
-        another, and the story is as slow as its slowest command, not their sum."""
-        self._batch = []
-        try:
-            yield
-            batch, self._batch = self._batch, None
-            with ThreadPoolExecutor(READERS) as pool:
-                futures = [
-                    pool.submit(lambda run: finish(self.start(run)), run) for _, run, _ in batch
-                ]
-                for (name, run, shorten), future in zip(batch, futures, strict=True):
-                    self.record(name, run, shorten, *future.result())
-        finally:
-            self._batch = None
-
-    def view(self, name: str, of: str, *, keep: slice) -> None:
-        """A sample that shows only some lines of another's output (a runbook excerpt)."""
-        self.samples[name] = "\n".join(render(self.runs[of], prompt=False).split("\n")[keep])
-
-    def with_exit_code(self, name: str) -> None:
-        """Add `$ echo $?` and the code to a sample, for a command whose exit code is the point."""
-        self.samples[name] += f"\n$ echo $?\n{self.runs[name].returncode}"
-
 
 # -- the main session ----------------------------------------------------------------------------
 
