@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench peers-env compare clean schema-snapshot
+.PHONY: demo test lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,8 @@ clean:
 
 schema-snapshot: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python tests/support/schema_dump.py --write
+
+# The command samples in docs/cli.md and docs/runbook.md, rewritten from a real run of the operator
+# story in tests/support/doc_story.py; tests/test_doc_samples.py checks they still match.
+doc-samples: $(STAMP)
+	$(BIN)/python tests/support/doc_story.py
