@@ -599,7 +599,7 @@ class Consumer:
                 failed.task,
                 failed.attempt,
                 "dead" if failed.final else "to be retried",
-                failed.error[:500],
+                (failed.error.splitlines() or [""])[0][:300],  # all of it: jobs show KEY
             )
         self.metrics.count("jobs_completed", outcome.completed)
         self.metrics.count("claim_conflicts", outcome.duplicates)
