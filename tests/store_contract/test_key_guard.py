@@ -323,3 +323,13 @@ def test_redeclaring_a_task_with_another_template_or_a_schedule_twice_is_refused
         scheduled.schedule(
             "weekly-digest", cron="0 9 * * *", tz="UTC", period=day, task="weekly_digest"
         )(lambda ctx: [])
+
+
+def test_a_worker_until_idle_stops_and_names_a_drifted_tasks_waiting_jobs(store_url, made):
+    old = made(digest_box, store_url, "digest/customer-{customer_id}/{period}")
+    old.enqueue("digest", customer_id=1, period="2026-W33")
+    new = made(digest_box, store_url, "digest/c-{customer_id}/{period}")
+    result = new.work(until_idle=True)  # before: it waited for ever for jobs it refuses
+    assert not result.settled and result.unserved == ["digest"]
+    assert [(r.name, r.waiting) for r in result.remaining] == [("digest", 1)]
+    assert str(result).endswith("1 job(s) of task digest (no live worker serves this task)")

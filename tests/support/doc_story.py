@@ -262,6 +262,7 @@ def key_drift(story: Story) -> None:
         story.cmd("keys-check-v2", "keys check", env=v2, code=1)
         v2_enqueue = "enqueue weekly_digest customer_id=3 period=2026-W51"
         story.cmd("enqueue-v2", v2_enqueue, env=v2, code=1)
+    story.cmd("worker-v2", "worker --until-idle", env=v2, code=3)
     story.cmd(
         "keys-accept-task",
         "keys accept task:weekly_digest --reason 'key scheme v2 (RFC-12)'",

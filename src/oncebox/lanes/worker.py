@@ -149,6 +149,8 @@ class WorkerResult:
         for row in self.remaining:
             what = "job(s) of task" if row.kind == "job" else "message(s) on channel"
             text += f"\n  still waiting: {row.waiting + row.held} {what} {row.name}"
+            if row.kind == "job" and row.name in self.unserved:
+                text += " (no live worker serves this task)"
         return text
 
 
@@ -431,9 +433,9 @@ class Worker:
         store = self.runtime.store
         try:
             remaining, now = store.backlog_list(), store.clock_now()
+            serves = self._beat()
         except StoreUnavailable:
             return False
-        serves = self._beat()
         ours = [
             row.next_at()
             for row in remaining
@@ -491,13 +493,15 @@ class Worker:
         return -min(wait, MISSED_DUE_WAIT * 2.0 ** min(misses, 16))
 
     def _beat(self) -> WorkerBeat:
-        """What this worker serves: the tasks its consumers lease, the channels it delivers."""
+        """What this worker serves: the tasks its consumers lease, the channels it delivers. A
+        task whose keys drifted is not served — its consumers refuse it until `oncebox keys
+        accept` — so its jobs are named as unserved, not waited for (`_done`)."""
         queues = self.config.queues
-        tasks = [
+        tasks = self.runtime.key_guard.allowed(
             task.name
             for task in self.runtime.registry.all()
             if self.config.consume and (queues is None or task.queue in queues)
-        ]
+        )
         return WorkerBeat(
             name=self.name,
             host=socket.gethostname(),
