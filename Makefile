@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples
+.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/oncebox demo
 
-test: $(STAMP) lint typecheck pytest
+test: $(STAMP) system-packages lint typecheck pytest
+
+# Debian packages some tests need (promtool and prometheus, for the alerting rules and a real
+# scrape); installed when missing, as root.
+system-packages:
+	@.ci/system-packages prometheus:promtool
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from oncebox import Box, JobContext
+from oncebox.cli.inspect_cmds import status_data
 from oncebox.examples.logistics import demo, seed
 from oncebox.examples.logistics.app import connect
 from oncebox.fakes.smtp_sink import SmtpSink
@@ -209,3 +210,31 @@ def test_the_demo_through_real_smtp_lists_the_killed_send_as_ambiguous(tmp_path,
     url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
     [(state,)] = rows(url, f"SELECT state FROM oncebox_outbox WHERE key = '{report.ambiguous[0]}'")
     assert state == "ambiguous"
+
+
+def test_status_counts_what_the_demo_absorbed_and_what_the_rows_hold(tmp_path, monkeypatch):
+    report = run_demo(tmp_path, monkeypatch)
+    url = f"sqlite:///{tmp_path / demo.DEFAULT_DB}"
+    box = Box(url)
+    try:
+        data = status_data(box, 3)  # the figures `oncebox status` prints
+    finally:
+        box.close()
+    counters = data["counters"]
+    assert (data["enqueue_duplicates"], data["claim_conflicts"]) == (
+        report.enqueue_dedupes,
+        report.claim_conflicts,
+    )
+    assert report.enqueue_dedupes > 0 and report.claim_conflicts == 20
+    [(jobs,)] = rows(url, "SELECT count(*) FROM oncebox_jobs")
+    [(done,)] = rows(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'done'")
+    [(dead,)] = rows(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'dead'")
+    assert counters["jobs_enqueued"] == jobs
+    assert counters["jobs_dead"] == dead == len(report.dead_jobs)
+    assert counters["jobs_completed"] >= done  # a broker's deliveries complete without a row
+    attempts = dict(
+        rows(url, "SELECT outcome, count(*) FROM oncebox_delivery_attempts GROUP BY outcome")
+    )
+    for outcome, count in attempts.items():
+        name = "sends_retried" if outcome == "failed" else f"sends_{outcome}"
+        assert counters[name] == count, outcome

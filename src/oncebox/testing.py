@@ -29,6 +29,7 @@ from typing import Any
 from oncebox import clock
 from oncebox.box import Box
 from oncebox.clock import EPOCH, ClockLease
+from oncebox.counters import settlement_counts
 from oncebox.errors import DrainFailed
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
@@ -271,6 +272,9 @@ class RedeliveringTransport:
         return deliveries
 
     def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
+        """A broker's deliveries have no job rows to settle: they are counted here, in the
+        consumer's transaction, as the table queue's settlement counts its own."""
+        tx.counter_add(settlement_counts((s.state, s.outcome) for s in settlements))
         return {s.delivery.message_id for s in settlements}
 
     def after_commit(self, settlements: Sequence[Settlement]) -> None:

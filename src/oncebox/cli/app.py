@@ -16,6 +16,7 @@ from oncebox.cli.demo_cmd import demo
 from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
 from oncebox.cli.keys_cmds import keys
+from oncebox.cli.metrics_cmd import metrics
 from oncebox.cli.outbox_cmds import outbox
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
@@ -79,5 +80,6 @@ for command in (
     audit,
     keys,
     clock,
+    metrics,
 ):
     main.add_command(command)

@@ -26,6 +26,7 @@ from oncebox.cli.common import (
     reported,
     say,
 )
+from oncebox.counters import complete
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.lanes.worker import LIVE_WITHIN
@@ -50,6 +51,7 @@ def status_data(box: Box, periods: int) -> dict[str, Any]:
     store = box.store
     times = store.status_times()
     jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
+    counters = complete(store.counter_list())
     schema = store.schema_status()
     now = times.now
     backlog, workers = store.backlog_list(), store.worker_list(LIVE_WITHIN)
@@ -79,7 +81,9 @@ def status_data(box: Box, periods: int) -> dict[str, Any]:
         "now": shapes.instant(now),
         "clock": shapes.clock_shape(store.clock_get(), now),
         "jobs": {state: jobs[state] for state in JOB_STATES},
-        "claim_conflicts": jobs["done:duplicate"],
+        "claim_conflicts": counters["claim_conflicts"],
+        "enqueue_duplicates": counters["enqueue_duplicates"],
+        "counters": counters,
         "oldest_due_ready_age_s": seconds_since(times.oldest_due_ready),
         "next_ready_at": shapes.instant(times.next_ready),
         "outbox": {state: outbox[state] for state in OUTBOX_STATES},
@@ -134,8 +138,8 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
         )
     )
     say(
-        f"claims     {data['claim_conflicts']} job(s) completed as duplicates (their key was "
-        "already claimed)"
+        f"absorbed   {data['enqueue_duplicates']} duplicate enqueue(s) held off by their key, "
+        f"{data['claim_conflicts']} duplicate job(s) at the claim (since the database was created)"
     )
     say(
         "outbox     "

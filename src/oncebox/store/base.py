@@ -13,7 +13,7 @@ transaction, in which the handler runs on the same connection as the claim.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -711,7 +711,12 @@ class ConsumerTx(Protocol):
         ...
 
     def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
-        """Settle jobs leased under `token`, fenced; return the ids settled."""
+        """Settle jobs leased under `token`, fenced; return the ids settled (and counted)."""
+        ...
+
+    def counter_add(self, deltas: Mapping[str, int]) -> None:
+        """Add to durable counters in this transaction: for a transport whose settlements
+        write no job rows (`oncebox.counters.settlement_counts`)."""
         ...
 
 
@@ -785,6 +790,15 @@ class Store(Protocol):
     def job_find_by_key(self, key: str) -> list[JobRow]: ...
     def job_attempt_list(self, job_id: int) -> list[AttemptRow]: ...
     def job_count_by_state(self) -> StateCounts: ...
+    def counter_add(self, deltas: Mapping[str, int]) -> None:
+        """Add to durable counters (`oncebox.counters`) in a transaction of their own; the
+        statements that settle jobs and messages count in theirs."""
+        ...
+
+    def counter_list(self) -> dict[str, int]:
+        """Every durable counter, summed over its shards (absent: never counted)."""
+        ...
+
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime: ...
     def job_prune(self, older_than: timedelta, limit: int) -> int: ...
 

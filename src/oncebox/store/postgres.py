@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
@@ -665,6 +665,11 @@ class PostgresConsumerTx:
         cells = ((f.id, f.state, f.outcome, f.delay.total_seconds(), f.error) for f in finishes)
         params = {"token": token, "finishes": _json_rows(cells)}
         return {row[0] for row in self._conn.execute(self._q["job_finish"], params)}
+
+    def counter_add(self, deltas: Mapping[str, int]) -> None:
+        if any(deltas.values()):
+            params = {"deltas": json.dumps(dict(sorted(deltas.items())))}
+            self._conn.execute(self._q["counter_add"], params)
 
 
 class PostgresConsumerSession:

@@ -99,6 +99,12 @@ class ReadOperations:
         return self._records(AttemptRow, "job_attempt_list", {"id": job_id})
 
     @operation
+    def counter_list(self) -> dict[str, int]:
+        result = self._fetch("counter_list", {})
+        name, value = result.columns()["name"], result.columns()["value"]
+        return {row[name]: int(row[value]) for row in result.rows}
+
+    @operation
     def job_count_by_state(self) -> StateCounts:
         result = self._fetch("job_count_by_state", {})
         column = result.columns()

@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from operator import itemgetter
@@ -274,6 +274,20 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
 
+    def _insert_job(self, params: dict[str, Any], connection: object | None) -> Result:
+        """`job_insert` and its count, in one transaction: the caller's, or one of its own."""
+        if connection is not None:
+            inserted = self._fetch("job_insert", params, connection)
+            self._fetch("job_insert__count", {"created": int(bool(inserted.rows))}, connection)
+            return inserted
+        with self._transaction() as tx:
+            inserted = tx.fetch("job_insert", params)
+            tx.fetch("job_insert__count", {"created": int(bool(inserted.rows))})
+        return inserted
+
+    def _count_inserted(self, tx: SqliteTx, offered: int, created: int) -> None:
+        tx.fetch("job_insert_many__count", {"offered": offered, "created": created})
+
     @contextmanager
     def _transaction(self) -> Iterator[SqliteTx]:
         with self._write() as conn:
@@ -363,6 +377,9 @@ class SqliteStore(WriteOperations["SqliteTx"]):
                     "job_rescue_expired__record",
                     {"rows": json.dumps([record(r) for r in rescued.rows])},
                 )
+                state = rescued.columns()["state"]
+                dead = sum(1 for row in rescued.rows if row[state] == "dead")
+                tx.fetch("job_rescue_expired__count", {"dead": dead, "rescued": len(rescued.rows)})
         return rescued.records(RescuedJob, _dt)
 
     def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
@@ -465,7 +482,12 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             conn.execute(
                 self._q["outbox_finish__record"], {"rows": json.dumps(records), "now": now}
             )
-        return {row[id_] for row in settled.rows}
+        ids = [row[id_] for row in settled.rows]
+        if ids:
+            conn.execute(
+                self._q["outbox_finish__count"], {"rows": payload, "settled": json.dumps(ids)}
+            )
+        return set(ids)
 
     # -- rate limits ---------------------------------------------------------------------------
 
@@ -678,7 +700,17 @@ class SqliteConsumerTx:
             self._conn.execute(
                 self._q["job_finish__record"], {"rows": json.dumps(records), "now": now}
             )
-        return {row[id_] for row in settled.rows}
+        ids = [row[id_] for row in settled.rows]
+        if ids:
+            self._conn.execute(
+                self._q["job_finish__count"], {"rows": payload, "settled": json.dumps(ids)}
+            )
+        return set(ids)
+
+    def counter_add(self, deltas: Mapping[str, int]) -> None:
+        if any(deltas.values()):
+            params = {"deltas": json.dumps(dict(sorted(deltas.items())))}
+            self._conn.execute(self._q["counter_add"], params)
 
 
 class SqliteConsumerSession:

@@ -23,7 +23,7 @@ A store supplies, besides the read hooks of `store/reads.py`:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -153,8 +153,20 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             **self._span("delay", job.delay),
             **self._span("max_age", job.max_age),
         }
-        inserted = self._apply("job_insert", params, connection)
+        inserted = self._insert_job(params, connection)
         return (int(inserted.first("id")), True) if inserted.rows else (0, False)
+
+    def _insert_job(self, params: dict[str, Any], connection: object | None) -> Result:
+        """`job_insert`, which counts what it did itself (PostgreSQL)."""
+        return self._apply("job_insert", params, connection)
+
+    def _count_inserted(self, tx: Tx, offered: int, created: int) -> None:
+        """After `job_insert_many`: nothing on PostgreSQL, whose statement counts itself."""
+
+    @operation
+    def counter_add(self, deltas: Mapping[str, int]) -> None:
+        if any(deltas.values()):
+            self._apply("counter_add", {"deltas": json.dumps(dict(sorted(deltas.items())))})
 
     @operation
     def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
@@ -184,6 +196,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             for inserted in tx.fetch_each("job_insert_many", chunks(batches)):
                 id_, key = inserted.columns()["id"], inserted.columns()["key"]
                 created += [(int(row[id_]), row[key]) for row in inserted.rows]
+            self._count_inserted(tx, offered, len(created))
             held = True
             if run is not None:
                 extend = self._run_extend(

@@ -11,41 +11,66 @@ LISTEN oncebox_jobs;
 
 -- name: job_insert
 -- One job, unless its key already has an intent or a job that is not cancelled; then nothing
--- is written and no row is returned.
-WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
-INSERT INTO __S__.oncebox_jobs
-    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
-SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
-       %(max_attempts)s,
-       COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
-       clock.now + make_interval(secs => %(max_age_s)s),
-       clock.now
-FROM clock
-WHERE %(key)s::text IS NULL
-   OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
-ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
-RETURNING id, state;
+-- is written and no row is returned. Either way it is counted (counters.sql).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+inserted AS (
+    INSERT INTO __S__.oncebox_jobs
+        (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
+         created_at)
+    SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
+           %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
+           clock.now + make_interval(secs => %(max_age_s)s),
+           clock.now
+    FROM clock
+    WHERE %(key)s::text IS NULL
+       OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
+    ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
+    RETURNING id, state
+),
+counted AS (
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN 'jobs_enqueued'
+                ELSE 'enqueue_duplicates' END,
+           mod(pg_backend_pid(), 256), 1
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
+)
+SELECT id, state FROM inserted;
 
 -- name: job_insert_many
 -- Many jobs of one task in one statement; rows whose key is claimed or active are skipped.
--- %(rows)s is a JSON array of [key, args, group key].
+-- %(rows)s is a JSON array of [key, args, group key]. Created and skipped rows are counted.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 rows AS (
     SELECT r ->> 0 AS key, r -> 1 AS args, r ->> 2 AS group_key
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+),
+inserted AS (
+    INSERT INTO __S__.oncebox_jobs
+        (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
+         created_at, schedule, period)
+    SELECT r.key, %(task)s, %(queue)s, r.args, %(priority)s, r.group_key, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
+           clock.now + make_interval(secs => %(max_age_s)s),
+           clock.now, %(schedule)s, %(period)s
+    FROM rows r, clock
+    WHERE r.key IS NULL
+       OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
+    ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
+    RETURNING id, key
+),
+counted AS (
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT n.name, mod(pg_backend_pid(), 256), n.value
+    FROM (SELECT 'enqueue_duplicates' AS name,
+                 (SELECT count(*) FROM rows) - (SELECT count(*) FROM inserted) AS value
+          UNION ALL
+          SELECT 'jobs_enqueued', (SELECT count(*) FROM inserted)) AS n
+    WHERE n.value > 0
+    ORDER BY n.name
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 )
-INSERT INTO __S__.oncebox_jobs
-    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
-     schedule, period)
-SELECT r.key, %(task)s, %(queue)s, r.args, %(priority)s, r.group_key, %(max_attempts)s,
-       COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
-       clock.now + make_interval(secs => %(max_age_s)s),
-       clock.now, %(schedule)s, %(period)s
-FROM rows r, clock
-WHERE r.key IS NULL
-   OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
-ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
-RETURNING id, key;
+SELECT id, key FROM inserted;
 
 -- name: job_enqueue_conflict
 -- Why an insert wrote nothing: the job holding the key, and/or the key's intent.
@@ -166,6 +191,17 @@ recorded AS (
         (job_id, attempt, worker, started_at, finished_at, outcome, error)
     SELECT id, attempt, leased_by, leased_at, now, 'lease_expired', last_error FROM rescued
     ON CONFLICT (job_id, attempt) DO NOTHING
+),
+counted AS (  -- counters.sql
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT n.name, mod(pg_backend_pid(), 256), n.value
+    FROM (SELECT 'jobs_dead' AS name, count(*) FILTER (WHERE state = 'dead') AS value
+          FROM rescued
+          UNION ALL
+          SELECT 'leases_expired', count(*) FROM rescued) AS n
+    WHERE n.value > 0
+    ORDER BY n.name
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 )
 SELECT id, key, task, state, attempt, leased_by AS worker FROM rescued;
 
@@ -194,7 +230,7 @@ settled AS (
     -- planner read the leased index, whose dead entries grow with every lease until a vacuum,
     -- instead of looking each id up by primary key
     WHERE j.id = i.id AND j.lease_token = %(token)s
-    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.error, clock.now
+    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.outcome, i.error, clock.now
 ),
 recorded AS (
     INSERT INTO __S__.oncebox_job_attempts
@@ -203,6 +239,18 @@ recorded AS (
            CASE WHEN state = 'dead' THEN 'dead' ELSE 'failed' END, error
     FROM settled WHERE state <> 'done'
     ON CONFLICT (job_id, attempt) DO NOTHING
+),
+counted AS (  -- what settled, by what it became (counters.sql)
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT CASE WHEN state = 'done' AND outcome = 'duplicate' THEN 'claim_conflicts'
+                WHEN state = 'done' THEN 'jobs_completed'
+                WHEN state = 'ready' THEN 'jobs_retried'
+                ELSE 'jobs_dead' END AS name,
+           mod(pg_backend_pid(), 256), count(*)
+    FROM settled
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 )
 SELECT id FROM settled;
 

@@ -106,7 +106,7 @@ settled AS (
     FROM input i, clock
     -- the token implies a leased or sending row (a CHECK constraint); see job_finish
     WHERE o.id = i.id AND o.lease_token = %(token)s
-    RETURNING o.id, o.attempt, o.leased_by, o.leased_at, i.outcome, i.error, i.receipt,
+    RETURNING o.id, o.attempt, o.leased_by, o.leased_at, i.outcome, i.error, i.receipt, i.dup,
               clock.now
 ),
 recorded AS (
@@ -114,6 +114,18 @@ recorded AS (
         (outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt)
     SELECT id, attempt, leased_by, leased_at, now, outcome, error, receipt
     FROM settled WHERE outcome IS NOT NULL
+),
+counted AS (  -- each attempt by its outcome, and the possible duplicates (counters.sql)
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT n.name, mod(pg_backend_pid(), 256), n.value
+    FROM (SELECT 'sends_' || CASE outcome WHEN 'failed' THEN 'retried' ELSE outcome END AS name,
+                 count(*) AS value
+          FROM settled WHERE outcome IS NOT NULL GROUP BY 1
+          UNION ALL
+          SELECT 'sends_possible_duplicate', count(*) FILTER (WHERE dup) FROM settled) AS n
+    WHERE n.value > 0
+    ORDER BY n.name
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 )
 SELECT id FROM settled;
 

@@ -28,6 +28,13 @@ TABLE oncebox_clock
   CONSTRAINT CHECK (singleton)
   CONSTRAINT PRIMARY KEY (singleton)
 
+TABLE oncebox_counters
+  name text NOT NULL
+  shard integer NOT NULL
+  value bigint NOT NULL DEFAULT 0
+  CONSTRAINT PRIMARY KEY (name, shard)
+  WITH (fillfactor=50)
+
 TABLE oncebox_delivery_attempts
   id bigint NOT NULL
   outbox_id bigint NOT NULL
@@ -197,6 +204,8 @@ CREATE INDEX oncebox_audit_target ON __S__.oncebox_audit USING btree (target_kin
 CREATE UNIQUE INDEX oncebox_channel_pauses_pkey ON __S__.oncebox_channel_pauses USING btree (channel)
 
 CREATE UNIQUE INDEX oncebox_clock_pkey ON __S__.oncebox_clock USING btree (singleton)
+
+CREATE UNIQUE INDEX oncebox_counters_pkey ON __S__.oncebox_counters USING btree (name, shard)
 
 CREATE UNIQUE INDEX oncebox_delivery_attempts_pkey ON __S__.oncebox_delivery_attempts USING btree (id)
 

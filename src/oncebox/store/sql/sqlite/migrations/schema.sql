@@ -20,6 +20,14 @@ CREATE TABLE oncebox_channel_pauses (
     reason TEXT NOT NULL
 ) STRICT;
 
+-- table oncebox_counters
+CREATE TABLE oncebox_counters (
+    name TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    value INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, shard)
+) STRICT, WITHOUT ROWID;
+
 -- table oncebox_delivery_attempts
 CREATE TABLE oncebox_delivery_attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

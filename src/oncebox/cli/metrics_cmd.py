@@ -1,0 +1,80 @@
+"""`oncebox metrics --bind HOST:PORT`: the store-wide figures for Prometheus to scrape.
+
+One exporter per database: every figure is read from the store on each scrape, so one copy is
+the whole truth, and two would only be counted twice by `sum()`.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import click
+
+from oncebox.cli.common import app_option, box_for_admin, db_option, reported, say
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr: a scrape every 15 s is not news."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:9464` for IPv6); port 0 picks a free one, printed at start."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+    return host, int(port)
+
+
+@click.command()
+@click.option(
+    "--bind",
+    "bind",
+    default="127.0.0.1:9464",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Where to serve /metrics (port 0: a free port, printed at start).",
+)
+@app_option
+@db_option
+def metrics(bind: str, app: str | None, db: str | None) -> None:
+    """Serve the store's figures — the counters, depths, ages and periods of `oncebox status`
+    — at /metrics in Prometheus's text format, read from the store on every scrape. Run one per
+    database. SIGTERM or Ctrl-C stops it."""
+    host, port = parse_bind(bind)
+    from prometheus_client import make_wsgi_app  # noqa: PLC0415 (only this command needs it)
+    from prometheus_client.registry import CollectorRegistry  # noqa: PLC0415
+
+    from oncebox.cli.prometheus import StoreCollector  # noqa: PLC0415
+
+    with reported():
+        box = box_for_admin(app, db)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(box))
+        try:
+            server: WSGIServer = make_server(
+                host, port, make_wsgi_app(registry), handler_class=_QuietHandler
+            )
+        except OSError as exc:
+            raise click.BadParameter(f"cannot listen on {bind}: {exc.strerror or exc}") from None
+    shown = f"[{host}]" if ":" in host else host
+    say(f"serving http://{shown}:{server.server_port}/metrics for {box.where}")
+    stop = threading.Event()
+
+    def handle(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handle)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        box.close()

@@ -1,0 +1,117 @@
+"""The figures of `oncebox status`, as Prometheus metrics: one collector that reads the store on
+each scrape (`status_data`, the same function `status` prints from), so a scrape, `status` and
+the console never disagree. Store-wide series come from this one exporter (`oncebox metrics`);
+running it beside every worker would make `sum()` count each figure once per copy.
+
+Names follow Prometheus conventions: counters end in `_total`, ages in `_seconds`; a label
+carries a state, a task, a channel or a schedule's period.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from oncebox.box import Box
+from oncebox.cli.inspect_cmds import status_data
+from oncebox.clock import monotonic
+from oncebox.counters import COUNTERS
+
+PERIODS = 3  # recent periods exported per schedule, as `status` shows by default
+
+
+class StoreCollector(Collector):
+    """Reads the store on every scrape; a scrape that cannot reach it fails (HTTP 500), which
+    Prometheus records as `up == 0` — never as figures that silently stopped moving."""
+
+    def __init__(self, box: Box) -> None:
+        self.box = box
+
+    def collect(self) -> Iterator[Metric]:
+        started = monotonic()
+        data = status_data(self.box, PERIODS)
+        yield from counters(data)
+        yield from gauges(data)
+        yield from periods(data)
+        took = GaugeMetricFamily(
+            "oncebox_scrape_duration_seconds", "Time this scrape spent reading the store."
+        )
+        took.add_metric([], monotonic() - started)
+        yield took
+
+
+def counters(data: dict[str, Any]) -> Iterator[Metric]:
+    for name, value in data["counters"].items():
+        yield CounterMetricFamily(f"oncebox_{name}", COUNTERS.get(name, name), value=value)
+
+
+def gauges(data: dict[str, Any]) -> Iterator[Metric]:
+    jobs = GaugeMetricFamily("oncebox_jobs", "Jobs by state.", labels=["state"])
+    for state, count in data["jobs"].items():
+        jobs.add_metric([state], count)
+    yield jobs
+    outbox = GaugeMetricFamily("oncebox_messages", "Outbox messages by state.", labels=["state"])
+    for state, count in data["outbox"].items():
+        outbox.add_metric([state], count)
+    yield outbox
+    yield _one(
+        "oncebox_oldest_due_job_age_seconds",
+        "How long the oldest due ready job has waited (0: none waits).",
+        data["oldest_due_ready_age_s"] or 0.0,
+    )
+    yield _one(
+        "oncebox_oldest_pending_message_age_seconds",
+        "How long the oldest pending message has waited (0: none).",
+        data["oldest_pending_message_age_s"] or 0.0,
+    )
+    yield _one("oncebox_dead_letters", "Dead jobs and dead messages.", data["dead"])
+    yield _one("oncebox_ambiguous_messages", "Sends held for a person.", data["ambiguous"])
+    yield _one("oncebox_workers_live", "Workers seen recently.", data["workers_live"])
+    unserved = GaugeMetricFamily(
+        "oncebox_unserved_jobs", "Jobs of a task no live worker serves.", labels=["task"]
+    )
+    for entry in data["unserved_tasks"]:
+        unserved.add_metric([entry["task"]], entry["waiting"])
+    yield unserved
+    clock = data["clock"]
+    yield _one(
+        "oncebox_store_clock_simulated",
+        "1 while a frozen or offset test clock is in force on the database, else 0.",
+        0 if clock["mode"] == "real" else 1,
+    )
+
+
+def periods(data: dict[str, Any]) -> Iterator[Metric]:
+    labels = ["schedule", "period"]
+    figures = {
+        name: GaugeMetricFamily(f"oncebox_period_{name}", text, labels=labels)
+        for name, text in [
+            ("eligible", "Subjects the period's fan-out found eligible."),
+            ("enqueued", "Jobs the period's fan-out enqueued."),
+            ("covered", "Subjects whose job is done and every message sent."),
+            ("pending", "Subjects not covered yet, not dead, not ambiguous."),
+            ("dead", "Subjects whose job or message is dead."),
+            ("ambiguous", "Subjects with a send held for a person."),
+        ]
+    }
+    coverage = GaugeMetricFamily(
+        "oncebox_period_coverage", "Covered over eligible (absent before a fan-out).", labels=labels
+    )
+    for schedule in data["schedules"]:
+        for stats in schedule["periods"]:
+            key = [schedule["name"], stats["period"]]
+            for name, family in figures.items():
+                family.add_metric(key, stats[name])
+            if stats["coverage"] is not None:
+                coverage.add_metric(key, stats["coverage"])
+    yield from figures.values()
+    yield coverage
+
+
+def _one(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+

@@ -1,0 +1,51 @@
+"""The durable counters: one definition of each, shared by `oncebox status`, the Prometheus
+exporter and the docs. They are kept in the store (`oncebox_counters`) and added to by the very
+statements that do what they count — the enqueue, the consumer's settlement, the rescue, the
+dispatcher's settlement (see `store/sql/*/counters.sql`) — so they are shared by every worker,
+survive restarts and prunes, and never count what rolled back. `metrics.py` keeps a process's
+own figures (store timings, leases lost) that have no transaction to ride in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+#: name -> what it counts. The order is the order `status` shows them in.
+COUNTERS: dict[str, str] = {
+    "jobs_enqueued": "jobs created by an enqueue or a fan-out",
+    "enqueue_duplicates": "enqueues held off because their key already had a job or an intent",
+    "claim_conflicts": "jobs completed as duplicates: their key was claimed by another job",
+    "jobs_completed": "jobs whose handler committed",
+    "jobs_retried": "failed attempts with another attempt to come",
+    "jobs_dead": "jobs dead-lettered (attempts spent, a permanent error, or a lease rescued last)",
+    "leases_expired": "job leases that ran out and were rescued",
+    "sends_sent": "delivery attempts the provider accepted",
+    "sends_retried": "delivery attempts that failed and will be retried",
+    "sends_throttled": "delivery attempts the provider throttled (429, SMTP 421)",
+    "sends_dead": "delivery attempts refused for good: the message is dead",
+    "sends_ambiguous": "delivery attempts with an unknown outcome, held for a person",
+    "sends_resent": "resends after an unknown outcome (policy retry)",
+    "sends_possible_duplicate": "resends that may have delivered a second copy",
+    "sends_lease_expired": "dispatcher leases that ran out before an outcome was recorded",
+}
+
+
+def complete(counts: Mapping[str, int]) -> dict[str, int]:
+    """Every known counter, 0 where nothing was counted yet, then any others the store holds."""
+    return {**{name: int(counts.get(name, 0)) for name in COUNTERS}, **counts}
+
+
+def settled_as(state: str, outcome: str | None) -> str:
+    """The counter a settled job adds to — as `job_finish` counts it in SQL (jobs.sql)."""
+    if state == "done":
+        return "claim_conflicts" if outcome == "duplicate" else "jobs_completed"
+    return "jobs_retried" if state == "ready" else "jobs_dead"
+
+
+def settlement_counts(settled: Iterable[tuple[str, str | None]]) -> dict[str, int]:
+    """Counts of (state, outcome) settlements, for a transport with no job rows to settle."""
+    counts: dict[str, int] = {}
+    for state, outcome in settled:
+        name = settled_as(state, outcome)
+        counts[name] = counts.get(name, 0) + 1
+    return counts

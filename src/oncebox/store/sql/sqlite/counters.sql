@@ -1,0 +1,76 @@
+-- Durable counters: added to in the transactions that do what they count, summed on read.
+-- SQLite; this folder's conventions are in store/sqlfiles.py. One shard: one writer at a time.
+
+-- name: counter_add
+-- :deltas is a JSON object {name: amount}.
+INSERT INTO oncebox_counters AS c (name, shard, value)
+SELECT d.key, 0, d.value
+FROM json_each(:deltas) AS d
+WHERE d.value <> 0
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: counter_list
+-- Every counter, its shards summed.
+SELECT name, sum(value) AS value
+FROM oncebox_counters
+GROUP BY name
+ORDER BY name;
+
+-- The counting steps of the statements that settle jobs and messages: PostgreSQL counts in the
+-- statements themselves (a data-modifying CTE each), SQLite in a step of the same transaction.
+-- Each mirrors its PostgreSQL CTE, name for name.
+
+-- name: job_insert__count
+-- :created is 1 when job_insert wrote the job, 0 when the key held it off.
+INSERT INTO oncebox_counters AS c (name, shard, value)
+VALUES (CASE WHEN :created THEN 'jobs_enqueued' ELSE 'enqueue_duplicates' END, 0, 1)
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: job_insert_many__count
+INSERT INTO oncebox_counters AS c (name, shard, value)
+SELECT n.name, 0, n.value
+FROM (SELECT 'enqueue_duplicates' AS name, :offered - :created AS value
+      UNION ALL
+      SELECT 'jobs_enqueued', :created) AS n
+WHERE n.value > 0
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: job_finish__count
+-- :rows is job_finish's input, :settled the ids it settled.
+INSERT INTO oncebox_counters AS c (name, shard, value)
+SELECT CASE WHEN i.value ->> 1 = 'done' AND i.value ->> 2 = 'duplicate' THEN 'claim_conflicts'
+            WHEN i.value ->> 1 = 'done' THEN 'jobs_completed'
+            WHEN i.value ->> 1 = 'ready' THEN 'jobs_retried'
+            ELSE 'jobs_dead' END AS name,
+       0, count(*)
+FROM json_each(:rows) AS i
+WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))
+GROUP BY 1
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: job_rescue_expired__count
+INSERT INTO oncebox_counters AS c (name, shard, value)
+SELECT n.name, 0, n.value
+FROM (SELECT 'jobs_dead' AS name, :dead AS value
+      UNION ALL
+      SELECT 'leases_expired', :rescued) AS n
+WHERE n.value > 0
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: outbox_finish__count
+-- :rows is outbox_finish's input, :settled the ids it settled.
+INSERT INTO oncebox_counters AS c (name, shard, value)
+SELECT n.name, 0, n.value
+FROM (SELECT 'sends_' || CASE i.value ->> 2 WHEN 'failed' THEN 'retried'
+                                          ELSE i.value ->> 2 END AS name,
+             count(*) AS value
+      FROM json_each(:rows) AS i
+      WHERE i.value ->> 2 IS NOT NULL
+        AND i.value ->> 0 IN (SELECT value FROM json_each(:settled))
+      GROUP BY 1
+      UNION ALL
+      SELECT 'sends_possible_duplicate', sum(i.value ->> 7)
+      FROM json_each(:rows) AS i
+      WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))) AS n
+WHERE n.value > 0
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;

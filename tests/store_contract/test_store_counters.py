@@ -1,0 +1,119 @@
+"""Durable counters, on every store: what happened, counted in the transaction that did it —
+an enqueue and a duplicate held off by its key, a settled job by what it became, a rescued
+lease, a delivery attempt by its outcome — and nothing for what did not commit (a superseded
+lease settles nothing and counts nothing). Summed over shards on read; they outlive the rows."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from oncebox.store.base import JobFinish, JobInsertMany, OutboxFinish, Store
+from support.contract import (
+    LEASE,
+    advance,
+    finish_outbox,
+    insert,
+    job,
+    lease,
+    new_token,
+    opened_session,
+    outbox_insert,
+    write_outbox,
+)
+
+
+def test_counter_add_adds_and_counter_list_sums(store: Store):
+    assert store.counter_list() == {}
+    store.counter_add({"channel_pauses": 2})
+    store.counter_add({"channel_pauses": 3, "rate_limit_waits": 1, "unused": 0})
+    assert store.counter_list() == {"channel_pauses": 5, "rate_limit_waits": 1}
+
+
+def test_an_enqueue_counts_a_created_job_or_a_duplicate_held_off(store: Store):
+    assert store.job_insert(job("k/1"))[1] is True
+    assert store.job_insert(job("k/1"))[1] is False
+    store.job_insert_many(
+        JobInsertMany(
+            task="t",
+            queue="default",
+            priority=0,
+            max_attempts=3,
+            rows=[("k/1", '{"n": 1}', None), ("k/2", '{"n": 2}', None), (None, "{}", None)],
+        )
+    )
+    assert store.counter_list() == {"jobs_enqueued": 3, "enqueue_duplicates": 2}
+
+
+def test_settling_counts_each_job_by_what_it_became_and_only_once(store: Store):
+    ids = [insert(store, f"k/{n}") for n in range(4)]
+    with opened_session(store) as session:
+        token, leased = lease(session, limit=4)
+        assert sorted(leased) == sorted(ids)
+        finishes = [
+            JobFinish(ids[0], "done", outcome="completed"),
+            JobFinish(ids[1], "done", outcome="duplicate"),
+            JobFinish(ids[2], "ready", delay=timedelta(minutes=1), error="timeout"),
+            JobFinish(ids[3], "dead", error="invalid"),
+        ]
+        with session.transaction() as tx:
+            assert tx.job_finish(token, finishes) == set(ids)
+        with session.transaction() as tx:  # the lease has ended: nothing settles, nothing counts
+            assert tx.job_finish(token, finishes) == set()
+        with session.transaction() as tx:
+            assert tx.job_finish(new_token(), finishes) == set()
+    counts = store.counter_list()
+    assert {name: counts.get(name) for name in ("jobs_completed", "claim_conflicts")} == {
+        "jobs_completed": 1,
+        "claim_conflicts": 1,
+    }
+    assert (counts["jobs_retried"], counts["jobs_dead"]) == (1, 1)
+
+
+def test_a_rolled_back_settlement_counts_nothing(store: Store):
+    job_id = insert(store, "k/1")
+    with opened_session(store) as session:
+        token, _ = lease(session)
+        try:
+            with session.transaction() as tx:
+                tx.job_finish(token, [JobFinish(job_id, "done", outcome="completed")])
+                raise RuntimeError("the handler's batch failed at the end")
+        except RuntimeError:
+            pass
+    assert "jobs_completed" not in store.counter_list()
+
+
+def test_a_rescued_lease_counts_and_its_last_attempt_counts_dead(store: Store):
+    insert(store, "k/1", max_attempts=1)
+    insert(store, "k/2", max_attempts=3)
+    with opened_session(store) as session:
+        lease(session, limit=2)
+    advance(store, LEASE + timedelta(seconds=1))
+    assert len(store.job_rescue_expired(10)) == 2
+    counts = store.counter_list()
+    assert (counts["leases_expired"], counts["jobs_dead"]) == (2, 1)
+
+
+def test_each_delivery_attempt_counts_by_its_outcome(store: Store):
+    sent, retried, dead, held, resent = write_outbox(
+        store, *(outbox_insert(f"m/{n}", channel=f"c{n}") for n in range(5))
+    )
+    finish_outbox(store, sent, OutboxFinish(sent, "sent", "sent", True, receipt="r1"))
+    finish_outbox(
+        store, retried, OutboxFinish(retried, "pending", "failed", True, timedelta(0), "451")
+    )
+    finish_outbox(store, dead, OutboxFinish(dead, "dead", "dead", True, error="550"))
+    finish_outbox(store, held, OutboxFinish(held, "ambiguous", "ambiguous", True, error="?"))
+    finish_outbox(
+        store,
+        resent,
+        OutboxFinish(resent, "pending", "resent", True, error="?", possible_duplicate=True),
+    )
+    counts = store.counter_list()
+    assert {name: value for name, value in counts.items() if name.startswith("sends_")} == {
+        "sends_sent": 1,
+        "sends_retried": 1,
+        "sends_dead": 1,
+        "sends_ambiguous": 1,
+        "sends_resent": 1,
+        "sends_possible_duplicate": 1,
+    }

@@ -1,0 +1,152 @@
+"""The numbers reach Prometheus: `oncebox metrics` serves the figures `oncebox status` prints, a
+real Prometheus server scrapes it and its query API returns what the store holds, and the
+shipped alerting rules pass `promtool check rules` and their own unit tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from oncebox.fakes.smtp_sink import free_port
+from support.binaries import require
+from support.waiting import wait_until
+from test_cli import TESTS, assert_one_line_error, oncebox
+from test_cli_commands import freight  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "src" / "oncebox" / "alerts" / "oncebox.rules.yml"
+
+
+@pytest.fixture
+def worked(freight):  # noqa: F811 (the fixture above)
+    """The freight database after a week's digests: a fan-out, a duplicate enqueue, a dead job."""
+    _url, env, _tmp = freight
+    assert (
+        oncebox("schedule", "run", "weekly-digest", "--period", "2026-W33", env=env).returncode == 0
+    )
+    oncebox("enqueue", "weekly_digest", "customer_id=1", "period=2026-W33", env=env)
+    assert oncebox("worker", "--until-idle", env=env).returncode == 0
+    return freight
+
+
+@pytest.fixture
+def exporter(worked) -> Iterator[tuple[str, dict[str, str]]]:
+    _url, env, _tmp = worked
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oncebox.cli", "metrics", "--bind", "127.0.0.1:0"],
+        env={**os.environ, "PYTHONPATH": str(TESTS), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()  # "serving http://127.0.0.1:PORT/metrics for …"
+        assert first.startswith("serving http://127.0.0.1:"), (first, process.stderr)
+        yield first.split()[1], env
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=30).read().decode()  # noqa: S310 (a local URL)
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def test_the_exporter_serves_the_figures_status_prints(exporter):
+    url, env = exporter
+    served = scrape(url)
+    status = json.loads(oncebox("status", "--json", env=env).stdout)
+    for name, value in status["counters"].items():
+        assert served[f"oncebox_{name}_total"] == value, name
+    assert status["counters"]["enqueue_duplicates"] >= 1
+    assert status["counters"]["jobs_dead"] == 1 == served["oncebox_dead_letters"]
+    for state, count in status["jobs"].items():
+        assert served[f"oncebox_jobs{{state={state}}}"] == count
+    [period] = status["schedules"][0]["periods"]
+    key = f"period={period['period']},schedule=weekly-digest"
+    assert served[f"oncebox_period_eligible{{{key}}}"] == period["eligible"]
+    assert served[f"oncebox_period_coverage{{{key}}}"] == period["coverage"]
+
+
+def test_a_bind_that_is_not_host_port_is_a_usage_error(freight):  # noqa: F811
+    _url, env, _tmp = freight
+    assert_one_line_error(oncebox("metrics", "--bind", "nowhere", env=env), 2, "HOST:PORT")
+
+
+def test_a_real_prometheus_scrapes_the_exporter_and_answers_with_the_stores_values(
+    exporter, tmp_path
+):
+    prometheus = require("prometheus", "prometheus")
+    url, env = exporter
+    target = url.removeprefix("http://").removesuffix("/metrics")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: oncebox\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    server = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        expected = json.loads(oncebox("status", "--json", env=env).stdout)["counters"]
+
+        def query(expr: str) -> list[dict[str, object]]:
+            address = f"http://127.0.0.1:{port}/api/v1/query?query={expr}"
+            try:
+                body = urllib.request.urlopen(address, timeout=10).read()
+            except OSError:
+                return []  # not listening yet
+            result: list[dict[str, object]] = json.loads(body)["data"]["result"]
+            return result
+
+        up = wait_until(lambda: query('up{job="oncebox"}==1'), 60, "Prometheus's first scrape")
+        assert up
+        [sample] = query("oncebox_enqueue_duplicates_total")
+        assert float(sample["value"][1]) == expected["enqueue_duplicates"]  # type: ignore[index]
+        [sample] = query("oncebox_jobs_dead_total")
+        assert float(sample["value"][1]) == expected["jobs_dead"]  # type: ignore[index]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_alerting_rules_pass_promtool_and_their_unit_tests():
+    promtool = require("promtool", "prometheus")
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 7 rules found" in checked.stdout
+    tested = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yml"],
+        cwd=TESTS / "prometheus",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
