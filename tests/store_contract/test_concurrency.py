@@ -58,6 +58,9 @@ def test_eight_threads_and_four_processes_racing_on_the_same_keys_make_one_job_a
         assert sum(r[1] for r in reports) == len(keys)  # exactly one enqueue per key created
         assert sum(r[2] for r in reports) == len(keys)
         assert box.store.job_count_by_state().counts == {"done": 25, "done:completed": 25}
+        counted = box.store.counter_list()  # twelve racers' counts, none lost to another's
+        assert (counted["jobs_enqueued"], counted["enqueue_duplicates"]) == (25, 12 * 25 - 25)
+        assert counted["jobs_completed"] == 25
     finally:
         box.close()
 
@@ -128,5 +131,7 @@ def test_processes_consuming_the_same_messages_at_once_complete_each_once(store_
     try:
         assert len(effects(box)) == 30
         assert box.store.intent_count() == 30
+        counted = box.store.counter_list()  # four processes' settlements, none lost
+        assert (counted["jobs_completed"], counted["claim_conflicts"]) == (30, 90)
     finally:
         box.close()
