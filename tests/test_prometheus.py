@@ -55,7 +55,8 @@ def exporter(worked) -> Iterator[tuple[str, dict[str, str]]]:
         yield first.split()[1], env
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        _out, err = process.communicate(timeout=30)  # closes the pipes too
+        assert process.returncode == 0, err
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -117,3 +117,16 @@ def test_each_delivery_attempt_counts_by_its_outcome(store: Store):
         "sends_resent": 1,
         "sends_possible_duplicate": 1,
     }
+
+
+def test_a_consumer_transaction_counts_with_its_commit_or_not_at_all(store: Store):
+    with opened_session(store) as session:
+        with session.transaction() as tx:
+            tx.counter_add({"claim_conflicts": 2, "jobs_completed": 1})
+        try:
+            with session.transaction() as tx:
+                tx.counter_add({"jobs_completed": 5})
+                raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+    assert store.counter_list() == {"claim_conflicts": 2, "jobs_completed": 1}

@@ -113,5 +113,3 @@ def periods(data: dict[str, Any]) -> Iterator[Metric]:
 
 def _one(name: str, text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, text, value=value)
-
-
