@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -107,3 +109,66 @@ def test_a_worker_whose_database_file_is_replaced_or_deleted_stops_and_says_so(t
     assert worker.returncode == 1, err
     assert f"the SQLite database {path} was {how}" in err
     assert "Traceback" not in err
+
+
+def test_a_worker_on_a_full_disk_backs_off_says_so_and_finishes_once_there_is_room(tmp_path):
+    """A full disk (every write past one byte fails, as RLIMIT_FSIZE makes it for the worker
+    alone) is a store outage: the worker logs it and retries with backoff, then completes the
+    jobs enqueued meanwhile, instead of dying."""
+    path = tmp_path / "freight.db"
+    url = f"sqlite:///{path}"
+    database_with_jobs(path, count=0)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "oncebox.cli", "worker", "--app", "support.cli_app"],
+        env={**os.environ, "ONCEBOX_DB": url, "PYTHONPATH": str(TESTS)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # a pipe: a log file could not grow on this "full disk" either
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN),  # noqa: PLW1509
+    )
+    lines: list[str] = []
+    stream = worker.stderr
+    assert stream is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")))
+    reader.start()
+    try:
+        wait_until(lambda: worker_rows(url), timeout=60, what="the worker's row")
+        soft, hard = resource.prlimit(worker.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(worker.pid, resource.RLIMIT_FSIZE, (1, hard))
+        conn = sqlite3.connect(path, timeout=30)  # an empty log: the worker's next write grows it
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        conn.close()
+        box = Box(url)
+        try:
+
+            @box.task(key="greeting/{name}")
+            def greet(ctx: object, name: str) -> None: ...
+
+            for name in ("a", "b", "c"):
+                box.enqueue(greet, name=name)
+        finally:
+            box.close()
+        wait_until(
+            lambda: any("cannot write the SQLite database" in line for line in lines),
+            timeout=60,
+            what="the worker to say it cannot write",
+        )
+        assert worker.poll() is None  # still running, backing off
+        resource.prlimit(worker.pid, resource.RLIMIT_FSIZE, (soft, hard))
+        wait_until(lambda: done_jobs(url) == 3, timeout=90, what="the three jobs to complete")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        reader.join(30)
+        stream.close()
+    assert worker.returncode == 0
+    text = "".join(lines)
+    assert "(is its disk full, or failing?); retrying in" in text and "Traceback" not in text
+
+
+def done_jobs(url: str) -> int:
+    box = Box(url)
+    try:
+        return box.store.job_count_by_state().counts.get("done", 0)
+    finally:
+        box.close()

@@ -95,7 +95,11 @@ def _translate(exc: sqlite3.Error, where: Path) -> Exception:
             f"the SQLite database {where} stayed locked by another writer past the busy "
             f"timeout ({text}); nothing was written"
         )
-    if "unable to open" in text or "disk I/O" in text or "readonly" in text or "full" in text:
+    if "disk I/O" in text or "full" in text:
+        return StoreUnavailable(
+            f"cannot write the SQLite database {where}: {text} (is its disk full, or failing?)"
+        )
+    if "unable to open" in text or "readonly" in text:
         return StoreUnavailable(f"cannot write the SQLite database {where}: {text}")
     if "no such table: oncebox_" in text:
         return SchemaError(
