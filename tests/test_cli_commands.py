@@ -599,3 +599,28 @@ def test_a_message_that_may_have_been_delivered_is_not_discarded(freight):
     assert_one_line_error(refused, 2, "only dead")
     assert ok_json(run(env, "outbox", "show", row["key"], "--json"))[0]["state"] == "ambiguous"
     assert ok_json(run(env, "audit", "list", "--json")) == []
+
+
+def test_a_duplicate_a_customer_reports_is_audited_and_counted(freight):
+    _url, env, _tmp = freight
+    run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
+    assert run(env, "worker", "--until-idle").returncode == 0
+    key = f"weekly-digest/customer-1/{PERIOD}"
+    reported = ok_json(
+        run(
+            env,
+            "report-duplicate",
+            key,
+            "--reason",
+            "customer forwarded both (ticket 4420)",
+            "--json",
+        )
+    )
+    assert reported["key"] == key
+    [entry] = ok_json(run(env, "audit", "list", "--action", "report-duplicate", "--json"))
+    assert (entry["target_key"], entry["id"]) == (key, reported["audit_id"])
+    status = ok_json(run(env, "status", "--json"))
+    assert status["counters"]["duplicates_reported"] == 1
+    assert run(env, "report-duplicate", key).returncode == 2  # no --reason
+    unknown = run(env, "report-duplicate", f"weekly-digest/customer-2/{PERIOD}", "--reason", "x")
+    assert_one_line_error(unknown, 2, "no job or outbox row")

@@ -27,6 +27,7 @@ COUNTERS: dict[str, str] = {
     "sends_resent": "resends after an unknown outcome (policy retry)",
     "sends_possible_duplicate": "resends that may have delivered a second copy",
     "sends_lease_expired": "dispatcher leases that ran out before an outcome was recorded",
+    "duplicates_reported": "sent messages a recipient reported receiving twice (audited)",
 }
 
 

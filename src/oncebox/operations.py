@@ -294,6 +294,20 @@ class Operations:
         self.metrics.count("deliveries_discarded")
         return done
 
+    def report_duplicate(
+        self, key_or_id: str | int, *, reason: str, actor: str = "api"
+    ) -> ActionOutcome:
+        """Record that a recipient received a sent message twice (a duplicate no automatic
+        figure saw: a resend after a lost acknowledgement, a provider's own retry). Audited and
+        counted beside the automatic possible duplicates; the message is not changed."""
+        reason = reason_text(reason)
+        is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
+        row = self._one_delivery(key_or_id, is_id, "sent", "report")
+        done = self.store.outbox_report_duplicate(OperatorAction(row.id, actor, reason))
+        if done is None:
+            raise InvalidState(f"outbox row {row.id} stopped being sent while it was reported")
+        return ActionOutcome(done.job_id, done.key, done.audit_id, "delivery")
+
     def cancel(
         self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
     ) -> ActionOutcome:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from oncebox.store.base import JobFinish, JobInsertMany, OutboxFinish, Store
+from oncebox.store.base import JobFinish, JobInsertMany, OperatorAction, OutboxFinish, Store
 from support.contract import (
     LEASE,
     advance,
@@ -15,6 +15,7 @@ from support.contract import (
     insert,
     job,
     lease,
+    message,
     new_token,
     opened_session,
     outbox_insert,
@@ -130,3 +131,23 @@ def test_a_consumer_transaction_counts_with_its_commit_or_not_at_all(store: Stor
         except RuntimeError:
             pass
     assert store.counter_list() == {"claim_conflicts": 2, "jobs_completed": 1}
+
+
+def test_a_reported_duplicate_is_audited_and_counted_only_for_a_sent_message(store: Store):
+    sent, pending = write_outbox(
+        store, outbox_insert("m/1", channel="a"), outbox_insert("m/2", channel="b")
+    )
+    finish_outbox(store, sent, OutboxFinish(sent, "sent", "sent", True, receipt="r1"))
+    done = store.outbox_report_duplicate(OperatorAction(sent, "ops", "customer got two"))
+    assert done is not None and (done.job_id, done.key) == (sent, "m/1")
+    assert store.outbox_report_duplicate(OperatorAction(pending, "ops", "x")) is None
+    [entry] = store.audit_list(limit=10)
+    assert (entry.action, entry.target_kind, entry.target_id, entry.reason) == (
+        "report-duplicate",
+        "delivery",
+        sent,
+        "customer got two",
+    )
+    assert entry.id == done.audit_id
+    assert store.counter_list()["duplicates_reported"] == 1
+    assert message(store, sent).state == "sent"  # the row itself is not changed

@@ -17,7 +17,7 @@ from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
 from oncebox.cli.keys_cmds import keys
 from oncebox.cli.metrics_cmd import metrics
-from oncebox.cli.outbox_cmds import outbox
+from oncebox.cli.outbox_cmds import outbox, report_duplicate
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
 from oncebox.inert import printable
@@ -81,5 +81,6 @@ for command in (
     keys,
     clock,
     metrics,
+    report_duplicate,
 ):
     main.add_command(command)

@@ -321,6 +321,7 @@ def audit() -> None:
             "resolve-sent",
             "resolve-resend",
             "discard",
+            "report-duplicate",
             "pause",
             "resume",
             "accept-keys",

@@ -214,3 +214,25 @@ def discard_next_step(done: DiscardResult) -> str:
         f"the key {done.intent_key} is free (no job of it is left to replay): "
         "enqueue the operation again to write the message afresh"
     )
+
+
+@click.command("report-duplicate")
+@click.argument("key_or_id")
+@reason_option
+@actor_option
+@app_option
+@db_option
+@json_option
+def report_duplicate(
+    *, key_or_id: str, reason: str, actor: str, app: str | None, db: str | None, as_json: bool
+) -> None:
+    """Record that a recipient received a sent message twice, audited: it counts in the
+    duplicate-send figures (`duplicates_reported`) beside the possible duplicates oncebox saw
+    itself. The message is not changed and nothing is sent."""
+    with reported():
+        box = box_for_admin(app, db)
+        done = box.report_duplicate(id_or_key(key_or_id, "message"), reason=reason, actor=actor)
+    if as_json:
+        print_json({"id": done.id, "key": done.key, "audit_id": done.audit_id})
+        return
+    say(f"message {done.id} ({done.key}) reported as received twice; audit #{done.audit_id}")

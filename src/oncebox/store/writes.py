@@ -251,6 +251,18 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         return self._replayed("outbox_replay", action)
 
     @operation
+    def outbox_report_duplicate(self, action: OperatorAction) -> ActionResult | None:
+        params = _action_params(action)
+        with self._transaction() as tx:
+            found = tx.fetch("outbox_report_duplicate", params)
+            if not found.rows:
+                return None
+            row = dict(zip(found.columns(), found.rows[0], strict=True))
+            audit = tx.fetch("outbox_report_duplicate__audit", {**params, **row})
+            tx.fetch("counter_add", {"deltas": json.dumps({"duplicates_reported": 1})})
+        return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit.first("id"))
+
+    @operation
     def outbox_discard(self, action: OperatorAction, key: str) -> DiscardResult | None:
         params = {**_action_params(action), "key": key}
         with self._transaction() as tx:

@@ -233,6 +233,19 @@ VALUES (__S__.oncebox_now(), %(actor)s, 'discard', 'delivery', %(id)s, %(key)s, 
                            'job_reopened', %(job_reopened)s::bigint))
 RETURNING id;
 
+-- name: outbox_report_duplicate
+-- A sent message a recipient says arrived twice: the row, unchanged (the report is the audit
+-- entry and the counter, written with it).
+SELECT id, key, channel FROM __S__.oncebox_outbox
+WHERE id = %(id)s AND state = 'sent' AND discarded_at IS NULL;
+
+-- name: outbox_report_duplicate__audit
+INSERT INTO __S__.oncebox_audit
+    (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (__S__.oncebox_now(), %(actor)s, 'report-duplicate', 'delivery', %(id)s, %(key)s,
+        %(reason)s, jsonb_build_object('channel', %(channel)s::text))
+RETURNING id;
+
 -- name: outbox_get
 SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id,
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,

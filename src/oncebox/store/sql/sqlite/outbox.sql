@@ -159,6 +159,18 @@ VALUES (:now, :actor, 'discard', 'delivery', :id, :key, :reason,
                     'job_reopened', :job_reopened))
 RETURNING id;
 
+-- name: outbox_report_duplicate
+-- A sent message a recipient says arrived twice: the row, unchanged (the report is the audit
+-- entry and the counter, written with it).
+SELECT id, key, channel FROM oncebox_outbox
+WHERE id = :id AND state = 'sent' AND discarded_at IS NULL;
+
+-- name: outbox_report_duplicate__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'report-duplicate', 'delivery', :id, :key, :reason,
+        json_object('channel', :channel))
+RETURNING id;
+
 -- name: outbox_get
 SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
