@@ -37,6 +37,7 @@ from oncebox.operations import ActionOutcome
 from oncebox.queue.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
 from oncebox.queue.context import JobContext
 from oncebox.schedules.schedule import ScheduleContext
+from oncebox.schedules.slo import Slo
 from oncebox.timers.sweeper import SweepContext
 
 __version__ = "0.1.0.dev0"
@@ -69,6 +70,7 @@ __all__ = [
     "RetryLater",
     "ScheduleContext",
     "SchemaError",
+    "Slo",
     "StoreRefused",
     "StoreUnavailable",
     "SweepContext",

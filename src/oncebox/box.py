@@ -46,6 +46,7 @@ from oncebox.queue.watch import HandlerWatch
 from oncebox.runtime import Runtime
 from oncebox.schedules.fanout import FanOutResult, run_schedule
 from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
+from oncebox.schedules.slo import Slo
 from oncebox.schedules.ticker import ScheduleTicker
 from oncebox.store import open_store
 from oncebox.store.base import Audit, ScheduleRunRef, Store, reason_text
@@ -300,6 +301,7 @@ class Box(Operations):
         overlap: Overlap = "wait",
         grace: timedelta = timedelta(minutes=10),
         batch_size: int = 5000,
+        slo: Slo | None = None,
     ) -> Callable[[Callable[[ScheduleContext], Iterable[Mapping[str, Any]]]], Schedule]:
         """Declare a schedule over the decorated eligible-set callable (see
         `oncebox.schedules.schedule`), which yields one task-args mapping per eligible subject,
@@ -320,6 +322,7 @@ class Box(Operations):
                 overlap=overlap,
                 grace=grace,
                 batch_size=batch_size,
+                slo=slo,
             )
             if name in self.runtime.schedules:
                 raise ConfigurationError(f"two schedules are named {name!r}")

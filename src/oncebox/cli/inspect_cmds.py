@@ -30,6 +30,7 @@ from oncebox.counters import complete
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.lanes.worker import LIVE_WITHIN
+from oncebox.schedules.slo import Slo
 from oncebox.store.base import AuditFilter, JobFilter
 
 JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
@@ -62,13 +63,20 @@ def status_data(box: Box, periods: int) -> dict[str, Any]:
         if row.kind == "job" and row.waiting and row.name not in served
     ]
     schedules = []
+    slos = store.schedule_slo_list()
     for name, paused, last in store.schedule_state_list():
+        window, target = slos.get(name, (None, None))
+        slo = None if window is None or target is None else Slo(window, target)
+        stats = store.schedule_period_stats(name, periods, window)
         schedules.append(
             {
                 "name": name,
                 "paused": paused,
                 "last_fire_at": shapes.instant(last),
-                "periods": [shapes.period(p) for p in store.schedule_period_stats(name, periods)],
+                "slo": None if slo is None else shapes.slo(slo),
+                "periods": [
+                    shapes.period(p, None if slo is None else slo.assess(p, now)) for p in stats
+                ],
             }
         )
 
@@ -185,6 +193,34 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
             ],
             "  no fan-out yet",
         )
+        if entry["slo"] is not None:
+            say(slo_line(entry["slo"], entry["periods"][:1]))
+
+
+def hours(seconds: float) -> str:
+    """4h, 1h30m, 90s: a delivery window as it was declared."""
+    whole = int(seconds)
+    h, rest = divmod(whole, 3600)
+    m, s = divmod(rest, 60)
+    text = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{s}s" if s else "")
+    return text or "0s"
+
+
+def slo_line(slo: dict[str, Any], latest: list[dict[str, Any]]) -> str:
+    """The schedule's promise, and how its latest period keeps it."""
+    window, target = hours(slo["deliver_within_s"]), 100 * slo["target"]
+    head = f"slo        deliver within {window} to {target:g} %"
+    judged = latest[0]["slo"] if latest else None
+    if judged is None:
+        return head + ": no fired period to judge yet"
+    text = (
+        f"{head}: {latest[0]['period']} {judged['on_time']} of {latest[0]['eligible']} on time, "
+        f"{judged['misses']} missed of {judged['allowed_misses']} allowed"
+    )
+    if judged["closed"]:
+        return text + ("; window closed, promise BROKEN" if judged["budget_left"] < 0 else "; kept")
+    text += f"; {judged['projected_misses']} projected by {judged['window_ends_at']}"
+    return text + ("  AT RISK" if judged["at_risk"] else "")
 
 
 @click.group()

@@ -100,6 +100,19 @@ def periods(data: dict[str, Any]) -> Iterator[Metric]:
     coverage = GaugeMetricFamily(
         "oncebox_period_coverage", "Covered over eligible (absent before a fan-out).", labels=labels
     )
+    judged = {
+        name: GaugeMetricFamily(f"oncebox_period_slo_{name}", text, labels=labels)
+        for name, text in [
+            ("on_time", "Subjects covered within the SLO's window of the fire."),
+            ("sli", "On time over eligible."),
+            ("allowed_misses", "The error budget: subjects that may miss the window."),
+            ("misses", "Certain misses so far (late, or dead and ambiguous while open)."),
+            ("budget_left", "Allowed misses left; below 0 the promise is broken."),
+            ("projected_misses", "Misses projected by the window's end at the current rate."),
+            ("at_risk", "1 when the projected misses exceed the budget."),
+            ("closed", "1 once the window has ended (the figures are final)."),
+        ]
+    }
     for schedule in data["schedules"]:
         for stats in schedule["periods"]:
             key = [schedule["name"], stats["period"]]
@@ -107,8 +120,13 @@ def periods(data: dict[str, Any]) -> Iterator[Metric]:
                 family.add_metric(key, stats[name])
             if stats["coverage"] is not None:
                 coverage.add_metric(key, stats["coverage"])
+            slo = stats["slo"]
+            for name, family in judged.items() if slo is not None else ():
+                if slo[name] is not None:
+                    family.add_metric(key, float(slo[name]))
     yield from figures.values()
     yield coverage
+    yield from judged.values()
 
 
 def _one(name: str, text: str, value: float) -> GaugeMetricFamily:

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from oncebox.clock import ClockSetting
+from oncebox.schedules.slo import PeriodSlo, Slo
 from oncebox.store.base import (
     AttemptRow,
     AuditRow,
@@ -117,7 +118,7 @@ def audit(row: AuditRow) -> dict[str, Any]:
     }
 
 
-def period(stats: PeriodStats) -> dict[str, Any]:
+def period(stats: PeriodStats, judged: PeriodSlo | None = None) -> dict[str, Any]:
     coverage = stats.coverage
     return {
         "period": stats.period,
@@ -131,6 +132,26 @@ def period(stats: PeriodStats) -> dict[str, Any]:
         "dead": stats.dead,
         "ambiguous": stats.ambiguous,
         "coverage": None if coverage is None else round(coverage, 4),
+        "fire_at": instant(stats.fire_at),
+        "slo": None if judged is None else period_slo(judged),
+    }
+
+
+def slo(declared: Slo) -> dict[str, Any]:
+    return {"deliver_within_s": declared.deliver_within.total_seconds(), "target": declared.target}
+
+
+def period_slo(judged: PeriodSlo) -> dict[str, Any]:
+    return {
+        "window_ends_at": instant(judged.window_ends_at),
+        "closed": judged.closed,
+        "on_time": judged.on_time,
+        "sli": None if judged.sli is None else round(judged.sli, 4),
+        "allowed_misses": judged.allowed_misses,
+        "misses": judged.misses,
+        "budget_left": judged.budget_left,
+        "projected_misses": judged.projected_misses,
+        "at_risk": judged.at_risk,
     }
 
 

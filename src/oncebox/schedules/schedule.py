@@ -48,6 +48,7 @@ from cronsim import CronSim, CronSimError
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import PeriodKind, aware, zone
 from oncebox.jobs.tasks import check_name
+from oncebox.schedules.slo import Slo
 
 if TYPE_CHECKING:
     pass
@@ -84,6 +85,7 @@ class Schedule:
     grace: timedelta = timedelta(minutes=10)
     batch_size: int = 5000
     lease: timedelta = timedelta(minutes=5)
+    slo: Slo | None = None  # the delivery-window promise (`oncebox.schedules.slo`)
 
     def fires_between(self, after: datetime, until: datetime) -> list[datetime]:
         """Fire times in (after, until], in UTC; at most ~10 000 (a runaway is a config bug).
@@ -122,6 +124,7 @@ def make_schedule(
     overlap: Overlap = "wait",
     grace: timedelta = timedelta(minutes=10),
     batch_size: int = 5000,
+    slo: Slo | None = None,
 ) -> Schedule:
     check_name("schedule", name)
     zone(tz)
@@ -140,6 +143,10 @@ def make_schedule(
         )
     if not 1 <= batch_size <= 100_000:
         raise ConfigurationError(f"schedule {name!r}: batch_size must be within 1..100000")
+    if slo is not None and not isinstance(slo, Slo):
+        raise ConfigurationError(
+            f"schedule {name!r}: slo must be oncebox.Slo(deliver_within=..., target=...)"
+        )
     return Schedule(
         name,
         cron,
@@ -152,4 +159,5 @@ def make_schedule(
         overlap,
         grace,
         batch_size,
+        slo=slo,
     )

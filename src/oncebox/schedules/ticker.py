@@ -37,6 +37,7 @@ class ScheduleTicker:
         self.schedules = dict(schedules)
         self.fan_out = FanOut(runtime, owner)
         self.interval = interval
+        self._slo_recorded: set[str] = set()  # once per schedule and process
 
     def run_once(self) -> TickerResult:
         result = TickerResult()
@@ -46,6 +47,14 @@ class ScheduleTicker:
 
     def _tick(self, schedule: Schedule, result: TickerResult) -> None:
         state = self.store.schedule_state(schedule.name, schedule.grace)
+        if schedule.name not in self._slo_recorded:  # what `status` judges the periods by
+            slo = schedule.slo
+            self.store.schedule_slo_set(
+                schedule.name,
+                None if slo is None else slo.deliver_within,
+                None if slo is None else slo.target,
+            )
+            self._slo_recorded.add(schedule.name)
         if state.paused or state.last_fire_at is None:
             return
         stalled = self.store.schedule_run_stalled(schedule.name)

@@ -507,6 +507,8 @@ class PeriodStats:
     pending: int  # jobs ready or leased, messages not yet final
     dead: int  # jobs and messages
     ambiguous: int
+    fire_at: datetime | None = None  # the fire this period's fan-out served (None: by hand)
+    on_time: int | None = None  # covered within the SLO's window (None: no SLO or no fire)
 
     @property
     def coverage(self) -> float | None:
@@ -888,7 +890,20 @@ class Store(Protocol):
     def backlog_list(self) -> list[BacklogRow]: ...
     def job_list(self, where: JobFilter) -> list[JobRow]: ...
     def outbox_list(self, where: OutboxFilter) -> list[OutboxRow]: ...
-    def schedule_period_stats(self, schedule: str, limit: int = 5) -> list[PeriodStats]: ...
+    def schedule_slo_set(self, name: str, window: timedelta | None, target: float | None) -> None:
+        """Record the SLO a schedule's code declares (None: none); nothing is written when the
+        row already says so. The schedule's row must exist (`schedule_state`)."""
+        ...
+
+    def schedule_slo_list(self) -> dict[str, tuple[timedelta, float]]:
+        """The recorded SLOs: schedule name -> (delivery window, target)."""
+        ...
+
+    def schedule_period_stats(
+        self, schedule: str, limit: int = 5, window: timedelta | None = None
+    ) -> list[PeriodStats]:
+        """The latest `limit` periods; with `window` (an SLO's), how many were on time."""
+        ...
 
     # the key-drift guard
     def key_canary_list(self) -> list[KeyCanary]: ...

@@ -178,6 +178,15 @@ class ReadOperations:
         return [(r[name], bool(r[paused]), self._instant(r[last])) for r in result.rows]
 
     @operation
+    def schedule_slo_list(self) -> dict[str, tuple[timedelta, float]]:
+        result = self._fetch("schedule_slo_list", {})
+        column = result.columns()
+        name, window, target = column["name"], column["window_s"], column["target"]
+        return {
+            r[name]: (timedelta(seconds=float(r[window])), float(r[target])) for r in result.rows
+        }
+
+    @operation
     def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]:
         params = {"schedule": schedule, "limit": limit}
         return self._records(ScheduleRunRow, "schedule_run_list", params)
@@ -234,8 +243,10 @@ class ReadOperations:
         return self._records(OutboxRow, "outbox_list", asdict(where))
 
     @operation
-    def schedule_period_stats(self, schedule: str, limit: int = 5) -> list[PeriodStats]:
-        params = {"schedule": schedule, "limit": limit}
+    def schedule_period_stats(
+        self, schedule: str, limit: int = 5, window: timedelta | None = None
+    ) -> list[PeriodStats]:
+        params = {"schedule": schedule, "limit": limit, **self._span("window", window)}
         return self._records(PeriodStats, "schedule_period_stats", params)
 
     # -- the key-drift guard -----------------------------------------------------------------

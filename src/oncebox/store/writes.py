@@ -377,6 +377,11 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         return state
 
     @operation
+    def schedule_slo_set(self, name: str, window: timedelta | None, target: float | None) -> None:
+        seconds = None if window is None else window.total_seconds()
+        self._apply("schedule_slo_set", {"name": name, "window_s": seconds, "target": target})
+
+    @operation
     def schedule_state_advance(self, name: str, at: datetime) -> None:
         self._apply("schedule_state_advance", {"name": name, "at": self._at(at)})
 

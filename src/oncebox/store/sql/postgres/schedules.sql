@@ -39,6 +39,20 @@ VALUES (__S__.oncebox_now(), %(actor)s, CASE WHEN %(paused)s THEN 'pause' ELSE '
 -- name: schedule_state_list
 SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
 
+-- name: schedule_slo_set
+-- The SLO the declaring code gives the schedule (NULLs: none); a row unchanged is not written.
+UPDATE __S__.oncebox_schedules
+SET slo_window_s = %(window_s)s::float8, slo_target = %(target)s::float8
+WHERE name = %(name)s
+  AND (slo_window_s IS DISTINCT FROM %(window_s)s::float8
+       OR slo_target IS DISTINCT FROM %(target)s::float8);
+
+-- name: schedule_slo_list
+SELECT name, slo_window_s AS window_s, slo_target AS target
+FROM __S__.oncebox_schedules
+WHERE slo_window_s IS NOT NULL
+ORDER BY name;
+
 -- name: schedule_run_claim
 -- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
 -- a finished one. Returns a row only when this owner now has it.
@@ -108,21 +122,25 @@ ORDER BY started_at, period;
 -- Per period of one schedule (the latest periods first): the latest scan's eligible count, what
 -- the fan-outs enqueued, and where those jobs and their messages are now, in one pass over the
 -- periods' jobs and their messages (oncebox_outbox_job). A job is *covered* when it is done and
--- every message it wrote is sent.
+-- every message it wrote is sent; *on time* when it was covered within %(window_s)s seconds of
+-- the period's fire time (its last message's send, or its completion when it wrote none): the
+-- schedule's delivery-window SLO. Without a window (or a fire time: a run by hand), on_time is
+-- NULL.
 WITH runs AS (
-    SELECT period, state, eligible_count, enqueued_count
+    SELECT period, state, eligible_count, enqueued_count, fire_at
     FROM __S__.oncebox_schedule_runs
     WHERE schedule = %(schedule)s
     ORDER BY period DESC
     LIMIT %(limit)s
 ),
 jobs AS (
-    SELECT j.id, j.period, j.state
+    SELECT j.id, j.period, j.state, j.finished_at
     FROM __S__.oncebox_jobs j
     WHERE j.schedule = %(schedule)s AND j.period IN (SELECT period FROM runs)
 ),
 messages AS (
     SELECT o.job_id,
+           max(o.sent_at) AS last_sent_at,
            count(*) FILTER (WHERE o.state = 'sent') AS sent,
            count(*) FILTER (WHERE o.state IN ('pending', 'leased', 'sending')) AS pending,
            count(*) FILTER (WHERE o.state = 'dead') AS dead,
@@ -140,14 +158,23 @@ per_period AS (
            count(*) FILTER (WHERE j.state IN ('ready', 'leased')) + COALESCE(sum(m.pending), 0)
                AS pending,
            count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
-           COALESCE(sum(m.ambiguous), 0) AS ambiguous
-    FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
+           COALESCE(sum(m.ambiguous), 0) AS ambiguous,
+           count(*) FILTER (
+               WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0
+                 AND COALESCE(m.last_sent_at, j.finished_at)
+                     <= r.fire_at + make_interval(secs => %(window_s)s::float8)) AS on_time
+    FROM jobs j
+    JOIN runs r ON r.period = j.period
+    LEFT JOIN messages m ON m.job_id = j.id
     GROUP BY j.period
 )
 SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqueued,
        COALESCE(p.done, 0) AS done, COALESCE(p.covered, 0) AS covered,
        -- the sums are numeric: as bigint, they read as integers like the counts
        COALESCE(p.sent, 0)::bigint AS sent, COALESCE(p.pending, 0)::bigint AS pending,
-       COALESCE(p.dead, 0)::bigint AS dead, COALESCE(p.ambiguous, 0)::bigint AS ambiguous
+       COALESCE(p.dead, 0)::bigint AS dead, COALESCE(p.ambiguous, 0)::bigint AS ambiguous,
+       r.fire_at,
+       CASE WHEN %(window_s)s::float8 IS NULL OR r.fire_at IS NULL THEN NULL
+            ELSE COALESCE(p.on_time, 0) END AS on_time
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;

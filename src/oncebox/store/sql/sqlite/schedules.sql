@@ -31,6 +31,18 @@ VALUES (:now, :actor, CASE WHEN :paused THEN 'pause' ELSE 'resume' END, 'schedul
 -- name: schedule_state_list
 SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
 
+-- name: schedule_slo_set
+UPDATE oncebox_schedules
+SET slo_window_s = :window_s, slo_target = :target
+WHERE name = :name
+  AND (slo_window_s IS NOT :window_s OR slo_target IS NOT :target);
+
+-- name: schedule_slo_list
+SELECT name, slo_window_s AS window_s, slo_target AS target
+FROM oncebox_schedules
+WHERE slo_window_s IS NOT NULL
+ORDER BY name;
+
 -- name: schedule_run_claim
 INSERT INTO oncebox_schedule_runs AS r
     (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
@@ -86,21 +98,22 @@ WHERE schedule = :schedule AND state = 'running' AND lease_expires_at < :now
 ORDER BY started_at, period;
 
 -- name: schedule_period_stats
--- See the PostgreSQL query.
+-- See the PostgreSQL query; :window_us is the SLO's window in microseconds (or NULL).
 WITH runs AS (
-    SELECT period, state, eligible_count, enqueued_count
+    SELECT period, state, eligible_count, enqueued_count, fire_at
     FROM oncebox_schedule_runs
     WHERE schedule = :schedule
     ORDER BY period DESC
     LIMIT :limit
 ),
 jobs AS (
-    SELECT j.id, j.period, j.state
+    SELECT j.id, j.period, j.state, j.finished_at
     FROM oncebox_jobs j
     WHERE j.schedule = :schedule AND j.period IN (SELECT period FROM runs)
 ),
 messages AS (
     SELECT o.job_id,
+           max(o.sent_at) AS last_sent_at,
            count(*) FILTER (WHERE o.state = 'sent') AS sent,
            count(*) FILTER (WHERE o.state IN ('pending', 'leased', 'sending')) AS pending,
            count(*) FILTER (WHERE o.state = 'dead') AS dead,
@@ -118,13 +131,22 @@ per_period AS (
            count(*) FILTER (WHERE j.state IN ('ready', 'leased')) + COALESCE(sum(m.pending), 0)
                AS pending,
            count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
-           COALESCE(sum(m.ambiguous), 0) AS ambiguous
-    FROM jobs j LEFT JOIN messages m ON m.job_id = j.id
+           COALESCE(sum(m.ambiguous), 0) AS ambiguous,
+           count(*) FILTER (
+               WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0
+                 AND COALESCE(m.last_sent_at, j.finished_at) <= r.fire_at + :window_us
+           ) AS on_time
+    FROM jobs j
+    JOIN runs r ON r.period = j.period
+    LEFT JOIN messages m ON m.job_id = j.id
     GROUP BY j.period
 )
 SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqueued,
        COALESCE(p.done, 0) AS done, COALESCE(p.covered, 0) AS covered,
        COALESCE(p.sent, 0) AS sent, COALESCE(p.pending, 0) AS pending,
-       COALESCE(p.dead, 0) AS dead, COALESCE(p.ambiguous, 0) AS ambiguous
+       COALESCE(p.dead, 0) AS dead, COALESCE(p.ambiguous, 0) AS ambiguous,
+       r.fire_at,
+       CASE WHEN :window_us IS NULL OR r.fire_at IS NULL THEN NULL
+            ELSE COALESCE(p.on_time, 0) END AS on_time
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;

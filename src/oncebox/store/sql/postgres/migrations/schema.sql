@@ -178,6 +178,8 @@ TABLE oncebox_schedules
   paused boolean NOT NULL DEFAULT false
   last_fire_at timestamp with time zone
   updated_at timestamp with time zone NOT NULL
+  slo_window_s double precision
+  slo_target double precision
   CONSTRAINT PRIMARY KEY (name)
 
 TABLE oncebox_settings

@@ -171,7 +171,7 @@ CREATE TABLE oncebox_schedules (
     paused INTEGER NOT NULL DEFAULT 0,
     last_fire_at INTEGER,
     updated_at INTEGER NOT NULL
-) STRICT;
+, slo_window_s REAL, slo_target REAL) STRICT;
 
 -- table oncebox_settings
 CREATE TABLE oncebox_settings (
