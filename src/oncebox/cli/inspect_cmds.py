@@ -219,7 +219,7 @@ def slo_line(slo: dict[str, Any], latest: list[dict[str, Any]]) -> str:
     )
     if judged["closed"]:
         return text + ("; window closed, promise BROKEN" if judged["budget_left"] < 0 else "; kept")
-    text += f"; {judged['projected_misses']} projected by {judged['window_ends_at']}"
+    text += f"; {judged['projected_misses']} projected to miss by {judged['window_ends_at']}"
     return text + ("  AT RISK" if judged["at_risk"] else "")
 
 
