@@ -218,3 +218,18 @@ def test_the_sqlite_contention_benchmark_runs_and_no_enqueue_or_lease_is_lost(tm
     assert (shared["enqueued"], shared["failed"]) == (20, 0), shared["failure"]
     assert figures["alone"]["leases_expired"] == shared["leases_expired"] == 0
     assert shared["completed"] == figures["alone"]["completed"] == 40
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_scrape_benchmark_runs_and_names_what_a_scrape_costs(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "scrape.json"
+    result = run_bench(
+        "scrape.py", "--sizes", "200", "--repeat", "1", "--postgres", PG_URL, "--json", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["store"], r["jobs"]) for r in rows] == [("sqlite", 200), ("postgres", 200)]
+    assert all(r["top"] and r["store_ms"] <= r["scrape_ms"] for r in rows)
