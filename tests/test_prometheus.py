@@ -151,3 +151,32 @@ def test_the_alerting_rules_pass_promtool_and_their_unit_tests():
         check=False,
     )
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_a_worker_serves_its_own_figures_and_none_of_the_stores(freight):  # noqa: F811
+    _url, env, _tmp = freight
+    oncebox("enqueue", "weekly_digest", "customer_id=1", "period=2026-W33", env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oncebox.cli", "worker", "--metrics-bind", "127.0.0.1:0"],
+        env={**os.environ, "PYTHONPATH": str(TESTS), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.startswith("serving http://127.0.0.1:"), first
+        url = first.split()[1]
+
+        def leased() -> float:
+            return scrape(url).get("oncebox_store_operation_calls_total{operation=job_lease}", 0)
+
+        wait_until(leased, 60, "the worker's first lease, in its own figures")
+        served = scrape(url)
+        assert not any(name.startswith("oncebox_jobs_enqueued") for name in served)
+        assert served["oncebox_store_operation_errors_total{operation=job_lease}"] == 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err

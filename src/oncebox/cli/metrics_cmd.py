@@ -12,8 +12,10 @@ from types import FrameType
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import click
+from prometheus_client.registry import Collector
 
 from oncebox.cli.common import app_option, box_for_admin, db_option, reported, say
+from oncebox.errors import ConfigurationError
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -28,8 +30,27 @@ def parse_bind(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
-        raise click.BadParameter(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+        raise ConfigurationError(f"--bind {text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
     return host, int(port)
+
+
+def serve(bind: str, collector: Collector) -> WSGIServer:
+    """A server for `collector` at /metrics on `bind` (not serving yet: `serve_forever`)."""
+    from prometheus_client import make_wsgi_app  # noqa: PLC0415 (only the exporters need it)
+    from prometheus_client.registry import CollectorRegistry  # noqa: PLC0415
+
+    host, port = parse_bind(bind)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        return make_server(host, port, make_wsgi_app(registry), handler_class=_QuietHandler)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot listen on {bind}: {exc.strerror or exc}") from None
+
+
+def address(server: WSGIServer) -> str:
+    host = str(server.server_address[0])
+    return f"http://{f'[{host}]' if ':' in host else host}:{server.server_port}/metrics"
 
 
 @click.command()
@@ -47,24 +68,12 @@ def metrics(bind: str, app: str | None, db: str | None) -> None:
     """Serve the store's figures — the counters, depths, ages and periods of `oncebox status`
     — at /metrics in Prometheus's text format, read from the store on every scrape. Run one per
     database. SIGTERM or Ctrl-C stops it."""
-    host, port = parse_bind(bind)
-    from prometheus_client import make_wsgi_app  # noqa: PLC0415 (only this command needs it)
-    from prometheus_client.registry import CollectorRegistry  # noqa: PLC0415
-
-    from oncebox.cli.prometheus import StoreCollector  # noqa: PLC0415
+    from oncebox.cli.prometheus import StoreCollector  # noqa: PLC0415 (only this command)
 
     with reported():
         box = box_for_admin(app, db)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(StoreCollector(box))
-        try:
-            server: WSGIServer = make_server(
-                host, port, make_wsgi_app(registry), handler_class=_QuietHandler
-            )
-        except OSError as exc:
-            raise click.BadParameter(f"cannot listen on {bind}: {exc.strerror or exc}") from None
-    shown = f"[{host}]" if ":" in host else host
-    say(f"serving http://{shown}:{server.server_port}/metrics for {box.where}")
+        server = serve(bind, StoreCollector(box))
+    say(f"serving {address(server)} for {box.where}")
     stop = threading.Event()
 
     def handle(_signum: int, _frame: FrameType | None) -> None:

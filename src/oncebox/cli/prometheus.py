@@ -1,7 +1,9 @@
 """The figures of `oncebox status`, as Prometheus metrics: one collector that reads the store on
 each scrape (`status_data`, the same function `status` prints from), so a scrape, `status` and
 the console never disagree. Store-wide series come from this one exporter (`oncebox metrics`);
-running it beside every worker would make `sum()` count each figure once per copy.
+running it beside every worker would make `sum()` count each figure once per copy. A worker's
+own `--metrics-bind` serves `ProcessCollector`: that process's figures only (its store
+operations' calls, errors and time, its leases lost), which do sum across workers.
 
 Names follow Prometheus conventions: counters end in `_total`, ages in `_seconds`; a label
 carries a state, a task, a channel or a schedule's period.
@@ -19,6 +21,7 @@ from oncebox.box import Box
 from oncebox.cli.inspect_cmds import status_data
 from oncebox.clock import monotonic
 from oncebox.counters import COUNTERS
+from oncebox.metrics import Metrics
 
 PERIODS = 3  # recent periods exported per schedule, as `status` shows by default
 
@@ -131,3 +134,31 @@ def periods(data: dict[str, Any]) -> Iterator[Metric]:
 
 def _one(name: str, text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, text, value=value)
+
+
+class ProcessCollector(Collector):
+    """One process's own figures (`oncebox.metrics.Metrics`): nothing store-wide."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in sorted(self.metrics.counters().items()):
+            yield CounterMetricFamily(
+                f"oncebox_process_{name}", f"{name}, in this process.", value=value
+            )
+        labels = ["operation"]
+        calls = CounterMetricFamily(
+            "oncebox_store_operation_calls", "Store operations called.", labels=labels
+        )
+        errors = CounterMetricFamily(
+            "oncebox_store_operation_errors", "Store operations that raised.", labels=labels
+        )
+        seconds = CounterMetricFamily(
+            "oncebox_store_operation_seconds", "Time spent in store operations.", labels=labels
+        )
+        for name, stats in sorted(self.metrics.operations().items()):
+            calls.add_metric([name], stats.calls)
+            errors.add_metric([name], stats.errors)
+            seconds.add_metric([name], stats.seconds)
+        yield from (calls, errors, seconds)

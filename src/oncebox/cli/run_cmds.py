@@ -6,11 +6,14 @@ import json
 import math
 import re
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import click
 
+from oncebox.box import Box
 from oncebox.cli.common import (
     app_option,
     backlog_lines,
@@ -82,6 +85,12 @@ def migrate(db: str | None) -> None:
     help="Run on a frozen or offset database clock that another process holds (a test "
     "harness driving time on purpose); without it such a clock is refused.",
 )
+@click.option(
+    "--metrics-bind",
+    metavar="HOST:PORT",
+    help="Serve this worker's own figures (its store operations, leases lost) at /metrics; "
+    "store-wide figures come from `oncebox metrics`.",
+)
 def worker(
     *,
     app: str | None,
@@ -92,6 +101,7 @@ def worker(
     until_idle: bool,
     horizon: float,
     simulated_time: bool,
+    metrics_bind: str | None,
 ) -> None:
     """Run a worker: consumers, outbox dispatcher, scheduler, sweepers, lease keeper, rescuer,
     resolver and pruner. SIGTERM or Ctrl-C stops it gracefully (a second one at once).
@@ -101,15 +111,21 @@ def worker(
     with reported():
         box = load_app(app, db, email)
         names = tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None
-        result = box.work(
-            config=WorkerConfig(
-                concurrency=concurrency,
-                queues=names,
-                until_idle=until_idle,
-                simulated_time=simulated_time,
-                idle_horizon=timedelta(seconds=horizon),
+        exporter = None if metrics_bind is None else process_exporter(box, metrics_bind)
+        try:
+            result = box.work(
+                config=WorkerConfig(
+                    concurrency=concurrency,
+                    queues=names,
+                    until_idle=until_idle,
+                    simulated_time=simulated_time,
+                    idle_horizon=timedelta(seconds=horizon),
+                )
             )
-        )
+        finally:
+            if exporter is not None:
+                exporter.shutdown()
+                exporter.server_close()
     say(str(result).splitlines()[0])
     if until_idle and not result.settled:
         assert result.now is not None
@@ -117,6 +133,17 @@ def worker(
         for line in backlog_lines(result.remaining, result.unserved, result.now):
             say(f"  {line}")
         sys.exit(REMAINS)
+
+
+def process_exporter(box: Box, bind: str) -> WSGIServer:
+    """This worker's own figures at /metrics, served from a thread while it works."""
+    from oncebox.cli.metrics_cmd import address, serve  # noqa: PLC0415 (prometheus_client)
+    from oncebox.cli.prometheus import ProcessCollector  # noqa: PLC0415
+
+    server = serve(bind, ProcessCollector(box.metrics))
+    threading.Thread(target=server.serve_forever, name="oncebox-metrics", daemon=True).start()
+    say(f"serving {address(server)} (this worker's own figures)")
+    return server
 
 
 REMAINS = 3  # worker --until-idle: work remains beyond the horizon (docs/cli.md, exit codes)
