@@ -268,3 +268,37 @@ def test_schedule_period_stats_shows_a_periods_jobs_and_messages_against_its_eli
     assert (stats.pending, stats.dead, stats.ambiguous) == (2, 1, 0)  # a ready job, a message
     assert stats.coverage == 1 / 5
     assert store.schedule_period_stats("other") == []
+
+
+def test_schedule_slo_set_records_an_slo_once_and_clears_it(store: Store):
+    store.schedule_state(WEEKLY, grace=timedelta(0))
+    store.schedule_state("other", grace=timedelta(0))
+    store.schedule_slo_set(WEEKLY, timedelta(hours=4), 0.995)
+    store.schedule_slo_set(WEEKLY, timedelta(hours=4), 0.995)  # unchanged: nothing written
+    assert store.schedule_slo_list() == {WEEKLY: (timedelta(hours=4), 0.995)}
+    store.schedule_slo_set(WEEKLY, None, None)  # the code no longer declares one
+    assert store.schedule_slo_list() == {}
+
+
+def test_schedule_period_stats_with_a_window_counts_the_jobs_covered_in_time(store: Store):
+    store.schedule_run_claim(claim("s1"))  # fired 30 s before T0
+    ids, _held = fan_out(store, "s1", [1, 2, 3])
+    store.schedule_run_finish(WEEKLY, "2026-W34", "s1", eligible=3, enqueued=0)
+    with opened_session(store) as session:
+        token, _ = lease(session, tasks=("digest",), limit=3)
+        with session.transaction() as tx:
+            tx.outbox_insert(
+                [outbox_insert(f"digest/{c}/2026-W34", job_id=ids[c - 1]) for c in (1, 2)]
+            )
+            done = [JobFinish(job_id, "done", outcome="completed") for job_id in ids]
+            tx.job_finish(token, done)  # job 3 wrote nothing: covered when done, at T0
+    first = store.outbox_find_by_key("digest/1/2026-W34")[0].id
+    finish_outbox(store, first, OutboxFinish(first, "sent", "sent", True, receipt="r1"))
+    advance(store, timedelta(hours=2))
+    second = store.outbox_find_by_key("digest/2/2026-W34")[0].id
+    finish_outbox(store, second, OutboxFinish(second, "sent", "sent", True, receipt="r2"))
+    [hour] = store.schedule_period_stats(WEEKLY, window=timedelta(hours=1))
+    [day] = store.schedule_period_stats(WEEKLY, window=timedelta(days=1))
+    [none] = store.schedule_period_stats(WEEKLY)
+    assert hour.fire_at == T0 - timedelta(seconds=30)
+    assert (hour.covered, hour.on_time, day.on_time, none.on_time) == (3, 2, 3, None)
