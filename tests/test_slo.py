@@ -10,22 +10,28 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from oncebox import Box, ConsumerConfig, JobContext, ScheduleContext, Slo
 from oncebox.cli.inspect_cmds import status_data
+from oncebox.cli.prometheus import StoreCollector
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import iso_week
-from oncebox.store.base import PeriodStats
+from oncebox.store.base import PeriodStats, ScheduleRunClaim
 from oncebox.testing import FrozenClock, MemoryProvider
 from support.db import sql
 
 FIRE = datetime(2026, 8, 10, 9, 0, tzinfo=UTC)  # Monday 09:00, 2026-W33
 
 
-def stats(eligible: int, on_time: int, dead: int = 0, ambiguous: int = 0) -> PeriodStats:
+def stats(eligible: int, on_time: int, dead: int = 0, held: int = 0, **more: int) -> PeriodStats:
+    """A period with `dead` subjects (a job, or a message, dead) and `held` ones (a send held
+    ambiguous); `more` overrides the message counts."""
     return PeriodStats(
-        "2026-W33", "done", eligible, eligible, 0, on_time, on_time, 0, dead, ambiguous,
-        fire_at=FIRE, on_time=on_time,
+        "2026-W33", "done", eligible, eligible, 0, on_time, on_time, 0,
+        more.get("dead_messages", dead), more.get("held_messages", held),
+        fire_at=FIRE, on_time=on_time, dead_subjects=dead, held_subjects=held,
     )  # fmt: skip
 
 
@@ -61,7 +67,7 @@ def test_once_the_window_ends_every_subject_not_on_time_is_a_miss():
 def test_while_the_window_is_open_the_waiting_are_projected_at_the_rate_so_far():
     slo = Slo("4h", 0.995)  # 1000 eligible: 5 may miss
     an_hour_in = FIRE + timedelta(hours=1)
-    slow = slo.assess(stats(1000, 100, dead=1, ambiguous=1), an_hour_in)
+    slow = slo.assess(stats(1000, 100, dead=1, held=1), an_hour_in)
     assert slow is not None and not slow.closed
     # 2 certain misses; 898 wait; 100/h for 3 h more brings 300: 598 more will miss
     assert (slow.misses, slow.budget_left, slow.projected_misses) == (2, 3, 600)
@@ -69,6 +75,13 @@ def test_while_the_window_is_open_the_waiting_are_projected_at_the_rate_so_far()
     fast = slo.assess(stats(1000, 600, dead=1), an_hour_in)
     assert fast is not None
     assert (fast.misses, fast.projected_misses, fast.at_risk) == (1, 1, False)
+
+
+def test_a_subject_whose_three_messages_died_is_one_miss_not_three():
+    slo = Slo("4h", 0.8)  # 10 eligible: 2 may miss
+    judged = slo.assess(stats(10, 5, dead=1, dead_messages=3), FIRE + timedelta(hours=1))
+    assert judged is not None
+    assert (judged.misses, judged.budget_left) == (1, 1)
 
 
 def test_a_period_without_a_fire_or_a_scan_is_not_judged():
@@ -144,3 +157,20 @@ def test_status_judges_each_period_by_the_messages_sent_within_the_window(store_
             }
     finally:
         box.close()
+
+
+def test_a_scrape_during_a_fan_out_leaves_out_what_it_cannot_know_yet(store_url):
+    box = digest_box(store_url, customers=3)
+    try:
+        box.store.schedule_state("weekly-digest", timedelta(minutes=10))
+        claimed = box.store.schedule_run_claim(
+            ScheduleRunClaim("weekly-digest", "2026-W33", FIRE, "s1", timedelta(minutes=5))
+        )
+        assert claimed is not None  # a fan-out under way: no eligible count yet
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(box))
+        text = generate_latest(registry).decode()  # before: TypeError, every scrape a 500
+    finally:
+        box.close()
+    assert 'oncebox_period_enqueued{period="2026-W33",schedule="weekly-digest"} 0.0' in text
+    assert "oncebox_period_eligible{" not in text

@@ -5,8 +5,13 @@ lease settles nothing and counts nothing). Summed over shards on read; they outl
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
+import pytest
+
+from oncebox.outbox import transitions
+from oncebox.store import open_store
 from oncebox.store.base import JobFinish, JobInsertMany, OperatorAction, OutboxFinish, Store
 from support.contract import (
     LEASE,
@@ -21,6 +26,7 @@ from support.contract import (
     outbox_insert,
     write_outbox,
 )
+from support.waiting import wait_until
 
 
 def test_counter_add_adds_and_counter_list_sums(store: Store):
@@ -94,30 +100,37 @@ def test_a_rescued_lease_counts_and_its_last_attempt_counts_dead(store: Store):
     assert (counts["leases_expired"], counts["jobs_dead"]) == (2, 1)
 
 
-def test_each_delivery_attempt_counts_by_its_outcome(store: Store):
-    sent, retried, dead, held, resent = write_outbox(
-        store, *(outbox_insert(f"m/{n}", channel=f"c{n}") for n in range(5))
-    )
-    finish_outbox(store, sent, OutboxFinish(sent, "sent", "sent", True, receipt="r1"))
-    finish_outbox(
-        store, retried, OutboxFinish(retried, "pending", "failed", True, timedelta(0), "451")
-    )
-    finish_outbox(store, dead, OutboxFinish(dead, "dead", "dead", True, error="550"))
-    finish_outbox(store, held, OutboxFinish(held, "ambiguous", "ambiguous", True, error="?"))
-    finish_outbox(
-        store,
-        resent,
-        OutboxFinish(resent, "pending", "resent", True, error="?", possible_duplicate=True),
-    )
-    counts = store.counter_list()
-    assert {name: value for name, value in counts.items() if name.startswith("sends_")} == {
-        "sends_sent": 1,
-        "sends_retried": 1,
-        "sends_dead": 1,
-        "sends_ambiguous": 1,
-        "sends_resent": 1,
-        "sends_possible_duplicate": 1,
-    }
+ID = 0  # replaced by the written row's id
+
+
+@pytest.mark.parametrize(
+    ("finish", "counted"),
+    [
+        (transitions.sent(ID, "r1"), {"sends_sent"}),
+        (transitions.retry(ID, timedelta(0), "451"), {"sends_retried"}),
+        (transitions.throttled(ID, timedelta(0), "429"), {"sends_throttled"}),
+        (transitions.dead(ID, "550"), {"sends_dead"}),
+        (transitions.hold_ambiguous(ID, "lost ack"), {"sends_ambiguous"}),
+        (transitions.hold_past_window(ID, "window passed"), {"sends_ambiguous"}),
+        (transitions.resend_same_key(ID, timedelta(0), "lost ack"), {"sends_resent"}),
+        (
+            transitions.resend_possible_duplicate(ID, "lost ack"),
+            {"sends_resent", "sends_possible_duplicate"},
+        ),
+        (transitions.unsent_after_expiry(ID), {"sends_lease_expired"}),
+        (transitions.resend_after_expiry(ID, "x"), {"sends_resent", "sends_lease_expired"}),
+        (transitions.dead_after_rescues(ID, "x"), {"sends_dead", "sends_lease_expired"}),
+        (transitions.held_after_rescues(ID, "x"), {"sends_ambiguous", "sends_lease_expired"}),
+        (transitions.give_back(ID), set()),
+    ],
+    ids=lambda value: value.outcome or value.state if isinstance(value, OutboxFinish) else "",
+)
+def test_each_settled_message_counts_by_what_it_became(store: Store, finish, counted):
+    [row] = write_outbox(store, outbox_insert("m/1"))
+    finish_outbox(store, row, dataclasses.replace(finish, id=row))
+    counts = {name for name in store.counter_list() if name.startswith("sends_")}
+    assert counts == counted
+    assert all(store.counter_list()[name] == 1 for name in counted)
 
 
 def test_a_consumer_transaction_counts_with_its_commit_or_not_at_all(store: Store):
@@ -151,3 +164,19 @@ def test_a_reported_duplicate_is_audited_and_counted_only_for_a_sent_message(sto
     assert entry.id == done.audit_id
     assert store.counter_list()["duplicates_reported"] == 1
     assert message(store, sent).state == "sent"  # the row itself is not changed
+
+
+def test_counter_compact_folds_the_shards_of_gone_connections_and_keeps_the_totals(
+    store: Store,
+):
+    store.counter_add({"jobs_completed": 2})
+    other = open_store(store.url)  # another connection, so another shard on PostgreSQL
+    other.counter_add({"jobs_completed": 3, "jobs_dead": 1})
+    other.close()
+    totals = {"jobs_completed": 5, "jobs_dead": 1}
+    assert store.counter_list() == totals
+    if store.dialect == "sqlite":
+        assert store.counter_compact() == 0  # one writer, one shard
+    else:  # the closed connection's backend ends on its own time: its shard folds once it has
+        wait_until(lambda: store.counter_compact() > 0, what="the closed backend's shard folded")
+    assert store.counter_list() == totals

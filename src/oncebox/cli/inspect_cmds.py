@@ -147,7 +147,7 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     )
     say(
         f"absorbed   {data['enqueue_duplicates']} duplicate enqueue(s) held off by their key, "
-        f"{data['claim_conflicts']} duplicate job(s) at the claim (since the database was created)"
+        f"{data['claim_conflicts']} duplicate job(s) at the claim (counted since schema 8)"
     )
     say(
         "outbox     "
@@ -194,7 +194,8 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
             "  no fan-out yet",
         )
         if entry["slo"] is not None:
-            say(slo_line(entry["slo"], entry["periods"][:1]))
+            judged = [p for p in entry["periods"] if p["slo"] is not None]
+            say(slo_line(entry["slo"], judged[:1]))  # the latest period that fired
 
 
 def hours(seconds: float) -> str:

@@ -120,7 +120,8 @@ def periods(data: dict[str, Any]) -> Iterator[Metric]:
         for stats in schedule["periods"]:
             key = [schedule["name"], stats["period"]]
             for name, family in figures.items():
-                family.add_metric(key, stats[name])
+                if stats[name] is not None:  # eligible: not before the first scan ends
+                    family.add_metric(key, stats[name])
             if stats["coverage"] is not None:
                 coverage.add_metric(key, stats["coverage"])
             slo = stats["slo"]

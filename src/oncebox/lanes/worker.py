@@ -261,6 +261,8 @@ class Worker:
             if lane is not None
         ]
         restore = self._install_signal_handlers()
+        with contextlib.suppress(StoreUnavailable):  # announced before any lane can look
+            self.runtime.store.worker_beat(self._beat())  # (`_done`'s unserved tasks)
         self.runtime.workers.attach(self)
         try:
             for thread in threads + pollers:

@@ -49,6 +49,7 @@ class Pruner:
 
     def run_once(self) -> PrunerResult:
         jobs = self.store.job_prune(self.config.job_retention, self.config.batch_size)
+        self.store.counter_compact()  # the shards of connections that are gone, folded
         intents = 0
         for task in self.tasks:
             if task.keep_intents is not None:

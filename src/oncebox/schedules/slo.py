@@ -72,7 +72,8 @@ class Slo:
             misses = eligible - on_time
             projected = misses
         else:
-            misses = min(stats.dead + stats.ambiguous, eligible - on_time)
+            stuck = stats.dead_subjects + stats.held_subjects  # subjects, not messages
+            misses = min(stuck, eligible - on_time)
             waiting = eligible - on_time - misses
             elapsed = (now - stats.fire_at).total_seconds()
             rate = on_time / elapsed if elapsed > 0 else 0.0

@@ -509,6 +509,8 @@ class PeriodStats:
     ambiguous: int
     fire_at: datetime | None = None  # the fire this period's fan-out served (None: by hand)
     on_time: int | None = None  # covered within the SLO's window (None: no SLO or no fire)
+    dead_subjects: int = 0  # jobs dead, or with a dead message (`dead` counts messages too)
+    held_subjects: int = 0  # jobs not dead with a message held ambiguous
 
     @property
     def coverage(self) -> float | None:
@@ -799,6 +801,11 @@ class Store(Protocol):
 
     def counter_list(self) -> dict[str, int]:
         """Every durable counter, summed over its shards (absent: never counted)."""
+        ...
+
+    def counter_compact(self) -> int:
+        """Fold the counter shards of connections that are gone into one; the number of rows
+        folded (SQLite keeps one shard: 0). The totals do not change."""
         ...
 
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime: ...

@@ -57,6 +57,8 @@ DIALECT_ONLY: dict[str, str] = {
     "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "job_lease_settings": "postgres: planner and commit settings for the lease's transaction",
     "outbox_lease_settings": "postgres: planner settings for the outbox lease's transaction",
+    "counter_compact": "postgres: counters are sharded by connection; SQLite has one writer and "
+    "one shard",
 }
 
 

@@ -289,6 +289,10 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             tx.fetch("job_insert__count", {"created": int(bool(inserted.rows))})
         return inserted
 
+    def counter_compact(self) -> int:
+        """One writer, one shard: nothing to fold."""
+        return 0
+
     def _count_inserted(self, tx: SqliteTx, offered: int, created: int) -> None:
         tx.fetch("job_insert_many__count", {"offered": offered, "created": created})
 

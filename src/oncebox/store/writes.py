@@ -164,6 +164,10 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         """After `job_insert_many`: nothing on PostgreSQL, whose statement counts itself."""
 
     @operation
+    def counter_compact(self) -> int:
+        return self._apply("counter_compact", {}).count
+
+    @operation
     def counter_add(self, deltas: Mapping[str, int]) -> None:
         if any(deltas.values()):
             self._apply("counter_add", {"deltas": json.dumps(dict(sorted(deltas.items())))})

@@ -1,13 +1,15 @@
 -- Durable counters: added to in the transactions that do what they count, summed on read.
 -- PostgreSQL; this folder's conventions are in store/sqlfiles.py. The statements that settle
 -- jobs and messages (jobs.sql, outbox.sql) add to the same table in their own CTEs, with the
--- same shard and the same conflict clause as counter_add.
+-- same shard and the same conflict clause as counter_add. The shard is the writing connection's
+-- backend pid: no two live connections share one, so no transaction ever waits for another's
+-- counter rows; counter_compact folds the shards of connections that are gone into shard 0.
 
 -- name: counter_add
 -- %(deltas)s is a JSON object {name: amount}; added to this connection's shard, in name order
 -- (one lock order for every writer).
 INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
-SELECT d.key, mod(pg_backend_pid(), 256), d.value::bigint
+SELECT d.key, pg_backend_pid(), d.value::bigint
 FROM jsonb_each_text(%(deltas)s::jsonb) AS d
 WHERE d.value::bigint <> 0
 ORDER BY d.key
@@ -19,3 +21,19 @@ SELECT name, sum(value)::bigint AS value
 FROM __S__.oncebox_counters
 GROUP BY name
 ORDER BY name;
+
+-- name: counter_compact
+-- Fold the shards of backends that are gone into shard 0 (the pruner, now and then), so the
+-- table stays about the size of the live connections times the counters. A backend whose pid is
+-- reused after its rows were read simply adds to a fresh row.
+WITH gone AS (
+    DELETE FROM __S__.oncebox_counters
+    WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM pg_stat_activity)
+    RETURNING name, value
+)
+INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+SELECT name, 0, sum(value)
+FROM gone
+GROUP BY name
+ORDER BY name
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;

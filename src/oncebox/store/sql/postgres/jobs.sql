@@ -32,7 +32,7 @@ counted AS (
     INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
     SELECT CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN 'jobs_enqueued'
                 ELSE 'enqueue_duplicates' END,
-           mod(pg_backend_pid(), 256), 1
+           pg_backend_pid(), 1
     ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 )
 SELECT id, state FROM inserted;
@@ -61,7 +61,7 @@ inserted AS (
 ),
 counted AS (
     INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
-    SELECT n.name, mod(pg_backend_pid(), 256), n.value
+    SELECT n.name, pg_backend_pid(), n.value
     FROM (SELECT 'enqueue_duplicates' AS name,
                  (SELECT count(*) FROM rows) - (SELECT count(*) FROM inserted) AS value
           UNION ALL
@@ -194,7 +194,7 @@ recorded AS (
 ),
 counted AS (  -- counters.sql
     INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
-    SELECT n.name, mod(pg_backend_pid(), 256), n.value
+    SELECT n.name, pg_backend_pid(), n.value
     FROM (SELECT 'jobs_dead' AS name, count(*) FILTER (WHERE state = 'dead') AS value
           FROM rescued
           UNION ALL
@@ -246,7 +246,7 @@ counted AS (  -- what settled, by what it became (counters.sql)
                 WHEN state = 'done' THEN 'jobs_completed'
                 WHEN state = 'ready' THEN 'jobs_retried'
                 ELSE 'jobs_dead' END AS name,
-           mod(pg_backend_pid(), 256), count(*)
+           pg_backend_pid(), count(*)
     FROM settled
     GROUP BY 1
     ORDER BY 1

@@ -107,7 +107,7 @@ settled AS (
     -- the token implies a leased or sending row (a CHECK constraint); see job_finish
     WHERE o.id = i.id AND o.lease_token = %(token)s
     RETURNING o.id, o.attempt, o.leased_by, o.leased_at, i.outcome, i.error, i.receipt, i.dup,
-              clock.now
+              i.rescued, o.state, clock.now
 ),
 recorded AS (
     INSERT INTO __S__.oncebox_delivery_attempts
@@ -115,16 +115,26 @@ recorded AS (
     SELECT id, attempt, leased_by, leased_at, now, outcome, error, receipt
     FROM settled WHERE outcome IS NOT NULL
 ),
-counted AS (  -- each attempt by its outcome, and the possible duplicates (counters.sql)
+counted AS (  -- what each settled row became (oncebox/counters.py; counters.sql)
     INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
-    SELECT n.name, mod(pg_backend_pid(), 256), n.value
-    FROM (SELECT 'sends_' || CASE outcome WHEN 'failed' THEN 'retried' ELSE outcome END AS name,
-                 count(*) AS value
-          FROM settled WHERE outcome IS NOT NULL GROUP BY 1
-          UNION ALL
-          SELECT 'sends_possible_duplicate', count(*) FILTER (WHERE dup) FROM settled) AS n
-    WHERE n.value > 0
-    ORDER BY n.name
+    SELECT v.name, pg_backend_pid(), count(*)
+    FROM settled s,
+         (VALUES ('sends_ambiguous'), ('sends_dead'), ('sends_lease_expired'),
+                 ('sends_possible_duplicate'), ('sends_resent'), ('sends_retried'),
+                 ('sends_sent'), ('sends_throttled')) AS v(name)
+    WHERE CASE v.name
+              WHEN 'sends_sent' THEN s.state = 'sent'
+              WHEN 'sends_retried' THEN s.outcome = 'failed'
+              WHEN 'sends_throttled' THEN s.outcome = 'throttled'
+              WHEN 'sends_dead' THEN s.state = 'dead'
+              WHEN 'sends_ambiguous' THEN s.state = 'ambiguous'
+              WHEN 'sends_resent' THEN s.state = 'pending'
+                                        AND s.outcome IN ('ambiguous', 'lease_expired')
+              WHEN 'sends_possible_duplicate' THEN s.dup
+              WHEN 'sends_lease_expired' THEN s.rescued
+          END
+    GROUP BY v.name
+    ORDER BY v.name
     ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 )
 SELECT id FROM settled;

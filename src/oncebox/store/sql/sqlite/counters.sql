@@ -58,19 +58,25 @@ WHERE n.value > 0
 ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
 
 -- name: outbox_finish__count
--- :rows is outbox_finish's input, :settled the ids it settled.
+-- :rows is outbox_finish's input ([id, state, outcome, counts, delay, error, receipt, dup,
+-- uncertain, rescued]), :settled the ids it settled.
 INSERT INTO oncebox_counters AS c (name, shard, value)
-SELECT n.name, 0, n.value
-FROM (SELECT 'sends_' || CASE i.value ->> 2 WHEN 'failed' THEN 'retried'
-                                          ELSE i.value ->> 2 END AS name,
-             count(*) AS value
-      FROM json_each(:rows) AS i
-      WHERE i.value ->> 2 IS NOT NULL
-        AND i.value ->> 0 IN (SELECT value FROM json_each(:settled))
-      GROUP BY 1
-      UNION ALL
-      SELECT 'sends_possible_duplicate', sum(i.value ->> 7)
-      FROM json_each(:rows) AS i
-      WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))) AS n
-WHERE n.value > 0
+SELECT v.column1, 0, count(*)
+FROM json_each(:rows) AS i,
+     (VALUES ('sends_ambiguous'), ('sends_dead'), ('sends_lease_expired'),
+             ('sends_possible_duplicate'), ('sends_resent'), ('sends_retried'),
+             ('sends_sent'), ('sends_throttled')) AS v
+WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))
+  AND CASE v.column1
+          WHEN 'sends_sent' THEN i.value ->> 1 = 'sent'
+          WHEN 'sends_retried' THEN i.value ->> 2 = 'failed'
+          WHEN 'sends_throttled' THEN i.value ->> 2 = 'throttled'
+          WHEN 'sends_dead' THEN i.value ->> 1 = 'dead'
+          WHEN 'sends_ambiguous' THEN i.value ->> 1 = 'ambiguous'
+          WHEN 'sends_resent' THEN i.value ->> 1 = 'pending'
+                                    AND i.value ->> 2 IN ('ambiguous', 'lease_expired')
+          WHEN 'sends_possible_duplicate' THEN i.value ->> 7 = 1
+          WHEN 'sends_lease_expired' THEN i.value ->> 9 = 1
+      END
+GROUP BY v.column1
 ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;

@@ -132,6 +132,9 @@ per_period AS (
                AS pending,
            count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
            COALESCE(sum(m.ambiguous), 0) AS ambiguous,
+           count(*) FILTER (WHERE j.state = 'dead' OR COALESCE(m.dead, 0) > 0) AS dead_subjects,
+           count(*) FILTER (WHERE j.state <> 'dead' AND COALESCE(m.dead, 0) = 0
+                              AND COALESCE(m.ambiguous, 0) > 0) AS held_subjects,
            count(*) FILTER (
                WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0
                  AND COALESCE(m.last_sent_at, j.finished_at) <= r.fire_at + :window_us
@@ -146,6 +149,8 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        COALESCE(p.sent, 0) AS sent, COALESCE(p.pending, 0) AS pending,
        COALESCE(p.dead, 0) AS dead, COALESCE(p.ambiguous, 0) AS ambiguous,
        r.fire_at,
+       COALESCE(p.dead_subjects, 0) AS dead_subjects,
+       COALESCE(p.held_subjects, 0) AS held_subjects,
        CASE WHEN :window_us IS NULL OR r.fire_at IS NULL THEN NULL
             ELSE COALESCE(p.on_time, 0) END AS on_time
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
