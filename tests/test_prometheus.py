@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,11 +39,12 @@ def worked(freight):  # noqa: F811 (the fixture above)
     return freight
 
 
-@pytest.fixture
-def exporter(worked) -> Iterator[tuple[str, dict[str, str]]]:
-    _url, env, _tmp = worked
+@contextmanager
+def serving(*args: str, env: dict[str, str]) -> Iterator[str]:
+    """`oncebox ARGS` serving /metrics on a free port: its URL, from the first line it prints;
+    stopped with SIGTERM after, which must end it cleanly."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "oncebox.cli", "metrics", "--bind", "127.0.0.1:0"],
+        [sys.executable, "-m", "oncebox.cli", *args],
         env={**os.environ, "PYTHONPATH": str(TESTS), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -50,13 +52,20 @@ def exporter(worked) -> Iterator[tuple[str, dict[str, str]]]:
     )
     try:
         assert process.stdout is not None
-        first = process.stdout.readline()  # "serving http://127.0.0.1:PORT/metrics for …"
-        assert first.startswith("serving http://127.0.0.1:"), (first, process.stderr)
-        yield first.split()[1], env
+        first = process.stdout.readline()  # "serving http://127.0.0.1:PORT/metrics …"
+        assert first.startswith("serving http://127.0.0.1:"), first
+        yield first.split()[1]
     finally:
         process.send_signal(signal.SIGTERM)
-        _out, err = process.communicate(timeout=30)  # closes the pipes too
+        _out, err = process.communicate(timeout=60)  # closes the pipes too
         assert process.returncode == 0, err
+
+
+@pytest.fixture
+def exporter(worked) -> Iterator[tuple[str, dict[str, str]]]:
+    _url, env, _tmp = worked
+    with serving("metrics", "--bind", "127.0.0.1:0", env=env) as url:
+        yield url, env
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -156,18 +165,7 @@ def test_the_alerting_rules_pass_promtool_and_their_unit_tests():
 def test_a_worker_serves_its_own_figures_and_none_of_the_stores(freight):  # noqa: F811
     _url, env, _tmp = freight
     oncebox("enqueue", "weekly_digest", "customer_id=1", "period=2026-W33", env=env)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "oncebox.cli", "worker", "--metrics-bind", "127.0.0.1:0"],
-        env={**os.environ, "PYTHONPATH": str(TESTS), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        first = process.stdout.readline()
-        assert first.startswith("serving http://127.0.0.1:"), first
-        url = first.split()[1]
+    with serving("worker", "--metrics-bind", "127.0.0.1:0", env=env) as url:
 
         def leased() -> float:
             return scrape(url).get("oncebox_store_operation_calls_total{operation=job_lease}", 0)
@@ -176,7 +174,3 @@ def test_a_worker_serves_its_own_figures_and_none_of_the_stores(freight):  # noq
         served = scrape(url)
         assert not any(name.startswith("oncebox_jobs_enqueued") for name in served)
         assert served["oncebox_store_operation_errors_total{operation=job_lease}"] == 0
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _out, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err
