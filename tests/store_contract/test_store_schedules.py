@@ -302,3 +302,17 @@ def test_schedule_period_stats_with_a_window_counts_the_jobs_covered_in_time(sto
     [none] = store.schedule_period_stats(WEEKLY)
     assert hour.fire_at == T0 - timedelta(seconds=30)
     assert (hour.covered, hour.on_time, day.on_time, none.on_time) == (3, 2, 3, None)
+
+
+def test_schedule_period_pace_measures_completions_from_first_lease_to_last(store: Store):
+    store.schedule_run_claim(claim("s1"))
+    ids, _held = fan_out(store, "s1", [1, 2, 3])
+    assert store.schedule_period_pace(WEEKLY, "2026-W34").done == 0
+    with opened_session(store) as session:
+        token, _ = lease(session, tasks=("digest",), limit=2)
+        advance(store, timedelta(minutes=10))
+        with session.transaction() as tx:
+            tx.job_finish(token, [JobFinish(i, "done", outcome="completed") for i in ids[:2]])
+    pace = store.schedule_period_pace(WEEKLY, "2026-W34")
+    assert (pace.done, pace.lanes) == (2, 1)
+    assert (pace.first_at, pace.last_at) == (T0, T0 + timedelta(minutes=10))

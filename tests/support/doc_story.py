@@ -151,6 +151,7 @@ def inspection(story: Story) -> None:
     first_only = Shorten(items=1)
     with story.reads():
         story.cmd("status", "status")
+        story.cmd("plan", "plan --window 4h --rate 14/s --eligible 1000000 --per-lane 50")
         story.cmd("jobs-list-dead", "jobs list --state dead")
         story.cmd("jobs-list-dead-json", "jobs list --state dead --json", shorten=first_only)
         story.cmd(

@@ -18,6 +18,7 @@ from oncebox.cli.inspect_cmds import audit, jobs, status
 from oncebox.cli.keys_cmds import keys
 from oncebox.cli.metrics_cmd import metrics
 from oncebox.cli.outbox_cmds import outbox, report_duplicate
+from oncebox.cli.plan_cmd import plan_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
 from oncebox.inert import printable
@@ -82,5 +83,6 @@ for command in (
     clock,
     metrics,
     report_duplicate,
+    plan_command,
 ):
     main.add_command(command)

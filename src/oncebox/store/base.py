@@ -520,6 +520,17 @@ class PeriodStats:
 
 
 @dataclass(frozen=True, slots=True)
+class PeriodPace:
+    """How fast one period's jobs were done: `done` completed between `first_at` (the first
+    lease) and `last_at` (the last completion), by `lanes` consumer lanes."""
+
+    done: int
+    first_at: datetime | None
+    last_at: datetime | None
+    lanes: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobFilter:
     state: JobState | None = None
     task: str | None = None
@@ -900,6 +911,10 @@ class Store(Protocol):
     def schedule_slo_set(self, name: str, window: timedelta | None, target: float | None) -> None:
         """Record the SLO a schedule's code declares (None: none); nothing is written when the
         row already says so. The schedule's row must exist (`schedule_state`)."""
+        ...
+
+    def schedule_period_pace(self, schedule: str, period: str) -> PeriodPace:
+        """How fast the period's jobs were completed (`oncebox plan`'s measured throughput)."""
         ...
 
     def schedule_slo_list(self) -> dict[str, tuple[timedelta, float]]:

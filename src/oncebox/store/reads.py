@@ -32,6 +32,7 @@ from oncebox.store.base import (
     OutboxFilter,
     OutboxLeased,
     OutboxRow,
+    PeriodPace,
     PeriodStats,
     ScheduleRunRow,
     StateCounts,
@@ -176,6 +177,13 @@ class ReadOperations:
         column = result.columns()
         name, paused, last = column["name"], column["paused"], column["last_fire_at"]
         return [(r[name], bool(r[paused]), self._instant(r[last])) for r in result.rows]
+
+    @operation
+    def schedule_period_pace(self, schedule: str, period: str) -> PeriodPace:
+        params = {"schedule": schedule, "period": period}
+        pace = self._record(PeriodPace, "schedule_period_pace", params)
+        assert pace is not None  # an aggregate: one row, always
+        return pace
 
     @operation
     def schedule_slo_list(self) -> dict[str, tuple[timedelta, float]]:

@@ -47,6 +47,15 @@ WHERE name = %(name)s
   AND (slo_window_s IS DISTINCT FROM %(window_s)s::float8
        OR slo_target IS DISTINCT FROM %(target)s::float8);
 
+-- name: schedule_period_pace
+-- How fast a period's jobs were done (for `oncebox plan`): how many completed, from the first
+-- lease to the last completion, by how many consumer lanes.
+SELECT count(*) AS done, min(leased_at) AS first_at, max(finished_at) AS last_at,
+       count(DISTINCT leased_by) AS lanes
+FROM __S__.oncebox_jobs
+WHERE schedule = %(schedule)s AND period = %(period)s AND state = 'done'
+  AND outcome = 'completed';
+
 -- name: schedule_slo_list
 SELECT name, slo_window_s AS window_s, slo_target AS target
 FROM __S__.oncebox_schedules

@@ -37,6 +37,13 @@ SET slo_window_s = :window_s, slo_target = :target
 WHERE name = :name
   AND (slo_window_s IS NOT :window_s OR slo_target IS NOT :target);
 
+-- name: schedule_period_pace
+-- See the PostgreSQL query.
+SELECT count(*) AS done, min(leased_at) AS first_at, max(finished_at) AS last_at,
+       count(DISTINCT leased_by) AS lanes
+FROM oncebox_jobs
+WHERE schedule = :schedule AND period = :period AND state = 'done' AND outcome = 'completed';
+
 -- name: schedule_slo_list
 SELECT name, slo_window_s AS window_s, slo_target AS target
 FROM oncebox_schedules
