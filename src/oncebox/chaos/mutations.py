@@ -27,7 +27,8 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     clock-never-lapses a test clock is held without an expiry → `clock-holder-killed` fails (L3:
                        workers refuse the dead owner's clock)
     greedy-writer      SQLite writers race for the lock as before turns, and the consumer keeps
-                       it 500 ms → `sqlite-writer-contention` fails (E1: enqueues time out)
+                       it 3 s, past the publishers' 2 s busy timeout → `sqlite-writer-contention`
+                       fails (E1: enqueues time out) however loaded the machine
     new-token-on-replay  a redriven message gets a new token (a new idempotency key): the
                        replay-under-a-new-key bug → `redrive-after-hours` fails (S11: the provider
                        takes tokens of no eligible key; L2: the keys' own tokens never arrive)
@@ -263,7 +264,9 @@ def _greedy_writer() -> None:
         conn.execute("BEGIN IMMEDIATE")  # SQLite's own busy handler, no turns
 
     _patch(WriterTurns, "begin", begin)
-    _patch(consumer, "SQLITE_BUDGET", timedelta(milliseconds=500))
+    # longer than the scenario's busy timeout (2 s), so an enqueue waiting through one batch
+    # fails whatever the machine's load; at 500 ms it only starved now and then
+    _patch(consumer, "SQLITE_BUDGET", timedelta(seconds=3))
 
 
 def drop_unique_claim(conn: Any, dialect: str) -> None:
