@@ -89,33 +89,31 @@ def gauges(data: dict[str, Any]) -> Iterator[Metric]:
 
 def periods(data: dict[str, Any]) -> Iterator[Metric]:
     labels = ["schedule", "period"]
-    figures = {
-        name: GaugeMetricFamily(f"oncebox_period_{name}", text, labels=labels)
-        for name, text in [
-            ("eligible", "Subjects the period's fan-out found eligible."),
-            ("enqueued", "Jobs the period's fan-out enqueued."),
-            ("covered", "Subjects whose job is done and every message sent."),
-            ("pending", "Subjects not covered yet, not dead, not ambiguous."),
-            ("dead", "Subjects whose job or message is dead."),
-            ("ambiguous", "Subjects with a send held for a person."),
-        ]
-    }
+    figures = _families(
+        "oncebox_period_",
+        labels,
+        eligible="Subjects the period's latest scan found eligible.",
+        enqueued="Jobs the period's fan-outs enqueued.",
+        covered="Jobs done with every message they wrote sent.",
+        pending="Jobs ready or leased, plus messages not yet final (as status counts them).",
+        dead="Dead jobs plus dead messages (as status counts them).",
+        ambiguous="Messages held ambiguous.",
+    )
     coverage = GaugeMetricFamily(
         "oncebox_period_coverage", "Covered over eligible (absent before a fan-out).", labels=labels
     )
-    judged = {
-        name: GaugeMetricFamily(f"oncebox_period_slo_{name}", text, labels=labels)
-        for name, text in [
-            ("on_time", "Subjects covered within the SLO's window of the fire."),
-            ("sli", "On time over eligible."),
-            ("allowed_misses", "The error budget: subjects that may miss the window."),
-            ("misses", "Certain misses so far (late, or dead and ambiguous while open)."),
-            ("budget_left", "Allowed misses left; below 0 the promise is broken."),
-            ("projected_misses", "Misses projected by the window's end at the current rate."),
-            ("at_risk", "1 when the projected misses exceed the budget."),
-            ("closed", "1 once the window has ended (the figures are final)."),
-        ]
-    }
+    judged = _families(
+        "oncebox_period_slo_",
+        labels,
+        on_time="Subjects covered within the SLO's window of the fire.",
+        sli="On time over eligible.",
+        allowed_misses="The error budget: subjects that may miss the window.",
+        misses="Certain misses so far (late; dead or held subjects while open).",
+        budget_left="Allowed misses left; below 0 the promise is broken.",
+        projected_misses="Misses projected by the window's end at the current rate.",
+        at_risk="1 when the projected misses exceed the budget.",
+        closed="1 once the window has ended (the figures are final).",
+    )
     for schedule in data["schedules"]:
         for stats in schedule["periods"]:
             key = [schedule["name"], stats["period"]]
@@ -131,6 +129,13 @@ def periods(data: dict[str, Any]) -> Iterator[Metric]:
     yield from figures.values()
     yield coverage
     yield from judged.values()
+
+
+def _families(prefix: str, labels: list[str], **texts: str) -> dict[str, GaugeMetricFamily]:
+    """One labelled gauge family per figure, named `prefix` + the figure."""
+    return {
+        name: GaugeMetricFamily(prefix + name, text, labels=labels) for name, text in texts.items()
+    }
 
 
 def _one(name: str, text: str, value: float) -> GaugeMetricFamily:
