@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box
-from oncebox.errors import SchemaError
+from oncebox.errors import SchemaError, StoreReplaced
 from oncebox.store.base import JobFilter
 from support.waiting import wait_until
 from test_cli import TESTS, assert_one_line_error, oncebox
@@ -109,6 +109,36 @@ def test_a_worker_whose_database_file_is_replaced_or_deleted_stops_and_says_so(t
     assert worker.returncode == 1, err
     assert f"the SQLite database {path} was {how}" in err
     assert "Traceback" not in err
+
+
+def test_a_connection_opened_after_the_file_was_deleted_names_the_deletion_and_creates_nothing(
+    tmp_path,
+):
+    """A lane's first connection can come after the deletion (a thread that had not yet opened
+    one): it must not create an empty file at the path and then report missing tables — the
+    cause is the deletion, and the path is left as the operator left it."""
+    path = tmp_path / "freight.db"
+    database_with_jobs(path, count=1)
+    box = Box(f"sqlite:///{path}")
+    try:
+        path.unlink()
+        failures: list[BaseException] = []
+
+        def first_use_in_a_new_thread() -> None:
+            try:
+                box.store.job_list(JobFilter(limit=10))
+            except BaseException as exc:  # the test reads what was raised
+                failures.append(exc)
+
+        thread = threading.Thread(target=first_use_in_a_new_thread)
+        thread.start()
+        thread.join(60)
+        assert len(failures) == 1
+        assert isinstance(failures[0], StoreReplaced), failures[0]
+        assert f"the SQLite database {path} was deleted" in str(failures[0])
+        assert not path.exists()
+    finally:
+        box.close()
 
 
 def test_a_worker_on_a_full_disk_backs_off_says_so_and_finishes_once_there_is_room(tmp_path):

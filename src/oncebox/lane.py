@@ -2,7 +2,8 @@
 
 A lane's `run_once()` does the work and returns counts; this loop only paces it. When a batch
 was full the lane runs again at once; when the store is unavailable it backs off (doubling up to
-`max_backoff`) and logs once per outage, so a database restart is a pause, not a crash.
+`max_backoff`) and logs once per outage, so a database restart is a pause, not a crash. A
+database that is damaged, unmigrated or no longer at its path ends the loop: its caller stops.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from oncebox.errors import StoreUnavailable
+from oncebox.errors import SchemaError, StoreReplaced, StoreUnavailable
 
 log = logging.getLogger("oncebox.lane")
 
@@ -34,6 +35,8 @@ def run_forever(
                 log.warning("%s: %s; retrying with backoff", name, exc)
             stop.wait(backoff)
             continue
+        except (SchemaError, StoreReplaced):  # no retry mends these: the worker stops on them
+            raise
         except Exception:
             log.exception("%s failed; retrying in %.0fs", name, interval)
             stop.wait(interval)

@@ -249,7 +249,7 @@ class Worker:
         threads = self._background_lanes(consumers, channels)
         threads += [
             threading.Thread(
-                target=lane.run_forever,
+                target=self._stops_on_fatal(lane.run_forever),
                 args=(self.stop_event,),
                 name=f"oncebox-{name}",
                 daemon=True,
@@ -349,10 +349,28 @@ class Worker:
             lanes.append(("listener", lambda _stop: self._listen()))
         return [
             threading.Thread(
-                target=run, args=(self.stop_event,), name=f"oncebox-{name}", daemon=True
+                target=self._stops_on_fatal(run),
+                args=(self.stop_event,),
+                name=f"oncebox-{name}",
+                daemon=True,
             )
             for name, run in lanes
         ]
+
+    def _stops_on_fatal(
+        self, run: Callable[[threading.Event], None]
+    ) -> Callable[[threading.Event], None]:
+        """A background lane that meets a damaged or vanished database stops the worker, as a
+        polling lane does (`_poll`), in one line and without a traceback: a lane whose first
+        connection comes after a deletion finds it before the guard's next look."""
+
+        def stopping(stop: threading.Event) -> None:
+            try:
+                run(stop)
+            except (SchemaError, StoreReplaced) as fatal:
+                self._fail(fatal)
+
+        return stopping
 
     # -- polling lanes (consumers, dispatchers) ------------------------------------------------
 

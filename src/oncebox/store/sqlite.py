@@ -159,22 +159,31 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._identity: tuple[int, int] | None = None
+        self._settled = False  # from here on a connection opens the file it found, or fails
         if not path.parent.exists():
             raise ConfigurationError(f"the directory of the SQLite database {path} does not exist")
         _create_private(path)
         if migrate:
             self.schema_migrate()
         self._identity = self._file_identity()  # a restore moved into place is another file
+        self._settled = True
         self._opened = self._files_state()  # a commit from now on wakes `wait_for_jobs`
         self._watchers = threading.local()  # each listener's last look (a box can run several)
 
     # -- connections ---------------------------------------------------------------------------
 
     def connect(self) -> sqlite3.Connection:
-        """A new connection with oncebox's pragmas and `oncebox_now()` registered."""
+        """A new connection with oncebox's pragmas and `oncebox_now()` registered. Once the store
+        is open, a connection never creates the file: a lane whose first connection comes after
+        the file was deleted or replaced says so (`check_identity`), instead of leaving an empty
+        database at the path and reporting its missing tables."""
+        if self._settled:
+            self.check_identity()
         try:
             conn = sqlite3.connect(
-                self.path,
+                f"{self.path.absolute().as_uri()}?mode=rw" if self._settled else self.path,
+                uri=self._settled,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self.busy_timeout.total_seconds(),
@@ -186,6 +195,8 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             )
             conn.create_function("oncebox_now", 0, self.clock_file.now_micros)
         except sqlite3.Error as exc:
+            if self._settled:  # gone between the look and the open
+                self.check_identity()
             raise _translate(exc, self.path) from None
         with self._all_lock:
             self._all.append(conn)
