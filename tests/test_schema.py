@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from oncebox import Box, SchemaError
 from oncebox.store import open_store
 from oncebox.store.sqlfiles import load_migrations
 from support.db import sql
+from support.depths import depth_drift
 
 
 def _with_task(box: Box) -> Box:
@@ -129,3 +131,30 @@ def test_a_migration_blocked_by_a_long_transaction_gives_up_and_applies_nothing(
         assert store.schema_migrate() == [4]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "dialect", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_the_depths_migration_counts_the_rows_a_database_already_holds(request, dialect):
+    """A database upgraded with jobs and messages in it: migration 10 starts the depths from a
+    count of what is there, so status reads the same figures before and after."""
+    if dialect == "sqlite":
+        url = request.getfixturevalue("sqlite_url")
+    else:
+        url = f"{request.getfixturevalue('pg_url')}?schema=depths_upgrade"
+    store: Any = open_store(url, migrate=False)
+    known = store._migrations  # the migrations of the release before the depths
+    store._migrations = lambda: [m for m in known() if m.version < 10]
+    store.schema_migrate()
+    box = _with_task(Box(store=store))
+    try:
+        box.enqueue_many("task", [{"n": n} for n in range(7)])
+        del store._migrations  # every migration again
+        assert store.schema_migrate() == [10, *range(11, len(known()) + 1)]
+        assert depth_drift(url) == {}
+        assert store.job_count_by_state().counts == {"ready": 7}
+        box.enqueue_many("task", [{"n": n} for n in range(7, 9)])  # and kept from then on
+        assert store.job_count_by_state().counts == {"ready": 9}
+    finally:
+        box.close()

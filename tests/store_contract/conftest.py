@@ -19,6 +19,7 @@ from conftest import database_from
 from oncebox.clock import ClockSetting
 from oncebox.store import Store, open_store
 from support.contract import T0
+from support.depths import depth_drift
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +45,8 @@ def emptied(url: str) -> str:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A migrated, empty store of every dialect, its clock frozen at T0: a test moves time with
-    the store's own clock setting, never by sleeping."""
+    the store's own clock setting, never by sleeping. After the test, the depths the triggers
+    kept must equal a count of the rows: every operation the contract exercises keeps them."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'oncebox.db'}"
     else:
@@ -53,5 +55,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened.clock_set(ClockSetting(frozen_at=T0))
     try:
         yield opened
+        assert depth_drift(url) == {}, "the depths drifted from the rows"
     finally:
         opened.close()

@@ -48,20 +48,9 @@ PERIOD_HEADERS = [
 ]
 
 
-def status_data(box: Box, periods: int) -> dict[str, Any]:
+def schedule_figures(box: Box, periods: int, now: datetime) -> list[dict[str, Any]]:
+    """Each schedule's latest `periods` periods, their figures and SLO judged at `now`."""
     store = box.store
-    times = store.status_times()
-    jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
-    counters = complete(store.counter_list())
-    schema = store.schema_status()
-    now = times.now
-    backlog, workers = store.backlog_list(), store.worker_list(LIVE_WITHIN)
-    served = {task for worker in workers if worker.live for task in worker.tasks}
-    unserved_tasks = [
-        {"task": row.name, "waiting": row.waiting}
-        for row in backlog
-        if row.kind == "job" and row.waiting and row.name not in served
-    ]
     schedules = []
     slos = store.schedule_slo_list()
     for name, paused, last in store.schedule_state_list():
@@ -79,6 +68,31 @@ def status_data(box: Box, periods: int) -> dict[str, Any]:
                 ],
             }
         )
+    return schedules
+
+
+def status_data(
+    box: Box, periods: int, schedules: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """What `oncebox status --json` prints and the exporter exports. The schedules' period
+    figures read every job and message of their periods, so the exporter passes the ones it
+    recomputes in the background (`cli.prometheus.PeriodFigures`); everything else is read
+    from the depths, the counters and index probes, whatever the backlog."""
+    store = box.store
+    times = store.status_times()
+    jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
+    counters = complete(store.counter_list())
+    schema = store.schema_status()
+    now = times.now
+    backlog, workers = store.backlog_list(), store.worker_list(LIVE_WITHIN)
+    served = {task for worker in workers if worker.live for task in worker.tasks}
+    unserved_tasks = [
+        {"task": row.name, "waiting": row.waiting}
+        for row in backlog
+        if row.kind == "job" and row.waiting and row.name not in served
+    ]
+    if schedules is None:
+        schedules = schedule_figures(box, periods, now)
 
     def seconds_since(at: datetime | None) -> float | None:
         return None if at is None else round(max(timedelta(0), now - at).total_seconds(), 3)

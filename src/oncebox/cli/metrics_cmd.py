@@ -1,7 +1,8 @@
 """`oncebox metrics --bind HOST:PORT`: the store-wide figures for Prometheus to scrape.
 
-One exporter per database: every figure is read from the store on each scrape, so one copy is
-the whole truth, and two would only be counted twice by `sum()`.
+One exporter per database: every figure is read from the store on each scrape (the schedules'
+period figures from a background refresh: `cli.prometheus.PeriodFigures`), so one copy is the
+whole truth, and two would only be counted twice by `sum()`.
 """
 
 from __future__ import annotations
@@ -66,15 +67,19 @@ def address(server: WSGIServer) -> str:
 @db_option
 def metrics(bind: str, app: str | None, db: str | None) -> None:
     """Serve the store's figures — the counters, depths, ages and periods of `oncebox status`
-    — at /metrics in Prometheus's text format, read from the store on every scrape. Run one per
-    database. SIGTERM or Ctrl-C stops it."""
-    from oncebox.cli.prometheus import StoreCollector  # noqa: PLC0415 (only this command)
+    — at /metrics in Prometheus's text format, read from the store on every scrape (the period
+    figures refreshed in the background, at least every 30 s). Run one per database. SIGTERM or
+    Ctrl-C stops it."""
+    from oncebox.cli.prometheus import PeriodFigures, StoreCollector  # noqa: PLC0415
 
     with reported():
         box = box_for_admin(app, db)
-        server = serve(bind, StoreCollector(box))
+        figures = PeriodFigures(box)
+        figures.refresh()  # a store that cannot be read is said now, not at the first scrape
+        server = serve(bind, StoreCollector(box, figures))
     say(f"serving {address(server)} for {box.where}")
     stop = threading.Event()
+    threading.Thread(target=figures.run, args=(stop,), name="oncebox-periods", daemon=True).start()
 
     def handle(_signum: int, _frame: FrameType | None) -> None:
         stop.set()

@@ -24,11 +24,26 @@ ORDER BY name;
 
 -- name: counter_compact
 -- Fold the shards of backends that are gone into shard 0 (the pruner, now and then), so the
--- table stays about the size of the live connections times the counters. A backend whose pid is
--- reused after its rows were read simply adds to a fresh row.
-WITH gone AS (
+-- counters and the depths (0010) stay about the size of the live connections times their
+-- names. A backend whose pid is reused after its rows were read simply adds to a fresh row.
+WITH live AS MATERIALIZED (SELECT pid FROM pg_stat_activity),
+gone_depths AS (
+    DELETE FROM __S__.oncebox_depths
+    WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM live)
+    RETURNING kind, name, queue, state, outcome, value
+),
+depths_folded AS (
+    INSERT INTO __S__.oncebox_depths AS d (kind, name, queue, state, outcome, shard, value)
+    SELECT kind, name, queue, state, outcome, 0, sum(value)
+    FROM gone_depths
+    GROUP BY 1, 2, 3, 4, 5
+    ORDER BY 1, 2, 3, 4, 5
+    ON CONFLICT (kind, name, queue, state, outcome, shard)
+    DO UPDATE SET value = d.value + excluded.value
+),
+gone AS (
     DELETE FROM __S__.oncebox_counters
-    WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM pg_stat_activity)
+    WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM live)
     RETURNING name, value
 )
 INSERT INTO __S__.oncebox_counters AS c (name, shard, value)

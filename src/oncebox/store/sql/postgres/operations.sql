@@ -13,37 +13,70 @@ LIMIT %(limit)s;
 
 -- name: status_times
 -- The instants operators and the demo watch: the oldest due ready job, the next job and message
--- to fall due, the oldest pending message, the next lease to run out.
+-- to fall due, the oldest pending message, the next lease to run out. Each is the first entry
+-- of an index: no scan of a backlog.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT
-    (SELECT min(run_at) FROM __S__.oncebox_jobs
-      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)) AS oldest_due_ready,
-    (SELECT min(run_at) FROM __S__.oncebox_jobs WHERE state = 'ready') AS next_ready,
-    (SELECT min(next_attempt_at) FROM __S__.oncebox_outbox WHERE state = 'pending')
-        AS next_pending_message,
-    (SELECT min(created_at) FROM __S__.oncebox_outbox WHERE state = 'pending')
-        AS oldest_pending_message,
-    (SELECT min(lease_expires_at) FROM __S__.oncebox_jobs WHERE state = 'leased')
-        AS next_job_lease_end,
-    (SELECT min(lease_expires_at) FROM __S__.oncebox_outbox
-      WHERE state IN ('leased', 'sending')) AS next_message_lease_end,
+    (SELECT run_at FROM __S__.oncebox_jobs
+      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)
+      ORDER BY run_at LIMIT 1) AS oldest_due_ready,
+    (SELECT run_at FROM __S__.oncebox_jobs WHERE state = 'ready'
+      ORDER BY run_at LIMIT 1) AS next_ready,
+    (SELECT min(f.next_attempt_at)
+     FROM (SELECT name FROM __S__.oncebox_depths
+           WHERE kind = 'message' AND state = 'pending'
+           GROUP BY name HAVING sum(value) > 0) c,
+          LATERAL (SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
+                   WHERE o.state = 'pending' AND o.channel = c.name
+                   ORDER BY o.next_attempt_at, o.id LIMIT 1) f) AS next_pending_message,
+    (SELECT created_at FROM __S__.oncebox_outbox WHERE state = 'pending'
+      ORDER BY created_at LIMIT 1) AS oldest_pending_message,
+    (SELECT lease_expires_at FROM __S__.oncebox_jobs WHERE state = 'leased'
+      ORDER BY lease_expires_at LIMIT 1) AS next_job_lease_end,
+    (SELECT lease_expires_at FROM __S__.oncebox_outbox WHERE state IN ('leased', 'sending')
+      ORDER BY lease_expires_at LIMIT 1) AS next_message_lease_end,
     (SELECT now FROM clock) AS now;
 
 -- name: backlog_list
 -- Work not finished, per task (jobs) and per channel (messages): how much waits and when the
 -- first of it falls due; how much a lease holds and when the first lease runs out. What
--- `worker --until-idle` reports on exit and `status` shows.
-SELECT 'job' AS kind, task AS name,
-       count(*) FILTER (WHERE state = 'ready') AS waiting,
-       min(run_at) FILTER (WHERE state = 'ready') AS next_due_at,
-       count(*) FILTER (WHERE state = 'leased') AS held,
-       min(lease_expires_at) FILTER (WHERE state = 'leased') AS held_until
-FROM __S__.oncebox_jobs WHERE state IN ('ready', 'leased') GROUP BY task
+-- `worker --until-idle` reports on exit and `status` shows. The counts come from the depths
+-- (0010); the instants are index probes per task or channel (leases are few: at most a batch
+-- per worker).
+WITH depths AS (
+    SELECT kind, name,
+           sum(value) FILTER (WHERE state IN ('ready', 'pending'))::bigint AS waiting,
+           sum(value) FILTER (WHERE state IN ('leased', 'sending'))::bigint AS held
+    FROM __S__.oncebox_depths
+    WHERE state IN ('ready', 'pending', 'leased', 'sending')
+    GROUP BY kind, name
+    HAVING sum(value) > 0
+)
+SELECT 'job' AS kind, d.name, COALESCE(d.waiting, 0) AS waiting,
+       CASE WHEN d.waiting > 0 THEN
+           -- the first ready job from this task on, in oncebox_jobs_task_due's order: a
+           -- "task = name" would let the planner walk the due index past other tasks' jobs
+           (SELECT j.run_at FROM __S__.oncebox_jobs j
+            WHERE j.state = 'ready' AND j.task >= d.name
+            ORDER BY j.task, j.run_at LIMIT 1)
+       END AS next_due_at,
+       COALESCE(d.held, 0) AS held,
+       CASE WHEN d.held > 0 THEN
+           (SELECT min(j.lease_expires_at) FROM __S__.oncebox_jobs j
+            WHERE j.state = 'leased' AND j.task = d.name)
+       END AS held_until
+FROM depths d WHERE d.kind = 'job'
 UNION ALL
-SELECT 'message', channel,
-       count(*) FILTER (WHERE state = 'pending'),
-       min(next_attempt_at) FILTER (WHERE state = 'pending'),
-       count(*) FILTER (WHERE state IN ('leased', 'sending')),
-       min(lease_expires_at) FILTER (WHERE state IN ('leased', 'sending'))
-FROM __S__.oncebox_outbox WHERE state IN ('pending', 'leased', 'sending') GROUP BY channel
+SELECT 'message', d.name, COALESCE(d.waiting, 0),
+       CASE WHEN d.waiting > 0 THEN
+           (SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
+            WHERE o.state = 'pending' AND o.channel = d.name
+            ORDER BY o.next_attempt_at, o.id LIMIT 1)
+       END,
+       COALESCE(d.held, 0),
+       CASE WHEN d.held > 0 THEN
+           (SELECT min(o.lease_expires_at) FROM __S__.oncebox_outbox o
+            WHERE o.state IN ('leased', 'sending') AND o.channel = d.name)
+       END
+FROM depths d WHERE d.kind = 'message'
 ORDER BY 1, 2;

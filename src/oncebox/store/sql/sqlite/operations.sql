@@ -12,35 +12,62 @@ ORDER BY id DESC
 LIMIT :limit;
 
 -- name: status_times
+-- See the PostgreSQL query: each instant is the first entry of an index.
 SELECT
-    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now)
-        AS oldest_due_ready,
-    (SELECT min(run_at) FROM oncebox_jobs WHERE state = 'ready') AS next_ready,
-    (SELECT min(next_attempt_at) FROM oncebox_outbox WHERE state = 'pending')
-        AS next_pending_message,
-    (SELECT min(created_at) FROM oncebox_outbox WHERE state = 'pending')
-        AS oldest_pending_message,
-    (SELECT min(lease_expires_at) FROM oncebox_jobs WHERE state = 'leased')
-        AS next_job_lease_end,
-    (SELECT min(lease_expires_at) FROM oncebox_outbox WHERE state IN ('leased', 'sending'))
-        AS next_message_lease_end,
+    (SELECT run_at FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now
+      ORDER BY run_at LIMIT 1) AS oldest_due_ready,
+    (SELECT run_at FROM oncebox_jobs WHERE state = 'ready' ORDER BY run_at LIMIT 1)
+        AS next_ready,
+    (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox o
+                 WHERE o.state = 'pending' AND o.channel = c.name
+                 ORDER BY o.next_attempt_at, o.id LIMIT 1))
+     FROM (SELECT name FROM oncebox_depths
+           WHERE kind = 'message' AND state = 'pending'
+           GROUP BY name HAVING sum(value) > 0) c) AS next_pending_message,
+    (SELECT created_at FROM oncebox_outbox WHERE state = 'pending'
+      ORDER BY created_at LIMIT 1) AS oldest_pending_message,
+    (SELECT lease_expires_at FROM oncebox_jobs WHERE state = 'leased'
+      ORDER BY lease_expires_at LIMIT 1) AS next_job_lease_end,
+    (SELECT lease_expires_at FROM oncebox_outbox WHERE state IN ('leased', 'sending')
+      ORDER BY lease_expires_at LIMIT 1) AS next_message_lease_end,
     :now AS now;
 
 -- name: backlog_list
--- Work not finished, per task (jobs) and per channel (messages): how much waits and when the
--- first of it falls due; how much a lease holds and when the first lease runs out. What
--- `worker --until-idle` reports on exit and `status` shows.
-SELECT 'job' AS kind, task AS name,
-       count(*) FILTER (WHERE state = 'ready') AS waiting,
-       min(run_at) FILTER (WHERE state = 'ready') AS next_due_at,
-       count(*) FILTER (WHERE state = 'leased') AS held,
-       min(lease_expires_at) FILTER (WHERE state = 'leased') AS held_until
-FROM oncebox_jobs WHERE state IN ('ready', 'leased') GROUP BY task
+-- See the PostgreSQL query: counts from the depths (0010), instants from index probes.
+WITH depths AS (
+    SELECT kind, name,
+           sum(value) FILTER (WHERE state IN ('ready', 'pending')) AS waiting,
+           sum(value) FILTER (WHERE state IN ('leased', 'sending')) AS held
+    FROM oncebox_depths
+    WHERE state IN ('ready', 'pending', 'leased', 'sending')
+    GROUP BY kind, name
+    HAVING sum(value) > 0
+)
+SELECT 'job' AS kind, d.name, COALESCE(d.waiting, 0) AS waiting,
+       CASE WHEN d.waiting > 0 THEN
+           -- the first ready job from this task on, in oncebox_jobs_task_due's order: a
+           -- "task = name" would let the planner walk the due index past other tasks' jobs
+           (SELECT j.run_at FROM oncebox_jobs j
+            WHERE j.state = 'ready' AND j.task >= d.name
+            ORDER BY j.task, j.run_at LIMIT 1)
+       END AS next_due_at,
+       COALESCE(d.held, 0) AS held,
+       CASE WHEN d.held > 0 THEN
+           (SELECT min(j.lease_expires_at) FROM oncebox_jobs j
+            WHERE j.state = 'leased' AND j.task = d.name)
+       END AS held_until
+FROM depths d WHERE d.kind = 'job'
 UNION ALL
-SELECT 'message', channel,
-       count(*) FILTER (WHERE state = 'pending'),
-       min(next_attempt_at) FILTER (WHERE state = 'pending'),
-       count(*) FILTER (WHERE state IN ('leased', 'sending')),
-       min(lease_expires_at) FILTER (WHERE state IN ('leased', 'sending'))
-FROM oncebox_outbox WHERE state IN ('pending', 'leased', 'sending') GROUP BY channel
+SELECT 'message', d.name, COALESCE(d.waiting, 0),
+       CASE WHEN d.waiting > 0 THEN
+           (SELECT o.next_attempt_at FROM oncebox_outbox o
+            WHERE o.state = 'pending' AND o.channel = d.name
+            ORDER BY o.next_attempt_at, o.id LIMIT 1)
+       END,
+       COALESCE(d.held, 0),
+       CASE WHEN d.held > 0 THEN
+           (SELECT min(o.lease_expires_at) FROM oncebox_outbox o
+            WHERE o.state IN ('leased', 'sending') AND o.channel = d.name)
+       END
+FROM depths d WHERE d.kind = 'message'
 ORDER BY 1, 2;

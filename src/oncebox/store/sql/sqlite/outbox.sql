@@ -202,8 +202,10 @@ WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels)
 ORDER BY id LIMIT :limit;
 
 -- name: outbox_count_by_state
-SELECT CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, count(*) AS count
-FROM oncebox_outbox GROUP BY 1;
+-- From the depths the triggers keep (0010); a discarded message counts as 'discarded'.
+SELECT state, sum(value) AS count
+FROM oncebox_depths WHERE kind = 'message'
+GROUP BY 1 HAVING sum(value) <> 0;
 
 -- name: delivery_attempt_list
 SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, receipt

@@ -48,6 +48,18 @@ TABLE oncebox_delivery_attempts
   CONSTRAINT CHECK ((outcome = ANY (ARRAY['sent'::text, 'failed'::text, 'throttled'::text, 'dead'::text, 'ambiguous'::text, 'resent'::text, 'lease_expired'::text])))
   CONSTRAINT PRIMARY KEY (id)
 
+TABLE oncebox_depths
+  kind text NOT NULL
+  name text NOT NULL
+  queue text NOT NULL
+  state text NOT NULL
+  outcome text NOT NULL
+  shard integer NOT NULL
+  value bigint NOT NULL
+  CONSTRAINT CHECK ((kind = ANY (ARRAY['job'::text, 'message'::text])))
+  CONSTRAINT PRIMARY KEY (kind, name, queue, state, outcome, shard)
+  WITH (fillfactor=50)
+
 TABLE oncebox_intents
   key text COLLATE "C" NOT NULL
   task text NOT NULL
@@ -213,6 +225,8 @@ CREATE UNIQUE INDEX oncebox_delivery_attempts_pkey ON __S__.oncebox_delivery_att
 
 CREATE INDEX oncebox_delivery_attempts_row ON __S__.oncebox_delivery_attempts USING btree (outbox_id, id)
 
+CREATE UNIQUE INDEX oncebox_depths_pkey ON __S__.oncebox_depths USING btree (kind, name, queue, state, outcome, shard)
+
 CREATE UNIQUE INDEX oncebox_intents_pkey ON __S__.oncebox_intents USING btree (key)
 
 CREATE INDEX oncebox_intents_task_claimed ON __S__.oncebox_intents USING btree (task, claimed_at)
@@ -235,6 +249,8 @@ CREATE UNIQUE INDEX oncebox_jobs_pkey ON __S__.oncebox_jobs USING btree (id)
 
 CREATE INDEX oncebox_jobs_schedule_period ON __S__.oncebox_jobs USING btree (schedule, period) WHERE (schedule IS NOT NULL)
 
+CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs USING btree (task, run_at) WHERE (state = 'ready'::text)
+
 CREATE UNIQUE INDEX oncebox_key_canaries_pkey ON __S__.oncebox_key_canaries USING btree (kind, name)
 
 CREATE UNIQUE INDEX oncebox_migrations_pkey ON __S__.oncebox_migrations USING btree (version)
@@ -253,6 +269,8 @@ CREATE INDEX oncebox_outbox_leased ON __S__.oncebox_outbox USING btree (lease_ex
 
 CREATE UNIQUE INDEX oncebox_outbox_pkey ON __S__.oncebox_outbox USING btree (id)
 
+CREATE INDEX oncebox_outbox_waiting ON __S__.oncebox_outbox USING btree (created_at) WHERE (state = 'pending'::text)
+
 CREATE UNIQUE INDEX oncebox_rate_buckets_pkey ON __S__.oncebox_rate_buckets USING btree (channel, name)
 
 CREATE UNIQUE INDEX oncebox_schedule_runs_pkey ON __S__.oncebox_schedule_runs USING btree (schedule, period)
@@ -264,6 +282,56 @@ CREATE UNIQUE INDEX oncebox_schedules_pkey ON __S__.oncebox_schedules USING btre
 CREATE UNIQUE INDEX oncebox_settings_pkey ON __S__.oncebox_settings USING btree (name)
 
 CREATE UNIQUE INDEX oncebox_workers_pkey ON __S__.oncebox_workers USING btree (name)
+
+FUNCTION oncebox_jobs_depth
+BEGIN
+    -- each branch names only the transition tables its operation has (plpgsql plans a
+    -- statement when it first runs it)
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO __S__.oncebox_depths AS d
+            (kind, name, queue, state, outcome, shard, value)
+        SELECT 'job', c.name, c.queue, c.state, c.outcome, pg_backend_pid(), sum(c.delta)
+        FROM (
+            SELECT task, queue, state,
+                   COALESCE(outcome, ''), 1 FROM depth_new
+        ) AS c(name, queue, state, outcome, delta)
+        GROUP BY 2, 3, 4, 5
+        HAVING sum(c.delta) <> 0
+        ORDER BY 2, 3, 4, 5
+        ON CONFLICT (kind, name, queue, state, outcome, shard)
+        DO UPDATE SET value = d.value + excluded.value;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO __S__.oncebox_depths AS d
+            (kind, name, queue, state, outcome, shard, value)
+        SELECT 'job', c.name, c.queue, c.state, c.outcome, pg_backend_pid(), sum(c.delta)
+        FROM (
+            SELECT task, queue, state,
+                   COALESCE(outcome, ''), 1 FROM depth_new
+            UNION ALL
+            SELECT task, queue, state,
+                   COALESCE(outcome, ''), -1 FROM depth_old
+        ) AS c(name, queue, state, outcome, delta)
+        GROUP BY 2, 3, 4, 5
+        HAVING sum(c.delta) <> 0
+        ORDER BY 2, 3, 4, 5
+        ON CONFLICT (kind, name, queue, state, outcome, shard)
+        DO UPDATE SET value = d.value + excluded.value;
+    ELSE
+        INSERT INTO __S__.oncebox_depths AS d
+            (kind, name, queue, state, outcome, shard, value)
+        SELECT 'job', c.name, c.queue, c.state, c.outcome, pg_backend_pid(), sum(c.delta)
+        FROM (
+            SELECT task, queue, state,
+                   COALESCE(outcome, ''), -1 FROM depth_old
+        ) AS c(name, queue, state, outcome, delta)
+        GROUP BY 2, 3, 4, 5
+        HAVING sum(c.delta) <> 0
+        ORDER BY 2, 3, 4, 5
+        ON CONFLICT (kind, name, queue, state, outcome, shard)
+        DO UPDATE SET value = d.value + excluded.value;
+    END IF;
+    RETURN NULL;
+END
 
 FUNCTION oncebox_jobs_notify
 BEGIN
@@ -280,6 +348,68 @@ BEGIN
         now());
 END
 
+FUNCTION oncebox_outbox_depth
+BEGIN
+    -- each branch names only the transition tables its operation has (plpgsql plans a
+    -- statement when it first runs it)
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO __S__.oncebox_depths AS d
+            (kind, name, queue, state, outcome, shard, value)
+        SELECT 'message', c.name, c.queue, c.state, c.outcome, pg_backend_pid(), sum(c.delta)
+        FROM (
+            SELECT channel, '', CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END,
+                   '', 1 FROM depth_new
+        ) AS c(name, queue, state, outcome, delta)
+        GROUP BY 2, 3, 4, 5
+        HAVING sum(c.delta) <> 0
+        ORDER BY 2, 3, 4, 5
+        ON CONFLICT (kind, name, queue, state, outcome, shard)
+        DO UPDATE SET value = d.value + excluded.value;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO __S__.oncebox_depths AS d
+            (kind, name, queue, state, outcome, shard, value)
+        SELECT 'message', c.name, c.queue, c.state, c.outcome, pg_backend_pid(), sum(c.delta)
+        FROM (
+            SELECT channel, '', CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END,
+                   '', 1 FROM depth_new
+            UNION ALL
+            SELECT channel, '', CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END,
+                   '', -1 FROM depth_old
+        ) AS c(name, queue, state, outcome, delta)
+        GROUP BY 2, 3, 4, 5
+        HAVING sum(c.delta) <> 0
+        ORDER BY 2, 3, 4, 5
+        ON CONFLICT (kind, name, queue, state, outcome, shard)
+        DO UPDATE SET value = d.value + excluded.value;
+    ELSE
+        INSERT INTO __S__.oncebox_depths AS d
+            (kind, name, queue, state, outcome, shard, value)
+        SELECT 'message', c.name, c.queue, c.state, c.outcome, pg_backend_pid(), sum(c.delta)
+        FROM (
+            SELECT channel, '', CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END,
+                   '', -1 FROM depth_old
+        ) AS c(name, queue, state, outcome, delta)
+        GROUP BY 2, 3, 4, 5
+        HAVING sum(c.delta) <> 0
+        ORDER BY 2, 3, 4, 5
+        ON CONFLICT (kind, name, queue, state, outcome, shard)
+        DO UPDATE SET value = d.value + excluded.value;
+    END IF;
+    RETURN NULL;
+END
+
+CREATE TRIGGER oncebox_jobs_depth_delete AFTER DELETE ON __S__.oncebox_jobs REFERENCING OLD TABLE AS depth_old FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth()
+
+CREATE TRIGGER oncebox_jobs_depth_insert AFTER INSERT ON __S__.oncebox_jobs REFERENCING NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth()
+
+CREATE TRIGGER oncebox_jobs_depth_update AFTER UPDATE ON __S__.oncebox_jobs REFERENCING OLD TABLE AS depth_old NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth()
+
 CREATE TRIGGER oncebox_jobs_notify AFTER INSERT ON __S__.oncebox_jobs FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()
+
+CREATE TRIGGER oncebox_outbox_depth_delete AFTER DELETE ON __S__.oncebox_outbox REFERENCING OLD TABLE AS depth_old FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_outbox_depth()
+
+CREATE TRIGGER oncebox_outbox_depth_insert AFTER INSERT ON __S__.oncebox_outbox REFERENCING NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_outbox_depth()
+
+CREATE TRIGGER oncebox_outbox_depth_update AFTER UPDATE ON __S__.oncebox_outbox REFERENCING OLD TABLE AS depth_old NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_outbox_depth()
 
 CREATE TRIGGER oncebox_outbox_notify AFTER INSERT ON __S__.oncebox_outbox FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()

@@ -1,0 +1,60 @@
+"""The exporter reads the schedules' period figures — which read every job and message of a
+period — from a refresh in the background, never on the scrape; every other figure is read on
+the scrape itself, from the depths and index probes."""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+
+from oncebox.cli.prometheus import PeriodFigures, StoreCollector
+from support.digest_schedule import scheduled_box
+
+PERIOD = "2026-W33"
+
+
+def samples(collector: StoreCollector) -> dict[str, float]:
+    found: dict[str, float] = {}
+    family: Metric
+    for family in collector.collect():
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return found
+
+
+def test_a_scrape_reads_the_period_figures_of_the_last_refresh_and_the_depths_live(sqlite_url):
+    box = scheduled_box(sqlite_url, customers=3)
+    try:
+        box.run_schedule("weekly-digest", PERIOD)
+        figures = PeriodFigures(box)
+        collector = StoreCollector(box, figures)
+        key = f"period={PERIOD},schedule=weekly-digest"
+        before = samples(collector)
+        assert before[f"oncebox_period_pending{{{key}}}"] == 3
+        assert before["oncebox_jobs{state=ready}"] == 3
+
+        box.work(until_idle=True)
+        stale = samples(collector)
+        assert stale["oncebox_jobs{state=done}"] == 3  # the depths: read on the scrape
+        assert stale[f"oncebox_period_pending{{{key}}}"] == 3  # the periods: not yet refreshed
+        assert stale["oncebox_period_figures_age_seconds"] >= 0
+
+        figures.refresh()
+        fresh = samples(collector)
+        assert fresh[f"oncebox_period_pending{{{key}}}"] == 0
+        assert fresh[f"oncebox_period_covered{{{key}}}"] == 3
+    finally:
+        box.close()
+
+
+def test_without_a_background_refresh_a_scrape_reads_the_periods_itself(sqlite_url):
+    box = scheduled_box(sqlite_url, customers=2)
+    try:
+        box.run_schedule("weekly-digest", PERIOD)
+        collector = StoreCollector(box)
+        box.work(until_idle=True)
+        found = samples(collector)
+        assert found[f"oncebox_period_covered{{period={PERIOD},schedule=weekly-digest}}"] == 2
+        assert found["oncebox_period_figures_age_seconds"] == 0
+    finally:
+        box.close()
