@@ -4,6 +4,7 @@ enqueues with its count in the same transaction, and a period's coverage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 
@@ -316,3 +317,42 @@ def test_schedule_period_pace_measures_completions_from_first_lease_to_last(stor
     pace = store.schedule_period_pace(WEEKLY, "2026-W34")
     assert (pace.done, pace.lanes) == (2, 1)
     assert (pace.first_at, pace.last_at) == (T0, T0 + timedelta(minutes=10))
+
+
+def test_schedule_period_stats_count_pruned_jobs_as_the_runs_summary_kept_them(store: Store):
+    """"Did everyone get W34?" still has its answer once the pruner deleted the jobs: what each
+    pruned job counted is added to its run in the prune's transaction. A job with a message not
+    yet sent is kept until it is: its figures could still change."""
+    store.schedule_state(WEEKLY, grace=timedelta(0))
+    store.schedule_slo_set(WEEKLY, timedelta(hours=1), 0.99)
+    store.schedule_run_claim(claim("s1"))  # fired 30 s before T0
+    ids, _held = fan_out(store, "s1", [1, 2, 3, 4])
+    store.schedule_run_finish(WEEKLY, "2026-W34", "s1", eligible=4, enqueued=0)
+    with opened_session(store) as session:
+        token, _ = lease(session, tasks=("digest",), limit=4)
+        with session.transaction() as tx:
+            tx.outbox_insert(
+                [outbox_insert(f"digest/{c}/2026-W34", job_id=ids[c - 1]) for c in (1, 2, 3)]
+            )
+            tx.job_finish(token, [JobFinish(i, "done", outcome="completed") for i in ids])
+    messages = {c: store.outbox_find_by_key(f"digest/{c}/2026-W34")[0].id for c in (1, 2, 3)}
+    finish_outbox(store, messages[1], OutboxFinish(messages[1], "sent", "sent", True))
+    advance(store, timedelta(hours=2))
+    finish_outbox(store, messages[2], OutboxFinish(messages[2], "sent", "sent", True))
+    window = timedelta(hours=1)
+    [before] = store.schedule_period_stats(WEEKLY, window=window)
+    assert (before.done, before.covered, before.sent, before.pending) == (4, 3, 2, 1)
+    assert (before.on_time, before.pruned) == (2, 0)  # 1 sent in time; 4 wrote nothing
+
+    advance(store, timedelta(days=8))
+    assert store.job_prune(timedelta(days=7), limit=100) == 3  # job 3 stays: its message is pending
+    assert store.job_prune(timedelta(days=7), limit=100) == 0
+    assert [store.job_get(i) is None for i in ids] == [True, True, False, True]
+    [after] = store.schedule_period_stats(WEEKLY, window=window)
+    assert after == dataclasses.replace(before, pruned=3)
+
+    finish_outbox(store, messages[3], OutboxFinish(messages[3], "sent", "sent", True))
+    assert store.job_prune(timedelta(days=7), limit=100) == 1
+    [final] = store.schedule_period_stats(WEEKLY, window=window)
+    assert (final.done, final.covered, final.sent, final.pending) == (4, 4, 3, 0)
+    assert (final.on_time, final.pruned, final.coverage) == (2, 4, 1.0)  # 3 was sent 8 days late

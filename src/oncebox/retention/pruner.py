@@ -2,7 +2,10 @@
 
 Done and cancelled jobs (with their attempt history) are deleted `job_retention` after they
 finished (default 14 days), a small batch per statement so the lane never holds long locks.
-Dead jobs are never pruned: they wait for a replay or an operator.
+Dead jobs are never pruned: they wait for a replay or an operator; nor is a job with a message
+not yet sent (pending, held ambiguous, dead): its period's figures still move with it. What a
+pruned job of a schedule period counted is kept in its run's summary, in the same statement, so
+the period's figures outlive its jobs (`job_prune`, migration 0011).
 
 Intents are tombstones that must outlive every way a duplicate can arrive, so they are kept
 forever unless a task declares `keep_intents=` (e.g. 400 days for weekly digests): only then does

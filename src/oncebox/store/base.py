@@ -511,6 +511,7 @@ class PeriodStats:
     on_time: int | None = None  # covered within the SLO's window (None: no SLO or no fire)
     dead_subjects: int = 0  # jobs dead, or with a dead message (`dead` counts messages too)
     held_subjects: int = 0  # jobs not dead with a message held ambiguous
+    pruned: int = 0  # done jobs pruned, counted as their run's summary kept them (job_prune)
 
     @property
     def coverage(self) -> float | None:

@@ -432,8 +432,15 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         with self._transaction() as tx:
             pruned = tx.fetch("job_prune", {"older_than_us": _us(older_than), "limit": limit})
-            id_ = pruned.columns()["id"]
-            ids = [row[id_] for row in pruned.rows]
+            c = pruned.columns()
+            ids = [row[c["id"]] for row in pruned.rows]
+            summarised = [
+                [row[c["id"]], row[c["schedule"]], row[c["period"]], row[c["finished_at"]]]
+                for row in pruned.rows
+                if row[c["schedule"]] is not None and row[c["state"]] == "done"
+            ]
+            if summarised:
+                tx.fetch("job_prune__summarise", {"pruned": json.dumps(summarised)})
             if ids:
                 tx.fetch("job_prune__attempts", {"ids": json.dumps(ids)})
         return len(ids)

@@ -15,13 +15,19 @@ LIMIT %(limit)s;
 -- The instants operators and the demo watch: the oldest due ready job, the next job and message
 -- to fall due, the oldest pending message, the next lease to run out. Each is the first entry
 -- of an index: no scan of a backlog.
-WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+firsts AS (  -- each task's first ready job, as job_next_due finds it
+    SELECT f.run_at
+    FROM (SELECT name FROM __S__.oncebox_depths WHERE kind = 'job' AND state = 'ready'
+          GROUP BY name HAVING sum(value) > 0) t,
+         LATERAL (SELECT j.run_at FROM __S__.oncebox_jobs j
+                  WHERE j.state = 'ready' AND j.task = t.name
+                  ORDER BY j.task, j.run_at LIMIT 1) f
+)
 SELECT
-    (SELECT run_at FROM __S__.oncebox_jobs
-      WHERE state = 'ready' AND run_at <= (SELECT now FROM clock)
-      ORDER BY run_at LIMIT 1) AS oldest_due_ready,
-    (SELECT run_at FROM __S__.oncebox_jobs WHERE state = 'ready'
-      ORDER BY run_at LIMIT 1) AS next_ready,
+    (SELECT min(run_at) FROM firsts WHERE run_at <= (SELECT now FROM clock))
+        AS oldest_due_ready,
+    (SELECT min(run_at) FROM firsts) AS next_ready,
     (SELECT min(f.next_attempt_at)
      FROM (SELECT name FROM __S__.oncebox_depths
            WHERE kind = 'message' AND state = 'pending'
@@ -54,11 +60,9 @@ WITH depths AS (
 )
 SELECT 'job' AS kind, d.name, COALESCE(d.waiting, 0) AS waiting,
        CASE WHEN d.waiting > 0 THEN
-           -- the first ready job from this task on, in oncebox_jobs_task_due's order: a
-           -- "task = name" would let the planner walk the due index past other tasks' jobs
            (SELECT j.run_at FROM __S__.oncebox_jobs j
-            WHERE j.state = 'ready' AND j.task >= d.name
-            ORDER BY j.task, j.run_at LIMIT 1)
+            WHERE j.state = 'ready' AND j.task = d.name
+            ORDER BY j.task, j.run_at LIMIT 1)  -- oncebox_jobs_task_due's first entry
        END AS next_due_at,
        COALESCE(d.held, 0) AS held,
        CASE WHEN d.held > 0 THEN

@@ -134,9 +134,10 @@ ORDER BY started_at, period;
 -- every message it wrote is sent; *on time* when it was covered within %(window_s)s seconds of
 -- the period's fire time (its last message's send, or its completion when it wrote none): the
 -- schedule's delivery-window SLO. Without a window (or a fire time: a run by hand), on_time is
--- NULL.
+-- NULL. A pruned job counts as its run's summary kept it (job_prune).
 WITH runs AS (
-    SELECT period, state, eligible_count, enqueued_count, fire_at
+    SELECT period, state, eligible_count, enqueued_count, fire_at, pruned_done, pruned_sent,
+           pruned_on_time
     FROM __S__.oncebox_schedule_runs
     WHERE schedule = %(schedule)s
     ORDER BY period DESC
@@ -181,14 +182,18 @@ per_period AS (
     GROUP BY j.period
 )
 SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqueued,
-       COALESCE(p.done, 0) AS done, COALESCE(p.covered, 0) AS covered,
+       -- the jobs pruned count as the run's summary kept them (0011; job_prune)
+       COALESCE(p.done, 0) + r.pruned_done AS done,
+       COALESCE(p.covered, 0) + r.pruned_done AS covered,
        -- the sums are numeric: as bigint, they read as integers like the counts
-       COALESCE(p.sent, 0)::bigint AS sent, COALESCE(p.pending, 0)::bigint AS pending,
+       COALESCE(p.sent, 0)::bigint + r.pruned_sent AS sent,
+       COALESCE(p.pending, 0)::bigint AS pending,
        COALESCE(p.dead, 0)::bigint AS dead, COALESCE(p.ambiguous, 0)::bigint AS ambiguous,
        r.fire_at,
        COALESCE(p.dead_subjects, 0) AS dead_subjects,
        COALESCE(p.held_subjects, 0) AS held_subjects,
        CASE WHEN %(window_s)s::float8 IS NULL OR r.fire_at IS NULL THEN NULL
-            ELSE COALESCE(p.on_time, 0) END AS on_time
+            ELSE COALESCE(p.on_time, 0) + r.pruned_on_time END AS on_time,
+       r.pruned_done AS pruned
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;

@@ -43,7 +43,9 @@ WHERE id IN (
     FROM oncebox_jobs j
     WHERE j.state = 'ready'
       AND j.run_at <= :now
-      AND j.task IN (SELECT value FROM json_each(:tasks))
+      -- the unary plus keeps oncebox_jobs_task_due out of the plan: the claim index's order
+      -- is the lease's order, where the task's index would sort every ready job of the task
+      AND +j.task IN (SELECT value FROM json_each(:tasks))
       AND j.queue IN (SELECT value FROM json_each(:queues))
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM oncebox_jobs g
@@ -177,19 +179,60 @@ FROM oncebox_depths WHERE kind = 'job'
 GROUP BY 1, 2 HAVING sum(value) <> 0;
 
 -- name: job_next_due
-SELECT min(run_at) AS at, :now AS now FROM oncebox_jobs
-WHERE state = 'ready'
-  AND task IN (SELECT value FROM json_each(:tasks))
-  AND queue IN (SELECT value FROM json_each(:queues));
+-- See the PostgreSQL query: the earliest of each task's first entry in oncebox_jobs_task_due.
+SELECT (SELECT min((SELECT j.run_at FROM oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.task = t.value
+                      AND j.queue IN (SELECT value FROM json_each(:queues))
+                    ORDER BY j.task, j.run_at LIMIT 1))
+        FROM json_each(:tasks) t) AS at,
+       :now AS now;
 
 -- name: job_prune
+-- See the PostgreSQL query: the rows come back for the summary (job_prune__summarise) and the
+-- attempts (job_prune__attempts).
 DELETE FROM oncebox_jobs
 WHERE id IN (
-    SELECT id FROM oncebox_jobs
-    WHERE state IN ('done', 'cancelled') AND finished_at < :now - :older_than_us
-    ORDER BY id
+    SELECT j.id FROM oncebox_jobs j
+    WHERE j.state IN ('done', 'cancelled') AND j.finished_at < :now - :older_than_us
+      AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                      WHERE o.job_id = j.id AND o.state <> 'sent' AND o.discarded_at IS NULL)
+    ORDER BY j.id
     LIMIT :limit)
-RETURNING id;
+RETURNING id, schedule, period, state, finished_at;
+
+-- name: job_prune__summarise
+-- :pruned is a JSON array of [id, schedule, period, finished_at] of the done jobs pruned (their
+-- messages are still there); windows in seconds, instants in microseconds.
+WITH doomed AS (
+    SELECT value ->> 0 AS id, value ->> 1 AS schedule, value ->> 2 AS period,
+           value ->> 3 AS finished_at
+    FROM json_each(:pruned)
+),
+counted AS (
+    SELECT d.schedule, d.period, count(*) AS done, COALESCE(sum(m.sent), 0) AS sent,
+           count(*) FILTER (
+               WHERE COALESCE(m.last_sent_at, d.finished_at)
+                     <= run.fire_at + CAST(COALESCE(run.pruned_window_s, sch.slo_window_s)
+                                           * 1000000 AS INTEGER)) AS on_time,
+           COALESCE(run.pruned_window_s, sch.slo_window_s) AS window_s
+    FROM doomed d
+    JOIN oncebox_schedule_runs run ON run.schedule = d.schedule AND run.period = d.period
+    LEFT JOIN oncebox_schedules sch ON sch.name = d.schedule
+    LEFT JOIN (
+        SELECT o.job_id, count(*) AS sent, max(o.sent_at) AS last_sent_at
+        FROM oncebox_outbox o
+        WHERE o.job_id IN (SELECT id FROM doomed) AND o.discarded_at IS NULL
+        GROUP BY o.job_id
+    ) m ON m.job_id = d.id
+    GROUP BY d.schedule, d.period
+)
+UPDATE oncebox_schedule_runs AS r
+SET pruned_done = r.pruned_done + c.done,
+    pruned_sent = r.pruned_sent + c.sent,
+    pruned_on_time = r.pruned_on_time + c.on_time,
+    pruned_window_s = c.window_s
+FROM counted c
+WHERE r.schedule = c.schedule AND r.period = c.period;
 
 -- name: job_prune__attempts
 DELETE FROM oncebox_job_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));

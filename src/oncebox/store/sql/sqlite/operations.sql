@@ -13,11 +13,16 @@ LIMIT :limit;
 
 -- name: status_times
 -- See the PostgreSQL query: each instant is the first entry of an index.
+WITH firsts AS (  -- each task's first ready job, as job_next_due finds it
+    SELECT (SELECT j.run_at FROM oncebox_jobs j
+            WHERE j.state = 'ready' AND j.task = t.name
+            ORDER BY j.task, j.run_at LIMIT 1) AS run_at
+    FROM (SELECT name FROM oncebox_depths WHERE kind = 'job' AND state = 'ready'
+          GROUP BY name HAVING sum(value) > 0) t
+)
 SELECT
-    (SELECT run_at FROM oncebox_jobs WHERE state = 'ready' AND run_at <= :now
-      ORDER BY run_at LIMIT 1) AS oldest_due_ready,
-    (SELECT run_at FROM oncebox_jobs WHERE state = 'ready' ORDER BY run_at LIMIT 1)
-        AS next_ready,
+    (SELECT min(run_at) FROM firsts WHERE run_at <= :now) AS oldest_due_ready,
+    (SELECT min(run_at) FROM firsts) AS next_ready,
     (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox o
                  WHERE o.state = 'pending' AND o.channel = c.name
                  ORDER BY o.next_attempt_at, o.id LIMIT 1))
@@ -45,11 +50,9 @@ WITH depths AS (
 )
 SELECT 'job' AS kind, d.name, COALESCE(d.waiting, 0) AS waiting,
        CASE WHEN d.waiting > 0 THEN
-           -- the first ready job from this task on, in oncebox_jobs_task_due's order: a
-           -- "task = name" would let the planner walk the due index past other tasks' jobs
            (SELECT j.run_at FROM oncebox_jobs j
-            WHERE j.state = 'ready' AND j.task >= d.name
-            ORDER BY j.task, j.run_at LIMIT 1)
+            WHERE j.state = 'ready' AND j.task = d.name
+            ORDER BY j.task, j.run_at LIMIT 1)  -- oncebox_jobs_task_due's first entry
        END AS next_due_at,
        COALESCE(d.held, 0) AS held,
        CASE WHEN d.held > 0 THEN

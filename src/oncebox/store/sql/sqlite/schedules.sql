@@ -107,7 +107,8 @@ ORDER BY started_at, period;
 -- name: schedule_period_stats
 -- See the PostgreSQL query; :window_us is the SLO's window in microseconds (or NULL).
 WITH runs AS (
-    SELECT period, state, eligible_count, enqueued_count, fire_at
+    SELECT period, state, eligible_count, enqueued_count, fire_at, pruned_done, pruned_sent,
+           pruned_on_time
     FROM oncebox_schedule_runs
     WHERE schedule = :schedule
     ORDER BY period DESC
@@ -152,13 +153,15 @@ per_period AS (
     GROUP BY j.period
 )
 SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqueued,
-       COALESCE(p.done, 0) AS done, COALESCE(p.covered, 0) AS covered,
-       COALESCE(p.sent, 0) AS sent, COALESCE(p.pending, 0) AS pending,
+       COALESCE(p.done, 0) + r.pruned_done AS done,
+       COALESCE(p.covered, 0) + r.pruned_done AS covered,
+       COALESCE(p.sent, 0) + r.pruned_sent AS sent, COALESCE(p.pending, 0) AS pending,
        COALESCE(p.dead, 0) AS dead, COALESCE(p.ambiguous, 0) AS ambiguous,
        r.fire_at,
        COALESCE(p.dead_subjects, 0) AS dead_subjects,
        COALESCE(p.held_subjects, 0) AS held_subjects,
        CASE WHEN :window_us IS NULL OR r.fire_at IS NULL THEN NULL
-            ELSE COALESCE(p.on_time, 0) END AS on_time
+            ELSE COALESCE(p.on_time, 0) + r.pruned_on_time END AS on_time,
+       r.pruned_done AS pruned
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;

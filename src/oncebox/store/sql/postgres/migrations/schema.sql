@@ -182,6 +182,10 @@ TABLE oncebox_schedule_runs
   eligible_count bigint
   enqueued_count bigint NOT NULL DEFAULT 0
   late boolean NOT NULL DEFAULT false
+  pruned_done bigint NOT NULL DEFAULT 0
+  pruned_sent bigint NOT NULL DEFAULT 0
+  pruned_on_time bigint NOT NULL DEFAULT 0
+  pruned_window_s double precision
   CONSTRAINT CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
   CONSTRAINT PRIMARY KEY (schedule, period)
 
@@ -236,8 +240,6 @@ CREATE UNIQUE INDEX oncebox_job_attempts_pkey ON __S__.oncebox_job_attempts USIN
 CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC, run_at, id) WHERE (state = 'ready'::text)
 
 CREATE INDEX oncebox_jobs_dead ON __S__.oncebox_jobs USING btree (id) WHERE (state = 'dead'::text)
-
-CREATE INDEX oncebox_jobs_due ON __S__.oncebox_jobs USING btree (run_at) WHERE (state = 'ready'::text)
 
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
 

@@ -28,11 +28,8 @@ WHEN OLD.task IS NOT NEW.task
     OR OLD.outcome IS NOT NEW.outcome
 BEGIN
     INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
-    VALUES ('job', OLD.task, OLD.queue, OLD.state, COALESCE(OLD.outcome, ''), 0, -1)
-    ON CONFLICT (kind, name, queue, state, outcome, shard)
-    DO UPDATE SET value = value + excluded.value;
-    INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
-    VALUES ('job', NEW.task, NEW.queue, NEW.state, COALESCE(NEW.outcome, ''), 0, 1)
+    VALUES ('job', OLD.task, OLD.queue, OLD.state, COALESCE(OLD.outcome, ''), 0, -1),
+           ('job', NEW.task, NEW.queue, NEW.state, COALESCE(NEW.outcome, ''), 0, 1)
     ON CONFLICT (kind, name, queue, state, outcome, shard)
     DO UPDATE SET value = value + excluded.value;
 END;
@@ -62,11 +59,8 @@ WHEN OLD.channel IS NOT NEW.channel
 BEGIN
     INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
     VALUES ('message', OLD.channel, '',
-            CASE WHEN OLD.discarded_at IS NULL THEN OLD.state ELSE 'discarded' END, '', 0, -1)
-    ON CONFLICT (kind, name, queue, state, outcome, shard)
-    DO UPDATE SET value = value + excluded.value;
-    INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
-    VALUES ('message', NEW.channel, '',
+            CASE WHEN OLD.discarded_at IS NULL THEN OLD.state ELSE 'discarded' END, '', 0, -1),
+           ('message', NEW.channel, '',
             CASE WHEN NEW.discarded_at IS NULL THEN NEW.state ELSE 'discarded' END, '', 0, 1)
     ON CONFLICT (kind, name, queue, state, outcome, shard)
     DO UPDATE SET value = value + excluded.value;
@@ -85,9 +79,13 @@ END;
 -- min() would read every pending message of a Monday's run.
 CREATE INDEX oncebox_outbox_waiting ON oncebox_outbox (created_at) WHERE state = 'pending';
 
--- When each task's first ready job falls due (`status`'s backlog): the first entry for the task,
--- where the due index would be walked past every job of the other tasks due before it.
+-- When each task's first ready job falls due: the first entry for the task. It replaces the due
+-- index (run_at), where finding one task's first job meant walking past every job of the other
+-- tasks due before it; the earliest job of several tasks (a worker's idle wait, `status`) is
+-- the earliest of their first entries. One index for the two: each costs every enqueue and
+-- lease a write.
 CREATE INDEX oncebox_jobs_task_due ON oncebox_jobs (task, run_at) WHERE state = 'ready';
+DROP INDEX oncebox_jobs_due;
 
 -- what the tables hold when this migration runs
 INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)

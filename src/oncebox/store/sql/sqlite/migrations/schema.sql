@@ -27,11 +27,8 @@ WHEN OLD.task IS NOT NEW.task
     OR OLD.outcome IS NOT NEW.outcome
 BEGIN
     INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
-    VALUES ('job', OLD.task, OLD.queue, OLD.state, COALESCE(OLD.outcome, ''), 0, -1)
-    ON CONFLICT (kind, name, queue, state, outcome, shard)
-    DO UPDATE SET value = value + excluded.value;
-    INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
-    VALUES ('job', NEW.task, NEW.queue, NEW.state, COALESCE(NEW.outcome, ''), 0, 1)
+    VALUES ('job', OLD.task, OLD.queue, OLD.state, COALESCE(OLD.outcome, ''), 0, -1),
+           ('job', NEW.task, NEW.queue, NEW.state, COALESCE(NEW.outcome, ''), 0, 1)
     ON CONFLICT (kind, name, queue, state, outcome, shard)
     DO UPDATE SET value = value + excluded.value;
 END;
@@ -65,11 +62,8 @@ WHEN OLD.channel IS NOT NEW.channel
 BEGIN
     INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
     VALUES ('message', OLD.channel, '',
-            CASE WHEN OLD.discarded_at IS NULL THEN OLD.state ELSE 'discarded' END, '', 0, -1)
-    ON CONFLICT (kind, name, queue, state, outcome, shard)
-    DO UPDATE SET value = value + excluded.value;
-    INSERT INTO oncebox_depths (kind, name, queue, state, outcome, shard, value)
-    VALUES ('message', NEW.channel, '',
+            CASE WHEN OLD.discarded_at IS NULL THEN OLD.state ELSE 'discarded' END, '', 0, -1),
+           ('message', NEW.channel, '',
             CASE WHEN NEW.discarded_at IS NULL THEN NEW.state ELSE 'discarded' END, '', 0, 1)
     ON CONFLICT (kind, name, queue, state, outcome, shard)
     DO UPDATE SET value = value + excluded.value;
@@ -248,7 +242,7 @@ CREATE TABLE oncebox_schedule_runs (
     scans INTEGER NOT NULL DEFAULT 0,
     eligible_count INTEGER,
     enqueued_count INTEGER NOT NULL DEFAULT 0,
-    late INTEGER NOT NULL DEFAULT 0,
+    late INTEGER NOT NULL DEFAULT 0, pruned_done INTEGER NOT NULL DEFAULT 0, pruned_sent INTEGER NOT NULL DEFAULT 0, pruned_on_time INTEGER NOT NULL DEFAULT 0, pruned_window_s REAL,
     PRIMARY KEY (schedule, period)
 ) STRICT;
 
@@ -293,9 +287,6 @@ CREATE INDEX oncebox_jobs_claim ON oncebox_jobs (priority DESC, run_at, id) WHER
 
 -- index oncebox_jobs_dead
 CREATE INDEX oncebox_jobs_dead ON oncebox_jobs (id) WHERE state = 'dead';
-
--- index oncebox_jobs_due
-CREATE INDEX oncebox_jobs_due ON oncebox_jobs (run_at) WHERE state = 'ready';
 
 -- index oncebox_jobs_group
 CREATE INDEX oncebox_jobs_group ON oncebox_jobs (queue, group_key, id)
