@@ -320,7 +320,7 @@ def test_schedule_period_pace_measures_completions_from_first_lease_to_last(stor
 
 
 def test_schedule_period_stats_count_pruned_jobs_as_the_runs_summary_kept_them(store: Store):
-    """"Did everyone get W34?" still has its answer once the pruner deleted the jobs: what each
+    """A year later, "did everyone get W34?" still has its answer: what each
     pruned job counted is added to its run in the prune's transaction. A job with a message not
     yet sent is kept until it is: its figures could still change."""
     store.schedule_state(WEEKLY, grace=timedelta(0))
