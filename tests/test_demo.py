@@ -13,10 +13,13 @@ import pytest
 
 from oncebox import Box, JobContext
 from oncebox.cli.inspect_cmds import status_data
+from oncebox.cli.prometheus import StoreCollector
 from oncebox.examples.logistics import demo, seed
 from oncebox.examples.logistics.app import connect
 from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.testing import drain
+from support.depths import depth_drift
+from test_period_figures import samples
 
 PERIOD = "2026-W49"
 
@@ -218,9 +221,16 @@ def test_status_counts_what_the_demo_absorbed_and_what_the_rows_hold(tmp_path, m
     box = Box(url)
     try:
         data = status_data(box, 3)  # the figures `oncebox status` prints
+        served = samples(StoreCollector(box))  # and the ones /metrics serves
     finally:
         box.close()
+    assert depth_drift(url) == {}  # the depths both read equal a count of the rows
     counters = data["counters"]
+    for name, value in counters.items():
+        assert served[f"oncebox_{name}_total"] == value, name
+    [(dead_messages,)] = rows(
+        url, "SELECT count(*) FROM oncebox_outbox WHERE state = 'dead' AND discarded_at IS NULL"
+    )
     assert (data["enqueue_duplicates"], data["claim_conflicts"]) == (
         report.enqueue_dedupes,
         report.claim_conflicts,
@@ -231,6 +241,8 @@ def test_status_counts_what_the_demo_absorbed_and_what_the_rows_hold(tmp_path, m
     [(dead,)] = rows(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'dead'")
     assert counters["jobs_enqueued"] == jobs
     assert counters["jobs_dead"] == dead == len(report.dead_jobs)
+    assert data["jobs"]["done"] == done == served["oncebox_jobs{state=done}"]
+    assert data["dead"] == dead + dead_messages == served["oncebox_dead_letters"]
     assert counters["jobs_completed"] >= done  # a broker's deliveries complete without a row
     attempts = dict(
         rows(url, "SELECT outcome, count(*) FROM oncebox_delivery_attempts GROUP BY outcome")
