@@ -4,9 +4,12 @@ the scrape itself, from the depths and index probes."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from prometheus_client.core import Metric
 
 from oncebox.cli.prometheus import PeriodFigures, StoreCollector
+from oncebox.clock import ClockSetting
 from support.digest_schedule import scheduled_box
 
 PERIOD = "2026-W33"
@@ -56,5 +59,19 @@ def test_without_a_background_refresh_a_scrape_reads_the_periods_itself(sqlite_u
         found = samples(collector)
         assert found[f"oncebox_period_covered{{period={PERIOD},schedule=weekly-digest}}"] == 2
         assert found["oncebox_period_figures_age_seconds"] == 0
+    finally:
+        box.close()
+
+
+def test_a_scrape_shows_the_backlog_per_task_and_how_long_its_first_job_has_been_due(sqlite_url):
+    box = scheduled_box(sqlite_url, customers=2)
+    try:
+        box.run_schedule("weekly-digest", PERIOD)
+        box.store.clock_set(ClockSetting(offset=timedelta(minutes=10)))
+        found = samples(StoreCollector(box))
+        key = "kind=job,name=weekly_digest"
+        assert (found[f"oncebox_waiting{{{key}}}"], found[f"oncebox_held{{{key}}}"]) == (2, 0)
+        assert 600 <= found[f"oncebox_oldest_due_age_seconds{{{key}}}"] < 660
+        assert found["oncebox_past_lease{kind=job}"] == 0
     finally:
         box.close()

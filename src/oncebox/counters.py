@@ -21,7 +21,10 @@ COUNTERS: dict[str, str] = {
     "leases_expired": "job leases that ran out and were rescued",
     "sends_sent": "messages the provider accepted (settled sent)",
     "sends_retried": "delivery attempts that failed and will be retried",
-    "sends_throttled": "delivery attempts the provider throttled (429, SMTP 421)",
+    "sends_throttled": "delivery attempts the provider throttled (429, SMTP 421): each pauses "
+    "its whole channel",
+    "sends_waited": "messages given back unsent, no attempt spent, to wait for the channel's "
+    "rate limit, a pause, or a fresh lease",
     "sends_dead": "messages that became dead (refused for good, or rescued too often)",
     "sends_ambiguous": "messages held ambiguous for a person (an outcome no resend can settle)",
     "sends_resent": "messages resent after an unknown outcome (same key, or policy retry)",

@@ -121,7 +121,7 @@ ID = 0  # replaced by the written row's id
         (transitions.resend_after_expiry(ID, "x"), {"sends_resent", "sends_lease_expired"}),
         (transitions.dead_after_rescues(ID, "x"), {"sends_dead", "sends_lease_expired"}),
         (transitions.held_after_rescues(ID, "x"), {"sends_ambiguous", "sends_lease_expired"}),
-        (transitions.give_back(ID), set()),
+        (transitions.give_back(ID), {"sends_waited"}),
     ],
     ids=lambda value: value.outcome or value.state if isinstance(value, OutboxFinish) else "",
 )

@@ -49,8 +49,25 @@ def test_status_times_shows_the_instants_the_queue_and_the_outbox_wait_for(store
         next_job_lease_end=T0 + LEASE,
         next_message_lease_end=T0 + timedelta(minutes=1) + LEASE,
         now=T0 + timedelta(minutes=2),
+        jobs_past_lease=1,  # both 30 s leases have run out: the rescuer's to take back
+        messages_past_lease=1,
     )
     assert times.next_event() == T0 - timedelta(hours=1)
+
+
+def test_status_times_counts_the_leases_run_out_and_not_yet_rescued(store: Store):
+    insert(store, "k/leased", "u")
+    with opened_session(store) as session:
+        lease(session, tasks=("u",))
+    write_outbox(store, outbox_insert("k/message"))
+    lease_outbox(store, channels=("email",))
+    times = store.status_times()
+    assert (times.jobs_past_lease, times.messages_past_lease) == (0, 0)
+    advance(store, LEASE + timedelta(seconds=1))
+    times = store.status_times()
+    assert (times.jobs_past_lease, times.messages_past_lease) == (1, 1)
+    assert store.job_rescue_expired(limit=10)
+    assert store.status_times().jobs_past_lease == 0
 
 
 def test_backlog_list_counts_unfinished_work_per_task_and_channel(store: Store):

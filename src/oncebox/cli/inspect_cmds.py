@@ -110,6 +110,7 @@ def status_data(
         "next_ready_at": shapes.instant(times.next_ready),
         "outbox": {state: outbox[state] for state in OUTBOX_STATES},
         "oldest_pending_message_age_s": seconds_since(times.oldest_pending_message),
+        "past_lease": {"jobs": times.jobs_past_lease, "messages": times.messages_past_lease},
         "dead": jobs["dead"] + outbox["dead"],
         "ambiguous": outbox["ambiguous"],
         "backlog": [shapes.backlog(row) for row in backlog],

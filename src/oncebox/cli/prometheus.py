@@ -21,12 +21,14 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from oncebox.box import Box
+from oncebox.cli import shapes
 from oncebox.cli.inspect_cmds import schedule_figures, status_data
 from oncebox.clock import monotonic
 from oncebox.counters import COUNTERS
@@ -131,6 +133,15 @@ def gauges(data: dict[str, Any]) -> Iterator[Metric]:
         "How long the oldest pending message has waited (0: none).",
         data["oldest_pending_message_age_s"] or 0.0,
     )
+    past = GaugeMetricFamily(
+        "oncebox_past_lease",
+        "Rows whose lease ran out and the rescuer has not yet taken back.",
+        labels=["kind"],
+    )
+    for kind, count in data["past_lease"].items():
+        past.add_metric([kind.removesuffix("s")], count)  # "job", "message": as the backlog's
+    yield past
+    yield from backlog(data)
     yield _one("oncebox_dead_letters", "Dead jobs and dead messages.", data["dead"])
     yield _one("oncebox_ambiguous_messages", "Sends held for a person.", data["ambiguous"])
     yield _one("oncebox_workers_live", "Workers seen recently.", data["workers_live"])
@@ -146,6 +157,30 @@ def gauges(data: dict[str, Any]) -> Iterator[Metric]:
         "1 while a frozen or offset test clock is in force on the database, else 0.",
         0 if clock["mode"] == "real" else 1,
     )
+
+
+def backlog(data: dict[str, Any]) -> Iterator[Metric]:
+    """The work not finished, per task (kind "job") and per channel (kind "message")."""
+    labels = ["kind", "name"]
+    waiting = GaugeMetricFamily(
+        "oncebox_waiting", "Jobs ready, or messages pending, per task or channel.", labels=labels
+    )
+    held = GaugeMetricFamily(
+        "oncebox_held", "Jobs or messages under a lease, per task or channel.", labels=labels
+    )
+    due = GaugeMetricFamily(
+        "oncebox_oldest_due_age_seconds",
+        "How long the first due job of a task, or message of a channel, has been due.",
+        labels=labels,
+    )
+    now = datetime.fromisoformat(data["now"])
+    for row in map(shapes.backlog_row, data["backlog"]):
+        key = [row.kind, row.name]
+        waiting.add_metric(key, row.waiting)
+        held.add_metric(key, row.held)
+        late = None if row.next_due_at is None else (now - row.next_due_at).total_seconds()
+        due.add_metric(key, max(0.0, late or 0.0))
+    yield from (waiting, held, due)
 
 
 def periods(data: dict[str, Any]) -> Iterator[Metric]:

@@ -580,6 +580,8 @@ class StatusTimes:
     next_job_lease_end: datetime | None
     next_message_lease_end: datetime | None
     now: datetime
+    jobs_past_lease: int = 0  # leased jobs whose lease ran out, not yet rescued
+    messages_past_lease: int = 0  # leased or sending messages likewise
 
     def next_event(self) -> datetime | None:
         """When something will next become workable without anyone enqueueing anything."""

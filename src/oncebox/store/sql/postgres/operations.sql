@@ -41,7 +41,13 @@ SELECT
       ORDER BY lease_expires_at LIMIT 1) AS next_job_lease_end,
     (SELECT lease_expires_at FROM __S__.oncebox_outbox WHERE state IN ('leased', 'sending')
       ORDER BY lease_expires_at LIMIT 1) AS next_message_lease_end,
-    (SELECT now FROM clock) AS now;
+    (SELECT now FROM clock) AS now,
+    -- leases run out and not yet rescued: a range of the leased indexes (leases are few)
+    (SELECT count(*) FROM __S__.oncebox_jobs
+      WHERE state = 'leased' AND lease_expires_at < (SELECT now FROM clock)) AS jobs_past_lease,
+    (SELECT count(*) FROM __S__.oncebox_outbox
+      WHERE state IN ('leased', 'sending') AND lease_expires_at < (SELECT now FROM clock))
+        AS messages_past_lease;
 
 -- name: backlog_list
 -- Work not finished, per task (jobs) and per channel (messages): how much waits and when the

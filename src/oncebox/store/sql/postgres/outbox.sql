@@ -121,7 +121,7 @@ counted AS (  -- what each settled row became (oncebox/counters.py; counters.sql
     FROM settled s,
          (VALUES ('sends_ambiguous'), ('sends_dead'), ('sends_lease_expired'),
                  ('sends_possible_duplicate'), ('sends_resent'), ('sends_retried'),
-                 ('sends_sent'), ('sends_throttled')) AS v(name)
+                 ('sends_sent'), ('sends_throttled'), ('sends_waited')) AS v(name)
     WHERE CASE v.name
               WHEN 'sends_sent' THEN s.state = 'sent'
               WHEN 'sends_retried' THEN s.outcome = 'failed'
@@ -132,6 +132,8 @@ counted AS (  -- what each settled row became (oncebox/counters.py; counters.sql
                                         AND s.outcome IN ('ambiguous', 'lease_expired')
               WHEN 'sends_possible_duplicate' THEN s.dup
               WHEN 'sends_lease_expired' THEN s.rescued
+              WHEN 'sends_waited' THEN s.state = 'pending' AND s.outcome IS NULL
+                                       AND NOT s.rescued
           END
     GROUP BY v.name
     ORDER BY v.name

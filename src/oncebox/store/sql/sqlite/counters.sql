@@ -65,7 +65,7 @@ SELECT v.column1, 0, count(*)
 FROM json_each(:rows) AS i,
      (VALUES ('sends_ambiguous'), ('sends_dead'), ('sends_lease_expired'),
              ('sends_possible_duplicate'), ('sends_resent'), ('sends_retried'),
-             ('sends_sent'), ('sends_throttled')) AS v
+             ('sends_sent'), ('sends_throttled'), ('sends_waited')) AS v
 WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))
   AND CASE v.column1
           WHEN 'sends_sent' THEN i.value ->> 1 = 'sent'
@@ -77,6 +77,8 @@ WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))
                                     AND i.value ->> 2 IN ('ambiguous', 'lease_expired')
           WHEN 'sends_possible_duplicate' THEN i.value ->> 7 = 1
           WHEN 'sends_lease_expired' THEN i.value ->> 9 = 1
+          WHEN 'sends_waited' THEN i.value ->> 1 = 'pending' AND i.value ->> 2 IS NULL
+                                   AND NOT i.value ->> 9
       END
 GROUP BY v.column1
 ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;

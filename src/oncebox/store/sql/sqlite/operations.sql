@@ -35,7 +35,11 @@ SELECT
       ORDER BY lease_expires_at LIMIT 1) AS next_job_lease_end,
     (SELECT lease_expires_at FROM oncebox_outbox WHERE state IN ('leased', 'sending')
       ORDER BY lease_expires_at LIMIT 1) AS next_message_lease_end,
-    :now AS now;
+    :now AS now,
+    (SELECT count(*) FROM oncebox_jobs WHERE state = 'leased' AND lease_expires_at < :now)
+        AS jobs_past_lease,
+    (SELECT count(*) FROM oncebox_outbox
+      WHERE state IN ('leased', 'sending') AND lease_expires_at < :now) AS messages_past_lease;
 
 -- name: backlog_list
 -- See the PostgreSQL query: counts from the depths (0010), instants from index probes.
