@@ -1,4 +1,4 @@
-"""The command samples in docs/cli.md and docs/runbook.md are what the commands print today: the
+"""The command samples in docs/cli.md, runbook.md and deploy.md are what the commands print: the
 story that wrote them (tests/support/doc_story.py, `make doc-samples`) runs again, and every
 marked block must equal its commands' output but for what no two runs share (`mask`). A sample
 edited by hand, or a command whose output changed, fails here until `make doc-samples` is run.

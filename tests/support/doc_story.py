@@ -1,6 +1,6 @@
 """The operator story the docs' command samples come from: `make doc-samples` runs it and writes
-what every command printed into docs/cli.md and docs/runbook.md; tests/test_doc_samples.py runs
-it again and compares. So a sample is what the command prints, not what someone remembers it
+what every command printed into docs/cli.md, runbook.md and deploy.md; tests/test_doc_samples.py
+runs it again and compares. So a sample is what the command prints, not what someone remembers it
 printing.
 
 It runs in a new temporary directory, as a user would in an empty one: the demo with 40 customers
@@ -54,7 +54,7 @@ from support.doc_story_apps import HOLD_CLOCK, MODULES
 PERIOD = "2026-W49"  # a past week: the demo simulates it on a clock behind the real one
 DEMO_DB = "sqlite:///oncebox-demo.db"
 SESSION = {"ONCEBOX_DB": DEMO_DB, "ONCEBOX_APP": "freightapp", "USER": "ops-alice"}
-DOCUMENTS = ("cli.md", "runbook.md")
+DOCUMENTS = ("cli.md", "runbook.md", "deploy.md")
 
 # -- the main session ----------------------------------------------------------------------------
 
