@@ -1,18 +1,22 @@
 """Workload 5: no-op throughput with a large backlog (1 000 000 jobs) against a small one (10 000).
 
     .venv/bin/python bench/backlog.py [--small 10000] [--large 1000000] [--measure 10000]
-                                      [--repeat 1] [--postgres URL] [--peers [NAME ...]]
-                                      [--json PATH]
+                                      [--repeat 1] [--stats fresh|stale] [--postgres URL]
+                                      [--peers [NAME ...]] [--json PATH]
 
 For each backlog size B, on a fresh PostgreSQL database: B keyed no-op jobs are enqueued with
 `box.enqueue_many` (in chunks of --chunk), then one consumer lane (`box.consumer()`, default
 settings) processes the first M = --measure of them, `run_once()` after `run_once()`, and the
 figure is M / seconds. The same M at both sizes, so the ratio large / small shows what the backlog
-alone costs; the target is >= 0.8. Planner statistics are left as the enqueue leaves them (no
-ANALYZE: the workers of a Monday-morning fan-out start at once); whether autovacuum analysed the
-table before or during the measurement is reported. The peers run the same workload in their own
-interpreter (.venv-peers) from bench/peers/*_backlog.py. The figure is the median of --repeat
-rounds. A table prints per library, and the last stdout line is one JSON object with every row.
+alone costs; the target is >= 0.8. Planner statistics: with `--stats fresh` (the default) the
+database is analysed between the enqueue and the measurement, for every library — the statistics
+a production server would have by then, from autovacuum (the benchmark server runs without it);
+`--stats stale` leaves them as the enqueue left them (the workers of a Monday-morning fan-out
+that start at once). How many times the jobs table had been analysed (by hand, ours included, or
+by autovacuum) when the measurement started and when it ended is reported. The peers run the same
+workload in their own interpreter (.venv-peers) from bench/peers/*_backlog.py (pgqueuer on
+uvloop, as its own CLI runs). The figure is the median of --repeat rounds. A table prints per
+library, and the last stdout line is one JSON object with every row.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from core import postgres_url
+from core import analyse, postgres_url
 from peerrun import PEERS_PYTHON, run_peer
 
 import oncebox
@@ -54,8 +58,12 @@ def analyzed(url: str, table: str) -> int:
     return int(row[0]) if row else 0
 
 
-def run_oncebox(url: str, backlog: int, measure: int, chunk: int = CHUNK) -> dict[str, Any]:
-    """Enqueue `backlog` keyed no-op jobs, then time one consumer over the first `measure`."""
+def run_oncebox(
+    url: str, backlog: int, measure: int, chunk: int = CHUNK, *, stats: str = "fresh"
+) -> dict[str, Any]:
+    """Enqueue `backlog` keyed no-op jobs, then time one consumer over the first `measure`.
+    `stats`: "fresh" analyses the database after the load, as autovacuum would; "stale" does
+    not."""
     box = Box(url)
     try:
         first: list[float] = []
@@ -71,6 +79,11 @@ def run_oncebox(url: str, backlog: int, measure: int, chunk: int = CHUNK) -> dic
             args = [{"n": i} for i in range(offset, offset + count)]
             assert box.enqueue_many("noop", args).created == count
         enqueued = time.perf_counter() - started
+        analysed = 0.0
+        if stats == "fresh":
+            started = time.perf_counter()
+            analyse(url)
+            analysed = time.perf_counter() - started
         analyzed_before = analyzed(url, "oncebox_jobs")
 
         before = box.metrics.operations()
@@ -97,6 +110,7 @@ def run_oncebox(url: str, backlog: int, measure: int, chunk: int = CHUNK) -> dic
         return {
             "enqueue_s": enqueued,
             "enqueue_per_s": backlog / enqueued,
+            "analyze_s": analysed,
             "processed": done,
             "process_s": processed,
             "process_per_s": done / processed,
@@ -107,26 +121,41 @@ def run_oncebox(url: str, backlog: int, measure: int, chunk: int = CHUNK) -> dic
             "lease_max_s": lease.max_seconds,
             "analyzed_before": analyzed_before,
             "analyzed_after": analyzed(url, "oncebox_jobs"),
+            "stats": stats,
         }
     finally:
         box.close()
 
 
-def measure_oncebox(server: str, backlog: int, measure: int) -> dict[str, Any]:
+def measure_oncebox(
+    server: str, backlog: int, measure: int, *, stats: str = "fresh"
+) -> dict[str, Any]:
     """Workload 5 for oncebox on a fresh database of `server`: one backlog size, one run."""
     with postgres_url(server)() as url:
-        return run_oncebox(url, backlog, measure)
+        return run_oncebox(url, backlog, measure, stats=stats)
 
 
-def measure_peer(name: str, server: str, backlog: int, measure: int) -> dict[str, Any]:
+def measure_peer(
+    name: str, server: str, backlog: int, measure: int, *, stats: str = "fresh"
+) -> dict[str, Any]:
     """Workload 5 for a peer, run in .venv-peers: one backlog size, one run."""
     script, extra = PEERS[name]
     sizes = ["--backlog", str(backlog), "--measure", str(measure)]
-    return run_peer(name, script, server, [*sizes, *extra], timeout=7200)
+    return run_peer(name, script, server, [*sizes, *extra, "--stats", stats], timeout=7200)
 
 
 def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    """Each figure's median over the runs; a label ("loop", "stats") as the runs give it."""
+    return {
+        k: statistics.median(r[k] for r in runs)
+        if isinstance(runs[0][k], int | float)
+        else runs[0][k]
+        for k in runs[0]
+    }
+
+
+def rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 4) if isinstance(v, int | float) else v for k, v in figures.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large", type=int, default=1_000_000)
     parser.add_argument("--measure", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--stats",
+        choices=["fresh", "stale"],
+        default="fresh",
+        help="fresh: ANALYZE after the enqueue, as autovacuum would; stale: no ANALYZE",
+    )
     parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument(
         "--peers",
@@ -155,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         for size, backlog in sizes.items():
             for library in ["oncebox", *peers]:
                 if library == "oncebox":
-                    figures = measure_oncebox(args.postgres, backlog, args.measure)
+                    figures = measure_oncebox(
+                        args.postgres, backlog, args.measure, stats=args.stats
+                    )
                 else:
-                    figures = measure_peer(library, args.postgres, backlog, args.measure)
+                    figures = measure_peer(
+                        library, args.postgres, backlog, args.measure, stats=args.stats
+                    )
                 runs.setdefault((library, size), []).append(figures)
                 # progress on stderr, so a long run shows (and keeps) its figures as they come
                 print(f"{library} backlog {backlog}: {json.dumps(figures)}", file=sys.stderr)
@@ -175,13 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                 "small_first_job_s": round(small["first_job_s"], 3),
                 "large_first_job_s": round(large["first_job_s"], 3),
                 "large_analyzed": large["analyzed_after"] > 0,
-                "small": {k: round(v, 4) for k, v in small.items()},
-                "large": {k: round(v, 4) for k, v in large.items()},
+                "small": rounded(small),
+                "large": rounded(large),
             }
         )
     print(
         f"PostgreSQL · backlog {args.small:,} vs {args.large:,} · first {args.measure:,} "
-        f"processed · median of {args.repeat} · oncebox {oncebox.__version__} · "
+        f"processed · {args.stats} statistics · median of {args.repeat} · "
+        f"oncebox {oncebox.__version__} · "
         f"Python {platform.python_version()} · {platform.machine()}"
     )
     print(
@@ -201,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "large": args.large,
         "measure": args.measure,
         "repeat": args.repeat,
+        "stats": args.stats,
         "machine": f"{platform.node()} {platform.machine()}",
         "rows": rows,
     }

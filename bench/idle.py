@@ -1,17 +1,29 @@
-"""Workload 7: how many queries an idle worker makes, across all its lanes (PostgreSQL).
+"""Workload 7: how many statements an idle worker sends, across all its lanes (PostgreSQL).
 
-    .venv/bin/python bench/idle.py [--seconds 30] [--postgres URL] [--json PATH]
+    .venv/bin/python bench/idle.py [--seconds 30] [--postgres URL] [--pg-bin DIR] [--json PATH]
 
 A worker process (consumer, dispatcher, scheduler, sweeper, rescuer, pruner lanes; one task,
-one schedule, one sweeper, one channel) runs on a fresh database with nothing to do. After a
-warm-up, two counts over the window:
+one schedule, one sweeper, one channel) runs on a fresh database with nothing to do. The target
+is at most 1 statement per second counted by the server (LISTEN/NOTIFY wakes the lanes; polls
+are the fallback), so the database lives on a private PostgreSQL cluster started for the
+measurement in a temporary directory (`--pg-bin`'s initdb and pg_ctl, a free port on 127.0.0.1,
+trust auth; as the `postgres` user when run as root, since initdb refuses root), with
+`pg_stat_statements` preloaded, tracking every statement (`track = all`, `track_utility = on`,
+so BEGIN, COMMIT, LISTEN and SET count). After a warm-up the counters are reset; at the end of
+the window, three counts:
+- the headline, the server's: `calls` in pg_stat_statements of the top-level statements run in
+  the worker's database (the measuring connection uses another database, so it is not counted),
+  with the statements and how often each ran; statements run inside functions are reported apart
+  (nested, not sent by the worker);
 - the worker's own: every transaction it starts — an autocommit statement, or a transaction
   block however many statements it holds (pipelined or not) — recorded by wrapping psycopg in the
-  worker process, with the statement that began it; this is the figure against the target;
-- the server's: `pg_stat_database.xact_commit + xact_rollback` for the database, a cross-check
-  only: backends report their counters lazily (an idle one at most every 10 s), so a 30 s
-  window can catch a report from before it or miss one from its end.
-The target is at most 1 per second (LISTEN/NOTIFY wakes the lanes; polls are the fallback).
+  worker process, with the statement that began it;
+- `pg_stat_database.xact_commit + xact_rollback` for the database, a cross-check only: backends
+  report their counters lazily (an idle one at most every 10 s), so a short window can catch a
+  report from before it or miss one from its end.
+If the private cluster cannot be started, the worker's count on the `--postgres` server is the
+headline instead, and the output says so loudly. The cluster is stopped and deleted at the end,
+errors included. SQLite (no server) is measured by the worker's own count.
 """
 
 from __future__ import annotations
@@ -22,13 +34,16 @@ import contextlib
 import json
 import multiprocessing
 import os
+import pwd
 import signal
+import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -39,6 +54,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from core import postgres_url, sqlite_url
 
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+CLUSTER_SETTINGS = """
+# bench/idle.py: a throwaway cluster that counts every statement
+port = {port}
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '{sockets}'
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = all
+pg_stat_statements.track_utility = on
+shared_buffers = 16MB
+fsync = off
+"""
+
+
+class ClusterUnavailable(Exception):
+    """The private cluster could not be started; the measurement falls back to the worker's own
+    count on the given server."""
+
+
+def one_line(sql: str, width: int) -> str:
+    """A statement on one line, without its comment lines, cut at `width` characters."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    return " ".join(" ".join(lines).split())[:width]
+
 
 def count_transactions(log: list[tuple[float, str]]) -> None:
     """Record (time, first statement) for every transaction this process starts."""
@@ -47,9 +86,12 @@ def count_transactions(log: list[tuple[float, str]]) -> None:
 
     def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(depth, "n", 0):
-            text = query.decode() if isinstance(query, bytes) else str(query)
-            lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
-            log.append((time.time(), " ".join(" ".join(lines).split())[:70]))
+            log.append(
+                (
+                    time.time(),
+                    one_line(query.decode() if isinstance(query, bytes) else str(query), 70),
+                )
+            )
         return execute(self, query, *args, **kwargs)
 
     @contextlib.contextmanager
@@ -75,8 +117,7 @@ def count_sqlite_transactions(log: list[tuple[float, str]]) -> None:
     class Counted(sqlite3.Connection):
         def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
             if not self.in_transaction:
-                lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
-                log.append((time.time(), " ".join(" ".join(lines).split())[:70]))
+                log.append((time.time(), one_line(sql, 70)))
             return super().execute(sql, *args)
 
     def counted_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
@@ -111,35 +152,173 @@ def idle_worker(url: str, log_path: str) -> None:
     Path(log_path).write_text(json.dumps(log))
 
 
-def transactions(conn: psycopg.Connection[Any], database: str) -> int:
-    row = conn.execute(
-        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
-        (database,),
-    ).fetchone()
-    return int(row[0]) if row else 0
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (should another process take it before the server binds it,
+    the start fails and says so)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
-def measure(server: str, seconds: float, warmup: float) -> dict[str, Any]:
-    """Workload 7 on a fresh PostgreSQL database of `server`."""
+@contextlib.contextmanager
+def private_cluster(pg_bin: Path) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster counting every statement, while the block runs: yields the
+    URL of its `postgres` database, where pg_stat_statements is created (the view shows every
+    database's statements; reading it from there keeps the reads out of the worker's database).
+    Its superuser is named after the user libpq connects as by default, so a URL without a user
+    (core's `postgres_url`) reaches it. Raises ClusterUnavailable before the block if it cannot
+    start; stopped and deleted on exit, errors included."""
+    if not (pg_bin / "initdb").exists() or not (pg_bin / "pg_ctl").exists():
+        raise ClusterUnavailable(f"no initdb and pg_ctl in {pg_bin}")
+    as_user: list[str] = []
+    owner = None
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            raise ClusterUnavailable("run as root, and no `postgres` user to run initdb") from None
+        as_user = ["runuser", "-u", "postgres", "--"]
+    superuser = os.environ.get("PGUSER") or pwd.getpwuid(os.geteuid()).pw_name
+    with tempfile.TemporaryDirectory(prefix="oncebox_idle_", ignore_cleanup_errors=True) as folder:
+        if owner is not None:
+            os.chown(folder, owner.pw_uid, owner.pw_gid)
+        data, log, port = Path(folder) / "data", Path(folder) / "server.log", free_port()
+
+        def run(program: str, *args: str) -> None:
+            try:
+                done = subprocess.run(
+                    [*as_user, str(pg_bin / program), *args],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise ClusterUnavailable(f"{program} {args[0]}: {exc}") from exc
+            if done.returncode != 0:
+                said = (done.stderr + done.stdout).strip()
+                logged = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+                raise ClusterUnavailable(f"{program} {args[0]} failed: {said}\n{logged}".strip())
+
+        run("initdb", "-D", str(data), "-U", superuser, "--auth=trust", "--no-sync")
+        with (data / "postgresql.conf").open("a") as conf:
+            conf.write(CLUSTER_SETTINGS.format(port=port, sockets=folder))
+        try:
+            run("pg_ctl", "start", "-w", "-t", "60", "-D", str(data), "-l", str(log))
+            url = f"postgresql://{superuser}@127.0.0.1:{port}/postgres"
+            try:
+                with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute("CREATE EXTENSION pg_stat_statements")
+            except psycopg.Error as exc:
+                raise ClusterUnavailable(f"pg_stat_statements: {exc}") from exc
+            yield url
+        finally:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    [*as_user, str(pg_bin / "pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(data)],
+                    check=False,
+                    capture_output=True,
+                    timeout=90,
+                )
+
+
+class ServerCount:
+    """What the server counts for one database over the window, read from another database
+    (so the reads are not counted): its transactions, and with `statements` pg_stat_statements
+    (reset at the window's start)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], database: str, statements: bool) -> None:
+        self.conn, self.database, self.statements = conn, database, statements
+        self.before = 0
+
+    def transactions(self) -> int:
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            (self.database,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def start(self) -> None:
+        if self.statements:
+            self.conn.execute("SELECT pg_stat_statements_reset()")
+        self.before = self.transactions()
+
+    def finish(self, seconds: float) -> dict[str, Any]:
+        top: collections.Counter[str] = collections.Counter()
+        nested: collections.Counter[str] = collections.Counter()
+        if self.statements:
+            rows = self.conn.execute(
+                "SELECT s.query, s.toplevel, s.calls FROM pg_stat_statements s"
+                " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s",
+                (self.database,),
+            ).fetchall()
+            for query, toplevel, calls in rows:
+                (top if toplevel else nested)[one_line(query, 90)] += int(calls)
+        transactions = self.transactions() - self.before
+        figures: dict[str, Any] = {}
+        if self.statements:
+            figures = {
+                "statements": top.total(),
+                "statements_per_s": top.total() / seconds,
+                "statements_by_query": dict(top.most_common()),
+                "nested_statements": nested.total(),
+                "nested_by_query": dict(nested.most_common()),
+            }
+        return {
+            **figures,
+            "server_transactions": transactions,
+            "server_per_s": transactions / seconds,
+        }
+
+
+def measure(server: str, seconds: float, warmup: float, pg_bin: Path = PG_BIN) -> dict[str, Any]:
+    """Workload 7 on PostgreSQL: on a private cluster, `per_s` is the top-level statements per
+    second the server counted in the worker's database; if that cluster cannot be started, on a
+    fresh database of `server`, `per_s` is the worker's own transactions per second, and
+    `fallback` says why (also printed to stderr)."""
+    try:
+        with private_cluster(pg_bin) as admin:
+            figures = measure_on(admin, seconds, warmup, statements=True)
+            return {"counted_by": "pg_stat_statements", **figures, "fallback": None}
+    except ClusterUnavailable as exc:
+        reason = str(exc)
+    print(
+        f"!!! idle worker NOT COUNTED BY THE SERVER: no private cluster ({reason}); counting "
+        "the transactions the worker starts instead, on the --postgres server !!!",
+        file=sys.stderr,
+    )
+    figures = measure_on(server, seconds, warmup, statements=False)
+    return {"counted_by": "worker", **figures, "per_s": figures["worker_per_s"], "fallback": reason}
+
+
+def measure_on(server: str, seconds: float, warmup: float, statements: bool) -> dict[str, Any]:
+    """Workload 7 on a fresh database of `server`; with `statements`, the server's counts."""
     with postgres_url(server)() as url:
         database = url.rsplit("/", 1)[1]
         with psycopg.connect(server, autocommit=True) as conn:
-
-            def counter() -> int:
-                conn.execute("SELECT pg_stat_clear_snapshot()")
-                return transactions(conn, database)
-
-            return watch_idle(url, seconds, warmup, counter)
+            version = conn.execute("SHOW server_version").fetchone()
+            counted = ServerCount(conn, database, statements)
+            figures = watch_idle(url, seconds, warmup, counted)
+    per_s = figures["statements_per_s"] if statements else figures["worker_per_s"]
+    return {
+        "seconds": seconds,
+        "per_s": per_s,
+        **figures,
+        "server_version": str(version[0]).split()[0] if version else "?",
+    }
 
 
 def measure_sqlite(seconds: float, warmup: float) -> dict[str, Any]:
-    """Workload 7 on a temporary SQLite file (the listener watches its files; no queries)."""
+    """Workload 7 on a temporary SQLite file (the listener watches its files; no queries):
+    `per_s` is the worker's own transactions per second."""
     with sqlite_url() as url:
-        return watch_idle(url, seconds, warmup, None)
+        figures = watch_idle(url, seconds, warmup, None)
+    return {"seconds": seconds, "counted_by": "worker", "per_s": figures["worker_per_s"], **figures}
 
 
 def watch_idle(
-    url: str, seconds: float, warmup: float, server_count: Callable[[], int] | None
+    url: str, seconds: float, warmup: float, server: ServerCount | None
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         log_path = str(Path(folder) / "transactions.json")
@@ -148,9 +327,12 @@ def watch_idle(
         worker.start()
         try:
             time.sleep(warmup)  # a benchmark's window, not a test's synchronisation
-            before, start = server_count() if server_count else 0, time.time()
+            if server:
+                server.start()
+            start = time.time()
             time.sleep(seconds)
-            after, end = server_count() if server_count else 0, time.time()
+            end = time.time()
+            counted = server.finish(seconds) if server else {}
         finally:
             if worker.pid is not None:
                 os.kill(worker.pid, signal.SIGTERM)
@@ -159,37 +341,62 @@ def watch_idle(
             raise SystemExit("the idle worker did not write its transaction log (did it crash?)")
         window = [what for at, what in json.loads(Path(log_path).read_text()) if start <= at < end]
     return {
-        "seconds": seconds,
+        **counted,
         "worker_transactions": len(window),
-        "per_s": len(window) / seconds,
+        "worker_per_s": len(window) / seconds,
         "by_statement": dict(collections.Counter(window).most_common()),
-        "server_transactions": (after - before) if server_count else None,
-        "server_per_s": (after - before) / seconds if server_count else None,
     }
+
+
+def show(figures: dict[str, Any], key: str, width: int = 6) -> None:
+    for what, count in figures[key].items():
+        print(f"{count:{width}d}  {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument(
+        "--postgres",
+        default="postgresql://127.0.0.1:5432/test",
+        help="the server to fall back on when no private cluster can be started",
+    )
+    parser.add_argument("--pg-bin", type=Path, default=PG_BIN, help="initdb and pg_ctl's folder")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    figures = measure(args.postgres, args.seconds, args.warmup)
+    # a SIGTERM unwinds (stopping the worker and the private cluster) instead of killing outright
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    figures = measure(args.postgres, args.seconds, args.warmup, args.pg_bin)
+    seconds = f"{args.seconds:g} s"
+    if figures["fallback"] is None:
+        print(
+            f"idle worker on PostgreSQL: {figures['statements']} statements in {seconds} = "
+            f"{figures['per_s']:.2f}/s counted by the server (pg_stat_statements, private "
+            f"PostgreSQL {figures['server_version']} cluster; target ≤ 1/s)"
+        )
+        show(figures, "statements_by_query")
+        if figures["nested_statements"]:
+            print(f"  and {figures['nested_statements']} run inside functions (not counted):")
+            show(figures, "nested_by_query")
+    else:
+        print(
+            f"!!! NOT COUNTED BY THE SERVER: no private cluster could be started "
+            f"({figures['fallback']}); the figure is the worker's own count of the transactions "
+            "it starts, on the --postgres server !!!"
+        )
     print(
-        f"idle worker on PostgreSQL: {figures['worker_transactions']} transactions in "
-        f"{args.seconds:g} s = {figures['per_s']:.2f}/s (target ≤ 1/s); the server counted "
-        f"{figures['server_per_s']:.2f}/s in that database (a lagging cross-check)"
+        f"idle worker on PostgreSQL, the worker's own count: {figures['worker_transactions']} "
+        f"transactions in {seconds} = {figures['worker_per_s']:.2f}/s; pg_stat_database "
+        f"counted {figures['server_per_s']:.2f}/s in that database (a lagging cross-check)"
     )
-    for what, count in figures["by_statement"].items():
-        print(f"{count:6d}  {what}")
+    show(figures, "by_statement")
     local = measure_sqlite(args.seconds, args.warmup)
     print(
         f"idle worker on SQLite: {local['worker_transactions']} transactions in "
-        f"{args.seconds:g} s = {local['per_s']:.2f}/s (target ≤ 2/s)"
+        f"{seconds} = {local['per_s']:.2f}/s (target ≤ 2/s)"
     )
-    for what, count in local["by_statement"].items():
-        print(f"{count:6d}  {what}")
+    show(local, "by_statement")
     figures = {**figures, "sqlite": local}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

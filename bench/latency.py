@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/latency.py [--seconds 10] [--rate 200] [--warmup 2] [--postgres URL]
                                       [--no-postgres] [--no-sqlite] [--peers [NAME ...]]
-                                      [--json PATH]
+                                      [--stats fresh|stale] [--json PATH]
 
 On a fresh database (a new PostgreSQL database, dropped after; a temporary SQLite file), one
 worker process is spawned first — `box.work()` with the default `WorkerConfig()`, what `oncebox
@@ -10,7 +10,11 @@ worker` runs — and left idle until it has handled a probe job. The benchmark's
 producer, so the worker cannot be woken in-process: it enqueues single keyed jobs (the whole
 guarantee path), one `box.enqueue` call each, at a steady `--rate` paced by absolute deadlines
 (a late call makes the next wait less; no drift accumulates), for `--warmup` seconds that are not
-counted and then `--seconds` that are.
+counted and then `--seconds` that are. No backlog is loaded first; with `--stats fresh` (the
+default) each PostgreSQL database — oncebox's and each peer's — is analysed once its schema is
+installed, before the worker starts, so the planner works from statistics as on a production
+server (the benchmark server runs without autovacuum); `--stats stale` leaves the tables never
+analysed. SQLite has no autovacuum to stand in for: its file is never analysed.
 
 The latency of a job runs from `time.time()` taken right after its enqueue call returned (it is
 committed and, on PostgreSQL, its NOTIFY sent) to `time.time()` on the first line of its handler
@@ -23,10 +27,10 @@ Wake-ups: on PostgreSQL an insert trigger NOTIFYs and the worker's listener thre
 consumer; SQLite has no notifications, so the listener looks at the database files every 50 ms and
 wakes the consumer when a commit changed them: expect a p50 near half of that. The peers
 (bench/peers/*_latency.py, run in .venv-peers) each run their own default LISTEN/NOTIFY worker in a
-process of its own (procrastinate at concurrency 10, as in bench/compare.py). The table also shows
-the enqueue call's p50 and the rate the producer reached: one call at a time, each waiting for its
-commit, so a slow disk or a busy machine can hold it below --rate (such rows are named under the
-table).
+process of its own, at any --rate (pgqueuer on uvloop, as its own CLI runs; procrastinate at
+concurrency 10, as in bench/compare.py). The table also shows the enqueue call's p50 and the rate
+the producer reached: one call at a time, each waiting for its commit, so a slow disk or a busy
+machine can hold it below --rate (such rows are named under the table).
 Prints the table and, as the last line, one JSON object with every row (also written to --json).
 """
 
@@ -51,7 +55,7 @@ from oncebox import Box, JobContext, Task, WorkerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from core import postgres_url, sqlite_url
+from core import analyse, postgres_url, sqlite_url
 from latency_figures import DRAIN_TIMEOUT, percentiles, stop
 from peerrun import PEERS_PYTHON, run_peer
 
@@ -128,9 +132,12 @@ def measure_oncebox(
     seconds: float,
     rate: float,
     warmup: float = 2.0,
+    *,
+    stats: str = "fresh",
 ) -> dict[str, Any]:
     """Workload 4 for oncebox on the store `make_url` gives (`core.sqlite_url`,
-    `core.postgres_url(server)`): the pick-up latency figures and the count."""
+    `core.postgres_url(server)`): the pick-up latency figures and the count. `stats`: "fresh"
+    analyses a PostgreSQL database before the worker starts; "stale" does not."""
     warm = round(warmup * rate)
     total = warm + round(seconds * rate)
     context = multiprocessing.get_context("spawn")
@@ -139,6 +146,8 @@ def measure_oncebox(
         out = Path(folder) / "started.json"
         box = Box(url)
         task = declare(box, lambda n, t: None)
+        if stats == "fresh":
+            analyse(url)  # a no-op on SQLite
         worker = context.Process(target=worker_child, args=(url, str(out), handled), daemon=True)
         worker.start()
         try:
@@ -155,16 +164,32 @@ def measure_oncebox(
         if not out.exists():
             raise SystemExit(f"the worker wrote no start times (exit code {worker.exitcode})")
         started = {int(n): t for n, t in json.loads(out.read_text()).items()}
-    return {**percentiles("oncebox", started, before, after, warm), "rate": round(achieved, 1)}
+    return {
+        **percentiles("oncebox", started, before, after, warm),
+        "rate": round(achieved, 1),
+        "stats": stats,
+    }
 
 
 def measure_peer(
-    name: str, server: str, seconds: float, rate: float, warmup: float = 2.0
+    name: str,
+    server: str,
+    seconds: float,
+    rate: float,
+    warmup: float = 2.0,
+    *,
+    stats: str = "fresh",
 ) -> dict[str, Any]:
-    """Workload 4 for a peer, in .venv-peers, on a fresh database of `server`."""
+    """Workload 4 for a peer, in .venv-peers, on a fresh database of `server`, at any rate."""
     script, extra = PEERS[name]
     timing = ["--seconds", str(seconds), "--rate", str(rate), "--warmup", str(warmup)]
-    return run_peer(name, script, server, [*timing, *extra], timeout=seconds + warmup + 300)
+    return run_peer(
+        name,
+        script,
+        server,
+        [*timing, *extra, "--stats", stats],
+        timeout=seconds + warmup + 300,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-sqlite", action="store_true")
     parser.add_argument("--peers", nargs="*", default=sorted(PEERS), choices=sorted(PEERS))
+    parser.add_argument(
+        "--stats",
+        choices=["fresh", "stale"],
+        default="fresh",
+        help="fresh: ANALYZE each PostgreSQL database before its worker starts; stale: never",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     stores: dict[str, Callable[[], AbstractContextManager[str]]] = {}
@@ -187,16 +218,19 @@ def main(argv: list[str] | None = None) -> int:
         stores["sqlite"] = sqlite_url
     rows: list[dict[str, Any]] = []
     for store, make in stores.items():
-        figures = measure_oncebox(make, args.seconds, args.rate, args.warmup)
+        figures = measure_oncebox(make, args.seconds, args.rate, args.warmup, stats=args.stats)
         rows.append({"library": "oncebox", "store": store, **figures})
     installed = PEERS_PYTHON.exists()
     if not args.no_postgres and installed:
         for peer in args.peers:
-            figures = measure_peer(peer, args.postgres, args.seconds, args.rate, args.warmup)
+            figures = measure_peer(
+                peer, args.postgres, args.seconds, args.rate, args.warmup, stats=args.stats
+            )
             rows.append({"library": peer, "store": "postgres", **figures})
     print(
         f"enqueue → handler start · {args.rate:g} jobs/s for {args.seconds:g} s "
-        f"(warm-up {args.warmup:g} s not counted) · oncebox {oncebox.__version__} · "
+        f"(warm-up {args.warmup:g} s not counted) · {args.stats} statistics · "
+        f"oncebox {oncebox.__version__} · "
         f"Python {platform.python_version()} · {platform.machine()}"
     )
     print(
@@ -217,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.peers and not installed:
         print("peers not installed: run `make peers-env` to compare")
-    report = {"seconds": args.seconds, "rate": args.rate, "warmup": args.warmup, "rows": rows}
+    report = {
+        "seconds": args.seconds,
+        "rate": args.rate,
+        "warmup": args.warmup,
+        "stats": args.stats,
+        "rows": rows,
+    }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from core import postgres_url, sqlite_url
+from core import analyse, postgres_url, sqlite_url
 
 import oncebox
 from oncebox import Box, WorkerConfig
@@ -70,10 +70,12 @@ def dispatch(url: str, jobs: int, provider: str) -> float:
         box.close()
 
 
-def full_path(url: str, jobs: int, concurrency: int = 1) -> float:
+def full_path(url: str, jobs: int, concurrency: int = 1, stats: str = "fresh") -> float:
     box = make_box(url, "null:")
     try:
         box.enqueue_many("mail", [{"n": i} for i in range(jobs)])
+        if stats == "fresh":
+            analyse(url)  # as autovacuum would have by then
         started = time.perf_counter()
         result = box.work(config=WorkerConfig(until_idle=True, concurrency=concurrency))
         elapsed = time.perf_counter() - started

@@ -1,16 +1,20 @@
 """pgqueuer, workload 5: process the first M no-op jobs of a backlog of B with one worker.
 
     .venv-peers/bin/python bench/peers/pgqueuer_backlog.py --server URL --backlog B --measure M
-                                                           --batch 100
+                                                           --batch 100 [--stats fresh|stale]
 
-Runs in the peers' own virtual environment. A fresh database per run (created on the server,
-dropped after); the schema installed with pgqueuer's own `install()`; B jobs enqueued with its
-batch `enqueue` (lists, 10 000 a call); then one QueueManager (asyncpg, `mode=drain`, the given
-dequeue batch) runs until its entrypoint has counted M jobs and sets `manager.shutdown`, the
-documented way to stop it; `run()` returns once the jobs in flight are done and their statuses
-flushed. The jobs of the last dequeued batch are all run, so slightly more than M may be
-processed; the rate is processed / seconds. No ANALYZE: planner statistics stay as the enqueue
-leaves them. Prints one JSON line.
+Runs in the peers' own virtual environment, on uvloop when it is importable, as pgqueuer's own
+CLI runs. A fresh database per run (created on the server, dropped after); the schema installed
+with pgqueuer's own `install()`; B jobs enqueued with its batch `enqueue` (lists, 10 000 a call);
+then, with `--stats fresh` (the default), an ANALYZE of the database — the statistics a
+production server would have by then, from autovacuum (the benchmark server runs without it);
+`stale` leaves them as the enqueue left them (workers that start the moment a fan-out lands).
+Then one QueueManager (asyncpg, `mode=drain`, the given dequeue batch) runs until its entrypoint
+has counted M jobs and sets `manager.shutdown`, the documented way to stop it; `run()` returns
+once the jobs in flight are done and their statuses flushed. The jobs of the last dequeued batch
+are all run, so slightly more than M may be processed; the rate is processed / seconds. How many
+times the jobs table had been analysed (by hand, ours included, or by autovacuum) when the
+measurement started and when it ended is reported. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -20,13 +24,26 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import asyncpg
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
 from pgqueuer.types import QueueExecutionMode
 
+try:
+    import uvloop
+except ImportError:  # pgqueuer's CLI falls back to the default loop the same way
+    uvloop = None
+
 CHUNK = 10_000
+LOOP = "asyncio" if uvloop is None else "uvloop"
+T = TypeVar("T")
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on the loop pgqueuer's CLI uses (`pgqueuer.adapters.cli.cli.asyncio_run`)."""
+    return asyncio.run(main) if uvloop is None else uvloop.run(main)
 
 
 async def analyzed(conn: asyncpg.Connection, table: str) -> int:
@@ -38,14 +55,14 @@ async def analyzed(conn: asyncpg.Connection, table: str) -> int:
     return int(count or 0)
 
 
-async def run(server: str, backlog: int, measure: int, batch: int) -> dict[str, Any]:
+async def run(server: str, backlog: int, measure: int, batch: int, stats: str) -> dict[str, Any]:
     name = f"peer_pgq_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(server)
     await admin.execute(f'CREATE DATABASE "{name}"')
     try:
         base = server.rsplit("/", 1)[0]
         conn = await asyncpg.connect(f"{base}/{name}")
-        stats = await asyncpg.connect(f"{base}/{name}")
+        observer = await asyncpg.connect(f"{base}/{name}")
         queries = Queries(AsyncpgDriver(conn))
         await queries.install()
         started = time.perf_counter()
@@ -53,7 +70,12 @@ async def run(server: str, backlog: int, measure: int, batch: int) -> dict[str, 
             count = min(CHUNK, backlog - offset)
             await queries.enqueue(["noop"] * count, [None] * count, [0] * count)
         enqueued = time.perf_counter() - started
-        analyzed_before = await analyzed(stats, "pgqueuer")
+        analysed = 0.0
+        if stats == "fresh":
+            started = time.perf_counter()
+            await conn.execute("ANALYZE")
+            analysed = time.perf_counter() - started
+        analyzed_before = await analyzed(observer, "pgqueuer")
 
         manager = QueueManager(queries)
         done = 0
@@ -70,20 +92,23 @@ async def run(server: str, backlog: int, measure: int, batch: int) -> dict[str, 
         started = time.perf_counter()
         await manager.run(batch_size=batch, mode=QueueExecutionMode.drain)
         processed = time.perf_counter() - started
-        analyzed_after = await analyzed(stats, "pgqueuer")
-        await stats.close()
+        analyzed_after = await analyzed(observer, "pgqueuer")
+        await observer.close()
         await conn.close()
         if done < measure:
             raise SystemExit(f"pgqueuer processed {done} of {measure} jobs")
         return {
             "enqueue_s": enqueued,
             "enqueue_per_s": backlog / enqueued,
+            "analyze_s": analysed,
             "processed": done,
             "process_s": processed,
             "process_per_s": done / processed,
             "first_job_s": first,
             "analyzed_before": analyzed_before,
             "analyzed_after": analyzed_after,
+            "loop": LOOP,
+            "stats": stats,
         }
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -96,8 +121,15 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--measure", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--stats",
+        choices=["fresh", "stale"],
+        default="fresh",
+        help="fresh: ANALYZE after the enqueue, as autovacuum would; stale: no ANALYZE",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.server, args.backlog, args.measure, args.batch))))
+    figures = run_loop(run(args.server, args.backlog, args.measure, args.batch, args.stats))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

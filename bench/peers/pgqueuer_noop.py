@@ -1,11 +1,16 @@
 """pgqueuer, workload 2: process N no-op jobs with one worker at its best documented setting.
 
     .venv-peers/bin/python bench/peers/pgqueuer_noop.py --server URL --jobs N --batch 100
+                                                        [--stats fresh|stale]
 
-Runs in the peers' own virtual environment. A fresh database per run (created on the server,
-dropped after); the schema installed with pgqueuer's own `install()`; N jobs enqueued with its
-batch `enqueue` (lists); then one QueueManager (asyncpg) drains them in `mode=drain` with the
-given dequeue batch. Prints one JSON line: enqueue and processing seconds, jobs/s.
+Runs in the peers' own virtual environment, on uvloop when it is importable, as pgqueuer's own
+CLI runs. A fresh database per run (created on the server, dropped after); the schema installed
+with pgqueuer's own `install()`; N jobs enqueued with its batch `enqueue` (lists); then, with
+`--stats fresh` (the default), an ANALYZE of the database — the statistics a production server
+would have by then, from autovacuum (the benchmark server runs without it); `stale` leaves them
+as the enqueue left them. Then one QueueManager (asyncpg) drains the jobs in `mode=drain` with
+the given dequeue batch. Prints one JSON line: enqueue and processing seconds, jobs/s, the loop
+and the statistics.
 """
 
 from __future__ import annotations
@@ -15,13 +20,28 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import asyncpg
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
 from pgqueuer.types import QueueExecutionMode
 
+try:
+    import uvloop
+except ImportError:  # pgqueuer's CLI falls back to the default loop the same way
+    uvloop = None
 
-async def run(server: str, jobs: int, batch: int) -> dict[str, float]:
+LOOP = "asyncio" if uvloop is None else "uvloop"
+T = TypeVar("T")
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on the loop pgqueuer's CLI uses (`pgqueuer.adapters.cli.cli.asyncio_run`)."""
+    return asyncio.run(main) if uvloop is None else uvloop.run(main)
+
+
+async def run(server: str, jobs: int, batch: int, stats: str) -> dict[str, Any]:
     name = f"peer_pgq_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(server)
     await admin.execute(f'CREATE DATABASE "{name}"')
@@ -35,6 +55,11 @@ async def run(server: str, jobs: int, batch: int) -> dict[str, float]:
             count = min(10_000, jobs - offset)
             await queries.enqueue(["noop"] * count, [None] * count, [0] * count)
         enqueued = time.perf_counter() - started
+        analysed = 0.0
+        if stats == "fresh":
+            started = time.perf_counter()
+            await conn.execute("ANALYZE")
+            analysed = time.perf_counter() - started
 
         manager = QueueManager(queries)
         done = 0
@@ -53,8 +78,11 @@ async def run(server: str, jobs: int, batch: int) -> dict[str, float]:
         return {
             "enqueue_s": enqueued,
             "enqueue_per_s": jobs / enqueued,
+            "analyze_s": analysed,
             "process_s": processed,
             "process_per_s": jobs / processed,
+            "loop": LOOP,
+            "stats": stats,
         }
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -66,8 +94,14 @@ def main() -> None:
     parser.add_argument("--server", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--stats",
+        choices=["fresh", "stale"],
+        default="fresh",
+        help="fresh: ANALYZE after the enqueue, as autovacuum would; stale: no ANALYZE",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.server, args.jobs, args.batch))))
+    print(json.dumps(run_loop(run(args.server, args.jobs, args.batch, args.stats))))
 
 
 if __name__ == "__main__":

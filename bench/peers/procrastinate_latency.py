@@ -3,9 +3,14 @@
     .venv-peers/bin/python bench/peers/procrastinate_latency.py --server URL [--seconds 10]
                                                                 [--rate 200] [--warmup 2]
                                                                 [--concurrency 1]
+                                                                [--stats fresh|stale]
 
-Runs in the peers' own virtual environment. A fresh database per run (created on the server,
-dropped after); procrastinate's schema applied with its schema manager. One worker process
+Runs in the peers' own virtual environment, on the default asyncio loop, as procrastinate's own
+CLI runs (`asyncio.run`). A fresh database per run (created on the server, dropped after);
+procrastinate's schema applied with its schema manager. There is no load before the measurement:
+with `--stats fresh` (the default) the installed tables are analysed before the worker starts,
+so the planner works from statistics, as on a production server (the benchmark server runs
+without autovacuum); `stale` leaves them never analysed. One worker process
 (spawned) runs `run_worker_async()` with its defaults — `listen_notify` on — and the given
 `--concurrency` (its default, 1, unless told), and is left idle until it has handled a probe
 job. This process is the producer: one `defer_async` per job at a steady rate on absolute
@@ -13,7 +18,8 @@ deadlines, the arguments carrying the job's number and the time just before the 
 runs from `time.time()` right after the call returned (committed) to `time.time()` on the task's
 first line; the worker keeps the start times in memory and writes them to a file when stopped
 (SIGTERM, which procrastinate handles gracefully). Jobs of the warm-up are not counted. Prints
-one JSON line: p50_ms, p90_ms, p99_ms, max_ms, count (as bench/latency.py).
+one JSON line: p50_ms, p90_ms, p99_ms, max_ms, count (as bench/latency.py), the loop and the
+statistics.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ async def produce(
 
 
 async def run(
-    server: str, seconds: float, rate: float, warmup: float, concurrency: int
+    server: str, seconds: float, rate: float, warmup: float, concurrency: int, *, stats: str
 ) -> dict[str, Any]:
     warm = round(warmup * rate)
     total = warm + round(seconds * rate)
@@ -122,6 +128,9 @@ async def run(
             out = Path(folder) / "started.json"
             async with app.open_async():
                 await app.schema_manager.apply_schema_async()
+                if stats == "fresh":
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        conn.execute("ANALYZE")
                 worker = context.Process(
                     target=worker_child, args=(url, str(out), handled, concurrency), daemon=True
                 )
@@ -146,6 +155,8 @@ async def run(
         return {
             **percentiles("procrastinate", started, before, after, warm),
             "rate": round(achieved, 1),
+            "loop": "asyncio",
+            "stats": stats,
         }
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
@@ -159,8 +170,16 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=1, help="procrastinate's default: 1")
+    parser.add_argument(
+        "--stats",
+        choices=["fresh", "stale"],
+        default="fresh",
+        help="fresh: ANALYZE the installed tables before the worker starts; stale: no ANALYZE",
+    )
     args = parser.parse_args()
-    figures = asyncio.run(run(args.server, args.seconds, args.rate, args.warmup, args.concurrency))
+    figures = asyncio.run(
+        run(args.server, args.seconds, args.rate, args.warmup, args.concurrency, stats=args.stats)
+    )
     print(json.dumps(figures))
 
 
