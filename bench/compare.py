@@ -380,8 +380,9 @@ def report(figures: dict[str, Any], checked: list[Target]) -> None:
         print(f"\n6. fan-out: {row['customers']:,} customers in {row['seconds']} s")
     if "idle" in figures:
         print(
-            f"\n7. idle worker: {figures['idle']['per_s']:.2f} transactions/s on PostgreSQL, "
-            f"{figures['idle_sqlite']['per_s']:.2f}/s on SQLite"
+            f"\n7. idle worker: {figures['idle']['per_s']:.2f} statements/s on PostgreSQL "
+            f"(counted by {figures['idle'].get('counted_by', 'the server')}), "
+            f"{figures['idle_sqlite']['per_s']:.2f} transactions/s on SQLite"
         )
     print("\ntargets")
     for target in checked:

@@ -301,6 +301,9 @@ class RedeliveringTransport:
     def next_due_in(self) -> float | None:
         return None
 
+    def can_probe(self) -> bool:
+        return False
+
     @property
     def pending(self) -> int:
         with self._lock:

@@ -296,6 +296,7 @@ class Worker:
                     f"consumer-{len(pollers)}",
                     self._consumer_round(consumer),
                     functools.partial(self._idle_wait, consumer.transport.next_due_in),
+                    consumer.transport.next_due_in if consumer.transport.can_probe() else None,
                 )
             )
         if channels:
@@ -312,6 +313,7 @@ class Worker:
                     "dispatcher",
                     self._dispatcher_round(dispatcher),
                     functools.partial(self._idle_wait, dispatcher.next_due_in),
+                    dispatcher.next_due_in,
                 )
             )
         if not pollers:
@@ -393,14 +395,21 @@ class Worker:
         return round_
 
     def _poller(
-        self, name: str, round_: Callable[[], int], idle_wait: Callable[[int], float]
+        self,
+        name: str,
+        round_: Callable[[], int],
+        idle_wait: Callable[[int], float],
+        probe: Callable[[], float | None] | None = None,
     ) -> threading.Thread:
         index = self._pollers
         self._pollers += 1
         wake = threading.Event()
         self._wakes.append(wake)
         return threading.Thread(
-            target=self._poll, args=(index, name, round_, idle_wait, wake), name=f"oncebox-{name}"
+            target=self._poll,
+            args=(index, name, round_, idle_wait, wake),
+            kwargs={"probe": probe},
+            name=f"oncebox-{name}",
         )
 
     def _poll(
@@ -410,7 +419,14 @@ class Worker:
         round_: Callable[[], int],
         idle_wait: Callable[[int], float],
         wake: threading.Event,
+        *,
+        probe: Callable[[], float | None] | None = None,
     ) -> None:
+        """Run rounds while they find work; when one finds none, wait — for a wake-up (a
+        NOTIFY, a commit seen in the files, this process's own enqueue), the next due time, or
+        the poll interval. A wait that ran out without a wake-up asks `probe` first (a fresh
+        look at what is due: one statement) and only then runs a round (a lease's transaction),
+        so an idle lane's fallback poll costs the server one statement."""
         backoff = 0.0
         misses = 0  # idle rounds in a row that found work due but leased none
         while not self.stop_event.is_set():
@@ -444,7 +460,22 @@ class Worker:
                 return
             wait = idle_wait(misses)
             misses = misses + 1 if wait < 0 else 0
-            wake.wait(abs(wait))
+            while not wake.wait(abs(wait)) and wait > 0 and probe is not None:
+                wait = self._probe_wait(probe)
+                if wait <= 0 or self.stop_event.is_set():
+                    break  # due now: lease it
+
+    def _probe_wait(self, probe: Callable[[], float | None]) -> float:
+        """How long an idle lane may go on waiting after its wait ran out: until the next due
+        time the probe reads, at most a poll interval; 0 when something is due now, or when the
+        store cannot answer (the round then says so, and backs off)."""
+        try:
+            until = probe()
+        except StoreUnavailable:
+            return 0.0
+        if until is None:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, until))
 
     def _done(self) -> bool:
         """Every lane is idle: may an `until_idle` run stop? Yes when nothing remains; when what

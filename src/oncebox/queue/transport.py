@@ -93,6 +93,13 @@ class Transport(Protocol):
         transport knows; by the store's clock."""
         ...
 
+    def can_probe(self) -> bool:
+        """Whether `next_due_in` is a fresh look at everything `fetch` could return — then an
+        idle lane's fallback poll asks it first and fetches only when something is due, one
+        statement instead of a lease's transaction. A broker cannot be looked at without a
+        fetch: False."""
+        ...
+
 
 class TableTransport:
     """The built-in queue: the jobs table of the store, leased in batches under one token."""
@@ -206,6 +213,11 @@ class TableTransport:
     def next_due_in(self) -> float | None:
         due = self._session.due_seen() or self._next_due(self._allowed(self._tasks), self._queues)
         return due.seconds()
+
+    def can_probe(self) -> bool:
+        """The probe reads the ready jobs of the same tasks and queues the lease takes, by the
+        same clock: when it finds none due, a lease would have found none either."""
+        return True
 
 
 class NextDue(Protocol):
