@@ -80,7 +80,8 @@ def unserved(store: Store) -> list[tuple[str, int]]:
     ]
 
 
-GUARD_EVERY = 5.0  # seconds between two looks at the clock setting and the database file
+GUARD_EVERY = 5.0  # seconds between two looks at the database file
+CLOCK_EVERY_GUARDS = 3  # ... and at the clock setting, every third of those (15 s)
 PRESENCE_EVERY = 10.0  # seconds between two refreshes of this worker's row in oncebox_workers
 LIVE_WITHIN = timedelta(seconds=3 * PRESENCE_EVERY)  # a worker seen this recently is live
 MISSED_DUE_WAIT = 0.05  # seconds before a lane looks again at work due that it did not lease
@@ -590,11 +591,16 @@ class Worker:
     def _guard(self, stop: threading.Event) -> None:
         """Stop this worker, as it would have refused to start, when a test clock set by
         another process is in force (see `_check_clock`) or its SQLite file was replaced or
-        deleted under it (`Store.check_identity`)."""
-        while not stop.wait(GUARD_EVERY):
+        deleted under it (`Store.check_identity`). The file is looked at every pass (a `stat`,
+        no query); the clock setting, a query, every `CLOCK_EVERY_GUARDS` passes, so an idle
+        worker's own reads stay under one statement a second."""
+        for guard in itertools.count(1):
+            if stop.wait(GUARD_EVERY):
+                return
             try:
                 self.runtime.store.check_identity()
-                self._check_clock()
+                if guard % CLOCK_EVERY_GUARDS == 0:
+                    self._check_clock()
             except StoreUnavailable:
                 continue
             except (ClockHeld, StoreReplaced) as fatal:

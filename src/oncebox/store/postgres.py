@@ -429,28 +429,6 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     # -- due times, pruning --------------------------------------------------------------------
 
     @operation
-    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
-        with self._connection() as conn:
-            with conn.pipeline(), conn.transaction():  # planned as the lease is: index order
-                conn.execute(self._q["job_lease_settings"])
-                sql = self._q["job_next_due"]
-                cursor = conn.execute(sql, {"tasks": list(tasks), "queues": list(queues)})
-            due = _result(sql, cursor).record(DueTime, _utc)
-        assert due is not None  # one row, always
-        return due
-
-    @operation
-    def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
-        with self._connection() as conn:
-            with conn.pipeline(), conn.transaction():  # in index order, as job_next_due
-                conn.execute(self._q["job_lease_settings"])
-                sql = self._q["outbox_next_due"]
-                cursor = conn.execute(sql, {"channels": list(channels)})
-            due = _result(sql, cursor).record(DueTime, _utc)
-        assert due is not None  # one row, always
-        return due
-
-    @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         params = {"older_than_s": older_than.total_seconds(), "limit": limit}
         return len(self._apply("job_prune", params).rows)

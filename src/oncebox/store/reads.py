@@ -23,6 +23,7 @@ from oncebox.store.base import (
     AuditRow,
     BacklogRow,
     DeliveryAttemptRow,
+    DueTime,
     EnqueueConflict,
     IntentRow,
     JobFilter,
@@ -104,6 +105,24 @@ class ReadOperations:
         result = self._fetch("counter_list", {})
         name, value = result.columns()["name"], result.columns()["value"]
         return {row[name]: int(row[value]) for row in result.rows}
+
+    @operation
+    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
+        """One statement, outside any transaction: an idle lane's poll asks it before it leases
+        (`Worker._poll`). Each task's first entry of oncebox_jobs_task_due is the only plan in
+        that order, so no statistics can turn it into a sort of the backlog."""
+        due = self._record(
+            DueTime, "job_next_due", {"tasks": self._set(tasks), "queues": self._set(queues)}
+        )
+        assert due is not None  # one row, always
+        return due
+
+    @operation
+    def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
+        """As `job_next_due`, for messages: each channel's head of oncebox_outbox_due."""
+        due = self._record(DueTime, "outbox_next_due", {"channels": self._set(channels)})
+        assert due is not None  # one row, always
+        return due
 
     @operation
     def job_count_by_state(self) -> StateCounts:

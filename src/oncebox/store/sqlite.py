@@ -415,20 +415,6 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     # -- due times, pruning --------------------------------------------------------------------
 
     @operation
-    def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime:
-        due = self._record(
-            DueTime, "job_next_due", {"tasks": self._set(tasks), "queues": self._set(queues)}
-        )
-        assert due is not None  # one row, always
-        return due
-
-    @operation
-    def outbox_next_due(self, channels: Sequence[str]) -> DueTime:
-        due = self._record(DueTime, "outbox_next_due", {"channels": self._set(channels)})
-        assert due is not None  # one row, always
-        return due
-
-    @operation
     def job_prune(self, older_than: timedelta, limit: int) -> int:
         with self._transaction() as tx:
             pruned = tx.fetch("job_prune", {"older_than_us": _us(older_than), "limit": limit})
