@@ -406,20 +406,21 @@ def test_a_lease_right_after_a_bulk_enqueue_walks_the_claim_index_instead_of_sor
         pass
 
     box.enqueue_many("bulk", [{"n": n} for n in range(20_000)])
-    consumer = box.consumer(ConsumerConfig(batch_size=1000))
-    for _ in range(10):  # a queue in the middle of its backlog: half done, half ready
-        assert consumer.run_once().completed == 1000
-    assert isinstance(consumer.session, PostgresConsumerSession)
-    conn = consumer.session._conn
-    superuser = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
-    if conn.execute(superuser).fetchone() != (True,):
-        pytest.skip("auto_explain needs a superuser to LOAD it")
+    # a fixed lease of 1000 (the adaptive size would grow it: see tests/test_lease_size.py)
+    consumer = box.consumer(ConsumerConfig(batch_size=1000, max_batch_size=1000))
     plans: list[str] = []
-    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    conn.execute("SET auto_explain.log_min_duration = 0")
-    conn.execute("SET auto_explain.log_level = 'notice'")
     try:
+        for _ in range(10):  # a queue in the middle of its backlog: half done, half ready
+            assert consumer.run_once().completed == 1000
+        assert isinstance(consumer.session, PostgresConsumerSession)
+        conn = consumer.session._conn
+        superuser = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        if conn.execute(superuser).fetchone() != (True,):
+            pytest.skip("auto_explain needs a superuser to LOAD it")
+        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_level = 'notice'")
         assert consumer.run_once().completed == 1000
     finally:
         consumer.session.close()

@@ -182,6 +182,8 @@ _MASKS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b[0-9a-f]{32}\b"), "<token>"),
     # the scripted SMTP server takes a free port when 2525 is taken
     (re.compile(r"(smtp://127\.0\.0\.1:)\d+"), r"\1<port>"),
+    # messages given back to wait for the rate limit: how many depends on the machine's pace
+    (re.compile(r'("sends_waited": )\d+'), r"\1<n>"),
 ]
 _PROGRESS = re.compile(r"^  digests sent: \d+/\d+$")
 
