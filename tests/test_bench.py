@@ -254,3 +254,32 @@ def test_the_scrape_benchmark_runs_and_names_what_a_scrape_costs(pg_template, tm
     rows = json.loads(out.read_text())["rows"]
     assert [(r["store"], r["jobs"]) for r in rows] == [("sqlite", 200), ("postgres", 200)]
     assert all(r["top"] and r["store_ms"] <= r["scrape_ms"] for r in rows)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_intents_benchmark_loads_a_year_of_intents_and_measures_the_claim_beside_them(
+    pg_template, tmp_path
+):
+    from conftest import PG_URL
+
+    out = tmp_path / "intents.json"
+    result = run_bench(
+        "intents.py",
+        "--intents",
+        "0",
+        "3000",
+        "--measure",
+        "100",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    rows = figures["rows"]
+    # the load is there, beside the measured jobs' own intents
+    assert [(r["intents"], r["rows"]) for r in rows] == [(0, 100), (3000, 3100)]
+    assert all(r["process_per_s"] > 0 and r["index_bytes"] > 0 for r in rows)
+    assert figures["flat"] == rows[1]["process_per_s"] / rows[0]["process_per_s"]
