@@ -459,20 +459,30 @@ class Worker:
             if self.config.until_idle and self._all_idle(index, began) and self._done():
                 self.stop()
                 return
-            wait = idle_wait(misses)
-            misses = misses + 1 if wait < 0 else 0
-            while not wake.wait(abs(wait)) and wait > 0 and probe is not None:
-                wait = self._probe_wait(probe)
-                if wait <= 0 or self.stop_event.is_set():
-                    break  # due now: lease it
+            try:
+                wait = idle_wait(misses)
+                misses = misses + 1 if wait < 0 else 0
+                # an until-idle run decides to end after a round (`_done`): it never probes, or
+                # work it waited for that another worker finished would keep it waiting for ever
+                probing = probe if not self.config.until_idle else None
+                while not wake.wait(abs(wait)) and wait > 0 and probing is not None:
+                    wait = self._probe_wait(probing)
+                    if wait <= 0 or self.stop_event.is_set():
+                        break  # due now: lease it
+            except (SchemaError, StoreReplaced) as fatal:  # as a round's (above)
+                self._fail(fatal)
+                return
 
     def _probe_wait(self, probe: Callable[[], float | None]) -> float:
         """How long an idle lane may go on waiting after its wait ran out: until the next due
         time the probe reads, at most a poll interval; 0 when something is due now, or when the
-        store cannot answer (the round then says so, and backs off)."""
+        store cannot answer (the round then says so, and backs off). A damaged or vanished
+        database stops the worker (`_poll`)."""
         try:
             until = probe()
-        except StoreUnavailable:
+        except (SchemaError, StoreReplaced):
+            raise
+        except Exception:  # the round meets it again, logs it and backs off
             return 0.0
         if until is None:
             return self.poll_interval
@@ -536,7 +546,9 @@ class Worker:
         wait = self.poll_interval
         try:
             until = due_in()
-        except StoreUnavailable:
+        except (SchemaError, StoreReplaced):
+            raise  # the worker stops on it (`_poll`)
+        except Exception:  # a poll later, the round meets it again, and logs it
             return wait
         if until is None:
             return wait

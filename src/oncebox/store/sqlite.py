@@ -579,6 +579,10 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             found = self.path.stat()
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a stale network mount, a folder made unreadable: retry later
+            raise StoreUnavailable(
+                f"cannot look at the SQLite database {self.path}: {exc.strerror or exc}"
+            ) from None
         return found.st_dev, found.st_ino
 
     def check_identity(self) -> None:

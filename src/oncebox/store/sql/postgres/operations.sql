@@ -16,12 +16,13 @@ LIMIT %(limit)s;
 -- to fall due, the oldest pending message, the next lease to run out. Each is the first entry
 -- of an index: no scan of a backlog.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
-firsts AS (  -- each task's first ready job, as job_next_due finds it
+firsts AS (  -- each task's first ready job, as job_next_due finds it (a task with ready jobs:
+             -- the first row from it on is its own)
     SELECT f.run_at
     FROM (SELECT name FROM __S__.oncebox_depths WHERE kind = 'job' AND state = 'ready'
           GROUP BY name HAVING sum(value) > 0) t,
          LATERAL (SELECT j.run_at FROM __S__.oncebox_jobs j
-                  WHERE j.state = 'ready' AND j.task = t.name
+                  WHERE j.state = 'ready' AND j.task >= t.name
                   ORDER BY j.task, j.run_at LIMIT 1) f
 )
 SELECT
@@ -32,9 +33,10 @@ SELECT
      FROM (SELECT name FROM __S__.oncebox_depths
            WHERE kind = 'message' AND state = 'pending'
            GROUP BY name HAVING sum(value) > 0) c,
-          LATERAL (SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
-                   WHERE o.state = 'pending' AND o.channel = c.name
-                   ORDER BY o.next_attempt_at, o.id LIMIT 1) f) AS next_pending_message,
+          LATERAL (SELECT o.channel, o.next_attempt_at FROM __S__.oncebox_outbox o
+                   WHERE o.state = 'pending' AND o.channel >= c.name  -- see outbox_next_due
+                   ORDER BY o.channel, o.next_attempt_at LIMIT 1) f
+     WHERE f.channel = c.name) AS next_pending_message,
     (SELECT created_at FROM __S__.oncebox_outbox WHERE state = 'pending'
       ORDER BY created_at LIMIT 1) AS oldest_pending_message,
     (SELECT lease_expires_at FROM __S__.oncebox_jobs WHERE state = 'leased'
@@ -66,9 +68,9 @@ WITH depths AS (
 )
 SELECT 'job' AS kind, d.name, COALESCE(d.waiting, 0) AS waiting,
        CASE WHEN d.waiting > 0 THEN
-           (SELECT j.run_at FROM __S__.oncebox_jobs j
-            WHERE j.state = 'ready' AND j.task = d.name
-            ORDER BY j.task, j.run_at LIMIT 1)  -- oncebox_jobs_task_due's first entry
+           (SELECT j.run_at FROM __S__.oncebox_jobs j  -- see status_times' firsts
+            WHERE j.state = 'ready' AND j.task >= d.name
+            ORDER BY j.task, j.run_at LIMIT 1)
        END AS next_due_at,
        COALESCE(d.held, 0) AS held,
        CASE WHEN d.held > 0 THEN
@@ -80,8 +82,8 @@ UNION ALL
 SELECT 'message', d.name, COALESCE(d.waiting, 0),
        CASE WHEN d.waiting > 0 THEN
            (SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
-            WHERE o.state = 'pending' AND o.channel = d.name
-            ORDER BY o.next_attempt_at, o.id LIMIT 1)
+            WHERE o.state = 'pending' AND o.channel >= d.name  -- see outbox_next_due
+            ORDER BY o.channel, o.next_attempt_at LIMIT 1)
        END,
        COALESCE(d.held, 0),
        CASE WHEN d.held > 0 THEN

@@ -55,15 +55,19 @@ RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json,
 -- name: outbox_next_due
 -- When the earliest pending row of these channels falls due (NULL if none), and the time now:
 -- how long an idle dispatcher may wait (a retry's backoff, a rate limit's give-back, a pause).
--- Each channel's head is read from the due index, as the lease reads it.
+-- Each channel's head is read from the due index, as the lease reads it: the first pending row
+-- from this channel on in (channel, next_attempt_at) order, kept when it is this channel's. A
+-- "channel = c.channel ORDER BY next_attempt_at" would let the planner, on stale statistics,
+-- read every pending row of the channel through another index and sort them.
 SELECT (SELECT min(head.next_attempt_at)
         FROM unnest(%(channels)s::text[]) AS c(channel)
         CROSS JOIN LATERAL (
-            SELECT o.next_attempt_at FROM __S__.oncebox_outbox o
-            WHERE o.state = 'pending' AND o.channel = c.channel
-            ORDER BY o.next_attempt_at
+            SELECT o.channel, o.next_attempt_at FROM __S__.oncebox_outbox o
+            WHERE o.state = 'pending' AND o.channel >= c.channel
+            ORDER BY o.channel, o.next_attempt_at
             LIMIT 1
-        ) AS head) AS at,
+        ) AS head
+        WHERE head.channel = c.channel) AS at,
        (SELECT __S__.oncebox_now()) AS now;
 
 -- name: outbox_mark_sending

@@ -143,13 +143,12 @@ CREATE TRIGGER oncebox_outbox_depth_delete AFTER DELETE ON __S__.oncebox_outbox
 -- min() would read every pending message of a Monday's run.
 CREATE INDEX oncebox_outbox_waiting ON __S__.oncebox_outbox (created_at) WHERE state = 'pending';
 
--- When each task's first ready job falls due: the first entry for the task. It replaces the due
--- index (run_at), where finding one task's first job meant walking past every job of the other
--- tasks due before it; the earliest job of several tasks (a worker's idle wait, `status`) is
--- the earliest of their first entries. One index for the two: each costs every enqueue and
--- lease a write.
+-- When each task's first ready job falls due: the first entry for the task, where the due index
+-- (run_at) meant walking past every job of the other tasks due before it; the earliest job of
+-- several tasks (a worker's idle wait, `status`) is the earliest of their first entries. The
+-- due index stays while workers of the release before this one may run (they read it): a later
+-- migration drops it — migrations are additive.
 CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs (task, run_at) WHERE state = 'ready';
-DROP INDEX __S__.oncebox_jobs_due;
 
 -- what the tables hold when this migration runs
 INSERT INTO __S__.oncebox_depths (kind, name, queue, state, outcome, shard, value)

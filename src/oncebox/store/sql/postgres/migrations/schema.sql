@@ -241,6 +241,8 @@ CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC
 
 CREATE INDEX oncebox_jobs_dead ON __S__.oncebox_jobs USING btree (id) WHERE (state = 'dead'::text)
 
+CREATE INDEX oncebox_jobs_due ON __S__.oncebox_jobs USING btree (run_at) WHERE (state = 'ready'::text)
+
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
 
 CREATE INDEX oncebox_jobs_leased ON __S__.oncebox_jobs USING btree (lease_expires_at) WHERE (state = 'leased'::text)

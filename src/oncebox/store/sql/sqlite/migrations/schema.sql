@@ -288,6 +288,9 @@ CREATE INDEX oncebox_jobs_claim ON oncebox_jobs (priority DESC, run_at, id) WHER
 -- index oncebox_jobs_dead
 CREATE INDEX oncebox_jobs_dead ON oncebox_jobs (id) WHERE state = 'dead';
 
+-- index oncebox_jobs_due
+CREATE INDEX oncebox_jobs_due ON oncebox_jobs (run_at) WHERE state = 'ready';
+
 -- index oncebox_jobs_group
 CREATE INDEX oncebox_jobs_group ON oncebox_jobs (queue, group_key, id)
     WHERE group_key IS NOT NULL AND state IN ('ready', 'leased');
