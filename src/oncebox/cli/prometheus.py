@@ -161,26 +161,22 @@ def gauges(data: dict[str, Any]) -> Iterator[Metric]:
 
 def backlog(data: dict[str, Any]) -> Iterator[Metric]:
     """The work not finished, per task (kind "job") and per channel (kind "message")."""
-    labels = ["kind", "name"]
-    waiting = GaugeMetricFamily(
-        "oncebox_waiting", "Jobs ready, or messages pending, per task or channel.", labels=labels
-    )
-    held = GaugeMetricFamily(
-        "oncebox_held", "Jobs or messages under a lease, per task or channel.", labels=labels
-    )
-    due = GaugeMetricFamily(
-        "oncebox_oldest_due_age_seconds",
-        "How long the first due job of a task, or message of a channel, has been due.",
-        labels=labels,
+    families = _families(
+        "oncebox_",
+        ["kind", "name"],
+        waiting="Jobs ready, or messages pending, per task or channel.",
+        held="Jobs or messages under a lease, per task or channel.",
+        oldest_due_age_seconds="How long the first due job of a task, or message of a channel, "
+        "has been due.",
     )
     now = datetime.fromisoformat(data["now"])
     for row in map(shapes.backlog_row, data["backlog"]):
         key = [row.kind, row.name]
-        waiting.add_metric(key, row.waiting)
-        held.add_metric(key, row.held)
         late = None if row.next_due_at is None else (now - row.next_due_at).total_seconds()
-        due.add_metric(key, max(0.0, late or 0.0))
-    yield from (waiting, held, due)
+        families["waiting"].add_metric(key, row.waiting)
+        families["held"].add_metric(key, row.held)
+        families["oldest_due_age_seconds"].add_metric(key, max(0.0, late or 0.0))
+    yield from families.values()
 
 
 def periods(data: dict[str, Any]) -> Iterator[Metric]:
