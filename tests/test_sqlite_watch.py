@@ -1,11 +1,12 @@
 """SQLite's stand-in for NOTIFY: a commit by any connection or process, seen in the database
-files, wakes every listener once (`SqliteStore.wait_for_jobs`)."""
+files, wakes every listener once (`SqliteStore.wait_for_work`)."""
 
 from __future__ import annotations
 
 import threading
 
 from oncebox import Box
+from oncebox.store.base import EVERY_KIND
 
 
 def test_one_commit_wakes_every_listener_of_a_store_once(sqlite_url):
@@ -13,20 +14,20 @@ def test_one_commit_wakes_every_listener_of_a_store_once(sqlite_url):
     try:
         writer.task(key="w/{n}", name="w")(lambda ctx, n: None)
         writer.enqueue("w", n=1)  # after the watched store opened: both listeners must see it
-        woken: list[bool] = []
+        woken: list[frozenset[str]] = []
         listeners = [
-            threading.Thread(target=lambda: woken.append(watched.store.wait_for_jobs(10.0)))
+            threading.Thread(target=lambda: woken.append(watched.store.wait_for_work(10.0)))
             for _ in range(2)
         ]
         for listener in listeners:
             listener.start()
         for listener in listeners:
             listener.join(15)
-        assert woken == [True, True]
-        assert watched.store.wait_for_jobs(10.0) is True  # this thread's first look sees it too
-        assert watched.store.wait_for_jobs(0.2) is False  # seen once: no further commit
+        assert woken == [EVERY_KIND, EVERY_KIND]  # SQLite cannot tell what the commit held
+        assert watched.store.wait_for_work(10.0) == EVERY_KIND  # this thread's first look too
+        assert watched.store.wait_for_work(0.2) == frozenset()  # seen once: no further commit
         writer.enqueue("w", n=2)
-        assert watched.store.wait_for_jobs(10.0) is True
+        assert watched.store.wait_for_work(10.0) == EVERY_KIND
     finally:
         watched.close()
         writer.close()

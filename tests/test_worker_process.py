@@ -32,7 +32,9 @@ pytestmark = pytest.mark.slow
 
 def wait_until_listening(box: Box) -> None:
     """PostgreSQL: a NOTIFY sent before the listener's LISTEN is lost, so wait for the LISTEN."""
-    listening = "SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN oncebox_jobs'"
+    listening = (
+        "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN oncebox_jobs;%' AND state = 'idle'"
+    )
     wait_until(lambda: sql(box, listening), what="the worker's LISTEN")
 
 
@@ -204,6 +206,49 @@ def test_an_idle_worker_wakes_for_a_job_another_process_enqueued_not_by_its_poll
             assert producer.exitcode == 0
             assert committed.wait(10), "no wake-up within 10 s (the worker's poll is 1 h)"
             assert [row[0] for row in effects(box)] == ["weekly-digest/customer-42/2026-W33"]
+        finally:
+            worker.stop()
+            thread.join(30)
+            box.close()
+
+
+@pytest.mark.postgres
+def test_a_job_enqueued_by_another_process_wakes_the_consumer_not_the_dispatcher(pg_url):
+    """A job's NOTIFY is for consumers: an idle dispatcher that also ran a lease round for each
+    one tripled the pick-up latency at 200 jobs/s (docs/benchmarks.md). The dispatcher still
+    wakes for outbox rows (tests/store_contract/test_store_notifications.py)."""
+    box = digest_box(pg_url)
+    create_effects(box)
+    consumer_idle, dispatcher_idle, committed = (threading.Event() for _ in range(3))
+    dispatcher_rounds = []
+    worker = box.worker(WorkerConfig(poll_interval=timedelta(hours=1)))
+
+    def dispatcher_found_nothing(_name: str) -> None:
+        dispatcher_rounds.append(1)
+        dispatcher_idle.set()
+
+    actions = {
+        "consumer.found_nothing": lambda _name: consumer_idle.set(),
+        "dispatcher.found_nothing": dispatcher_found_nothing,
+        "consumer.committed": lambda _name: committed.set(),
+    }
+    with points.installed(actions):
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert consumer_idle.wait(30) and dispatcher_idle.wait(30), "never idle"
+            wait_until_listening(box)
+            before, dispatcher_idle = len(dispatcher_rounds), threading.Event()
+            consumer_idle.clear()
+            producer = SPAWN.Process(target=enqueue_digest, args=(pg_url, 42))
+            producer.start()
+            producer.join(60)
+            assert producer.exitcode == 0
+            assert committed.wait(10), "the consumer was not woken (its poll is 1 h)"
+            assert consumer_idle.wait(10), "the consumer did not look again after its batch"
+            # the dispatcher, woken with it, would have leased by now; give it a second more
+            assert not dispatcher_idle.wait(1.0), "the job's NOTIFY ran a dispatcher round"
+            assert len(dispatcher_rounds) == before
         finally:
             worker.stop()
             thread.join(30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -21,12 +22,12 @@ from oncebox.outbox.channels import Channel, ChannelSet
 from oncebox.outbox.tokens import SecretSource
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.schedules.schedule import Schedule
-from oncebox.store.base import Store
+from oncebox.store.base import EVERY_KIND, Store, WorkKind
 from oncebox.timers.sweeper import Sweeper
 
 
 class Wakeable(Protocol):
-    def wake(self) -> None: ...
+    def wake(self, kinds: Collection[WorkKind] = EVERY_KIND) -> None: ...
 
 
 class LocalWorkers:
@@ -46,11 +47,11 @@ class LocalWorkers:
             if worker in self._workers:
                 self._workers.remove(worker)
 
-    def wake(self) -> None:
+    def wake(self, kinds: Collection[WorkKind] = EVERY_KIND) -> None:
         with self._lock:
             workers = list(self._workers)
         for worker in workers:
-            worker.wake()
+            worker.wake(kinds)
 
 
 @dataclass

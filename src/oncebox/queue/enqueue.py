@@ -18,7 +18,7 @@ from oncebox.errors import ConfigurationError, InvalidState
 from oncebox.jobs.codec import decode_args, encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.runtime import Runtime
-from oncebox.store.base import JobInsert, JobInsertMany, ScheduleRunRef
+from oncebox.store.base import JOBS, JobInsert, JobInsertMany, ScheduleRunRef
 
 MAX_DELAY = timedelta(days=100 * 366)
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
@@ -99,7 +99,7 @@ def enqueue(
         if created:
             runtime.metrics.count("jobs_enqueued")
             if connection is None:
-                runtime.workers.wake()
+                runtime.workers.wake(JOBS)
             return EnqueueResult(job_id, job.key, True, "ready", "created")
         assert job.key is not None  # keyless jobs are always created
         conflict = store.job_enqueue_conflict(job.key, connection=connection)
@@ -155,7 +155,7 @@ def enqueue_many(
     runtime.metrics.count("jobs_enqueued", len(created))
     runtime.metrics.count("enqueue_deduplicated", skipped)
     if created:
-        runtime.workers.wake()
+        runtime.workers.wake(JOBS)
     return EnqueueManyResult(len(created), skipped, [c[0] for c in created], inserted.run_held)
 
 

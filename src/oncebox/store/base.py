@@ -188,6 +188,13 @@ class OutboxLeaseParams:
 
 
 # "discarded" is read back, never written: a dead row an operator discarded (`outbox_discard`).
+#: What a wake-up says may have arrived: jobs for the consumers, outbox rows for the dispatcher.
+#: Each lane is woken by its own kind only, so an enqueue costs an idle dispatcher nothing.
+WorkKind = Literal["jobs", "outbox"]
+EVERY_KIND: frozenset[WorkKind] = frozenset(("jobs", "outbox"))
+JOBS: frozenset[WorkKind] = frozenset(("jobs",))
+OUTBOX: frozenset[WorkKind] = frozenset(("outbox",))
+
 OutboxState = Literal["pending", "leased", "sending", "sent", "dead", "ambiguous", "discarded"]
 OutboxFinishState = Literal["sent", "pending", "dead", "ambiguous"]
 DeliveryOutcome = Literal[
@@ -770,7 +777,7 @@ class Store(Protocol):
 
     @property
     def supports_notifications(self) -> bool:
-        """Whether `wait_for_jobs` can tell that work may have arrived (PostgreSQL: a NOTIFY;
+        """Whether `wait_for_work` can tell that work may have arrived (PostgreSQL: a NOTIFY;
         SQLite: a commit seen in the database files), so idle lanes poll only as a fallback."""
         ...
 
@@ -959,12 +966,14 @@ class Store(Protocol):
         ...
 
     def consumer_session(self, settings: ConsumerSettings) -> ConsumerSession: ...
-    def wait_for_jobs(self, timeout: float) -> bool:
-        """Block until jobs may have been added (True) or `timeout` seconds pass (False)."""
+    def wait_for_work(self, timeout: float) -> frozenset[WorkKind]:
+        """Block until work may have arrived — the kinds it may be (PostgreSQL: a job or an
+        outbox row, by the NOTIFY's channel; SQLite: any commit, so every kind) — or `timeout`
+        seconds pass (empty)."""
         ...
 
-    def notify_jobs(self) -> None:
-        """Wake idle workers after rows became ready without an insert."""
+    def notify_work(self, kind: WorkKind) -> None:
+        """Wake idle workers' lanes of `kind` after rows became ready without an insert."""
         ...
 
     def check_identity(self) -> None:

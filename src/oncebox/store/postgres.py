@@ -36,6 +36,7 @@ from oncebox.inert import printable, redact, scrubbed
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
+    EVERY_KIND,
     ActionResult,
     Audit,
     BucketSpec,
@@ -59,6 +60,7 @@ from oncebox.store.base import (
     SchemaStatus,
     T,
     WorkerBeat,
+    WorkKind,
     insert_chunks,
 )
 from oncebox.store.rows import Result
@@ -68,6 +70,8 @@ from oncebox.store.writes import WriteOperations, beat_params, canary_params
 INSERT_CHUNK = 5000
 INSERT_CHUNK_CHARS = 16 * 1024 * 1024
 _OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout"}
+# the NOTIFY channels of migration 0012 (before it, outbox rows notified on the jobs' channel)
+_CHANNEL_KIND: dict[str, WorkKind] = {"oncebox_jobs": "jobs", "oncebox_outbox": "outbox"}
 
 
 # Sets of rows go to the server as one JSON array in one text parameter, parsed there once:
@@ -419,7 +423,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]:
         rescued = self._records(RescuedJob, "job_rescue_expired", {"limit": limit})
         if any(job.state == "ready" for job in rescued):
-            self.notify_jobs()
+            self.notify_work("jobs")
         return rescued
 
     def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
@@ -535,24 +539,26 @@ class PostgresStore(WriteOperations["PostgresTx"]):
             autocommit=True, options=options, application_name=settings.application_name
         )
 
-    def wait_for_jobs(self, timeout: float) -> bool:
-        """Wait for a NOTIFY from an insert (or replay, release, rescue) in this schema."""
+    def wait_for_work(self, timeout: float) -> frozenset[WorkKind]:
+        """Wait for a NOTIFY in this schema: a job made ready (an insert, a replay, a release, a
+        rescue) on `oncebox_jobs`, an outbox row on `oncebox_outbox`; the kinds seen."""
         try:
             if self._listener is None or self._listener.closed:
                 self._listener = self.connect(autocommit=True, **self._named("oncebox listener"))
-                self._listener.execute(self._q["job_listen"])
+                self._listener.execute(self._q["work_listen"])
+            kinds: set[WorkKind] = set()
             for notice in self._listener.notifies(timeout=timeout, stop_after=1):
                 if notice.payload == self.schema:
-                    return True
-            return False
+                    kinds.add(_CHANNEL_KIND.get(notice.channel, "jobs"))
+            return frozenset(kinds)
         except psycopg.OperationalError:
             if self._listener is not None:
                 self._listener.close()
             self._listener = None
-            return True  # we may have missed a notification: look
+            return EVERY_KIND  # we may have missed a notification: look
 
-    def notify_jobs(self) -> None:
-        self._fetch("job_notify", {"schema": self.schema})
+    def notify_work(self, kind: WorkKind) -> None:
+        self._fetch("job_notify" if kind == "jobs" else "outbox_notify", {"schema": self.schema})
 
     def check_identity(self) -> None:
         """A server's database is reached by name, never through an open file: nothing to see."""

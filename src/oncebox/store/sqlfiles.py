@@ -51,7 +51,8 @@ DIALECT_ONLY: dict[str, str] = {
     "SQLite has no schemas",
     "migration_table_exists": "postgres: the status creates nothing; SQLite's creates the "
     "(empty) table, as opening the file created the database",
-    "job_listen": "postgres: LISTEN/NOTIFY wake-ups; SQLite has no notifications",
+    "work_listen": "postgres: LISTEN/NOTIFY wake-ups; SQLite has no notifications",
+    "outbox_notify": "postgres: LISTEN/NOTIFY wake-ups; SQLite has no notifications",
     "clock_read": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_write": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",

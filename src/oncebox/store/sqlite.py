@@ -38,6 +38,7 @@ from oncebox.errors import (
 from oncebox.metrics import Metrics, operation
 from oncebox.store import guard
 from oncebox.store.base import (
+    EVERY_KIND,
     ActionResult,
     Audit,
     BucketSpec,
@@ -59,6 +60,7 @@ from oncebox.store.base import (
     RescuedJob,
     SchemaStatus,
     WorkerBeat,
+    WorkKind,
     insert_chunks,
 )
 from oncebox.store.migrations import split_sqlite_script
@@ -129,7 +131,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
 
     dialect: Literal["sqlite"] = "sqlite"
-    supports_notifications = True  # by watching the database files: see `wait_for_jobs`
+    supports_notifications = True  # by watching the database files: see `wait_for_work`
 
     def __init__(
         self,
@@ -168,7 +170,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             self.schema_migrate()
         self._identity = self._file_identity()  # a restore moved into place is another file
         self._settled = True
-        self._opened = self._files_state()  # a commit from now on wakes `wait_for_jobs`
+        self._opened = self._files_state()  # a commit from now on wakes `wait_for_work`
         self._watchers = threading.local()  # each listener's last look (a box can run several)
 
     # -- connections ---------------------------------------------------------------------------
@@ -543,25 +545,26 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     def consumer_session(self, settings: ConsumerSettings) -> SqliteConsumerSession:
         return SqliteConsumerSession(self, self.connect())
 
-    def wait_for_jobs(self, timeout: float) -> bool:
-        """Wait for a commit by any process. SQLite has no notifications, but every commit writes
-        the database files — the write-ahead log, or the database itself when the log is
-        checkpointed — so a change of their size, modification time or inode, seen with a `stat`
-        every `WATCH_EVERY` seconds, wakes an idle worker without a query. Each calling thread
-        compares with its own last look, from the state when the store was opened. A change it
-        cannot see (a filesystem with coarse timestamps, where a rewritten log can keep its size)
-        still reaches the lanes by their poll interval."""
+    def wait_for_work(self, timeout: float) -> frozenset[WorkKind]:
+        """Wait for a commit by any process (it may hold work of every kind). SQLite has no
+        notifications, but every commit writes the database files — the write-ahead log, or the
+        database itself when the log is checkpointed — so a change of their size, modification
+        time or inode, seen with a `stat` every `WATCH_EVERY` seconds, wakes an idle worker
+        without a query. Each calling thread compares with its own last look, from the state
+        when the store was opened. A change it cannot see (a filesystem with coarse timestamps,
+        where a rewritten log can keep its size) still reaches the lanes by their poll
+        interval."""
         deadline = clock.monotonic() + timeout
         seen = getattr(self._watchers, "state", self._opened)
         while True:
             state = self._files_state()
             if state != seen:
                 self._watchers.state = state
-                return True
+                return EVERY_KIND
             remaining = deadline - clock.monotonic()
             if remaining <= 0:
                 self._watchers.state = state
-                return False
+                return frozenset()
             clock.sleep(min(WATCH_EVERY, remaining))
 
     def _files_state(self) -> tuple[tuple[int, int, int] | None, ...]:
@@ -600,9 +603,9 @@ class SqliteStore(WriteOperations["SqliteTx"]):
             "worker again to open the one now at that path"
         )
 
-    def notify_jobs(self) -> None:
+    def notify_work(self, kind: WorkKind) -> None:
         """Nothing to send: the commit that made rows ready changed the files (see
-        `wait_for_jobs`)."""
+        `wait_for_work`)."""
 
 
 class SqliteTx:

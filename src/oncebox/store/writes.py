@@ -48,6 +48,7 @@ from oncebox.store.base import (
     ScheduleState,
     T,
     WorkerBeat,
+    WorkKind,
 )
 from oncebox.store.reads import ReadOperations
 from oncebox.store.rows import Result
@@ -111,7 +112,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         """An operator action (`name`) and its audit row, in one transaction."""
         raise NotImplementedError
 
-    def notify_jobs(self) -> None:
+    def notify_work(self, kind: WorkKind) -> None:
         raise NotImplementedError
 
     # -- schema --------------------------------------------------------------------------------
@@ -228,16 +229,16 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     # -- operator actions ----------------------------------------------------------------------
 
-    def _replayed(self, name: str, action: OperatorAction) -> ActionResult | None:
-        """A replay: audited, and idle workers woken when it made a row ready."""
+    def _replayed(self, name: str, action: OperatorAction, kind: WorkKind) -> ActionResult | None:
+        """A replay: audited, and idle workers' lanes of `kind` woken when it made a row ready."""
         result = self._audited(name, _action_params(action))
         if result is not None:
-            self.notify_jobs()
+            self.notify_work(kind)
         return result
 
     @operation
     def job_replay(self, action: OperatorAction) -> ActionResult | None:
-        return self._replayed("job_replay", action)
+        return self._replayed("job_replay", action, "jobs")
 
     @operation
     def job_cancel(self, action: OperatorAction) -> ActionResult | None:
@@ -248,11 +249,14 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
     ) -> ActionResult | None:
         params = {**_action_params(action), "resolution": resolution, "receipt": receipt}
-        return self._audited("outbox_resolve", params)
+        result = self._audited("outbox_resolve", params)
+        if result is not None and resolution == "resend":
+            self.notify_work("outbox")
+        return result
 
     @operation
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None:
-        return self._replayed("outbox_replay", action)
+        return self._replayed("outbox_replay", action, "outbox")
 
     @operation
     def outbox_report_duplicate(self, action: OperatorAction) -> ActionResult | None:

@@ -5,9 +5,10 @@
 -- Wake idle workers after rows became ready without an insert (replay, release, rescue).
 SELECT pg_notify('oncebox_jobs', %(schema)s);
 
--- name: job_listen
--- An idle worker's listener: woken by every schema's job_notify, it keeps its own schema's.
-LISTEN oncebox_jobs;
+-- name: work_listen
+-- An idle worker's listener: woken by every schema's job_notify and outbox_notify (and the insert
+-- triggers that send the same), it keeps its own schema's; the channel says which lanes to wake.
+LISTEN oncebox_jobs; LISTEN oncebox_outbox;
 
 -- name: job_insert
 -- One job, unless its key already has an intent or a job that is not cancelled; then nothing

@@ -1,6 +1,10 @@
 -- The outbox: messages and their delivery attempts.
 -- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
 
+-- name: outbox_notify
+-- Wake idle dispatchers after messages became ready without an insert (replay, resend).
+SELECT pg_notify('oncebox_outbox', %(schema)s);
+
 -- name: outbox_insert
 -- The handlers' buffered rows of one consumer transaction, as one set. A key already in the
 -- outbox (its intent pruned by policy, then claimed again) is not re-sent.

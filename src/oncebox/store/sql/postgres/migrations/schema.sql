@@ -402,6 +402,12 @@ BEGIN
     RETURN NULL;
 END
 
+FUNCTION oncebox_outbox_notify
+BEGIN
+    PERFORM pg_notify('oncebox_outbox', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END;
+
 CREATE TRIGGER oncebox_jobs_depth_delete AFTER DELETE ON __S__.oncebox_jobs REFERENCING OLD TABLE AS depth_old FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth()
 
 CREATE TRIGGER oncebox_jobs_depth_insert AFTER INSERT ON __S__.oncebox_jobs REFERENCING NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth()
@@ -416,4 +422,4 @@ CREATE TRIGGER oncebox_outbox_depth_insert AFTER INSERT ON __S__.oncebox_outbox 
 
 CREATE TRIGGER oncebox_outbox_depth_update AFTER UPDATE ON __S__.oncebox_outbox REFERENCING OLD TABLE AS depth_old NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_outbox_depth()
 
-CREATE TRIGGER oncebox_outbox_notify AFTER INSERT ON __S__.oncebox_outbox FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()
+CREATE TRIGGER oncebox_outbox_notify AFTER INSERT ON __S__.oncebox_outbox FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_outbox_notify()
