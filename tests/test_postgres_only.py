@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -508,3 +509,57 @@ def test_an_outbox_lease_reads_each_channels_head_not_the_whole_backlog(pg_url):
     settle = [p for p in plans if "settled AS" in p]
     assert settle, f"no settlement plan was logged: {text[:3000]}"
     assert "oncebox_outbox_leased" not in settle[0], settle[0]
+
+
+def round_trips_of_one_batch(box: Box, tmp_path: Path) -> list[str]:
+    """libpq's trace of a consumer lane's connection over one `run_once`, cut at each
+    ReadyForQuery: what went to the server and back in each round trip."""
+    consumer = box.consumer()
+    trace = tmp_path / "libpq.trace"
+    conn = consumer.session._conn  # type: ignore[attr-defined]  # the lane's own connection
+    try:
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                consumer.run_once()
+            finally:
+                conn.pgconn.untrace()
+    finally:
+        consumer.session.close()
+    return trace.read_text().split("ReadyForQuery")
+
+
+def test_a_lease_is_one_round_trip_with_its_begin_settings_and_commit(pg_url, tmp_path):
+    """The lease's transaction (its settings, the lease, the look at the next due time) goes to
+    the server and back once: psycopg's transaction block inside a pipeline synced twice."""
+    box = Box(pg_url)
+
+    @box.task(key="step/{n}")
+    def step(ctx, n: int) -> None:
+        pass
+
+    box.enqueue(step, n=1)
+    round_trips = round_trips_of_one_batch(box, tmp_path)
+    box.close()
+    lease = [text for text in round_trips if "leased_by = " in text]
+    assert len(lease) == 1
+    assert '"BEGIN"' in lease[0] and "set_config" in lease[0] and '"COMMIT"' in lease[0]
+
+
+def test_a_consumer_transactions_begin_travels_with_its_claim(pg_url, tmp_path):
+    """The BEGIN of a consumer transaction is no round trip of its own: it reaches the server in
+    one pipeline with the claim."""
+    box = Box(pg_url)
+    create_effects(box)
+
+    @box.task(key="step/{n}")
+    def step(ctx, n: int) -> None:
+        record_effect(ctx, f"step {n}")
+
+    box.enqueue(step, n=1)
+    round_trips = round_trips_of_one_batch(box, tmp_path)
+    claim = [text for text in round_trips if "oncebox_intents" in text and "INSERT" in text]
+    assert len(claim) == 1 and '"BEGIN"' in claim[0]
+    assert [row[0] for row in effects(box)] == ["step/1"]  # and the batch committed
+    box.close()

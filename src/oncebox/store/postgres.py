@@ -14,6 +14,7 @@ LISTEN. The schema is `public` unless the URL says `?schema=name`; it must be mi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -185,6 +186,26 @@ def _check_conninfo(url: str, conninfo: str) -> None:
 
 
 MIGRATION_LOCK_TIMEOUT_MS = 10_000
+
+
+@contextmanager
+def one_round_trip(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A short transaction whose statements need nothing from each other's results (a lease
+    and its settings): BEGIN, the statements and COMMIT go to the server together and come back
+    with one Sync — one round trip. psycopg's `transaction()` inside a pipeline syncs at its end
+    as well: an empty one cost 0.54 ms against 0.18 here, a lease 1.11 against 0.76. Results
+    are read after the block. A statement that fails makes the server skip the rest, COMMIT
+    included; the transaction it leaves is rolled back before the error goes on."""
+    try:
+        with conn.pipeline():
+            conn.execute(b"BEGIN")
+            yield
+            conn.execute(b"COMMIT")
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):  # the failure on its way out says more
+                conn.rollback()
+        raise
 
 
 class PostgresStore(WriteOperations["PostgresTx"]):
@@ -449,7 +470,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
             "lease_s": params.lease_for.total_seconds(),
         }
         with self._connection() as conn:
-            with conn.pipeline(), conn.transaction():
+            with one_round_trip(conn):
                 conn.execute(self._q["outbox_lease_settings"])
                 cursor = conn.execute(self._q["outbox_lease"], values)
             leased = _result(self._q["outbox_lease"], cursor)
@@ -589,17 +610,51 @@ class PostgresTx:
 
 
 class PostgresConsumerTx:
+    """A consumer transaction on its lane's connection (`PostgresConsumerSession.transaction`).
+
+    Its BEGIN is not a round trip of its own: it goes to the server in one pipeline with the
+    transaction's first statement — the claim, as a rule — which spares a round trip per batch
+    (and per job picked up at a trickle). A handler's own statements reach the raw connection,
+    so the transaction has begun before any handler runs (`handler_scope`)."""
+
+    __slots__ = ("_begun", "_conn", "_q", "_store")
+
     def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
         self._store = store
         self._conn = conn
         self._q = store._q
+        self._begun = False
+
+    def _execute(self, sql: LiteralString, params: dict[str, Any]) -> psycopg.Cursor[Any]:
+        if self._begun:
+            return self._conn.execute(sql, params)
+        self._begun = True  # a failure below leaves a transaction to roll back
+        with self._conn.pipeline():
+            self._conn.execute(b"BEGIN")
+            cursor = self._conn.execute(sql, params)
+        return cursor
+
+    def _begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            self._conn.execute(b"BEGIN")
+
+    def commit(self) -> None:
+        if self._begun:
+            self._conn.commit()  # COMMIT: the connection is in autocommit mode outside it
+
+    def rollback(self) -> None:
+        """Roll back on the way out of a failure; a connection already lost says so itself."""
+        if self._begun and not self._conn.closed:
+            with contextlib.suppress(psycopg.Error):  # the failure on its way out says more
+                self._conn.rollback()
 
     def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
         if not claims:
             return set()
         params = {"claims": _json_rows((c.key, c.task, c.job_id) for c in claims)}
         try:
-            return {row[0] for row in self._conn.execute(self._q["intent_claim"], params)}
+            return {row[0] for row in self._execute(self._q["intent_claim"], params)}
         except (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected):
             raise ClaimLockTimeout(", ".join(c.key for c in claims[:3])) from None
 
@@ -609,21 +664,22 @@ class PostgresConsumerTx:
                 (r.key, r.intent_key, r.channel, _Json(r.payload_json), r.token, r.job_id)
                 for r in rows
             )
-            self._conn.execute(self._q["outbox_insert"], {"rows": _json_rows(cells)})
+            self._execute(self._q["outbox_insert"], {"rows": _json_rows(cells)})
 
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
         if not keys:
             return {}
         sql = self._q["intent_owner_list"]
-        owners = _result(sql, self._conn.execute(sql, {"keys": list(keys)}))
+        owners = _result(sql, self._execute(sql, {"keys": list(keys)}))
         key, job_id = itemgetter("key", "job_id")(owners.columns())
         return {row[key]: row[job_id] for row in owners.rows}
 
     def intent_release(self, keys: Sequence[str]) -> None:
         if keys:
-            self._conn.execute(self._q["intent_release"], {"keys": list(keys)})
+            self._execute(self._q["intent_release"], {"keys": list(keys)})
 
     def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
+        self._begin()  # the handler's statements go straight to the connection
         return guard.handler_scope(
             self._conn,
             execute=self._execute_raw,
@@ -648,12 +704,12 @@ class PostgresConsumerTx:
             return set()
         cells = ((f.id, f.state, f.outcome, f.delay.total_seconds(), f.error) for f in finishes)
         params = {"token": token, "finishes": _json_rows(cells)}
-        return {row[0] for row in self._conn.execute(self._q["job_finish"], params)}
+        return {row[0] for row in self._execute(self._q["job_finish"], params)}
 
     def counter_add(self, deltas: Mapping[str, int]) -> None:
         if any(deltas.values()):
             params = {"deltas": json.dumps(dict(sorted(deltas.items())))}
-            self._conn.execute(self._q["counter_add"], params)
+            self._execute(self._q["counter_add"], params)
 
 
 class PostgresConsumerSession:
@@ -708,7 +764,7 @@ class PostgresConsumerSession:
         conn = self._conn
         look_ahead = self._ran_dry
         due = None
-        with conn.pipeline(), conn.transaction():
+        with one_round_trip(conn):
             conn.execute(self._q["job_lease_settings"])
             cursor = conn.execute(self._q["job_lease"], values)
             if look_ahead:
@@ -746,8 +802,13 @@ class PostgresConsumerSession:
     def transaction(self) -> Iterator[PostgresConsumerTx]:
         with self._store.metrics.timed("consumer_transaction"):
             try:
-                with self._ensure().transaction():
-                    yield PostgresConsumerTx(self._store, self._conn)
+                tx = PostgresConsumerTx(self._store, self._ensure())
+                try:
+                    yield tx
+                except BaseException:
+                    tx.rollback()
+                    raise
+                tx.commit()
             except psycopg.OperationalError as exc:
                 if isinstance(exc, pg_errors.LockNotAvailable):
                     raise
