@@ -64,7 +64,7 @@ def test_migrate_applies_then_reports_up_to_date(store_url):
         Path(url.removeprefix("sqlite:///")).unlink(missing_ok=True)
     first = oncebox("migrate", "--db", url)
     assert first.returncode == 0, first.stderr
-    latest = len(load_migrations("sqlite"))
+    latest = len(load_migrations("sqlite" if url.startswith("sqlite") else "postgres"))
     assert f"applied migration(s) {', '.join(map(str, range(1, latest + 1)))}" in first.stdout
     again = oncebox("migrate", env={"ONCEBOX_DB": url})
     assert again.returncode == 0 and f"schema is up to date (version {latest})" in again.stdout

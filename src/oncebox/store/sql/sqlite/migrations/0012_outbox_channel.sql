@@ -1,0 +1,3 @@
+-- Nothing to change on SQLite: it has no notifications, and its file watch cannot tell a job from
+-- an outbox row, so a commit wakes every lane as before. The number keeps both dialects' schema
+-- versions in step; see PostgreSQL's 0012 (outbox rows notify on a channel of their own).
