@@ -280,15 +280,12 @@ class LeasedJob:
     id: int
     key: str | None
     task: str
-    queue: str
     args_json: str
     attempt: int
     max_attempts: int
     attempt_base: int
     priority: int
-    group_key: str | None
     run_at: datetime
-    created_at: datetime
     expires_at: datetime | None
     leased_at: datetime
 

@@ -126,9 +126,8 @@ SET state = 'leased',
     lease_expires_at = clock.now + make_interval(secs => %(lease_s)s)
 FROM picked, clock
 WHERE j.id = picked.id
-RETURNING j.id, j.key, j.task, j.queue, j.args::text AS args_json, j.attempt, j.max_attempts,
-          j.attempt_base, j.priority, j.group_key, j.run_at, j.created_at, j.expires_at,
-          clock.now AS leased_at;
+RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
+          j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at;
 
 -- name: job_lease_extend
 -- Heartbeat: push the deadline of live leases out (never earlier); never revives an ended lease.

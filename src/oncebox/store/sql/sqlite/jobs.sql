@@ -54,8 +54,8 @@ WHERE id IN (
               AND (g.state = 'leased' OR g.id < j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT :limit)
-RETURNING id, key, task, queue, args AS args_json, attempt, max_attempts, attempt_base, priority,
-          group_key, run_at, created_at, expires_at, leased_at;
+RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base, priority,
+          run_at, expires_at, leased_at;
 
 -- name: job_lease_extend
 UPDATE oncebox_jobs
