@@ -202,10 +202,16 @@ def one_round_trip(conn: psycopg.Connection[Any]) -> Iterator[None]:
             yield
             conn.execute(b"COMMIT")
     except BaseException:
-        if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            with contextlib.suppress(psycopg.Error):  # the failure on its way out says more
-                conn.rollback()
+        roll_back_quietly(conn)
         raise
+
+
+def roll_back_quietly(conn: psycopg.Connection[Any]) -> None:
+    """Roll back what a failure left open; an error doing so gives way to the failure itself,
+    which is on its way out and says more (a lost connection says so there too)."""
+    if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
 
 
 class PostgresStore(WriteOperations["PostgresTx"]):
@@ -644,10 +650,7 @@ class PostgresConsumerTx:
             self._conn.commit()  # COMMIT: the connection is in autocommit mode outside it
 
     def rollback(self) -> None:
-        """Roll back on the way out of a failure; a connection already lost says so itself."""
-        if self._begun and not self._conn.closed:
-            with contextlib.suppress(psycopg.Error):  # the failure on its way out says more
-                self._conn.rollback()
+        roll_back_quietly(self._conn)
 
     def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
         if not claims:
