@@ -17,7 +17,7 @@ import pytest
 
 from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
-from oncebox.store.postgres import PostgresConsumerSession, PostgresStore
+from oncebox.store.postgres import PostgresConsumerSession, PostgresStore, one_round_trip
 from oncebox.testing import FrozenClock, drain
 from support.db import create_effects, effects, record_effect, sql
 from support.procs import hold_key_in_handler
@@ -563,3 +563,15 @@ def test_a_consumer_transactions_begin_travels_with_its_claim(pg_url, tmp_path):
     assert len(claim) == 1 and '"BEGIN"' in claim[0]
     assert [row[0] for row in effects(box)] == ["step/1"]  # and the batch committed
     box.close()
+
+
+def test_a_round_trip_that_fails_leaves_its_connection_out_of_any_transaction(pg_url):
+    """A statement of a lease's round trip that fails makes the server skip the rest, COMMIT
+    included: the transaction left behind is rolled back before the error goes on, so the lane's
+    next lease (or the pool's next borrower) does not meet "current transaction is aborted"."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero), one_round_trip(conn):
+            conn.execute("SELECT 1")
+            conn.execute("SELECT 1 / 0")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert conn.execute("SELECT 2").fetchone() == (2,)
