@@ -27,8 +27,9 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     clock-never-lapses a test clock is held without an expiry → `clock-holder-killed` fails (L3:
                        workers refuse the dead owner's clock)
     greedy-writer      SQLite writers race for the lock as before turns, and the consumer keeps
-                       it 3 s, past the publishers' 2 s busy timeout → `sqlite-writer-contention`
-                       fails (E1: enqueues time out) however loaded the machine
+                       it up to 3 s (its first batch 2.5 s however short), past the publishers'
+                       2 s busy timeout → `sqlite-writer-contention` fails (E1: enqueues time
+                       out) however loaded the machine
     new-token-on-replay  a redriven message gets a new token (a new idempotency key): the
                        replay-under-a-new-key bug → `redrive-after-hours` fails (S11: the provider
                        takes tokens of no eligible key; L2: the keys' own tokens never arrive)
@@ -42,10 +43,13 @@ switch them on.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from oncebox import points
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import PeriodKind, iso_week
 from oncebox.queue.transport import Delivery, TableTransport
@@ -86,6 +90,8 @@ MUTATIONS = {
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
 _PATCHED: list[tuple[Any, str, Any]] = []
+# What a mutation installed otherwise (a point's action), to take away after the run.
+_UNDO: list[Callable[[], None]] = []
 _APPLIED: set[str] = set()
 
 
@@ -267,6 +273,18 @@ def _greedy_writer() -> None:
     # longer than the scenario's busy timeout (2 s), so an enqueue waiting through one batch
     # fails whatever the machine's load; at 500 ms it only starved now and then
     _patch(consumer, "SQLITE_BUDGET", timedelta(seconds=3))
+    # and a batch too short to use that budget (a worker that keeps up, as after the wake-ups
+    # by kind, leases a few jobs at a time) still keeps the lock past it once: the publishers
+    # are at work by then, and one of them waits out its busy timeout
+    held: list[bool] = []
+
+    def hold(_name: str) -> None:
+        if not held:
+            held.append(True)
+            time.sleep(2.5)  # the fault itself: the lock kept, not a wait for anything
+
+    points.install("consumer.after_handler_before_commit", hold)
+    _UNDO.append(lambda: points.remove("consumer.after_handler_before_commit"))
 
 
 def drop_unique_claim(conn: Any, dialect: str) -> None:
@@ -289,6 +307,8 @@ def undo_process_wide() -> None:
     while _PATCHED:
         module, name, value = _PATCHED.pop()
         setattr(module, name, value)
+    while _UNDO:
+        _UNDO.pop()()
     _APPLIED.clear()
 
 
