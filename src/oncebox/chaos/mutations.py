@@ -43,13 +43,12 @@ switch them on.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebox import points
+from oncebox import clock, points
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import PeriodKind, iso_week
 from oncebox.queue.transport import Delivery, TableTransport
@@ -281,7 +280,7 @@ def _greedy_writer() -> None:
     def hold(_name: str) -> None:
         if not held:
             held.append(True)
-            time.sleep(2.5)  # the fault itself: the lock kept, not a wait for anything
+            clock.sleep(2.5)  # the fault itself: the lock kept, not a wait for anything
 
     points.install("consumer.after_handler_before_commit", hold)
     _UNDO.append(lambda: points.remove("consumer.after_handler_before_commit"))
