@@ -12,8 +12,15 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from oncebox.store import Store, open_store
-from oncebox.store.base import EVERY_KIND, JobReleaseParams, WorkKind
-from support.contract import insert, lease, opened_session, outbox_insert, write_outbox
+from oncebox.store.base import EVERY_KIND, JobReleaseParams, OperatorAction, WorkKind
+from support.contract import (
+    ambiguous,
+    insert,
+    lease,
+    opened_session,
+    outbox_insert,
+    write_outbox,
+)
 from support.waiting import TIMEOUT
 
 
@@ -80,3 +87,14 @@ def test_notify_work_for_the_outbox_wakes_the_outbox_lanes_only(store: Store, wa
     assert woken_by(waiter, lambda: store.notify_work("outbox")) == (
         only(store, "outbox") if store.dialect == "postgres" else frozenset()
     )
+
+
+def test_a_resend_resolution_wakes_the_outbox_lanes(store: Store, waiter: Store):
+    """A held send resolved "resend" is pending again without an insert: idle dispatchers are
+    told, instead of finding it at their poll interval."""
+    outbox_id = ambiguous(store)
+    action = OperatorAction(outbox_id, "ops", "not received")
+    assert woken_by(waiter, lambda: store.outbox_resolve(action, "resend", None)) == only(
+        store, "outbox"
+    )
+    assert store.outbox_count_by_state().counts == {"pending": 1}

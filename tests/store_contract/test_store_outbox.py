@@ -18,6 +18,7 @@ from support.contract import (
     LEASE,
     T0,
     advance,
+    ambiguous,
     done_job,
     finish_outbox,
     insert,
@@ -254,16 +255,6 @@ def test_outbox_rescue_expired_looks_only_at_the_channels_and_limit_asked(store:
     assert store.outbox_rescue_expired(["email"], 1, decide) == []
     assert offered == [ids[0]]
     assert [message(store, i).state for i in ids] == ["leased", "sending", "leased"]
-
-
-def ambiguous(store: Store, key: str = "k/1") -> int:
-    [outbox_id] = write_outbox(store, outbox_insert(key))
-    finish_outbox(
-        store,
-        outbox_id,
-        OutboxFinish(outbox_id, "ambiguous", "ambiguous", True, error="timeout", uncertain=True),
-    )
-    return outbox_id
 
 
 def test_outbox_ambiguous_list_lists_ambiguous_rows_of_the_channels_by_id(store: Store):

@@ -202,3 +202,14 @@ def finish_outbox(store: Store, outbox_id: int, finish: OutboxFinish) -> None:
     [leased] = lease_outbox(store, channels=(message(store, outbox_id).channel,), limit=1)
     assert leased.id == outbox_id
     assert store.outbox_finish(leased.lease_token, [finish]) == {outbox_id}
+
+
+def ambiguous(store: Store, key: str = "k/1") -> int:
+    """An outbox row held ambiguous, as a send with an unknown outcome leaves it."""
+    [outbox_id] = write_outbox(store, outbox_insert(key))
+    finish_outbox(
+        store,
+        outbox_id,
+        OutboxFinish(outbox_id, "ambiguous", "ambiguous", True, error="timeout", uncertain=True),
+    )
+    return outbox_id
