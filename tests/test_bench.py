@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+CI = os.environ.get("CI", "").lower() == "true"  # where an optional part must not skip
 
 
 def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -283,3 +285,26 @@ def test_the_intents_benchmark_loads_a_year_of_intents_and_measures_the_claim_be
     assert [(r["intents"], r["rows"]) for r in rows] == [(0, 100), (3000, 3100)]
     assert all(r["process_per_s"] > 0 and r["index_bytes"] > 0 for r in rows)
     assert figures["flat"] == rows[1]["process_per_s"] / rows[0]["process_per_s"]
+
+
+@pytest.mark.slow
+def test_the_statements_benchmark_names_oncebox_statements_and_splits_the_full_path(tmp_path):
+    out = tmp_path / "statements.json"
+    result = run_bench("statements.py", "--jobs", "200", "--json", str(out))
+    if result.returncode != 0 and "no private cluster" in result.stderr and not CI:
+        pytest.skip(
+            f"!!! SKIPPING: no private PostgreSQL cluster here: {result.stderr.strip()} !!!"
+        )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["jobs"] == 200
+    ours = {s["statement"]: s for s in figures["oncebox's SQL"]["statements"]}
+    worker = {s["statement"]: s for s in figures["oncebox's worker"]["statements"]}
+    path = {"job_lease", "intent_claim", "outbox_insert", "job_finish"}
+    path |= {"outbox_lease", "outbox_finish"}
+    # every statement of the path is named as in store/sql/postgres/, each row counted once
+    assert path <= set(ours) and path <= set(worker), (sorted(ours), sorted(worker))
+    assert all(ours[name]["rows"] == 200 for name in path), ours
+    assert all(worker[name]["rows"] == 200 for name in path), worker
+    assert len(figures["the floor's SQL"]["statements"]) == 5
+    assert all(f["us_per_job"] > 0 for k, f in figures.items() if k != "jobs")

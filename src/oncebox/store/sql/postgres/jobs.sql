@@ -210,7 +210,7 @@ SELECT id, key, task, state, attempt, leased_by AS worker FROM rescued;
 -- after a delay (failed attempt), or dead. Failed attempts are recorded. Returns the ids settled;
 -- a job whose lease was superseded is not among them.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
-input AS (  -- %(finishes)s is a JSON array of [id, state, outcome, delay in s, error]
+input AS MATERIALIZED (  -- %(finishes)s: [id, state, outcome, delay in s, error] per job
     SELECT (f ->> 0)::bigint AS id, f ->> 1 AS state, f ->> 2 AS outcome,
            (f ->> 3)::float8 AS delay_s, f ->> 4 AS error
     FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
@@ -226,10 +226,13 @@ settled AS (
         lease_token = NULL,
         lease_expires_at = NULL
     FROM input i, clock
-    -- no `state = 'leased'`: the token implies it (a CHECK constraint), and it would let the
-    -- planner read the leased index, whose dead entries grow with every lease until a vacuum,
-    -- instead of looking each id up by primary key
-    WHERE j.id = i.id AND j.lease_token = %(token)s
+    -- The rows are looked up by primary key, whatever the statistics: `id = ANY(ARRAY(...))` is
+    -- an index condition, where `j.id = i.id` alone let the planner read a table it believed
+    -- small from end to end, matching each row against each element (tests/
+    -- test_postgres_plans.py). The input is MATERIALIZED so each id is read from the JSON once.
+    -- No `state = 'leased'`: the token implies it (a CHECK constraint), and it would let the
+    -- planner read the leased index, whose dead entries grow with every lease until a vacuum.
+    WHERE j.id = ANY(ARRAY(SELECT id FROM input)) AND j.id = i.id AND j.lease_token = %(token)s
     RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.outcome, i.error, clock.now
 ),
 recorded AS (

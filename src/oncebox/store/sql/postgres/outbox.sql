@@ -83,8 +83,8 @@ RETURNING id;
 -- name: outbox_finish
 -- Settle rows of one lease, fenced on its token, and record the delivery attempts.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
-input AS (  -- %(finishes)s: [id, state, outcome, counts, delay in s, error, receipt, dup,
-            -- uncertain, rescued] per row
+input AS MATERIALIZED (  -- %(finishes)s: [id, state, outcome, counts, delay in s, error,
+                         -- receipt, dup, uncertain, rescued] per row
     SELECT (f ->> 0)::bigint AS id, f ->> 1 AS state, f ->> 2 AS outcome,
            (f ->> 3)::bool AS counts, (f ->> 4)::float8 AS delay_s, f ->> 5 AS error,
            f ->> 6 AS receipt, (f ->> 7)::bool AS dup, (f ->> 8)::bool AS uncertain,
@@ -112,8 +112,9 @@ settled AS (
         lease_token = NULL,
         lease_expires_at = NULL
     FROM input i, clock
-    -- the token implies a leased or sending row (a CHECK constraint); see job_finish
-    WHERE o.id = i.id AND o.lease_token = %(token)s
+    -- by primary key whatever the statistics, and the token implies a leased or sending row (a
+    -- CHECK constraint): see job_finish
+    WHERE o.id = ANY(ARRAY(SELECT id FROM input)) AND o.id = i.id AND o.lease_token = %(token)s
     RETURNING o.id, o.attempt, o.leased_by, o.leased_at, i.outcome, i.error, i.receipt, i.dup,
               i.rescued, o.state, clock.now
 ),

@@ -1,0 +1,90 @@
+"""Statements whose cost must not depend on what the planner believes about a table's size.
+
+A settlement names its rows by id. On a small or freshly analysed table the planner used to read
+the whole table instead and match every row against every element of the batch's JSON (a join
+filter that extracts the id again for each pair): O(table x batch) per settlement, the most
+expensive statement of the full guarantee path in `bench/statements.py`. The server's own
+per-transaction counters (`pg_stat_xact_user_tables`) say which way a statement read a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from oncebox.store import open_store
+from oncebox.store.base import JobFinish, JobInsertMany, OutboxFinish, Store
+from oncebox.store.postgres import PostgresConsumerTx, PostgresStore
+from support.contract import lease, lease_outbox, opened_session, outbox_insert
+
+pytestmark = pytest.mark.postgres
+ROWS = 2_000  # small enough that reading the whole table looks cheaper to the planner
+BATCH = 100
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[Store]:
+    opened = open_store(pg_url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@contextmanager
+def counted(url: str, table: str) -> Iterator[tuple[psycopg.Connection[Any], dict[str, int]]]:
+    """A connection whose transaction's reads of `table` are counted into the dict on exit,
+    then rolled back."""
+    reads: dict[str, int] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        yield conn, reads
+        row = conn.execute(
+            "SELECT seq_scan, seq_tup_read, idx_scan FROM pg_stat_xact_user_tables "
+            "WHERE relname = %s",
+            (table,),
+        ).fetchone()
+        assert row is not None, f"no statistics for {table}"
+        reads.update(seq_scan=row[0], seq_tup_read=row[1], idx_scan=row[2])
+        conn.rollback()
+
+
+def analyse(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def test_settling_a_batch_of_jobs_reads_them_by_id_not_the_whole_table(store, pg_url):
+    rows = ((f"k/{n}", '{"n": 1}', None) for n in range(ROWS))
+    store.job_insert_many(JobInsertMany("t", "default", 0, 3, rows))
+    analyse(pg_url)
+    with opened_session(store) as session:
+        token, ids = lease(session, limit=BATCH)
+    assert len(ids) == BATCH
+    assert isinstance(store, PostgresStore)
+    with counted(pg_url, "oncebox_jobs") as (conn, reads):
+        tx = PostgresConsumerTx(store, conn)
+        settled = tx.job_finish(token, [JobFinish(i, "done", "completed") for i in ids])
+    assert settled == set(ids)
+    assert reads["seq_scan"] == 0, reads
+    assert reads["idx_scan"] >= 1, reads
+
+
+def test_settling_a_batch_of_messages_reads_them_by_id_not_the_whole_outbox(store, pg_url):
+    with opened_session(store) as session, session.transaction() as tx:
+        tx.outbox_insert([outbox_insert(f"m/{n}") for n in range(ROWS)])
+    analyse(pg_url)
+    leased = lease_outbox(store, limit=BATCH)
+    assert len(leased) == BATCH
+    token = leased[0].lease_token
+    assert isinstance(store, PostgresStore)
+    finishes = [OutboxFinish(m.id, "sent", "sent", True, receipt=f"r/{m.id}") for m in leased]
+    with counted(pg_url, "oncebox_outbox") as (conn, reads):
+        conn.execute("BEGIN")
+        settled = store._finish_outbox(conn, token, finishes)
+    assert settled == {m.id for m in leased}
+    assert reads["seq_scan"] == 0, reads
+    assert reads["idx_scan"] >= 1, reads
