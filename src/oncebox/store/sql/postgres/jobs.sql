@@ -124,8 +124,10 @@ SET state = 'leased',
     leased_at = clock.now,
     lease_token = %(token)s,
     lease_expires_at = clock.now + make_interval(secs => %(lease_s)s)
-FROM picked, clock
-WHERE j.id = picked.id
+FROM clock
+-- the picked rows by primary key: joined to `picked` instead, the planner read a table it
+-- believed small from end to end to find them again (see job_finish)
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
           j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at;
 

@@ -50,8 +50,8 @@ SET state = 'leased',
     lease_token = %(token)s,
     lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
     first_leased_at = COALESCE(o.first_leased_at, clock.now)
-FROM picked, clock
-WHERE o.id = picked.id
+FROM clock
+WHERE o.id = ANY(ARRAY(SELECT id FROM picked))  -- by primary key (see job_lease)
 RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token,
           o.attempt, o.attempt_base, o.possible_duplicates, o.first_leased_at,
           clock.now AS leased_at, o.uncertain, o.rescues;
