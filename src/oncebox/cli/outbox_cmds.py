@@ -22,9 +22,9 @@ from oncebox.cli.common import (
     reported,
     say,
 )
-from oncebox.cli.inspect_cmds import OUTBOX_STATES
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
+from oncebox.status import OUTBOX_STATES
 from oncebox.store.base import DiscardResult, OutboxFilter
 
 

@@ -29,11 +29,11 @@ from prometheus_client.registry import Collector
 
 from oncebox.box import Box
 from oncebox.cli import shapes
-from oncebox.cli.inspect_cmds import schedule_figures, status_data
 from oncebox.clock import monotonic
 from oncebox.counters import COUNTERS
 from oncebox.errors import OnceboxError
 from oncebox.metrics import Metrics
+from oncebox.status import schedule_figures, status_data
 
 PERIODS = 3  # recent periods exported per schedule, as `status` shows by default
 REFRESH_EVERY = 30.0  # seconds: the period figures' shortest refresh interval

@@ -1,0 +1,92 @@
+"""What `oncebox status`, its exporter and the console show: one definition of the numbers.
+
+Read from the depths, the counters and index probes (whatever the backlog), and from each
+schedule's period figures. The CLI prints it, `oncebox metrics` exports it and the console
+renders it; none of them computes a figure of its own.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from oncebox.box import Box
+from oncebox.cli import shapes
+from oncebox.counters import complete
+from oncebox.lanes.worker import LIVE_WITHIN
+from oncebox.schedules.slo import Slo
+
+JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
+OUTBOX_STATES = ["pending", "leased", "sending", "sent", "dead", "ambiguous", "discarded"]
+
+
+def schedule_figures(box: Box, periods: int, now: datetime) -> list[dict[str, Any]]:
+    """Each schedule's latest `periods` periods, their figures and SLO judged at `now`."""
+    store = box.store
+    schedules = []
+    slos = store.schedule_slo_list()
+    for name, paused, last in store.schedule_state_list():
+        window, target = slos.get(name, (None, None))
+        slo = None if window is None or target is None else Slo(window, target)
+        stats = store.schedule_period_stats(name, periods, window)
+        schedules.append(
+            {
+                "name": name,
+                "paused": paused,
+                "last_fire_at": shapes.instant(last),
+                "slo": None if slo is None else shapes.slo(slo),
+                "periods": [
+                    shapes.period(p, None if slo is None else slo.assess(p, now)) for p in stats
+                ],
+            }
+        )
+    return schedules
+
+
+def status_data(
+    box: Box, periods: int, schedules: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """What `oncebox status --json` prints and the exporter exports. The schedules' period
+    figures read every job and message of their periods, so the exporter passes the ones it
+    recomputes in the background (`cli.prometheus.PeriodFigures`); everything else is read
+    from the depths, the counters and index probes, whatever the backlog."""
+    store = box.store
+    times = store.status_times()
+    jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
+    counters = complete(store.counter_list())
+    schema = store.schema_status()
+    now = times.now
+    backlog, workers = store.backlog_list(), store.worker_list(LIVE_WITHIN)
+    served = {task for worker in workers if worker.live for task in worker.tasks}
+    unserved_tasks = [
+        {"task": row.name, "waiting": row.waiting}
+        for row in backlog
+        if row.kind == "job" and row.waiting and row.name not in served
+    ]
+    if schedules is None:
+        schedules = schedule_figures(box, periods, now)
+
+    def seconds_since(at: datetime | None) -> float | None:
+        return None if at is None else round(max(timedelta(0), now - at).total_seconds(), 3)
+
+    return {
+        "database": box.where,
+        "schema_version": schema.current,
+        "now": shapes.instant(now),
+        "clock": shapes.clock_shape(store.clock_get(), now),
+        "jobs": {state: jobs[state] for state in JOB_STATES},
+        "claim_conflicts": counters["claim_conflicts"],
+        "enqueue_duplicates": counters["enqueue_duplicates"],
+        "counters": counters,
+        "oldest_due_ready_age_s": seconds_since(times.oldest_due_ready),
+        "next_ready_at": shapes.instant(times.next_ready),
+        "outbox": {state: outbox[state] for state in OUTBOX_STATES},
+        "oldest_pending_message_age_s": seconds_since(times.oldest_pending_message),
+        "past_lease": {"jobs": times.jobs_past_lease, "messages": times.messages_past_lease},
+        "dead": jobs["dead"] + outbox["dead"],
+        "ambiguous": outbox["ambiguous"],
+        "backlog": [shapes.backlog(row) for row in backlog],
+        "unserved_tasks": unserved_tasks,
+        "workers_live": sum(1 for worker in workers if worker.live),
+        "schedules": schedules,
+    }
