@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from oncebox import Box, JobContext
-from oncebox.cli.inspect_cmds import status_data
 from oncebox.cli.prometheus import StoreCollector
 from oncebox.examples.logistics import demo, seed
 from oncebox.examples.logistics.app import connect
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.status import status_data
 from oncebox.testing import drain
 from support.depths import depth_drift
 from test_period_figures import samples

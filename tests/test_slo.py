@@ -14,10 +14,10 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from oncebox import Box, ConsumerConfig, JobContext, ScheduleContext, Slo
-from oncebox.cli.inspect_cmds import status_data
 from oncebox.cli.prometheus import StoreCollector
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import iso_week
+from oncebox.status import status_data
 from oncebox.store.base import PeriodStats, ScheduleRunClaim
 from oncebox.testing import FrozenClock, MemoryProvider
 from support.db import sql
