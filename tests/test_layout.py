@@ -12,8 +12,18 @@ import oncebox
 
 PACKAGE = Path(oncebox.__file__).parent
 # The façade's own users: they sit above `Box` and build on it. `chaos/` is a harness that
-# drives whole boxes in worker processes, as `testing` does in one.
-FACADE_USERS = ("cli/", "testing.py", "examples/", "integrations/", "chaos/", "__init__.py")
+# drives whole boxes in worker processes, as `testing` does in one. `status.py` is what the CLI,
+# the exporter and the console show of a box; `console/` serves it.
+FACADE_USERS = (
+    "cli/",
+    "console/",
+    "status.py",
+    "testing.py",
+    "examples/",
+    "integrations/",
+    "chaos/",
+    "__init__.py",
+)
 
 
 def module_name(path: Path) -> str:
@@ -39,7 +49,7 @@ def imports_of(path: Path) -> set[str]:
                     elif alias.name == "Box":
                         found.add("oncebox.box")
             elif node.module.startswith("oncebox."):
-                # `from oncebox.cli import shapes` depends on the submodule, not on the
+                # `from oncebox import shapes` depends on the submodule, not on the
                 # package's `__init__` (which re-exports and would close false cycles)
                 folder = PACKAGE.joinpath(*node.module.split(".")[1:])
                 for alias in node.names:

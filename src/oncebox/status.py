@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from oncebox import shapes
 from oncebox.box import Box
-from oncebox.cli import shapes
 from oncebox.counters import complete
 from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.schedules.slo import Slo

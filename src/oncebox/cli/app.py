@@ -12,6 +12,7 @@ import click
 from oncebox.cli.chaos_cmd import chaos
 from oncebox.cli.clock_cmds import clock
 from oncebox.cli.common import InertFormatter, fail
+from oncebox.cli.console_cmd import console
 from oncebox.cli.demo_cmd import demo
 from oncebox.cli.dlq_cmds import dlq
 from oncebox.cli.inspect_cmds import audit, jobs, status
@@ -81,6 +82,7 @@ for command in (
     audit,
     keys,
     clock,
+    console,
     metrics,
     report_duplicate,
     plan_command,

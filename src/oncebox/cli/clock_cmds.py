@@ -21,8 +21,8 @@ from oncebox.cli.common import (
     reported,
     say,
 )
-from oncebox.cli.shapes import clock_shape
 from oncebox.clock import ClockSetting
+from oncebox.shapes import clock_shape
 from oncebox.store.base import Audit, reason_text
 
 

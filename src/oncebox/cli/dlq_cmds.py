@@ -7,7 +7,7 @@ from typing import Literal
 
 import click
 
-from oncebox.cli import shapes
+from oncebox import shapes
 from oncebox.cli.common import (
     actor_option,
     app_option,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from oncebox.cli import shapes
+from oncebox import shapes
 from oncebox.cli.common import (
     actor_option,
     age,

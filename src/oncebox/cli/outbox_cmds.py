@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from oncebox.cli import shapes
+from oncebox import shapes
 from oncebox.cli.common import (
     actor_option,
     app_option,

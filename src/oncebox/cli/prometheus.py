@@ -27,8 +27,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from oncebox import shapes
 from oncebox.box import Box
-from oncebox.cli import shapes
 from oncebox.clock import monotonic
 from oncebox.counters import COUNTERS
 from oncebox.errors import OnceboxError

@@ -19,8 +19,8 @@ from oncebox.cli.common import (
     reported,
     say,
 )
-from oncebox.cli.shapes import instant
 from oncebox.errors import NotFound
+from oncebox.shapes import instant
 from oncebox.store.base import Audit, reason_text
 
 

@@ -1,0 +1,110 @@
+"""The console's changes, each through `oncebox.operations` as the CLI's, audited in the same
+transaction as the change with the logged-in user as the actor. Each answers with a redirect to
+where its result shows and a notice of what happened (or why nothing did)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from oncebox.console.guard import sessions_of
+from oncebox.console.pages import box_of
+from oncebox.console.sessions import Session
+from oncebox.errors import ConfigurationError, InvalidState, NotFound
+
+
+def _field(form: Any, name: str) -> str:
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _back(request: Request, form: Any, fallback: str) -> str:
+    """Where to go after the action: the form's `back` path when it is one of this console's
+    own paths, else `fallback` (never an address the form could point elsewhere)."""
+    back = _field(form, "back")
+    root = request.scope.get("root_path") or ""
+    if back.startswith(root + "/") and not back.startswith("//") and "\\" not in back:
+        return back
+    return fallback
+
+
+def _kind(form: Any) -> Literal["job", "delivery"]:
+    return "delivery" if _field(form, "kind") == "delivery" else "job"
+
+
+def _target(form: Any) -> int:
+    value = _field(form, "id")
+    if not (value.isascii() and value.isdigit()):
+        raise ConfigurationError("the form names no row")
+    return int(value)
+
+
+def _done(request: Request, session: Session, where: str, level: str, text: str) -> Response:
+    sessions_of(request).notify(session, level, text)
+    return RedirectResponse(where, status_code=303)
+
+
+def replay(request: Request, session: Session, form: Any) -> Response:
+    box = box_of(request)
+    where = _back(request, form, str(request.url_for("dead")))
+    try:
+        kind = _kind(form)
+        done = box.replay(
+            _target(form), reason=_field(form, "reason"), actor=session.user, kind=kind
+        )
+    except (ConfigurationError, InvalidState, NotFound) as exc:
+        return _done(request, session, where, "error", f"Nothing replayed: {exc}")
+    what = "message" if done.kind == "delivery" else "job"
+    state = "pending" if done.kind == "delivery" else "ready"
+    return _done(
+        request,
+        session,
+        where,
+        "ok",
+        f"Replayed {what} {done.id} ({done.key}): {state} again, same key; audit #{done.audit_id}.",
+    )
+
+
+def discard(request: Request, session: Session, form: Any) -> Response:
+    box = box_of(request)
+    where = _back(request, form, str(request.url_for("dead")))
+    try:
+        done = box.discard(_target(form), reason=_field(form, "reason"), actor=session.user)
+    except (ConfigurationError, InvalidState, NotFound) as exc:
+        return _done(request, session, where, "error", f"Nothing discarded: {exc}")
+    return _done(
+        request,
+        session,
+        where,
+        "ok",
+        f"Discarded message {done.id} ({done.key}), kept as {done.renamed}; "
+        f"audit #{done.audit_id}.",
+    )
+
+
+def resolve(request: Request, session: Session, form: Any) -> Response:
+    box = box_of(request)
+    where = _back(request, form, str(request.url_for("held")))
+    resolution = _field(form, "resolution")
+    if resolution not in ("sent", "resend"):
+        return _done(request, session, where, "error", "Choose sent or resend.")
+    try:
+        done = box.resolve(
+            _target(form),
+            "sent" if resolution == "sent" else "resend",
+            reason=_field(form, "reason"),
+            actor=session.user,
+            receipt=_field(form, "receipt") or None,
+        )
+    except (ConfigurationError, InvalidState, NotFound) as exc:
+        return _done(request, session, where, "error", f"Nothing resolved: {exc}")
+    result = "recorded as sent" if resolution == "sent" else "pending again, to be resent"
+    return _done(
+        request,
+        session,
+        where,
+        "ok",
+        f"Message {done.id} ({done.key}) {result}; audit #{done.audit_id}.",
+    )

@@ -1,0 +1,61 @@
+"""The console's ASGI app: routes, the security headers around everything, static files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from oncebox.box import Box
+from oncebox.console import actions, login, pages
+from oncebox.console.guard import SecurityHeaders, action, page
+from oncebox.console.render import templates
+from oncebox.console.sessions import LoginThrottle, Sessions
+from oncebox.console.users import User, new_token
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    """`users` empty: a login token is made at start (`ConsoleApp.token`), nothing is open."""
+
+    users: dict[str, User] = field(default_factory=dict)
+    title: str = "oncebox"
+
+
+def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
+    """The console over `box`'s store. Under a path prefix, mount it or pass the prefix as the
+    ASGI `root_path` (uvicorn's --root-path): every link and cookie follows it."""
+    settings = settings or ConsoleSettings()
+    static = resources.files("oncebox.console") / "static"
+    routes = [
+        Route("/", page(pages.overview), name="overview"),
+        Route("/login", login.login_page, name="login"),
+        Route("/login", login.login_submit, methods=["POST"], name="login_submit"),
+        Route("/logout", login.logout, methods=["POST"], name="logout"),
+        Route("/periods", page(pages.periods), name="periods"),
+        Route("/periods/{schedule}/{period}", page(pages.period_detail), name="period"),
+        Route("/jobs", page(pages.jobs), name="jobs"),
+        Route("/outbox", page(pages.outbox), name="outbox"),
+        Route("/keys", page(pages.key_search), name="key_search"),
+        Route("/keys/{key:path}", page(pages.key_page), name="key"),
+        Route("/dead", page(pages.dead), name="dead"),
+        Route("/dead/replay", action(actions.replay), methods=["POST"], name="replay"),
+        Route("/dead/discard", action(actions.discard), methods=["POST"], name="discard"),
+        Route("/held", page(pages.held), name="held"),
+        Route("/held/resolve", action(actions.resolve), methods=["POST"], name="resolve"),
+        Route("/audit", page(pages.audit), name="audit"),
+        Mount("/static", StaticFiles(directory=str(static)), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+    app.state.box = box
+    app.state.settings = settings
+    app.state.users = settings.users
+    app.state.token = None if settings.users else new_token()
+    app.state.sessions = Sessions()
+    app.state.throttle = LoginThrottle()
+    app.state.templates = templates()
+    return app

@@ -1,0 +1,202 @@
+"""The console's read-only pages. Each reads through the same store code and definitions as the
+CLI (`oncebox.status`, `oncebox.receipts`, the store's list statements, all served by indexes)
+and renders; none computes a figure of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from oncebox.box import Box
+from oncebox.console.render import render
+from oncebox.console.sessions import Session
+from oncebox.errors import ConfigurationError, InvalidKey
+from oncebox.jobs.keys import key_problem
+from oncebox.operations import DeadFilter
+from oncebox.receipts import receipt_chain
+from oncebox.status import JOB_STATES, OUTBOX_STATES, schedule_figures, status_data
+from oncebox.store.base import AuditFilter, JobFilter, OutboxFilter
+
+PAGE_SIZE = 50
+PERIODS_SHOWN = 12
+
+
+def box_of(request: Request) -> Box:
+    box: Box = request.app.state.box
+    return box
+
+
+def _choice(request: Request, name: str, allowed: list[str]) -> str | None:
+    value = request.query_params.get(name) or None
+    return value if value is None or value in allowed else None
+
+
+def _text_param(request: Request, name: str) -> str | None:
+    value = (request.query_params.get(name) or "").strip()
+    return value[:200] or None
+
+
+def _before(request: Request) -> int | None:
+    value = request.query_params.get("before", "")
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def overview(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    status = status_data(box, periods=1)
+    alerts: list[str] = []
+    if status["clock"]["mode"] != "real":
+        alerts.append(
+            f"The store's clock is {status['clock']['mode']} (set by {status['clock']['owner']}):"
+            " every worker reads this time."
+        )
+    for task in status["unserved_tasks"]:
+        alerts.append(
+            f"{task['waiting']} jobs of task {task['task']} wait and no live worker runs it."
+        )
+    if status["past_lease"]["jobs"] or status["past_lease"]["messages"]:
+        alerts.append(
+            f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "
+            f"{status['past_lease']['messages']} messages (a worker died or is stuck)."
+        )
+    return render(request, session, "overview.html", status=status, alerts=alerts)
+
+
+def periods(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    schedules = schedule_figures(box, PERIODS_SHOWN, box.store.clock_now())
+    return render(request, session, "periods.html", schedules=schedules)
+
+
+def period_detail(request: Request, session: Session) -> Response:
+    """A period's subjects not yet delivered, and why: its jobs in every state but done."""
+    box = box_of(request)
+    schedule, period = request.path_params["schedule"], request.path_params["period"]
+    state = _choice(request, "state", JOB_STATES)
+    rows = []
+    for wanted in [state] if state else ["ready", "leased", "dead", "cancelled"]:
+        rows += box.store.job_list(
+            JobFilter(state=wanted, schedule=schedule, period=period, limit=PAGE_SIZE)  # type: ignore[arg-type]
+        )
+    rows.sort(key=lambda row: row.id, reverse=True)
+    return render(
+        request, session, "period.html", schedule=schedule, period=period, jobs=rows[:PAGE_SIZE]
+    )
+
+
+def jobs(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    where = JobFilter(
+        state=_choice(request, "state", JOB_STATES),  # type: ignore[arg-type]
+        task=_text_param(request, "task"),
+        queue=_text_param(request, "queue"),
+        schedule=_text_param(request, "schedule"),
+        period=_text_param(request, "period"),
+        before_id=_before(request),
+        limit=PAGE_SIZE,
+    )
+    rows = box.store.job_list(where)
+    return render(
+        request,
+        session,
+        "jobs.html",
+        jobs=rows,
+        where=where,
+        states=JOB_STATES,
+        next_before=rows[-1].id if len(rows) == PAGE_SIZE else None,
+    )
+
+
+def outbox(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    where = OutboxFilter(
+        state=_choice(request, "state", OUTBOX_STATES),  # type: ignore[arg-type]
+        channel=_text_param(request, "channel"),
+        before_id=_before(request),
+        limit=PAGE_SIZE,
+    )
+    rows = box.store.outbox_list(where)
+    return render(
+        request,
+        session,
+        "outbox.html",
+        messages=rows,
+        where=where,
+        states=OUTBOX_STATES,
+        next_before=rows[-1].id if len(rows) == PAGE_SIZE else None,
+    )
+
+
+def key_search(request: Request, session: Session) -> Response:
+    key = _text_param(request, "key")
+    if key is None:
+        return render(request, session, "key.html", chain=None, key=None, error=None)
+    problem = key_problem(key.split("~", 1)[0])
+    if problem is not None:  # never put an invalid key into a URL
+        return render(
+            request, session, "key.html", chain=None, key=key, error=problem, status_code=400
+        )
+    return RedirectResponse(request.url_for("key", key=key), status_code=303)
+
+
+def key_page(request: Request, session: Session) -> Response:
+    key = request.path_params["key"]
+    try:
+        chain = receipt_chain(box_of(request).store, key)
+    except (ConfigurationError, InvalidKey) as exc:
+        return render(
+            request, session, "key.html", chain=None, key=key, error=str(exc), status_code=400
+        )
+    return render(request, session, "key.html", chain=chain, key=key, error=None)
+
+
+def dead(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    kind = _choice(request, "kind", ["job", "delivery"])
+    try:
+        where = DeadFilter(
+            kind=kind,  # type: ignore[arg-type]
+            task=_text_param(request, "task"),
+            channel=_text_param(request, "channel"),
+            limit=PAGE_SIZE,
+        )
+        rows: list[Any] = box.dead_letters(where)
+        error = None
+    except ConfigurationError as exc:
+        rows, error = [], str(exc)
+    return render(request, session, "dead.html", rows=rows, error=error)
+
+
+def held(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    rows = box.store.outbox_list(
+        OutboxFilter(state="ambiguous", before_id=_before(request), limit=PAGE_SIZE)
+    )
+    return render(
+        request,
+        session,
+        "held.html",
+        messages=rows,
+        next_before=rows[-1].id if len(rows) == PAGE_SIZE else None,
+    )
+
+
+def audit(request: Request, session: Session) -> Response:
+    box = box_of(request)
+    where = AuditFilter(
+        key=_text_param(request, "key"),
+        action=_text_param(request, "action"),
+        before_id=_before(request),
+        limit=PAGE_SIZE,
+    )
+    rows = box.store.audit_search(where)
+    return render(
+        request,
+        session,
+        "audit.html",
+        rows=rows,
+        where=where,
+        next_before=rows[-1].id if len(rows) == PAGE_SIZE else None,
+    )

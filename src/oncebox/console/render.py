@@ -1,0 +1,87 @@
+"""Pages from templates: autoescaped, with what every page needs (who is logged in, the CSRF
+token, a fresh one-time id for each action form, the notices left by the last action)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from oncebox.console.guard import sessions_of
+from oncebox.console.sessions import Session
+from oncebox.inert import printable
+
+
+def _when(value: datetime | None) -> str:
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    left = timedelta(seconds=round(seconds))
+    days, rest = left.days, left.seconds
+    hours, minutes, secs = rest // 3600, rest % 3600 // 60, rest % 60
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def _lines(value: object) -> str:
+    """Like `text`, keeping line breaks (an error's traceback, a provider's reply)."""
+    return "—" if value is None else "\n".join(printable(line) for line in str(value).splitlines())
+
+
+def _text(value: object) -> str:
+    """User-controlled text made inert for display (control and bidi characters shown as
+    escapes), then HTML-escaped by autoescape."""
+    return "—" if value is None else printable(str(value))
+
+
+def _pretty_json(text: str | None) -> str:
+    if text is None:
+        return "—"
+    try:
+        pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        return "\n".join(printable(line) for line in pretty.splitlines())
+    except ValueError:
+        return printable(text)
+
+
+def templates() -> Jinja2Templates:
+    folder = resources.files("oncebox.console") / "templates"
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(folder)),
+        autoescape=True,  # every template, whatever its name
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(when=_when, age=_age, text=_text, lines=_lines, pretty_json=_pretty_json)
+    return Jinja2Templates(env=env)
+
+
+def render(
+    request: Request, session: Session | None, name: str, status_code: int = 200, **context: Any
+) -> Response:
+    notices = [] if session is None else sessions_of(request).take_notices(session)
+    engine: Jinja2Templates = request.app.state.templates
+    return engine.TemplateResponse(
+        request,
+        name,
+        {
+            "session": session,
+            "notices": notices,
+            "new_action_id": lambda: secrets.token_urlsafe(16),
+            "settings": request.app.state.settings,
+            **context,
+        },
+        status_code=status_code,
+    )

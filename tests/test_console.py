@@ -1,0 +1,395 @@
+"""The operator console's routes, through Starlette's test client on a real store: deny by default
+(no login, wrong role, no CSRF token, another origin), what its pages show against what the store
+holds, hostile text rendered inert, and actions that act once and are audited with the user."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from html import unescape
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from oncebox import Box, JobContext, Retry
+from oncebox.console import ConsoleSettings, create_app
+from oncebox.console.users import hash_password, parse_users
+from oncebox.providers import Outgoing, Receipt
+from oncebox.providers.base import SendAmbiguous, SendPermanent
+from oncebox.status import status_data
+from oncebox.store.base import AuditFilter
+from support.rows import job_row
+
+BASE = "http://console.test"
+XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+PASSWORDS = {"olga": "operator-password", "vic": "viewer-password"}
+
+
+class ScriptedProvider:
+    """Refuses the message of customer 2 for good, loses the answer for customer 3's, sends the
+    rest; its replies carry hostile markup."""
+
+    name = "scripted"
+    idempotent = False
+    idempotency_window: timedelta | None = None
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        to = outgoing.payload["to"][0]
+        if to.startswith("c2@"):
+            raise SendPermanent(f"550 mailbox refused {XSS}")
+        if to.startswith("c3@"):
+            raise SendAmbiguous(f"timeout after DATA {XSS}")
+        return Receipt(f"r-{to}")
+
+
+@pytest.fixture(scope="module")
+def store_box(tmp_path_factory) -> Iterator[Box]:
+    """A store holding one of everything the console shows: a done key with its sent message, a
+    dead job whose arguments and error carry markup, a dead message, a held send."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('console') / 'console.db'}"
+    box = Box(url, secret="console-test-secret-0123456789")
+    box.channel("email", provider=ScriptedProvider())
+
+    @box.task(key="digest/customer-{customer}", retry=Retry(max_attempts=1))
+    def digest(ctx: JobContext, customer: int, note: str) -> None:
+        if customer == 4:
+            raise ValueError(f"no shipments for {note}")
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    for customer in (1, 2, 3, 4):
+        box.enqueue(digest, customer=customer, note=XSS)
+    box.work(until_idle=True)
+    yield box
+    box.close()
+
+
+def users() -> dict[str, Any]:
+    return parse_users(
+        f"olga operator {hash_password(PASSWORDS['olga'])}\n"
+        f"vic viewer {hash_password(PASSWORDS['vic'])}",
+        "test users",
+    )
+
+
+USERS = users()
+
+
+@pytest.fixture
+def app(store_box: Box):
+    return create_app(store_box, ConsoleSettings(users=USERS))
+
+
+def client(app: Any, **kwargs: Any) -> TestClient:
+    return TestClient(app, base_url=BASE, follow_redirects=False, **kwargs)
+
+
+def login_form_token(web: TestClient) -> str:
+    page = web.get("/login")
+    found = re.search(r'name="login_csrf" value="([^"]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+def logged_in(app: Any, name: str = "olga") -> TestClient:
+    web = client(app)
+    token = login_form_token(web)
+    done = web.post(
+        "/login",
+        data={"name": name, "password": PASSWORDS[name], "login_csrf": token},
+        headers={"origin": BASE},
+    )
+    assert done.status_code == 303, done.text
+    return web
+
+
+def form_fields(html: str, action: str) -> list[dict[str, str]]:
+    """The hidden fields of each form posting to `action` on a page."""
+    forms = re.findall(
+        rf'<form method="post" action="[^"]*{re.escape(action)}"(.*?)</form>', html, re.S
+    )
+    return [
+        {
+            m.group(1): unescape(m.group(2))
+            for m in re.finditer(r'type="hidden" name="(\w+)" value="([^"]*)"', f)
+        }
+        for f in forms
+    ]
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+def audit_count(box: Box, action: str) -> int:
+    return len(box.store.audit_search(AuditFilter(action=action, limit=1000)))
+
+
+PAGES = [
+    "/",
+    "/periods",
+    "/jobs",
+    "/outbox",
+    "/keys",
+    "/keys/digest/customer-1",
+    "/dead",
+    "/held",
+    "/audit",
+]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_every_page_sends_a_visitor_without_a_session_to_the_login_form(app, path):
+    response = client(app).get(path)
+    assert response.status_code == 303
+    assert response.headers["location"] == f"{BASE}/login"
+
+
+@pytest.mark.parametrize("path", ["/dead/replay", "/dead/discard", "/held/resolve"])
+def test_every_action_is_refused_without_a_session(app, path, store_box):
+    before = len(store_box.store.audit_search(AuditFilter(limit=1000)))
+    response = client(app).post(path, data={"id": "1", "reason": "r"}, headers={"origin": BASE})
+    assert response.status_code == 401
+    assert len(store_box.store.audit_search(AuditFilter(limit=1000))) == before
+
+
+def test_a_wrong_password_is_refused_and_repeated_failures_lock_the_name_out(app):
+    web = client(app)
+    for _ in range(5):
+        refused = web.post(
+            "/login",
+            data={"name": "olga", "password": "guess", "login_csrf": login_form_token(web)},
+            headers={"origin": BASE},
+        )
+        assert refused.status_code == 401
+        assert "oncebox_session" not in refused.cookies
+    locked = web.post(
+        "/login",
+        data={"name": "olga", "password": PASSWORDS["olga"], "login_csrf": login_form_token(web)},
+        headers={"origin": BASE},
+    )
+    assert locked.status_code == 429  # even the right password, until the window passes
+    assert "Too many failed logins" in locked.text
+
+
+def test_a_login_from_another_origin_or_without_the_form_token_is_refused(app):
+    web = client(app)
+    token = login_form_token(web)
+    data = {"name": "vic", "password": PASSWORDS["vic"], "login_csrf": token}
+    assert (
+        web.post("/login", data=data, headers={"origin": "https://evil.example"}).status_code == 403
+    )
+    assert (
+        web.post(
+            "/login", data={**data, "login_csrf": "forged"}, headers={"origin": BASE}
+        ).status_code
+        == 400
+    )
+
+
+def test_a_session_cookie_is_http_only_and_same_site_strict_and_logout_ends_it(app):
+    web = client(app)
+    done = web.post(
+        "/login",
+        data={"name": "vic", "password": PASSWORDS["vic"], "login_csrf": login_form_token(web)},
+        headers={"origin": BASE},
+    )
+    cookie = done.headers["set-cookie"]
+    assert "oncebox_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert "Secure" not in cookie  # plain http here; see the https test
+    assert web.get("/").status_code == 200
+    csrf = csrf_of(web.get("/").text)
+    out = web.post("/logout", data={"csrf": csrf}, headers={"origin": BASE})
+    assert out.status_code == 303
+    assert web.get("/").status_code == 303  # the session is gone, whatever the browser keeps
+
+
+def test_over_https_the_session_cookie_is_secure(store_box):
+    web = TestClient(
+        create_app(store_box, ConsoleSettings(users=USERS)),
+        base_url="https://console.test",
+        follow_redirects=False,
+    )
+    page = web.get("/login")
+    found = re.search(r'name="login_csrf" value="([^"]+)"', page.text)
+    assert found
+    token = found.group(1)
+    done = web.post(
+        "/login",
+        data={"name": "vic", "password": PASSWORDS["vic"], "login_csrf": token},
+        headers={"origin": "https://console.test"},
+    )
+    assert "Secure" in done.headers["set-cookie"]
+
+
+def test_without_users_only_the_token_printed_at_start_logs_in(store_box):
+    app = create_app(store_box, ConsoleSettings())
+    web = client(app)
+    assert web.get("/login?token=wrong").status_code == 403
+    assert web.get("/").status_code == 303
+    assert web.get(f"/login?token={app.state.token}").status_code == 303
+    assert web.get("/").status_code == 200
+
+
+def test_every_response_carries_a_strict_content_security_policy(app):
+    web = logged_in(app)
+    for path in ["/login", "/", "/static/console.css"]:
+        headers = web.get(path).headers
+        assert "script-src 'self'" in headers["content-security-policy"]
+        assert "unsafe-inline" not in headers["content-security-policy"]
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in web.get("/").text  # no inline script on any page
+
+
+def test_the_overview_shows_the_figures_status_shows(app, store_box):
+    page = logged_in(app, "vic").get("/").text
+    status = status_data(store_box, periods=1)
+    shown = dict(re.findall(r'data-figure="(\w+)">(\d+)<', page))
+    assert shown == {
+        "ready": str(status["jobs"]["ready"]),
+        "leased": str(status["jobs"]["leased"]),
+        "pending": str(status["outbox"]["pending"]),
+        "held": str(status["ambiguous"]),
+        "dead": str(status["dead"]),
+        "workers": str(status["workers_live"]),
+    }
+    assert (shown["dead"], shown["held"]) == ("2", "1")  # customer 4's job, 2's message; 3's
+
+
+def test_hostile_text_in_arguments_errors_and_provider_replies_is_shown_inert(app):
+    web = logged_in(app, "vic")
+    for path in [
+        "/keys/digest/customer-2",
+        "/keys/digest/customer-4",
+        "/dead",
+        "/held",
+        "/jobs?state=dead",
+    ]:
+        page = web.get(path).text
+        assert "<script>alert" not in page and "<img src=x" not in page, path
+        assert "&lt;script&gt;" in page or "&lt;img" in page, path
+
+
+def test_a_keys_page_shows_its_whole_receipt_chain(app, store_box):
+    page = logged_in(app, "vic").get("/keys/digest/customer-1").text
+    [message] = store_box.store.outbox_find_by_key("digest/customer-1")
+    assert "Claimed by job" in page
+    assert f"message {message.id}" in page and "r-c1@freight.example" in page  # the receipt
+    assert "Your week" in page  # the frozen content
+
+
+def test_an_invalid_key_is_named_and_never_put_into_a_link(app):
+    page = logged_in(app, "vic").get("/keys", params={"key": 'x/"><script>'})
+    assert page.status_code == 400
+    assert "<script>" not in page.text and "ASCII letters" in page.text
+
+
+def test_a_viewer_may_look_but_not_act(app, store_box):
+    web = logged_in(app, "vic")
+    page = web.get("/dead").text
+    assert 'action="http://console.test/dead/replay"' not in page  # no form is even offered
+    csrf = csrf_of(page)
+    [dead_job] = [j for j in store_box.store.job_find_by_key("digest/customer-4")]
+    refused = web.post(
+        "/dead/replay",
+        data={
+            "csrf": csrf,
+            "action_id": "a" * 22,
+            "id": str(dead_job.id),
+            "kind": "job",
+            "reason": "try",
+        },
+        headers={"origin": BASE},
+    )
+    assert refused.status_code == 403 and "viewer" in refused.text
+    assert job_row(store_box, dead_job.id).state == "dead"
+
+
+def test_an_action_without_the_csrf_token_or_from_another_origin_changes_nothing(app, store_box):
+    web = logged_in(app)
+    [fields] = [f for f in form_fields(web.get("/keys/digest/customer-4").text, "/dead/replay")]
+    before = audit_count(store_box, "replay")
+    data = {**fields, "reason": "try"}
+    assert (
+        web.post(
+            "/dead/replay", data={**data, "csrf": "forged"}, headers={"origin": BASE}
+        ).status_code
+        == 403
+    )
+    assert (
+        web.post("/dead/replay", data=data, headers={"origin": "https://evil.example"}).status_code
+        == 403
+    )
+    assert web.post("/dead/replay", data=data).status_code == 403  # no Origin, no Referer
+    assert audit_count(store_box, "replay") == before
+    assert job_row(store_box, int(fields["id"])).state == "dead"
+
+
+def test_a_double_submitted_replay_replays_once_and_audits_once_as_the_user(tmp_path):
+    box = Box(f"sqlite:///{tmp_path / 'twice.db'}")
+
+    @box.task(key="t/{n}", retry=Retry(max_attempts=1))
+    def fails(ctx: JobContext, n: int) -> None:
+        raise ValueError("down")
+
+    job_id = box.enqueue(fails, n=1).job_id
+    box.work(until_idle=True)
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+    [fields] = form_fields(web.get("/keys/t/1").text, "/dead/replay")
+    data = {**fields, "reason": "the API is back"}
+    first = web.post("/dead/replay", data=data, headers={"origin": BASE})
+    second = web.post("/dead/replay", data=data, headers={"origin": BASE})
+    assert first.status_code == second.status_code == 303
+    assert second.headers["location"] == first.headers["location"]
+    [entry] = box.store.audit_search(AuditFilter(action="replay", limit=10))
+    assert (entry.actor, entry.reason, entry.target_id) == ("olga", "the API is back", job_id)
+    assert job_row(box, job_id).state == "ready"
+    shown = web.get(first.headers["location"]).text
+    assert "already taken" in shown or "Replayed job" in shown
+    box.close()
+
+
+def test_resolving_a_held_send_records_it_as_sent_by_the_user(tmp_path):
+    box = Box(f"sqlite:///{tmp_path / 'held.db'}", secret="console-test-secret-0123456789")
+    box.channel("email", provider=ScriptedProvider())
+
+    @box.task(key="digest/customer-{customer}")
+    def digest(ctx: JobContext, customer: int) -> None:
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    box.enqueue(digest, customer=3)
+    box.work(until_idle=True)
+    [held] = box.store.outbox_find_by_key("digest/customer-3")
+    assert held.state == "ambiguous"
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+    [fields] = form_fields(web.get("/held").text, "/held/resolve")
+    done = web.post(
+        "/held/resolve",
+        data={
+            **fields,
+            "resolution": "sent",
+            "receipt": "prov-42",
+            "reason": "provider log shows it",
+        },
+        headers={"origin": BASE},
+    )
+    assert done.status_code == 303
+    row = box.store.outbox_get(held.id)
+    assert row is not None
+    assert (row.state, row.receipt) == ("sent", "prov-42")
+    [entry] = box.store.audit_search(AuditFilter(action="resolve-sent", limit=10))
+    assert entry.actor == "olga"
+    box.close()
+
+
+def test_under_a_path_prefix_every_link_and_cookie_carries_it(store_box):
+    app = create_app(store_box, ConsoleSettings(users=USERS))
+    web = TestClient(app, base_url=BASE, root_path="/ops", follow_redirects=False)
+    assert web.get("/").headers["location"] == f"{BASE}/ops/login"
+    page = web.get("/login")
+    assert 'href="http://console.test/ops/static/console.css"' in page.text
+    assert "Path=/ops/" in page.headers["set-cookie"]
