@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples
+.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples console-screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,10 @@ demo: $(STAMP)
 test: $(STAMP) system-packages lint typecheck pytest
 
 # Debian packages some tests need (promtool and prometheus, for the alerting rules and a real
-# scrape); installed when missing, as root.
+# scrape; chromium and its driver, for the console's end-to-end tests); installed when missing,
+# as root.
 system-packages:
-	@.ci/system-packages prometheus:promtool
+	@.ci/system-packages prometheus:promtool chromium:chromium chromium-driver:chromedriver
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -58,3 +59,8 @@ schema-snapshot: $(STAMP)
 # story in tests/support/doc_story.py; tests/test_doc_samples.py checks they still match.
 doc-samples: $(STAMP)
 	$(BIN)/python tests/support/doc_story.py
+
+# The console's screenshots in docs/img/, from the demo served and photographed in headless
+# Chromium (tests/support/console_screenshots.py).
+console-screenshots: $(STAMP) system-packages
+	PYTHONPATH=tests $(BIN)/python tests/support/console_screenshots.py

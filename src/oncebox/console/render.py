@@ -41,6 +41,10 @@ def _lines(value: object) -> str:
     return "—" if value is None else "\n".join(printable(line) for line in str(value).splitlines())
 
 
+def _first_line(value: object) -> str:
+    return "—" if value is None else _text((str(value).splitlines() or [""])[0])
+
+
 def _text(value: object) -> str:
     """User-controlled text made inert for display (control and bidi characters shown as
     escapes), then HTML-escaped by autoescape."""
@@ -64,7 +68,14 @@ def templates() -> Jinja2Templates:
         autoescape=True,  # every template, whatever its name
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(when=_when, age=_age, text=_text, lines=_lines, pretty_json=_pretty_json)
+    env.filters.update(
+        when=_when,
+        age=_age,
+        text=_text,
+        lines=_lines,
+        first_line=_first_line,
+        pretty_json=_pretty_json,
+    )
     return Jinja2Templates(env=env)
 
 

@@ -1,0 +1,130 @@
+"""The console end to end in a real headless Chromium: log in, read the overview against the store,
+open a key's receipt chain, replay a dead message and see it delivered, resolve a held send.
+Skipped loudly outside CI when Debian's chromium or chromedriver cannot be installed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from oncebox import Box, JobContext, Retry
+from oncebox.console import ConsoleSettings
+from oncebox.console.users import hash_password, parse_users
+from oncebox.providers import Outgoing, Receipt
+from oncebox.providers.base import SendAmbiguous, SendPermanent
+from oncebox.status import status_data
+from oncebox.store.base import AuditFilter
+from support.console_browser import browser, served
+from support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+PASSWORD = "a long operator password"
+
+
+class Provider:
+    """Refuses customer 2's digest until `refusing` is emptied; loses the answer for 3's."""
+
+    name = "scripted"
+    idempotent = False
+    idempotency_window: timedelta | None = None
+
+    def __init__(self) -> None:
+        self.refusing = {"c2@freight.example"}
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        to = outgoing.payload["to"][0]
+        if to in self.refusing:
+            raise SendPermanent("550 mailbox unavailable")
+        if to.startswith("c3@"):
+            raise SendAmbiguous("connection lost after DATA")
+        return Receipt(f"r-{to}")
+
+
+@pytest.fixture
+def world(tmp_path) -> Iterator[tuple[Box, Provider]]:
+    provider = Provider()
+    box = Box(f"sqlite:///{tmp_path / 'console.db'}", secret="console-test-secret-0123456789")
+    box.channel("email", provider=provider)
+
+    @box.task(key="weekly-digest/customer-{customer}", retry=Retry(max_attempts=1))
+    def digest(ctx: JobContext, customer: int) -> None:
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    for customer in (1, 2, 3, 4):
+        box.enqueue(digest, customer=customer)
+    box.work(until_idle=True)
+    yield box, provider
+    box.close()
+
+
+def figures(driver) -> dict[str, int]:
+    return {
+        e.get_attribute("data-figure"): int(e.text)
+        for e in driver.find_elements(By.CSS_SELECTOR, "[data-figure]")
+    }
+
+
+def submit(driver, form_css: str, **fields: str) -> None:
+    form = driver.find_element(By.CSS_SELECTOR, form_css)
+    for name, value in fields.items():
+        element = form.find_element(By.NAME, name)
+        if element.tag_name == "select":
+            element.find_element(By.CSS_SELECTOR, f'option[value="{value}"]').click()
+        else:
+            element.clear()
+            element.send_keys(value)
+    buttons = form.find_elements(By.TAG_NAME, "button")
+    if buttons:
+        buttons[0].click()
+    else:  # a search box: Enter submits it
+        form.find_element(By.TAG_NAME, "input").send_keys(Keys.ENTER)
+
+
+def test_an_operator_logs_in_reads_the_week_replays_a_dead_letter_and_resolves_a_held_send(world):
+    box, provider = world
+    users = parse_users(f"olga operator {hash_password(PASSWORD)}", "test")
+    with served(box, ConsoleSettings(users=users)) as base, browser() as driver:
+        driver.get(f"{base}/")
+        assert driver.current_url == f"{base}/login"  # nothing without a login
+        submit(driver, "form.login", name="olga", password=PASSWORD)
+        wait_until(lambda: driver.current_url == f"{base}/", what="the overview after login")
+
+        status = status_data(box, periods=1)
+        assert figures(driver) == {
+            "ready": status["jobs"]["ready"],
+            "leased": status["jobs"]["leased"],
+            "pending": status["outbox"]["pending"],
+            "held": status["ambiguous"],
+            "dead": status["dead"],
+            "workers": status["workers_live"],
+        }
+        assert (status["dead"], status["ambiguous"]) == (1, 1)
+
+        # a key's receipt chain, found from the search box
+        submit(driver, "form.search", key="weekly-digest/customer-2")
+        wait_until(lambda: "/keys/weekly-digest/customer-2" in driver.current_url, what="key page")
+        page = driver.find_element(By.TAG_NAME, "main").text
+        assert "Claimed by job" in page and "550 mailbox unavailable" in page
+
+        # the provider takes it now: replay the dead message, same key, and see it delivered
+        provider.refusing.clear()
+        submit(driver, "form.act", reason="mailbox fixed (ticket 42)")
+        wait_until(lambda: "Replayed message" in driver.page_source, what="the replay's notice")
+        box.work(until_idle=True)
+        driver.refresh()
+        [message] = box.store.outbox_find_by_key("weekly-digest/customer-2")
+        assert message.state == "sent" and message.receipt == "r-c2@freight.example"
+        assert "r-c2@freight.example" in driver.find_element(By.TAG_NAME, "main").text
+
+        # the held send: resolved as sent, with the provider's receipt
+        driver.get(f"{base}/held")
+        submit(driver, "form.act", resolution="sent", receipt="prov-7", reason="provider log")
+        wait_until(lambda: "recorded as sent" in driver.page_source, what="the resolve notice")
+        [held] = box.store.outbox_find_by_key("weekly-digest/customer-3")
+        assert (held.state, held.receipt) == ("sent", "prov-7")
+        actors = {a.actor for a in box.store.audit_search(AuditFilter(limit=10))}
+        assert actors == {"olga"}
