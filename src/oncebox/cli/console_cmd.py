@@ -4,6 +4,7 @@ password hash for the users file."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ def console(
         say(f"{len(users)} user(s) from {source}")
     else:
         say(f"no users configured: log in at {base}/login?token={web.state.token}")
+    sys.stdout.flush()  # the login line, before the server starts (a log or a pipe reads it)
     uvicorn.run(
         web,
         host=host,

@@ -1,0 +1,121 @@
+"""`oncebox console`: its usage mistakes, its users file, and a real start that prints a working
+login link when no user is configured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from oncebox.console.users import User, hash_password, verify_password
+from support.console_browser import free_port
+from support.waiting import wait_until
+from test_cli import TESTS, assert_one_line_error, oncebox
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'console.db'}"
+    assert oncebox("migrate", "--db", url).returncode == 0
+    return url
+
+
+@pytest.mark.parametrize("bind", ["8080", "localhost:", ":8080", "localhost:99999", "h:x"])
+def test_a_bad_bind_address_is_a_usage_mistake(db, bind):
+    assert_one_line_error(oncebox("console", "--db", db, "--bind", bind), 2, "HOST:PORT")
+
+
+def test_a_root_path_must_start_with_a_slash_and_not_end_with_one(db):
+    assert_one_line_error(oncebox("console", "--db", db, "--root-path", "ops/"), 2, "--root-path")
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("olga admin scrypt$1$1$1$x$y", "operator or viewer"),
+        ("olga operator not-a-hash", "scrypt$N$r$p$salt$hash"),
+        ("olga operator", "expected `name role hash`"),
+    ],
+)
+def test_a_mistake_in_the_users_file_names_its_entry(db, tmp_path, line, said):
+    users = tmp_path / "users"
+    users.write_text(f"# the console's users\n{line}\n")
+    result = oncebox("console", "--db", db, "--users-file", str(users))
+    assert_one_line_error(result, 2, f"{users}, entry 2", said)
+
+
+def test_a_user_listed_twice_is_refused(db):
+    hashed = hash_password("pw")
+    result = oncebox(
+        "console",
+        "--db",
+        db,
+        env={"ONCEBOX_CONSOLE_USERS": f"a:viewer:{hashed};a:operator:{hashed}"},
+    )
+    assert_one_line_error(result, 2, "ONCEBOX_CONSOLE_USERS, entry 2", "listed twice")
+
+
+def test_hash_password_prints_a_hash_that_verifies_the_password():
+    result = subprocess.run(
+        [sys.executable, "-m", "oncebox.cli", "console", "hash-password"],
+        input="correct horse\ncorrect horse\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    hashed = result.stdout.strip().splitlines()[-1]
+    assert hashed.startswith("scrypt$")
+    assert verify_password(User("x", "viewer", hashed), "correct horse")
+    assert not verify_password(User("x", "viewer", hashed), "correct horse!")
+
+
+@pytest.mark.slow
+def test_without_users_it_prints_a_login_link_that_works_and_nothing_opens_without_it(db):
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "oncebox.cli", "console", "--db", db, "--bind", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    ) as process:
+        serve_and_log_in(process, port)
+
+
+def serve_and_log_in(process: subprocess.Popen[str], port: int) -> None:
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+    reader.start()
+    try:
+
+        def printed_link() -> str:
+            said = [x for x in lines if "log in at " in x]
+            return said[0].split("log in at ")[1].strip() if said else ""
+
+        link = wait_until(printed_link, what="the login link", timeout=60)
+        base = f"http://127.0.0.1:{port}"
+        assert link.startswith(f"{base}/login?token=")
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/", timeout=2).status_code == 303
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, what="the console to answer", timeout=60)
+        with httpx.Client(base_url=base) as web:
+            assert web.get("/jobs").status_code == 303  # to the login form
+            assert web.get("/login?token=guessed").status_code == 403
+            assert web.get(link).status_code == 303
+            assert web.get("/jobs").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(30)
+        reader.join(30)
