@@ -7,12 +7,17 @@ renders it; none of them computes a figure of its own.
 
 from __future__ import annotations
 
+import logging
+import threading
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from oncebox import shapes
 from oncebox.box import Box
+from oncebox.clock import monotonic
 from oncebox.counters import complete
+from oncebox.errors import OnceboxError
 from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.schedules.slo import Slo
 
@@ -48,7 +53,7 @@ def status_data(
 ) -> dict[str, Any]:
     """What `oncebox status --json` prints and the exporter exports. The schedules' period
     figures read every job and message of their periods, so the exporter passes the ones it
-    recomputes in the background (`cli.prometheus.PeriodFigures`); everything else is read
+    recomputes in the background (`PeriodFigures`, below); everything else is read
     from the depths, the counters and index probes, whatever the backlog."""
     store = box.store
     times = store.status_times()
@@ -90,3 +95,50 @@ def status_data(
         "workers_live": sum(1 for worker in workers if worker.live),
         "schedules": schedules,
     }
+
+
+PERIODS = 3  # recent periods per schedule, as `status` shows by default
+REFRESH_EVERY = 30.0  # seconds: the period figures' shortest refresh interval
+REFRESH_SHARE = 0.1  # ... lengthened so that refreshing takes at most this share of the time
+
+log = logging.getLogger("oncebox.status")
+
+
+@dataclass(frozen=True)
+class Figures:
+    schedules: list[dict[str, Any]]
+    at: float  # monotonic instant they were read
+    took: float  # seconds the reading took
+
+
+class PeriodFigures:
+    """The schedules' period figures, recomputed by `run` in the background and read by the
+    scrape (`latest`). A refresh that fails (the store is away) keeps the last figures, whose
+    age then shows it; the scrape itself still fails on its own reads, as it should."""
+
+    def __init__(self, box: Box, periods: int = PERIODS) -> None:
+        self.box = box
+        self.periods = periods
+        self._latest: Figures | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self) -> Figures:
+        started = monotonic()
+        schedules = schedule_figures(self.box, self.periods, self.box.store.clock_now())
+        figures = Figures(schedules, started, monotonic() - started)
+        with self._lock:
+            self._latest = figures
+        return figures
+
+    def latest(self) -> Figures:
+        with self._lock:
+            latest = self._latest
+        return latest if latest is not None else self.refresh()
+
+    def run(self, stop: threading.Event) -> None:
+        took = self.latest().took
+        while not stop.wait(max(REFRESH_EVERY, took / REFRESH_SHARE)):
+            try:
+                took = self.refresh().took
+            except OnceboxError as exc:  # the store away, say: the figures' age tells
+                log.warning("period figures not refreshed: %s", exc)

@@ -1,7 +1,7 @@
 """`oncebox metrics --bind HOST:PORT`: the store-wide figures for Prometheus to scrape.
 
 One exporter per database: every figure is read from the store on each scrape (the schedules'
-period figures from a background refresh: `cli.prometheus.PeriodFigures`), so one copy is the
+period figures from a background refresh: `status.PeriodFigures`), so one copy is the
 whole truth, and two would only be counted twice by `sum()`.
 """
 
@@ -70,7 +70,8 @@ def metrics(bind: str, app: str | None, db: str | None) -> None:
     — at /metrics in Prometheus's text format, read from the store on every scrape (the period
     figures refreshed in the background, at least every 30 s). Run one per database. SIGTERM or
     Ctrl-C stops it."""
-    from oncebox.cli.prometheus import PeriodFigures, StoreCollector  # noqa: PLC0415
+    from oncebox.cli.prometheus import StoreCollector  # noqa: PLC0415
+    from oncebox.status import PeriodFigures  # noqa: PLC0415
 
     with reported():
         box = box_for_admin(app, db)

@@ -17,10 +17,7 @@ carries a state, a task, a channel or a schedule's period.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -31,55 +28,8 @@ from oncebox import shapes
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.counters import COUNTERS
-from oncebox.errors import OnceboxError
 from oncebox.metrics import Metrics
-from oncebox.status import schedule_figures, status_data
-
-PERIODS = 3  # recent periods exported per schedule, as `status` shows by default
-REFRESH_EVERY = 30.0  # seconds: the period figures' shortest refresh interval
-REFRESH_SHARE = 0.1  # ... lengthened so that refreshing takes at most this share of the time
-
-log = logging.getLogger("oncebox.metrics")
-
-
-@dataclass(frozen=True)
-class Figures:
-    schedules: list[dict[str, Any]]
-    at: float  # monotonic instant they were read
-    took: float  # seconds the reading took
-
-
-class PeriodFigures:
-    """The schedules' period figures, recomputed by `run` in the background and read by the
-    scrape (`latest`). A refresh that fails (the store is away) keeps the last figures, whose
-    age then shows it; the scrape itself still fails on its own reads, as it should."""
-
-    def __init__(self, box: Box, periods: int = PERIODS) -> None:
-        self.box = box
-        self.periods = periods
-        self._latest: Figures | None = None
-        self._lock = threading.Lock()
-
-    def refresh(self) -> Figures:
-        started = monotonic()
-        schedules = schedule_figures(self.box, self.periods, self.box.store.clock_now())
-        figures = Figures(schedules, started, monotonic() - started)
-        with self._lock:
-            self._latest = figures
-        return figures
-
-    def latest(self) -> Figures:
-        with self._lock:
-            latest = self._latest
-        return latest if latest is not None else self.refresh()
-
-    def run(self, stop: threading.Event) -> None:
-        took = self.latest().took
-        while not stop.wait(max(REFRESH_EVERY, took / REFRESH_SHARE)):
-            try:
-                took = self.refresh().took
-            except OnceboxError as exc:  # the store away, say: the figures' age tells
-                log.warning("period figures not refreshed: %s", exc)
+from oncebox.status import PERIODS, PeriodFigures, status_data
 
 
 class StoreCollector(Collector):

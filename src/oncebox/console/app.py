@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -16,6 +19,9 @@ from oncebox.console.guard import SecurityHeaders, action, page
 from oncebox.console.render import templates
 from oncebox.console.sessions import LoginThrottle, Sessions
 from oncebox.console.users import User, new_token
+from oncebox.status import PeriodFigures
+
+PERIODS_SHOWN = 12  # periods per schedule on the periods page (the overview shows the latest)
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,24 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
         Route("/audit", page(pages.audit), name="audit"),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+    figures = PeriodFigures(box, PERIODS_SHOWN)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        """The schedules' period figures read every job of their periods, so they are
+        recomputed in the background, as the metrics exporter does, and pages show their age."""
+        stop = threading.Event()
+        refresher = threading.Thread(target=figures.run, args=(stop,), name="period-figures")
+        refresher.daemon = True
+        refresher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            refresher.join(10)
+
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan)
+    app.state.figures = figures
     app.state.box = box
     app.state.settings = settings
     app.state.users = settings.users

@@ -10,17 +10,17 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from oncebox.box import Box
+from oncebox.clock import monotonic
 from oncebox.console.render import render
 from oncebox.console.sessions import Session
 from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import key_problem
 from oncebox.operations import DeadFilter
 from oncebox.receipts import receipt_chain
-from oncebox.status import JOB_STATES, OUTBOX_STATES, schedule_figures, status_data
+from oncebox.status import JOB_STATES, OUTBOX_STATES, Figures, PeriodFigures, status_data
 from oncebox.store.base import AuditFilter, JobFilter, OutboxFilter
 
 PAGE_SIZE = 50
-PERIODS_SHOWN = 12
 
 
 def box_of(request: Request) -> Box:
@@ -43,9 +43,15 @@ def _before(request: Request) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
+def figures_of(request: Request) -> Figures:
+    figures: PeriodFigures = request.app.state.figures
+    return figures.latest()
+
+
 def overview(request: Request, session: Session) -> Response:
     box = box_of(request)
-    status = status_data(box, periods=1)
+    figures = figures_of(request)
+    status = status_data(box, periods=1, schedules=figures.schedules)
     alerts: list[str] = []
     if status["clock"]["mode"] != "real":
         alerts.append(
@@ -61,13 +67,25 @@ def overview(request: Request, session: Session) -> Response:
             f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "
             f"{status['past_lease']['messages']} messages (a worker died or is stuck)."
         )
-    return render(request, session, "overview.html", status=status, alerts=alerts)
+    return render(
+        request,
+        session,
+        "overview.html",
+        status=status,
+        alerts=alerts,
+        figures_age=monotonic() - figures.at,
+    )
 
 
 def periods(request: Request, session: Session) -> Response:
-    box = box_of(request)
-    schedules = schedule_figures(box, PERIODS_SHOWN, box.store.clock_now())
-    return render(request, session, "periods.html", schedules=schedules)
+    figures = figures_of(request)
+    return render(
+        request,
+        session,
+        "periods.html",
+        schedules=figures.schedules,
+        figures_age=monotonic() - figures.at,
+    )
 
 
 def period_detail(request: Request, session: Session) -> Response:
