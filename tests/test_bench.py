@@ -308,3 +308,28 @@ def test_the_statements_benchmark_names_oncebox_statements_and_splits_the_full_p
     assert all(worker[name]["rows"] == 200 for name in path), worker
     assert len(figures["the floor's SQL"]["statements"]) == 5
     assert all(f["us_per_job"] > 0 for k, f in figures.items() if k != "jobs")
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_console_benchmark_renders_every_page_over_its_backlog(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "console.json"
+    result = run_bench(
+        "console.py",
+        "--backlog",
+        "200",
+        "--requests",
+        "2",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["backlog"] == 200
+    assert {"overview", "dead letters", "a key's receipt chain"} <= set(figures["pages"])
+    assert all(0 < page["p50_ms"] <= page["p95_ms"] for page in figures["pages"].values())
+    assert "worst p95" in result.stdout
