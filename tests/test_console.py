@@ -393,3 +393,25 @@ def test_under_a_path_prefix_every_link_and_cookie_carries_it(store_box):
     page = web.get("/login")
     assert 'href="http://console.test/ops/static/console.css"' in page.text
     assert "Path=/ops/" in page.headers["set-cookie"]
+
+
+def test_every_page_renders_the_same_rows_on_both_stores(box):
+    box.channel("email", provider=ScriptedProvider())
+
+    @box.task(key="digest/customer-{customer}", retry=Retry(max_attempts=1))
+    def digest(ctx: JobContext, customer: int, note: str) -> None:
+        if customer == 4:
+            raise ValueError("no shipments")
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    for customer in (1, 2, 3, 4):
+        box.enqueue(digest, customer=customer, note="n")
+    box.work(until_idle=True)
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)), "vic")
+    for path in PAGES:
+        assert web.get(path).status_code == 200, path
+    assert "c2@freight.example" in web.get("/keys/digest/customer-2").text
+    dead = web.get("/dead").text
+    assert "digest/customer-4" in dead and "digest/customer-2" in dead
+    assert "digest/customer-3" in web.get("/held").text
+    assert "digest/customer-1" not in dead
