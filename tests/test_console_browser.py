@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -18,7 +19,7 @@ from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.status import status_data
 from oncebox.store.base import AuditFilter
-from support.console_browser import browser, served
+from support.console_browser import browser, csp_violations, served
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -62,10 +63,14 @@ def world(tmp_path) -> Iterator[tuple[Box, Provider]]:
 
 
 def figures(driver) -> dict[str, int]:
-    return {
-        e.get_attribute("data-figure"): int(e.text)
-        for e in driver.find_elements(By.CSS_SELECTOR, "[data-figure]")
-    }
+    """The overview's figures; {} while htmx is swapping them (retried by the caller)."""
+    try:
+        return {
+            e.get_attribute("data-figure"): int(e.text)
+            for e in driver.find_elements(By.CSS_SELECTOR, "[data-figure]")
+        }
+    except StaleElementReferenceException:
+        return {}
 
 
 def submit(driver, form_css: str, **fields: str) -> None:
@@ -87,7 +92,7 @@ def submit(driver, form_css: str, **fields: str) -> None:
 def test_an_operator_logs_in_reads_the_week_replays_a_dead_letter_and_resolves_a_held_send(world):
     box, provider = world
     users = parse_users(f"olga operator {hash_password(PASSWORD)}", "test")
-    with served(box, ConsoleSettings(users=users)) as base, browser() as driver:
+    with served(box, ConsoleSettings(users=users)) as (base, app), browser() as driver:
         driver.get(f"{base}/")
         assert driver.current_url == f"{base}/login"  # nothing without a login
         submit(driver, "form.login", name="olga", password=PASSWORD)
@@ -103,6 +108,17 @@ def test_an_operator_logs_in_reads_the_week_replays_a_dead_letter_and_resolves_a
             "workers": status["workers_live"],
         }
         assert (status["dead"], status["ambiguous"]) == (1, 1)
+
+        # the chart draws from the console's samples, the figures refresh in place (htmx), and
+        # the strict CSP refuses nothing the console itself serves
+        box.enqueue("digest", customer=5)
+        app.state.trends.sample()
+        driver.refresh()
+        wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, "#trend canvas"), what="the chart")
+        driver.execute_script("htmx.trigger('#figures', 'refresh')")
+        wait_until(lambda: figures(driver).get("ready") == 1, what="the tiles to refresh")
+        assert csp_violations(driver) == []
+        box.work(until_idle=True)
 
         # a key's receipt chain, found from the search box
         submit(driver, "form.search", key="weekly-digest/customer-2")

@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from starlette.applications import Starlette
 
 from oncebox import Box
 from oncebox.console import ConsoleSettings, create_app
@@ -26,17 +27,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(box: Box, settings: ConsoleSettings) -> Iterator[str]:
-    """The console over `box` at the yielded base URL, until the block ends."""
+def served(box: Box, settings: ConsoleSettings) -> Iterator[tuple[str, Starlette]]:
+    """The console over `box`, served until the block ends: its base URL and its app."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(box, settings), host="127.0.0.1", port=port, log_level="warning")
-    )
+    app = create_app(box, settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="console", daemon=True)
     thread.start()
     try:
         wait_until(lambda: server.started, what="the console to listen", timeout=30)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         thread.join(30)
@@ -52,9 +52,19 @@ def browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(flag)
     options.add_argument(f"--window-size={width},{height}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations land there
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     driver.set_page_load_timeout(60)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def csp_violations(driver: Any) -> list[str]:
+    """What the page's Content-Security-Policy refused so far (Chromium logs each refusal)."""
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")
+        if "Content Security Policy" in entry["message"]
+    ]

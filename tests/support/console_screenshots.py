@@ -40,7 +40,10 @@ def main() -> int:
         [dead] = box.store.job_list(JobFilter(state="dead", limit=1))
         done = box.store.job_list(JobFilter(state="done", limit=1))[0]
         users = parse_users(f"olga operator {hash_password(PASSWORD)}", "screenshots")
-        with served(box, ConsoleSettings(users=users)) as base, browser(1280, 900) as driver:
+        with (
+            served(box, ConsoleSettings(users=users)) as (base, _app),
+            browser(1280, 900) as driver,
+        ):
             driver.get(f"{base}/login")
             driver.find_element(By.NAME, "name").send_keys("olga")
             driver.find_element(By.NAME, "password").send_keys(PASSWORD)

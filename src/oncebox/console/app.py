@@ -18,6 +18,7 @@ from oncebox.console import actions, login, pages
 from oncebox.console.guard import SecurityHeaders, action, page
 from oncebox.console.render import templates
 from oncebox.console.sessions import LoginThrottle, Sessions
+from oncebox.console.trends import Trends
 from oncebox.console.users import User, new_token
 from oncebox.status import PeriodFigures
 
@@ -39,6 +40,8 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
     static = resources.files("oncebox.console") / "static"
     routes = [
         Route("/", page(pages.overview), name="overview"),
+        Route("/overview/tiles", page(pages.overview_tiles), name="overview_tiles"),
+        Route("/trends.json", page(pages.trends), name="trends"),
         Route("/login", login.login_page, name="login"),
         Route("/login", login.login_submit, methods=["POST"], name="login_submit"),
         Route("/logout", login.logout, methods=["POST"], name="logout"),
@@ -57,23 +60,30 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
     figures = PeriodFigures(box, PERIODS_SHOWN)
+    trends = Trends(box.store)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         """The schedules' period figures read every job of their periods, so they are
-        recomputed in the background, as the metrics exporter does, and pages show their age."""
+        recomputed in the background, as the metrics exporter does, and pages show their age;
+        the overview's chart is sampled in the background too."""
         stop = threading.Event()
-        refresher = threading.Thread(target=figures.run, args=(stop,), name="period-figures")
-        refresher.daemon = True
-        refresher.start()
+        threads = [
+            threading.Thread(target=figures.run, args=(stop,), name="period-figures", daemon=True),
+            threading.Thread(target=trends.run, args=(stop,), name="trends", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
         try:
             yield
         finally:
             stop.set()
-            refresher.join(10)
+            for thread in threads:
+                thread.join(10)
 
     app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan)
     app.state.figures = figures
+    app.state.trends = trends
     app.state.box = box
     app.state.settings = settings
     app.state.users = settings.users

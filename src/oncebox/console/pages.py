@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.console.render import render
 from oncebox.console.sessions import Session
+from oncebox.console.trends import Trends
 from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import key_problem
 from oncebox.operations import DeadFilter
@@ -48,7 +49,7 @@ def figures_of(request: Request) -> Figures:
     return figures.latest()
 
 
-def overview(request: Request, session: Session) -> Response:
+def _overview(request: Request) -> dict[str, Any]:
     box = box_of(request)
     figures = figures_of(request)
     status = status_data(box, periods=1, schedules=figures.schedules)
@@ -67,14 +68,21 @@ def overview(request: Request, session: Session) -> Response:
             f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "
             f"{status['past_lease']['messages']} messages (a worker died or is stuck)."
         )
-    return render(
-        request,
-        session,
-        "overview.html",
-        status=status,
-        alerts=alerts,
-        figures_age=monotonic() - figures.at,
-    )
+    return {"status": status, "alerts": alerts, "figures_age": monotonic() - figures.at}
+
+
+def overview(request: Request, session: Session) -> Response:
+    return render(request, session, "overview.html", **_overview(request))
+
+
+def overview_tiles(request: Request, session: Session) -> Response:
+    """The overview's figures alone: the page refreshes them in place (htmx)."""
+    return render(request, session, "_tiles.html", **_overview(request))
+
+
+def trends(request: Request, session: Session) -> Response:
+    trends: Trends = request.app.state.trends
+    return JSONResponse(trends.series())
 
 
 def periods(request: Request, session: Session) -> Response:
