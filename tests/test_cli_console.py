@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -76,46 +78,64 @@ def test_hash_password_prints_a_hash_that_verifies_the_password():
     assert not verify_password(User("x", "viewer", hashed), "correct horse!")
 
 
-@pytest.mark.slow
-def test_without_users_it_prints_a_login_link_that_works_and_nothing_opens_without_it(db):
+@contextmanager
+def console_process(db: str, *extra: str) -> Iterator[tuple[str, str]]:
+    """`oncebox console` in a process of its own: its base URL and the login link it printed,
+    once it answers."""
     port = free_port()
+    command = [sys.executable, "-m", "oncebox.cli", "console", "--db", db]
     with subprocess.Popen(
-        [sys.executable, "-m", "oncebox.cli", "console", "--db", db, "--bind", f"127.0.0.1:{port}"],
+        [*command, "--bind", f"127.0.0.1:{port}", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(TESTS)},
     ) as process:
-        serve_and_log_in(process, port)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+        reader.start()
+        try:
+
+            def printed_link() -> str:
+                said = [x for x in lines if "log in at " in x]
+                return said[0].split("log in at ")[1].strip() if said else ""
+
+            link = wait_until(printed_link, what="the login link", timeout=60)
+            base = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                try:
+                    return httpx.get(f"{base}/", timeout=2).status_code == 303
+                except httpx.TransportError:
+                    return False
+
+            wait_until(up, what="the console to answer", timeout=60)
+            yield base, link
+        finally:
+            process.terminate()
+            process.wait(30)
+            reader.join(30)
 
 
-def serve_and_log_in(process: subprocess.Popen[str], port: int) -> None:
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
-    reader.start()
-    try:
-
-        def printed_link() -> str:
-            said = [x for x in lines if "log in at " in x]
-            return said[0].split("log in at ")[1].strip() if said else ""
-
-        link = wait_until(printed_link, what="the login link", timeout=60)
-        base = f"http://127.0.0.1:{port}"
+@pytest.mark.slow
+def test_without_users_it_prints_a_login_link_that_works_and_nothing_opens_without_it(db):
+    with console_process(db) as (base, link), httpx.Client(base_url=base) as web:
         assert link.startswith(f"{base}/login?token=")
+        assert web.get("/jobs").status_code == 303  # to the login form
+        assert web.get("/login?token=guessed").status_code == 403
+        assert web.get(link).status_code == 303
+        assert web.get("/jobs").status_code == 200
 
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/", timeout=2).status_code == 303
-            except httpx.TransportError:
-                return False
 
-        wait_until(up, what="the console to answer", timeout=60)
-        with httpx.Client(base_url=base) as web:
-            assert web.get("/jobs").status_code == 303  # to the login form
-            assert web.get("/login?token=guessed").status_code == 403
-            assert web.get(link).status_code == 303
-            assert web.get("/jobs").status_code == 200
-    finally:
-        process.terminate()
-        process.wait(30)
-        reader.join(30)
+@pytest.mark.slow
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_proxys_forwarded_scheme_counts_only_from_the_addresses_it_is_told_to_trust(db, trusted):
+    extra = ["--forwarded-allow-ips", "127.0.0.1"] if trusted else []
+    with console_process(db, *extra) as (_base, link):
+        logged_in = httpx.get(link, headers={"x-forwarded-proto": "https"})
+        assert logged_in.status_code == 303
+        cookie = logged_in.headers["set-cookie"]
+        # trusted: the proxy said the browser spoke HTTPS, so the cookie is Secure (and links
+        # are https); untrusted: the header is anyone's, and ignored
+        assert ("Secure" in cookie) is trusted
+        assert logged_in.headers["location"].startswith("https://" if trusted else "http://")
