@@ -4,6 +4,7 @@ fail (a harness that cannot fail proves nothing), and the harness cleans up afte
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -11,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import PG_URL as PG_SERVER
-from oncebox.chaos import SCENARIOS, run_scenario, run_selected
+from oncebox.chaos import SCENARIOS, run_scenario, run_selected, workspace
 from oncebox.chaos.history import HistoryWriter, read_history, send_outcomes
 from oncebox.chaos.mutations import MUTATIONS
 from oncebox.chaos.report import select
@@ -84,7 +85,7 @@ def test_each_mutation_that_differs_on_postgres_fails_there_too(pg_template, mut
 
 
 @pytest.mark.postgres
-def test_a_run_creates_its_own_database_and_drops_it(pg_template):
+def test_a_run_creates_its_own_database_and_drops_it(pg_template, monkeypatch):
     def chaos_databases() -> set[str]:
         with psycopg.connect(PG_SERVER, autocommit=True) as conn:
             rows = conn.execute(
@@ -92,10 +93,24 @@ def test_a_run_creates_its_own_database_and_drops_it(pg_template):
             ).fetchall()
         return {r[0] for r in rows}
 
-    before = chaos_databases()
+    # its own name, known in advance: other runs on the same server (a second suite, a person)
+    # may create and drop theirs meanwhile, so the test looks only at this run's database
+    fixed = uuid.uuid4()
+    monkeypatch.setattr("oncebox.chaos.workspace.uuid.uuid4", lambda: fixed)
+    name = f"oncebox_chaos_{fixed.hex[:12]}"
+    created: list[str] = []
+    admin = workspace._admin
+
+    def recording(server: str, conninfo: str, statement: str, doing: str) -> None:
+        created.append(statement)
+        admin(server, conninfo, statement, doing)
+
+    monkeypatch.setattr(workspace, "_admin", recording)
+    assert name not in chaos_databases()
     result = run_scenario(SCENARIOS["manual-rerun"], server=PG_SERVER, customers=20, seed=1)
     assert result.ok and result.store == "postgres"
-    assert chaos_databases() == before
+    assert created[0] == f'CREATE DATABASE "{name}"'
+    assert name not in chaos_databases()
 
 
 def test_the_command_prints_json_and_exits_0_when_the_scenario_holds():
