@@ -110,7 +110,7 @@ class Skipped:
 @dataclass(frozen=True)
 class ReplayPlan:
     """A dry run of a batch replay: exactly the dead letters it would move (`rows`, newest
-    first), read at `planned_at` (the store's clock); `more` when more match than
+    first), read from `planned_at` on (the store's clock); `more` when more match than
     `where.limit`. Nothing was written to make it."""
 
     where: DeadFilter

@@ -166,14 +166,15 @@ class Operations:
     def plan_replay(self, where: DeadFilter) -> ReplayPlan:
         """A dry run of `replay_planned`: exactly the dead letters a batch replay of `where`
         would move, with their count. Writes nothing (no audit row, no state change)."""
-        rows, more = list_planned(self.store, where)
         now = self.store.clock_now()
+        rows, more = list_planned(self.store, where)
         return ReplayPlan(where, tuple(letter_of(row) for row in rows), now, more)
 
     def plan_discard(self, where: DeadFilter) -> DiscardPlan:
         """A dry run of `discard_planned`: the dead letters a batch discard of `where` would
         discard, and those it would refuse, with why (a delivery that may have been
         delivered). Writes nothing."""
+        now = self.store.clock_now()
         rows, more = list_planned(self.store, where)
         taken: list[DeadLetter] = []
         refused: list[Skipped] = []
@@ -183,7 +184,6 @@ class Operations:
                 taken.append(letter_of(row))
             else:
                 refused.append(Skipped(letter_of(row), why))
-        now = self.store.clock_now()
         return DiscardPlan(where, tuple(taken), tuple(refused), now, more)
 
     def replay_planned(
