@@ -10,16 +10,20 @@ from pathlib import Path
 
 import pytest
 
+import oncebox as package_under_test
 from oncebox import Box, Retry
 from oncebox.store.sqlfiles import load_migrations
 from oncebox.testing import drain
 from support.rows import job_row
 
 TESTS = Path(__file__).resolve().parent
+#: The folder holding the oncebox these tests import: the command runs that same code (a
+#: checkout's own `src` given on PYTHONPATH, not only the one the virtualenv installed).
+CODE = Path(package_under_test.__file__ or "").resolve().parent.parent
 
 
 def oncebox(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
-    full_env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(CODE)])}
     full_env.pop("ONCEBOX_DB", None)
     full_env.update(env or {})
     return subprocess.run(

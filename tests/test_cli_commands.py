@@ -299,6 +299,39 @@ def test_dlq_list_show_and_a_rate_limited_replay_all_keep_the_key_and_audit(frei
     assert_one_line_error(again, 2, "is ready; only dead jobs can be replayed")
 
 
+def test_dlq_filters_a_dry_run_and_a_discard_as_an_operator_runs_them(freight):
+    _url, env, _tmp = freight
+    key = dead_poison(env)
+    by_period = ok_json(run(env, "dlq", "list", "--period", PERIOD, "--json"))
+    assert [r["key"] for r in by_period] == [key]
+    assert ok_json(run(env, "dlq", "list", "--period", "2026-W34", "--json")) == []
+    assert ok_json(run(env, "dlq", "list", "--error", "NOT AN ADDRESS", "--json")) != []
+    assert ok_json(run(env, "dlq", "list", "--older-than", "1d", "--json")) == []
+
+    dry = run(env, "dlq", "replay", "--all", "--period", PERIOD, "--newer-than", "1h", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    [header, line, summary] = dry.stdout.splitlines()
+    assert header.split()[:3] == ["KIND", "ID", "KEY"]
+    assert line.split()[:4] == ["job", str(by_period[0]["id"]), key, "weekly_digest"]
+    assert "InvalidArguments: email recipient 'broken@@example'" in line  # its first line
+    assert summary == "1 would be replayed; nothing was changed"
+    assert ok_json(run(env, "audit", "list", "--json")) == []
+    assert ok_json(run(env, "jobs", "show", key, "--json"))[0]["state"] == "dead"
+
+    discarded = run(env, "dlq", "discard", key, "--reason", "customer 3 closed the account")
+    assert discarded.returncode == 0, discarded.stderr
+    assert "discarded: cancelled, its attempts kept, its key free" in discarded.stdout
+    [entry] = ok_json(run(env, "audit", "list", "--action", "discard", "--json"))
+    assert (entry["target_key"], entry["actor"]) == (key, "ops-alice")
+    again = run(env, "dlq", "discard", str(by_period[0]["id"]), "--reason", "again")
+    assert_one_line_error(again, 2, "is cancelled; only dead jobs can be discarded")
+    assert len(ok_json(run(env, "audit", "list", "--json"))) == 1
+    fresh = ok_json(
+        run(env, "enqueue", "weekly_digest", f"customer_id={POISON}", f"period={PERIOD}", "--json")
+    )
+    assert (fresh["created"], fresh["key"]) == (True, key)
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -68,6 +68,8 @@ COMMANDS = [
     ("jobs", "show", "3"),
     ("dlq", "list"),
     ("dlq", "show", "note/1"),
+    ("dlq", "replay", "--all", "--dry-run"),
+    ("dlq", "discard", "--all", "--dry-run"),
     ("outbox", "list"),
     ("outbox", "show", "note/2"),
     ("audit", "list"),

@@ -105,6 +105,7 @@ def cli_db(tmp_path: Path) -> str:
         ("outbox", "resolve", "--sent", "--reason", "x"),
         ("dlq", "show"),
         ("dlq", "replay", "--reason", "x"),
+        ("dlq", "discard", "--reason", "x"),
     ],
     ids=lambda c: "-".join(c[:2]) if isinstance(c, tuple) else None,
 )

@@ -14,13 +14,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
 from oncebox.store import open_store
-from oncebox.store.base import JobFinish, JobInsertMany, OutboxFinish, Store
+from oncebox.store.base import (
+    JobFilter,
+    JobFinish,
+    JobInsertMany,
+    OutboxFilter,
+    OutboxFinish,
+    Store,
+)
 from oncebox.store.postgres import PostgresConsumerTx, PostgresStore
 from support.contract import lease, lease_outbox, opened_session, outbox_insert
 
@@ -128,3 +136,37 @@ def test_settling_a_batch_of_messages_reads_them_by_id_not_the_whole_outbox(stor
     assert settled == {m.id for m in leased}
     assert reads["seq_scan"] == 0, reads
     assert reads["idx_scan"] >= 1, reads
+
+
+def test_listing_filtered_dead_letters_reads_the_dead_rows_indexes_not_the_whole_tables(
+    store, pg_url
+):
+    """The dead-letter filters (`dlq list`, a replay's dry run) run in the listing statements;
+    dead jobs are read through oncebox_jobs_dead and dead messages through
+    oncebox_outbox_attention, however many rows are not dead."""
+    rows = ((f"k/{n}", '{"n": 1}', None) for n in range(ROWS))
+    store.job_insert_many(JobInsertMany("t", "default", 0, 3, rows))
+    with opened_session(store) as session:
+        token, ids = lease(session, limit=3)
+        with session.transaction() as tx:
+            tx.job_finish(token, [JobFinish(i, "dead", error="SMTP 550") for i in ids])
+    with opened_session(store) as session, session.transaction() as tx:
+        tx.outbox_insert([outbox_insert(f"m/{n}") for n in range(ROWS)])
+    leased = lease_outbox(store, limit=2)
+    finishes = [OutboxFinish(m.id, "dead", "dead", True, error="SMTP 550") for m in leased]
+    store.outbox_finish(leased[0].lease_token, finishes)
+    analyse(pg_url)
+    assert isinstance(store, PostgresStore)
+    older, newer = timedelta(0), timedelta(hours=1)
+    jobs = JobFilter(state="dead", error="smtp", older_than=older, newer_than=newer, limit=501)
+    messages = OutboxFilter(
+        state="dead", error="smtp", older_than=older, newer_than=newer, limit=501
+    )
+    for table, name, where in (
+        ("oncebox_jobs", "job_list", jobs),
+        ("oncebox_outbox", "outbox_list", messages),
+    ):
+        with counted(pg_url, table) as (conn, reads):
+            found = conn.execute(store._q[name], store._listing(where)).fetchall()
+        assert len(found) == (3 if name == "job_list" else 2), (name, found)
+        assert reads["seq_scan"] == 0, (name, reads)

@@ -1,13 +1,19 @@
-"""Operator actions on jobs and messages: find, replay, cancel, resolve — each audited.
+"""Operator actions on jobs and messages: find, replay, discard, cancel, resolve — each audited.
 
 Replays happen in place and keep the key: a dead job goes back to ready with the same id and key
 and its history; a dead message goes back to pending with the same key and frozen content. There
 is no way to replay under a new key — a new key is a new business operation.
 
-One audited exception frees a key: discarding a dead message whose frozen content no provider
-will take (`discard`). Replaying it would fail the same way for ever; discarding it releases
-its intent (once none of the intent's messages stands) and makes its job dead again, so a replay
-of the job — with the code fixed — writes the message afresh under the same key.
+Two audited ways end a dead letter without replaying it (`discard_dead`). A dead job whose
+operation is abandoned becomes `cancelled` in place, its attempts kept; its key is free, as it
+never claimed an intent. A dead message whose frozen content no provider will take (`discard`)
+is set aside under a renamed key: replaying it would fail the same way for ever; discarding it
+releases its intent (once none of the intent's messages stands) and makes its job dead again,
+so a replay of the job — with the code fixed — writes the message afresh under the same key.
+
+In bulk, a dry run comes first (`plan_replay`, `plan_discard`: the rows, written nowhere) and
+the batch then acts on exactly the rows it listed (`replay_planned`, `discard_planned`); see
+`oncebox.dead_letters`.
 """
 
 from __future__ import annotations
@@ -18,50 +24,68 @@ from typing import Literal
 
 from oncebox.clock import monotonic
 from oncebox.clock import sleep as clock_sleep
+from oncebox.dead_letters import (
+    DeadFilter,
+    DeadLetter,
+    DiscardPlan,
+    ReplayPlan,
+    Skipped,
+    check_rate,
+    discard_refusal,
+    letter_of,
+    list_dead,
+    list_planned,
+    paced,
+    why_left,
+)
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.metrics import Metrics
 from oncebox.runtime import Runtime
 from oncebox.store.base import (
     DiscardResult,
-    JobFilter,
     JobRow,
     OperatorAction,
-    OutboxFilter,
     OutboxRow,
     Store,
     reason_text,
 )
 
-
-@dataclass(frozen=True)
-class DeadFilter:
-    """Which dead letters a batch redrive takes: jobs, deliveries or both, by task or channel."""
-
-    kind: Literal["job", "delivery"] | None = None
-    task: str | None = None
-    channel: str | None = None
-    limit: int = 1000
-
-    def __post_init__(self) -> None:
-        """Filters that cannot match anything are a mistake, not an empty result."""
-        if self.task is not None and (self.channel is not None or self.kind == "delivery"):
-            raise ConfigurationError("--task selects dead jobs; it cannot go with deliveries")
-        if self.channel is not None and self.kind == "job":
-            raise ConfigurationError("--channel selects dead deliveries; it cannot go with jobs")
-        if self.limit < 1:
-            raise ConfigurationError("the limit must be at least 1")
+__all__ = [
+    "ActionOutcome",
+    "BatchOutcome",
+    "DeadFilter",
+    "DeadLetter",
+    "DiscardPlan",
+    "Operations",
+    "ReplayPlan",
+    "Skipped",
+]
 
 
 @dataclass(frozen=True)
 class ActionOutcome:
-    """A replay, cancel or resolution that happened, and the audit row that records it.
-    `kind` says whether `id` is a job's or an outbox row's ("delivery")."""
+    """A replay, discard, cancel or resolution that happened, and the audit row that records it.
+    `kind` says whether `id` is a job's or an outbox row's ("delivery"); for a discarded
+    delivery, `discard` says what the discard freed."""
 
     id: int
     key: str | None
     audit_id: int
     kind: Literal["job", "delivery"] = "job"
+    discard: DiscardResult | None = None
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What a batch did to its plan's rows: the actions done, in order, and the planned rows it
+    left alone (no longer dead, or changed since the dry run), with why."""
+
+    done: tuple[ActionOutcome, ...]
+    skipped: tuple[Skipped, ...]
+
+
+OnEach = Callable[[ActionOutcome | Skipped], None]
 
 
 class Operations:
@@ -136,46 +160,77 @@ class Operations:
 
     def dead_letters(self, where: DeadFilter) -> list[JobRow | OutboxRow]:
         """Dead jobs and dead outbox rows matching `where`, newest first across both kinds, at
-        most `limit`."""
-        found: list[JobRow | OutboxRow] = []
-        if where.kind != "delivery" and where.channel is None:
-            found += self._page_jobs(where)
-        if where.kind != "job" and where.task is None:
-            found += self._page_deliveries(where, where.limit)
-        found.sort(key=lambda row: (row.created_at, row.id), reverse=True)
-        return found[: where.limit]
+        most `limit`; the filters run in the store."""
+        return list_dead(self.store, where)
 
-    def _page_jobs(self, where: DeadFilter) -> list[JobRow]:
-        rows: list[JobRow] = []
-        while len(rows) < where.limit:
-            page = self.store.job_list(
-                JobFilter(
-                    state="dead",
-                    task=where.task,
-                    before_id=rows[-1].id if rows else None,
-                    limit=min(500, where.limit - len(rows)),
-                )
-            )
-            if not page:
-                break
-            rows += page
-        return rows
+    def plan_replay(self, where: DeadFilter) -> ReplayPlan:
+        """A dry run of `replay_planned`: exactly the dead letters a batch replay of `where`
+        would move, with their count. Writes nothing (no audit row, no state change)."""
+        now = self.store.clock_now()
+        rows, more = list_planned(self.store, where)
+        return ReplayPlan(where, tuple(letter_of(row) for row in rows), now, more)
 
-    def _page_deliveries(self, where: DeadFilter, limit: int) -> list[OutboxRow]:
-        rows: list[OutboxRow] = []
-        while len(rows) < limit:
-            page = self.store.outbox_list(
-                OutboxFilter(
-                    state="dead",
-                    channel=where.channel,
-                    before_id=rows[-1].id if rows else None,
-                    limit=min(500, limit - len(rows)),
-                )
-            )
-            if not page:
-                break
-            rows += page
-        return rows
+    def plan_discard(self, where: DeadFilter) -> DiscardPlan:
+        """A dry run of `discard_planned`: the dead letters a batch discard of `where` would
+        discard, and those it would refuse, with why (a delivery that may have been
+        delivered). Writes nothing."""
+        now = self.store.clock_now()
+        rows, more = list_planned(self.store, where)
+        taken: list[DeadLetter] = []
+        refused: list[Skipped] = []
+        for row in rows:
+            why = discard_refusal(row) if isinstance(row, OutboxRow) else None
+            if why is None:
+                taken.append(letter_of(row))
+            else:
+                refused.append(Skipped(letter_of(row), why))
+        return DiscardPlan(where, tuple(taken), tuple(refused), now, more)
+
+    def replay_planned(
+        self,
+        plan: ReplayPlan,
+        *,
+        reason: str,
+        actor: str = "api",
+        per_second: float = 20.0,
+        on_each: OnEach = lambda _item: None,
+        sleep: Callable[[float], None] = clock_sleep,
+        clock: Callable[[], float] = monotonic,
+    ) -> BatchOutcome:
+        """Replay exactly the rows of a dry run (`plan_replay`), in its order, at most
+        `per_second` a second, each in place and audited in its own transaction. A row that
+        stopped being dead since the plan, or was replayed and died again (its attempt count
+        moved), is skipped and reported; no row the plan did not list is touched. `on_each` is
+        told of each row, as it is done or skipped."""
+        if not isinstance(plan, ReplayPlan):
+            raise ConfigurationError("replay_planned takes the ReplayPlan of plan_replay")
+        reason = reason_text(reason)
+        done: list[ActionOutcome] = []
+        skipped: list[Skipped] = []
+        for letter in paced(plan.rows, per_second, sleep, clock):
+            outcome = self._replay_letter(letter, OperatorAction(letter.id, actor, reason))
+            if outcome is None:
+                skipped.append(Skipped(letter, why_left(self.store, letter, "replay")))
+                on_each(skipped[-1])
+            else:
+                done.append(outcome)
+                on_each(outcome)
+        return BatchOutcome(tuple(done), tuple(skipped))
+
+    def _replay_letter(self, letter: DeadLetter, action: OperatorAction) -> ActionOutcome | None:
+        """One planned row replayed, fenced on its planned attempt count; None if refused."""
+        fenced = OperatorAction(action.job_id, action.actor, action.reason, letter.attempt)
+        if letter.kind == "job":
+            result = self.store.job_replay(fenced)
+            counter = "jobs_replayed"
+        else:
+            result = self.store.outbox_replay(fenced)
+            counter = "deliveries_replayed"
+        if result is None:
+            return None
+        self.metrics.count(counter)
+        self._wake_local()
+        return ActionOutcome(result.job_id, result.key, result.audit_id, letter.kind)
 
     def replay_dead(
         self,
@@ -188,29 +243,98 @@ class Operations:
         sleep: Callable[[float], None] = clock_sleep,
         clock: Callable[[], float] = monotonic,
     ) -> list[ActionOutcome]:
-        """Redrive many dead letters in place, each audited, at most `per_second` a second: a
-        morning-after redrive of a night's failures must not arrive at the workers (and the
-        provider) as one burst. A row that stopped being dead meanwhile is reported and skipped."""
+        """Redrive many dead letters in place, each audited, at most `per_second` a second: the
+        dead letters `where` names now (`plan_replay`), replayed at once (`replay_planned`). A
+        row that stopped being dead meanwhile is reported to `on_each` as an `InvalidState`
+        and skipped. To show what would move first and act on exactly that, use `plan_replay`
+        and `replay_planned`."""
         reason = reason_text(reason)
-        if not per_second > 0:
-            raise ConfigurationError("the redrive rate must be positive")
-        gap = 1.0 / per_second
+        check_rate(per_second)  # refused before anything is read
+
+        def told(item: ActionOutcome | Skipped) -> None:
+            on_each(InvalidState(item.why) if isinstance(item, Skipped) else item)
+
+        plan = self.plan_replay(where)
+        done = self.replay_planned(
+            plan,
+            reason=reason,
+            actor=actor,
+            per_second=per_second,
+            on_each=told,
+            sleep=sleep,
+            clock=clock,
+        )
+        return list(done.done)
+
+    def discard_dead(
+        self,
+        key_or_id: str | int,
+        *,
+        reason: str,
+        actor: str = "api",
+        kind: Literal["job", "delivery"] | None = None,
+    ) -> ActionOutcome:
+        """Discard a dead letter, audited as `discard`: a dead job whose operation is abandoned
+        becomes cancelled in place (attempts kept, its key free for a new enqueue); a dead
+        delivery is discarded as by `discard` (what it freed is in the outcome's `discard`).
+
+        By key, a dead job of the key is taken first, then a dead outbox row (as `replay`); by
+        id, `kind` says which table (default: jobs). A row that is not dead — a second discard
+        by id included — is refused with `InvalidState` and nothing is written."""
+        reason = reason_text(reason)
+        is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
+        if kind == "delivery" or (kind is None and not is_id and self._prefers_delivery(key_or_id)):
+            freed = self.discard(key_or_id, reason=reason, actor=actor)
+            return ActionOutcome(freed.id, freed.key, freed.audit_id, "delivery", freed)
+        job = self._target(key_or_id, "dead", "discard", "job" if is_id else "job or outbox row")
+        result = self.store.job_discard(OperatorAction(job.id, actor, reason))
+        if result is None:
+            raise InvalidState(f"job {job.id} stopped being dead while it was being discarded")
+        self.metrics.count("jobs_discarded")
+        return ActionOutcome(result.job_id, result.key, result.audit_id)
+
+    def discard_planned(
+        self,
+        plan: DiscardPlan,
+        *,
+        reason: str,
+        actor: str = "api",
+        on_each: OnEach = lambda _item: None,
+    ) -> BatchOutcome:
+        """Discard exactly the rows a dry run (`plan_discard`) would discard — never its refused
+        ones — in its order, each audited in its own transaction, as `discard_dead` does. A row
+        that stopped being dead since the plan, changed (its attempt count moved), or became one
+        that may have been delivered, is skipped and reported. Discards make no work for the
+        workers, so they are not paced."""
+        if not isinstance(plan, DiscardPlan):
+            raise ConfigurationError("discard_planned takes the DiscardPlan of plan_discard")
+        reason = reason_text(reason)
         done: list[ActionOutcome] = []
-        next_at = clock()
-        for row in self.dead_letters(where):
-            wait = next_at - clock()
-            if wait > 0:
-                sleep(wait)
-            next_at = max(next_at, clock()) + gap
-            kind: Literal["job", "delivery"] = "job" if isinstance(row, JobRow) else "delivery"
-            try:
-                outcome = self.replay(row.id, reason=reason, actor=actor, kind=kind)
-            except InvalidState as exc:
-                on_each(exc)
-                continue
-            done.append(outcome)
-            on_each(outcome)
-        return done
+        skipped: list[Skipped] = []
+        for letter in plan.rows:
+            outcome = self._discard_letter(letter, OperatorAction(letter.id, actor, reason))
+            if outcome is None:
+                skipped.append(Skipped(letter, why_left(self.store, letter, "discard")))
+                on_each(skipped[-1])
+            else:
+                done.append(outcome)
+                on_each(outcome)
+        return BatchOutcome(tuple(done), tuple(skipped))
+
+    def _discard_letter(self, letter: DeadLetter, action: OperatorAction) -> ActionOutcome | None:
+        """One planned row discarded, fenced on its planned attempt count; None if refused."""
+        fenced = OperatorAction(action.job_id, action.actor, action.reason, letter.attempt)
+        if letter.kind == "job":
+            result = self.store.job_discard(fenced)
+            if result is None:
+                return None
+            self.metrics.count("jobs_discarded")
+            return ActionOutcome(result.job_id, result.key, result.audit_id)
+        freed = self.store.outbox_discard(fenced, letter.key or "")
+        if freed is None:
+            return None
+        self.metrics.count("deliveries_discarded")
+        return ActionOutcome(freed.id, freed.key, freed.audit_id, "delivery", freed)
 
     def _prefers_delivery(self, key: str | int) -> bool:
         """A key names a dead job, else a dead outbox row (a job's key may have both a done
@@ -282,12 +406,9 @@ class Operations:
         reason = reason_text(reason)
         is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
         row = self._one_delivery(key_or_id, is_id, "dead", "discard")
-        if row.uncertain or row.possible_duplicates:
-            raise InvalidState(
-                f"cannot discard message {row.id} ({row.key}): it may have been delivered "
-                "(an earlier send's outcome is unknown), and a re-run could send it twice; "
-                "replay it as it is, or leave it dead"
-            )
+        refusal = discard_refusal(row)
+        if refusal is not None:
+            raise InvalidState(refusal)
         done = self.store.outbox_discard(OperatorAction(row.id, actor, reason), row.key)
         if done is None:
             raise InvalidState(f"outbox row {row.id} stopped being dead while discarded")

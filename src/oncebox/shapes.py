@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oncebox.clock import ClockSetting
+from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
 from oncebox.schedules.slo import PeriodSlo, Slo
 from oncebox.store.base import (
     AttemptRow,
@@ -22,6 +23,9 @@ from oncebox.store.base import (
     OutboxRow,
     PeriodStats,
 )
+
+if TYPE_CHECKING:  # a shape of it; the module stays importable without the operations layer
+    from oncebox.operations import ActionOutcome
 
 
 def instant(value: datetime | None) -> str | None:
@@ -210,4 +214,42 @@ def discard(done: DiscardResult) -> dict[str, Any]:
         "intent_released": done.intent_released,
         "job_reopened": done.job_reopened,
         "audit_id": done.audit_id,
+    }
+
+
+def letter(row: DeadLetter) -> dict[str, Any]:
+    return {
+        "kind": row.kind,
+        "id": row.id,
+        "key": row.key,
+        "task": row.task,
+        "channel": row.channel,
+        "attempt": row.attempt,
+        "died_at": instant(row.died_at),
+        "last_error": row.last_error,
+    }
+
+
+def plan(planned: ReplayPlan | DiscardPlan) -> dict[str, Any]:
+    """A dry run: what a batch would do (`rows`), what a discard would refuse, and why."""
+    shape: dict[str, Any] = {
+        "action": "replay" if isinstance(planned, ReplayPlan) else "discard",
+        "dry_run": True,
+        "count": planned.count,
+        "more": planned.more,
+        "planned_at": instant(planned.planned_at),
+        "rows": [letter(row) for row in planned.rows],
+    }
+    if isinstance(planned, DiscardPlan):
+        shape["refused"] = [{**letter(r.letter), "why": r.why} for r in planned.refused]
+    return shape
+
+
+def discarded(outcome: ActionOutcome) -> dict[str, Any]:
+    return {
+        "kind": outcome.kind,
+        "id": outcome.id,
+        "key": outcome.key,
+        "audit_id": outcome.audit_id,
+        "discard": None if outcome.discard is None else discard(outcome.discard),
     }

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import oncebox
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 STORY_PREFIX = "oncebox-doc-story-"
 MARKER = re.compile(
@@ -56,9 +58,10 @@ def oncebox_command() -> list[str]:
 
 def base_environment() -> dict[str, str]:
     """This environment without any oncebox setting, as a fresh shell would have it; unbuffered,
-    so stdout and stderr interleave in one pipe as they would on a terminal."""
+    so stdout and stderr interleave in one pipe as they would on a terminal. The commands run
+    the oncebox this process imports (a checkout's own `src`, when it is not the installed one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEBOX_")}
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = str(Path(oncebox.__file__ or "").resolve().parent.parent)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -13,10 +13,11 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -127,6 +128,23 @@ def actor_option(func: F) -> F:
     )(func)
 
 
+_DURATION = re.compile(r"(?:(\d{1,6})d)?(?:(\d{1,6})h)?(?:(\d{1,6})m)?(?:(\d{1,6})s)?")
+_MOST = timedelta(days=36_500)
+
+
+def parse_duration(text: str, option: str) -> timedelta:
+    """A duration as an operator types it — `30m`, `2h`, `1d`, `1h30m`, `45s` — or a
+    `ConfigurationError` naming `option` (a usage mistake: one line, exit 2)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or match is None:
+        raise ConfigurationError(f"{option} {text!r} is not a duration like 30m, 2h, 1d or 1h30m")
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    span = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if span > _MOST:
+        raise ConfigurationError(f"{option} {text!r} is longer than 100 years")
+    return span
+
+
 def limit_option(default: int = 50) -> Callable[[F], F]:
     def wrap(func: F) -> F:
         return click.option(
@@ -214,22 +232,29 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> None:
-    """Aligned columns; long cells are cut so a row stays on one line."""
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    empty: str,
+    uncut: Collection[str] = (),
+) -> None:
+    """Aligned columns; long cells are cut so a row stays on one line, except in the columns
+    named in `uncut` (a key an operator must read whole)."""
     if not rows:
         say(empty)
         return
-    cells = [[_cell(value) for value in row] for row in rows]
+    whole = [header in uncut for header in headers]
+    cells = [[_cell(value, keep) for value, keep in zip(row, whole, strict=True)] for row in rows]
     widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
     say("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for row in cells:
         say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, whole: bool = False) -> str:
     text = "-" if value is None else str(value)
     text = printable(text.splitlines()[0] if text.strip() else text)
-    return text if len(text) <= 60 else text[:59] + "…"
+    return text if len(text) <= 60 or whole else text[:59] + "…"
 
 
 def age(since: datetime | None, now: datetime) -> str:

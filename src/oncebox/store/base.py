@@ -159,11 +159,16 @@ class IntentClaim:
 
 @dataclass(frozen=True, slots=True)
 class OperatorAction:
-    """An audited operator action on one job."""
+    """An audited operator action on one job (or outbox row: `job_id` is then the row's id).
+
+    `if_attempt`, for a replay or a discard: act only while the row's attempt count is still
+    this — the row as an operator confirmed it in a dry run (`oncebox.dead_letters`), not one
+    replayed by someone else and dead again since."""
 
     job_id: int
     actor: str
     reason: str
+    if_attempt: int | None = None
 
 
 @dataclass(slots=True)  # per job: see `LeasedJob`
@@ -446,6 +451,9 @@ class OutboxRow:
     last_error: str | None
     uncertain: bool = False
     rescues: int = 0  # leases that ran out on it with no outcome recorded (read by the rescue)
+    # when its last delivery attempt ended (a dead row: when it died); read by the listing
+    # (`outbox_list`) only, None from every other read
+    last_attempt_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,6 +545,11 @@ class PeriodPace:
 
 @dataclass(frozen=True, slots=True)
 class JobFilter:
+    """Which jobs `job_list` returns, newest first (by id), at most `limit`, below `before_id`
+    (paging). `error` is a case-insensitive substring of the last error (SQLite folds ASCII
+    letters only); `older_than` / `newer_than` keep jobs that finished — a dead job: died — at
+    least / less than that long ago by the store's clock (a job not finished matches neither)."""
+
     state: JobState | None = None
     task: str | None = None
     queue: str | None = None
@@ -544,14 +557,26 @@ class JobFilter:
     period: str | None = None
     before_id: int | None = None
     limit: int = 50
+    error: str | None = None
+    older_than: timedelta | None = None
+    newer_than: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class OutboxFilter:
+    """Which outbox rows `outbox_list` returns, newest first (by id), at most `limit`, below
+    `before_id`. `error` as for jobs; `period`: rows written by a job of that schedule period;
+    `older_than` / `newer_than`: the row's last delivery attempt — a dead row's: the one it died
+    of — ended at least / less than that long ago (a row never attempted matches neither)."""
+
     state: OutboxState | None = None
     channel: str | None = None
     before_id: int | None = None
     limit: int = 50
+    error: str | None = None
+    period: str | None = None
+    older_than: timedelta | None = None
+    newer_than: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -808,6 +833,12 @@ class Store(Protocol):
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None: ...
     def job_replay(self, action: OperatorAction) -> ActionResult | None: ...
     def job_cancel(self, action: OperatorAction) -> ActionResult | None: ...
+    def job_discard(self, action: OperatorAction) -> ActionResult | None:
+        """A dead job an operator abandons: dead → cancelled in place (attempts kept, the key
+        free for a new enqueue), audited as `discard` in the same transaction; None unless the
+        job is dead (and, with `if_attempt`, still at that attempt count)."""
+        ...
+
     def job_get(self, job_id: int) -> JobRow | None: ...
     def job_find_by_key(self, key: str) -> list[JobRow]: ...
     def job_attempt_list(self, job_id: int) -> list[AttemptRow]: ...

@@ -261,13 +261,20 @@ class ReadOperations:
 
     # -- listings ----------------------------------------------------------------------------
 
+    def _listing(self, where: JobFilter | OutboxFilter) -> dict[str, Any]:
+        """A listing's filter as parameters: its ages as the store's durations."""
+        params = asdict(where)
+        for name in ("older_than", "newer_than"):
+            params.update(self._span(name, params.pop(name)))
+        return params
+
     @operation
     def job_list(self, where: JobFilter) -> list[JobRow]:
-        return self._records(JobRow, "job_list", asdict(where))
+        return self._records(JobRow, "job_list", self._listing(where))
 
     @operation
     def outbox_list(self, where: OutboxFilter) -> list[OutboxRow]:
-        return self._records(OutboxRow, "outbox_list", asdict(where))
+        return self._records(OutboxRow, "outbox_list", self._listing(where))
 
     @operation
     def schedule_period_stats(

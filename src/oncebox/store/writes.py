@@ -245,6 +245,10 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         return self._audited("job_cancel", _action_params(action))
 
     @operation
+    def job_discard(self, action: OperatorAction) -> ActionResult | None:
+        return self._audited("job_discard", _action_params(action))
+
+    @operation
     def outbox_resolve(
         self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
     ) -> ActionResult | None:
@@ -465,7 +469,12 @@ def beat_params(beat: WorkerBeat) -> dict[str, Any]:
 
 
 def _action_params(action: OperatorAction) -> dict[str, Any]:
-    return {"id": action.job_id, "actor": action.actor, "reason": action.reason}
+    return {
+        "id": action.job_id,
+        "actor": action.actor,
+        "reason": action.reason,
+        "if_attempt": action.if_attempt,
+    }
 
 
 def canary_params(canary: KeyCanary) -> dict[str, Any]:

@@ -270,13 +270,16 @@ SET note = COALESCE(a.note || '; ', '') || excluded.note;
 
 -- name: job_replay
 -- Dead → ready in place: same id, same key; the retry budget restarts; audited in the same
--- statement (so in the same transaction).
+-- statement (so in the same transaction). With `if_attempt`, only while the job's attempt count
+-- is still the one an operator confirmed (a batch of a dry run's rows: a job replayed by someone
+-- else and dead again since is not the row that was confirmed).
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 replayed AS (
     UPDATE __S__.oncebox_jobs j
     SET state = 'ready', run_at = clock.now, attempt_base = j.attempt, finished_at = NULL
     FROM clock
     WHERE j.id = %(id)s AND j.state = 'dead'
+      AND (%(if_attempt)s::int IS NULL OR j.attempt = %(if_attempt)s::int)
     RETURNING j.id, j.key, j.task, j.attempt, clock.now
 ),
 audited AS (
@@ -308,6 +311,29 @@ audited AS (
     RETURNING id
 )
 SELECT c.id AS job_id, c.key, a.id AS audit_id FROM cancelled c, audited a;
+
+-- name: job_discard
+-- Dead → cancelled (an operator abandons the operation), in place: its attempts and last error
+-- stay, and its key is free for a new enqueue (a dead job holds no intent). `if_attempt` as in
+-- job_replay. Audited as 'discard' in the same statement.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+discarded AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = 'cancelled', finished_at = clock.now
+    FROM clock
+    WHERE j.id = %(id)s AND j.state = 'dead'
+      AND (%(if_attempt)s::int IS NULL OR j.attempt = %(if_attempt)s::int)
+    RETURNING j.id, j.key, j.task, j.attempt, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'discard', 'job', id, key, %(reason)s,
+           jsonb_build_object('task', task, 'attempts', attempt)
+    FROM discarded
+    RETURNING id
+)
+SELECT d.id AS job_id, d.key, a.id AS audit_id FROM discarded d, audited a;
 
 -- name: job_get
 SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
@@ -401,6 +427,10 @@ attempts AS (
 DELETE FROM __S__.oncebox_jobs j USING doomed d WHERE j.id = d.id RETURNING j.id;
 
 -- name: job_list
+-- Newest first, paged by id (dead jobs through oncebox_jobs_dead). `error`: a case-insensitive
+-- substring of the last error; `older_than_s` / `newer_than_s`: finished (a dead job: died) at
+-- least / less than that long ago.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
@@ -410,6 +440,11 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(schedule)s::text IS NULL OR schedule = %(schedule)s::text)
   AND (%(period)s::text IS NULL OR period = %(period)s::text)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+  AND (%(older_than_s)s::float8 IS NULL
+       OR finished_at <= (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s::float8))
+  AND (%(newer_than_s)s::float8 IS NULL
+       OR finished_at > (SELECT now FROM clock) - make_interval(secs => %(newer_than_s)s::float8))
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;

@@ -191,13 +191,15 @@ audited AS (
 SELECT r.id AS job_id, r.key, a.id AS audit_id FROM resolved r, audited a;
 
 -- name: outbox_replay
--- Dead → pending in place: same key, same frozen content; audited in the same statement.
+-- Dead → pending in place: same key, same frozen content; audited in the same statement. With
+-- `if_attempt`, only while the row's attempt count is the one an operator confirmed (job_replay).
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 replayed AS (
     UPDATE __S__.oncebox_outbox o
     SET state = 'pending', next_attempt_at = clock.now, attempt_base = o.attempt, rescues = 0
     FROM clock
     WHERE o.id = %(id)s AND o.state = 'dead' AND o.discarded_at IS NULL
+      AND (%(if_attempt)s::int IS NULL OR o.attempt = %(if_attempt)s::int)
     RETURNING o.id, o.key, o.channel, o.attempt, clock.now
 ),
 audited AS (
@@ -222,11 +224,12 @@ FOR UPDATE;
 -- Dead → discarded (an operator: content no provider will take). The state stays 'dead' and
 -- `discarded_at` says discarded (0007); the key is renamed `key~discarded-<id>` so a re-run of
 -- its job can write the key afresh. Only a row that cannot have been delivered: never sent with
--- an unknown outcome, never resent blind.
+-- an unknown outcome, never resent blind. `if_attempt` as in outbox_replay.
 UPDATE __S__.oncebox_outbox
 SET discarded_at = __S__.oncebox_now(), key = key || '~discarded-' || id
 WHERE id = %(id)s AND state = 'dead' AND discarded_at IS NULL
   AND NOT uncertain AND possible_duplicates = 0
+  AND (%(if_attempt)s::int IS NULL OR attempt = %(if_attempt)s::int)
 RETURNING id, key, intent_key, job_id, channel;
 
 -- name: outbox_discard__kept
@@ -308,15 +311,38 @@ SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, rece
 FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
 
 -- name: outbox_list
-SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id,
-       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
-       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
-FROM __S__.oncebox_outbox
+-- Newest first, paged by id; a state's rows through its partial index (dead ones through
+-- oncebox_outbox_attention: the second state test is the first as the index's predicate reads).
+-- `error`: a case-insensitive substring of the last error; `period`: written by a job of that
+-- schedule period; `older_than_s` / `newer_than_s`: its last delivery attempt (a dead row's: the
+-- one it died of) ended at least / less than that long ago, `last_attempt_at`; a row never
+-- attempted matches neither.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token, o.job_id,
+       CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END AS state, o.attempt,
+       o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
+       o.first_leased_at, o.leased_by, o.lease_token::text, o.lease_expires_at, o.sent_at,
+       o.receipt, o.last_error, o.uncertain, o.rescues, last.finished_at AS last_attempt_at
+FROM __S__.oncebox_outbox o
+LEFT JOIN LATERAL (
+    SELECT d.finished_at FROM __S__.oncebox_delivery_attempts d
+    WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1
+) last ON true
 WHERE (%(state)s::text IS NULL
-       OR (CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END) = %(state)s::text)
-  AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-ORDER BY id DESC
+       OR (CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END) = %(state)s::text)
+  AND (%(state)s::text IS NULL
+       OR o.state = CASE %(state)s::text WHEN 'discarded' THEN 'dead' ELSE %(state)s::text END)
+  AND (%(channel)s::text IS NULL OR o.channel = %(channel)s::text)
+  AND (%(error)s::text IS NULL OR strpos(lower(o.last_error), lower(%(error)s::text)) > 0)
+  AND (%(period)s::text IS NULL
+       OR EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+                  WHERE j.id = o.job_id AND j.period = %(period)s::text))
+  AND (%(older_than_s)s::float8 IS NULL
+       OR last.finished_at
+          <= (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s::float8))
+  AND (%(newer_than_s)s::float8 IS NULL
+       OR last.finished_at
+          > (SELECT now FROM clock) - make_interval(secs => %(newer_than_s)s::float8))
+  AND (%(before_id)s::bigint IS NULL OR o.id < %(before_id)s::bigint)
+ORDER BY o.id DESC
 LIMIT %(limit)s;

@@ -131,9 +131,10 @@ ON CONFLICT (job_id, attempt) DO UPDATE
 SET note = COALESCE(a.note || '; ', '') || excluded.note;
 
 -- name: job_replay
+-- See the PostgreSQL statement (`if_attempt`: the row as an operator confirmed it).
 UPDATE oncebox_jobs
 SET state = 'ready', run_at = :now, attempt_base = attempt, finished_at = NULL
-WHERE id = :id AND state = 'dead'
+WHERE id = :id AND state = 'dead' AND (:if_attempt IS NULL OR attempt = :if_attempt)
 RETURNING id, key, task, attempt;
 
 -- name: job_replay__audit
@@ -151,6 +152,19 @@ RETURNING id, key, task;
 -- name: job_cancel__audit
 INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
 VALUES (:now, :actor, 'cancel', 'job', :id, :key, :reason, json_object('task', :task))
+RETURNING id;
+
+-- name: job_discard
+-- Dead → cancelled, in place, attempts kept, the key free (see the PostgreSQL statement).
+UPDATE oncebox_jobs
+SET state = 'cancelled', finished_at = :now
+WHERE id = :id AND state = 'dead' AND (:if_attempt IS NULL OR attempt = :if_attempt)
+RETURNING id, key, task, attempt;
+
+-- name: job_discard__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'discard', 'job', :id, :key, :reason,
+        json_object('task', :task, 'attempts', :attempt))
 RETURNING id;
 
 -- name: job_get
@@ -238,6 +252,7 @@ WHERE r.schedule = c.schedule AND r.period = c.period;
 DELETE FROM oncebox_job_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: job_list
+-- See the PostgreSQL statement. lower() folds ASCII letters only here (SQLite without ICU).
 SELECT id, key, task, queue, args AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
@@ -247,6 +262,9 @@ WHERE (:state IS NULL OR state = :state)
   AND (:queue IS NULL OR queue = :queue)
   AND (:schedule IS NULL OR schedule = :schedule)
   AND (:period IS NULL OR period = :period)
+  AND (:error IS NULL OR instr(lower(last_error), lower(:error)) > 0)
+  AND (:older_than_us IS NULL OR finished_at <= :now - :older_than_us)
+  AND (:newer_than_us IS NULL OR finished_at > :now - :newer_than_us)
   AND (:before_id IS NULL OR id < :before_id)
 ORDER BY id DESC
 LIMIT :limit;

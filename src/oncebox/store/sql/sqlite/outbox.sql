@@ -110,9 +110,11 @@ VALUES (:now, :actor, 'resolve-' || :resolution, 'delivery', :id, :key, :reason,
 RETURNING id;
 
 -- name: outbox_replay
+-- See the PostgreSQL statement (`if_attempt`: the row as an operator confirmed it).
 UPDATE oncebox_outbox
 SET state = 'pending', next_attempt_at = :now, attempt_base = attempt, rescues = 0
 WHERE id = :id AND state = 'dead' AND discarded_at IS NULL
+  AND (:if_attempt IS NULL OR attempt = :if_attempt)
 RETURNING id, key, channel, attempt;
 
 -- name: outbox_replay__audit
@@ -129,11 +131,12 @@ SELECT id FROM oncebox_outbox WHERE id = :id;
 -- Dead → discarded (an operator: content no provider will take). The state stays 'dead' and
 -- `discarded_at` says discarded (0007); the key is renamed `key~discarded-<id>` so a re-run of
 -- its job can write the key afresh. Only a row that cannot have been delivered: never sent with
--- an unknown outcome, never resent blind.
+-- an unknown outcome, never resent blind. `if_attempt` as in outbox_replay.
 UPDATE oncebox_outbox
 SET discarded_at = :now, key = key || '~discarded-' || id
 WHERE id = :id AND state = 'dead' AND discarded_at IS NULL
   AND NOT uncertain AND possible_duplicates = 0
+  AND (:if_attempt IS NULL OR attempt = :if_attempt)
 RETURNING id, key, intent_key, job_id, channel;
 
 -- name: outbox_discard__kept
@@ -212,14 +215,26 @@ SELECT outbox_id, attempt, worker, started_at, finished_at, outcome, error, rece
 FROM oncebox_delivery_attempts WHERE outbox_id = :id ORDER BY id;
 
 -- name: outbox_list
-SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
-       CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
-       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
-FROM oncebox_outbox
-WHERE (:state IS NULL OR (CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END) = :state)
-  AND (:channel IS NULL OR channel = :channel)
-  AND (:before_id IS NULL OR id < :before_id)
+-- See the PostgreSQL statement; the last attempt's end is a correlated subquery (SQLite has no
+-- LATERAL), and lower() folds ASCII letters only.
+SELECT * FROM (
+    SELECT o.id, o.key, o.intent_key, o.channel, o.payload AS payload_json, o.token, o.job_id,
+           CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END AS state,
+           o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
+           o.first_leased_at, o.leased_by, o.lease_token, o.lease_expires_at, o.sent_at,
+           o.receipt, o.last_error, o.uncertain, o.rescues,
+           (SELECT d.finished_at FROM oncebox_delivery_attempts d
+            WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1) AS last_attempt_at
+    FROM oncebox_outbox o
+    WHERE (:state IS NULL
+           OR (CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END) = :state)
+      AND (:channel IS NULL OR o.channel = :channel)
+      AND (:error IS NULL OR instr(lower(o.last_error), lower(:error)) > 0)
+      AND (:period IS NULL
+           OR EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id AND j.period = :period))
+      AND (:before_id IS NULL OR o.id < :before_id)
+)
+WHERE (:older_than_us IS NULL OR last_attempt_at <= :now - :older_than_us)
+  AND (:newer_than_us IS NULL OR last_attempt_at > :now - :newer_than_us)
 ORDER BY id DESC
 LIMIT :limit;
