@@ -13,11 +13,10 @@ import importlib
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -126,23 +125,6 @@ def actor_option(func: F) -> F:
         show_default="$USER",
         help="Who; written to the audit log.",
     )(func)
-
-
-_DURATION = re.compile(r"(?:(\d{1,6})d)?(?:(\d{1,6})h)?(?:(\d{1,6})m)?(?:(\d{1,6})s)?")
-_MOST = timedelta(days=36_500)
-
-
-def parse_duration(text: str, option: str) -> timedelta:
-    """A duration as an operator types it — `30m`, `2h`, `1d`, `1h30m`, `45s` — or a
-    `ConfigurationError` naming `option` (a usage mistake: one line, exit 2)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not text.strip() or match is None:
-        raise ConfigurationError(f"{option} {text!r} is not a duration like 30m, 2h, 1d or 1h30m")
-    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    span = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    if span > _MOST:
-        raise ConfigurationError(f"{option} {text!r} is longer than 100 years")
-    return span
 
 
 def limit_option(default: int = 50) -> Callable[[F], F]:

@@ -20,7 +20,6 @@ from oncebox.cli.common import (
     is_id,
     json_option,
     limit_option,
-    parse_duration,
     print_json,
     print_table,
     reported,
@@ -28,6 +27,7 @@ from oncebox.cli.common import (
 )
 from oncebox.cli.outbox_cmds import discard_next_step
 from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan, Skipped
+from oncebox.durations import parse_duration
 from oncebox.errors import InvalidState, NotFound
 from oncebox.operations import ActionOutcome, DeadFilter
 from oncebox.store.base import JobRow
