@@ -21,6 +21,7 @@ from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.status import status_data
 from oncebox.store.base import AuditFilter
 from support.rows import job_row
+from support.waiting import wait_until
 
 BASE = "http://console.test"
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -415,3 +416,108 @@ def test_every_page_renders_the_same_rows_on_both_stores(box):
     assert "digest/customer-4" in dead and "digest/customer-2" in dead
     assert "digest/customer-3" in web.get("/held").text
     assert "digest/customer-1" not in dead
+
+
+def dead_world(tmp_path) -> Box:
+    box = Box(f"sqlite:///{tmp_path / 'batch.db'}")
+
+    @box.task(key="t/{n}", retry=Retry(max_attempts=1))
+    def fails(ctx: JobContext, n: int) -> None:
+        raise ValueError(f"down {n}")
+
+    for n in range(1, 5):
+        box.enqueue(fails, n=n)
+    box.work(until_idle=True)
+    return box
+
+
+def states(box: Box) -> dict[str | None, str]:
+    return {j.key: j.state for n in range(1, 5) for j in box.store.job_find_by_key(f"t/{n}")}
+
+
+def test_a_dry_run_lists_what_would_move_and_changes_nothing(tmp_path):
+    box = dead_world(tmp_path)
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+    page = web.get("/dead/plan", params={"do": "replay", "error": "down", "newer_than": "1d"})
+    assert page.status_code == 200
+    assert 'data-figure="planned">4<' in page.text
+    assert all(f"t/{n}" in page.text for n in range(1, 5))
+    assert set(states(box).values()) == {"dead"}
+    assert box.store.audit_search(AuditFilter(limit=10)) == []
+    box.close()
+
+
+def test_a_confirmed_batch_replays_exactly_its_plan_and_shows_what_it_skipped(tmp_path):
+    box = dead_world(tmp_path)
+    app = create_app(box, ConsoleSettings(users=USERS))
+    web = logged_in(app)
+    page = web.get("/dead/plan", params={"do": "replay", "task": "fails"}).text
+    [fields] = form_fields(page, "/dead/batch")
+    box.replay("t/2", reason="someone else, meanwhile", actor="vic")  # after the dry run
+    box.enqueue("fails", n=5)  # a new one: never planned, never touched
+    box.work(until_idle=True)  # t/2 fails and dies again; t/5 dies
+    done = web.post(
+        "/dead/batch", data={**fields, "reason": "API key rotated"}, headers={"origin": BASE}
+    )
+    assert done.status_code == 303
+    batch_id = done.headers["location"].rsplit("/", 1)[1]
+    batch = wait_until(
+        lambda: (b := app.state.batches.get(batch_id)) and b.finished and b,
+        what="the batch to finish",
+    )
+    assert sorted(o.key for o in batch.done) == ["t/1", "t/3", "t/4"]
+    assert [s.letter.key for s in batch.skipped] == ["t/2"]  # dead again: not replayed twice
+    assert states(box) == {"t/1": "ready", "t/2": "dead", "t/3": "ready", "t/4": "ready"}
+    [t5] = box.store.job_find_by_key("t/5")
+    assert t5.state == "dead"
+    shown = web.get(done.headers["location"]).text
+    assert "t/2" in shown and "Finished" in shown
+    replays = box.store.audit_search(AuditFilter(action="replay", limit=10))
+    assert sorted(a.actor for a in replays) == ["olga", "olga", "olga", "vic"]
+    again = web.post(
+        "/dead/batch",
+        data={**fields, "action_id": "b" * 22, "reason": "twice"},
+        headers={"origin": BASE},
+    )
+    assert "no longer kept" in web.get(again.headers["location"]).text  # a plan runs once
+    assert len(box.store.audit_search(AuditFilter(action="replay", limit=10))) == 4
+    box.close()
+
+
+def test_a_viewer_sees_a_dry_run_but_cannot_confirm_one(tmp_path):
+    box = dead_world(tmp_path)
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)), "vic")
+    page = web.get("/dead/plan", params={"do": "discard"}).text
+    assert 'data-figure="planned">4<' in page and "/dead/batch" not in page
+    refused = web.post(
+        "/dead/batch",
+        data={"csrf": csrf_of(page), "action_id": "c" * 22, "plan": "x", "reason": "r"},
+        headers={"origin": BASE},
+    )
+    assert refused.status_code == 403
+    assert set(states(box).values()) == {"dead"}
+    box.close()
+
+
+def test_a_filter_mistake_is_named_on_the_page(tmp_path):
+    box = dead_world(tmp_path)
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)), "vic")
+    page = web.get("/dead/plan", params={"do": "replay", "older_than": "soon"})
+    assert page.status_code == 400 and "is not a duration" in page.text
+    assert "cannot go with" in web.get("/dead", params={"kind": "job", "channel": "email"}).text
+    box.close()
+
+
+def test_discarding_a_dead_job_from_its_page_frees_its_key_audited_as_the_user(tmp_path):
+    box = dead_world(tmp_path)
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+    [fields] = form_fields(web.get("/keys/t/1").text, "/dead/discard")
+    done = web.post(
+        "/dead/discard", data={**fields, "reason": "customer left"}, headers={"origin": BASE}
+    )
+    assert "Discarded job" in web.get(done.headers["location"]).text
+    assert job_row(box, int(fields["id"])).state == "cancelled"
+    assert box.enqueue("fails", n=1).job_id is not None  # the key is free again
+    [entry] = box.store.audit_search(AuditFilter(action="discard", limit=10))
+    assert (entry.actor, entry.reason) == ("olga", "customer left")
+    box.close()

@@ -1,5 +1,6 @@
 """The console end to end in a real headless Chromium: log in, read the overview against the store,
-open a key's receipt chain, replay a dead message and see it delivered, resolve a held send.
+open a key's receipt chain, dry-run and confirm a replay of a dead message and see it delivered,
+resolve a held send.
 Skipped loudly outside CI when Debian's chromium or chromedriver cannot be installed."""
 
 from __future__ import annotations
@@ -126,12 +127,19 @@ def test_an_operator_logs_in_reads_the_week_replays_a_dead_letter_and_resolves_a
         page = driver.find_element(By.TAG_NAME, "main").text
         assert "Claimed by job" in page and "550 mailbox unavailable" in page
 
-        # the provider takes it now: replay the dead message, same key, and see it delivered
+        # the provider takes it now: a dry run of the dead messages, confirmed, replays the
+        # message in place (same key), and the worker delivers it
         provider.refusing.clear()
+        driver.get(f"{base}/dead?kind=delivery")
+        driver.find_element(By.LINK_TEXT, "dry run: replay").click()
+        wait_until(lambda: "Dry run: replay" in driver.title, what="the dry run")
+        assert figures(driver) == {"planned": 1}
+        assert "weekly-digest/customer-2" in driver.find_element(By.TAG_NAME, "table").text
         submit(driver, "form.act", reason="mailbox fixed (ticket 42)")
-        wait_until(lambda: "Replayed message" in driver.page_source, what="the replay's notice")
+        wait_until(lambda: "Finished." in driver.page_source, what="the batch to finish")
+        assert figures(driver) == {"done": 1, "skipped": 0, "left": 0}
         box.work(until_idle=True)
-        driver.refresh()
+        driver.get(f"{base}/keys/weekly-digest/customer-2")
         [message] = box.store.outbox_find_by_key("weekly-digest/customer-2")
         assert message.state == "sent" and message.receipt == "r-c2@freight.example"
         assert "r-c2@freight.example" in driver.find_element(By.TAG_NAME, "main").text
@@ -144,3 +152,4 @@ def test_an_operator_logs_in_reads_the_week_replays_a_dead_letter_and_resolves_a
         assert (held.state, held.receipt) == ("sent", "prov-7")
         actors = {a.actor for a in box.store.audit_search(AuditFilter(limit=10))}
         assert actors == {"olga"}
+        assert csp_violations(driver) == []

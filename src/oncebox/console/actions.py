@@ -9,6 +9,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from oncebox.console.batches import Batches
 from oncebox.console.guard import sessions_of
 from oncebox.console.pages import box_of
 from oncebox.console.sessions import Session
@@ -68,20 +69,23 @@ def replay(request: Request, session: Session, form: Any) -> Response:
 
 
 def discard(request: Request, session: Session, form: Any) -> Response:
+    """A dead job abandoned (cancelled, its key free again) or a dead message no provider takes
+    discarded (its key kept aside), as `oncebox dlq discard` does."""
     box = box_of(request)
     where = _back(request, form, str(request.url_for("dead")))
     try:
-        done = box.discard(_target(form), reason=_field(form, "reason"), actor=session.user)
+        done = box.discard_dead(
+            _target(form), reason=_field(form, "reason"), actor=session.user, kind=_kind(form)
+        )
     except (ConfigurationError, InvalidState, NotFound) as exc:
         return _done(request, session, where, "error", f"Nothing discarded: {exc}")
-    return _done(
-        request,
-        session,
-        where,
-        "ok",
-        f"Discarded message {done.id} ({done.key}), kept as {done.renamed}; "
-        f"audit #{done.audit_id}.",
-    )
+    if done.kind == "job":
+        text = f"Discarded job {done.id} ({done.key}): cancelled, its key free again"
+    elif done.discard is not None:
+        text = f"Discarded message {done.id} ({done.key}), kept as {done.discard.renamed}"
+    else:
+        text = f"Discarded message {done.id} ({done.key})"
+    return _done(request, session, where, "ok", f"{text}; audit #{done.audit_id}.")
 
 
 def resolve(request: Request, session: Session, form: Any) -> Response:
@@ -108,3 +112,25 @@ def resolve(request: Request, session: Session, form: Any) -> Response:
         "ok",
         f"Message {done.id} ({done.key}) {result}; audit #{done.audit_id}.",
     )
+
+
+def run_batch(request: Request, session: Session, form: Any) -> Response:
+    """Confirm a dry run: its plan, taken once, runs in the background; to its progress page."""
+    batches: Batches = request.app.state.batches
+    reason = _field(form, "reason")
+    if not reason:
+        return _done(request, session, str(request.url_for("dead")), "error", "Give a reason.")
+    plan = batches.take(session.id, _field(form, "plan"))
+    if plan is None:
+        return _done(
+            request,
+            session,
+            str(request.url_for("dead")),
+            "error",
+            "That dry run is no longer kept (confirmed already, or too old): run it again.",
+        )
+    try:
+        batch = batches.start(plan, user=session.user, reason=reason)
+    except ConfigurationError as exc:
+        return _done(request, session, str(request.url_for("dead")), "error", str(exc))
+    return RedirectResponse(request.url_for("dead_batch", batch=batch.id), status_code=303)

@@ -15,6 +15,7 @@ from starlette.staticfiles import StaticFiles
 
 from oncebox.box import Box
 from oncebox.console import actions, login, pages
+from oncebox.console.batches import Batches
 from oncebox.console.guard import SecurityHeaders, action, page
 from oncebox.console.render import templates
 from oncebox.console.sessions import LoginThrottle, Sessions
@@ -52,6 +53,9 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
         Route("/keys", page(pages.key_search), name="key_search"),
         Route("/keys/{key:path}", page(pages.key_page), name="key"),
         Route("/dead", page(pages.dead), name="dead"),
+        Route("/dead/plan", page(pages.dead_plan), name="dead_plan"),
+        Route("/dead/batch", action(actions.run_batch), methods=["POST"], name="run_batch"),
+        Route("/dead/batches/{batch}", page(pages.dead_batch), name="dead_batch"),
         Route("/dead/replay", action(actions.replay), methods=["POST"], name="replay"),
         Route("/dead/discard", action(actions.discard), methods=["POST"], name="discard"),
         Route("/held", page(pages.held), name="held"),
@@ -84,6 +88,7 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
     app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan)
     app.state.figures = figures
     app.state.trends = trends
+    app.state.batches = Batches(box)
     app.state.box = box
     app.state.settings = settings
     app.state.users = settings.users

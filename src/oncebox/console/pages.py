@@ -4,24 +4,28 @@ and renders; none computes a figure of its own."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from oncebox.box import Box
 from oncebox.clock import monotonic
+from oncebox.console.batches import REPLAY_PER_SECOND, Batches
 from oncebox.console.render import render
 from oncebox.console.sessions import Session
 from oncebox.console.trends import Trends
+from oncebox.dead_letters import DeadFilter, DiscardPlan, Kind, ReplayPlan
+from oncebox.durations import parse_duration
 from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import key_problem
-from oncebox.operations import DeadFilter
 from oncebox.receipts import receipt_chain
 from oncebox.status import JOB_STATES, OUTBOX_STATES, Figures, PeriodFigures, status_data
 from oncebox.store.base import AuditFilter, JobFilter, OutboxFilter
 
 PAGE_SIZE = 50
+BATCH_LIMIT = 1000  # rows a batch from the console may take, as the CLI's default
 
 
 def box_of(request: Request) -> Box:
@@ -178,21 +182,88 @@ def key_page(request: Request, session: Session) -> Response:
     return render(request, session, "key.html", chain=chain, key=key, error=None)
 
 
+FILTER_FIELDS = ("kind", "task", "channel", "error", "period", "older_than", "newer_than")
+
+
+def dead_filter(request: Request, limit: int) -> DeadFilter:
+    """The dead letters the page's filter form names; a mistake is a ConfigurationError."""
+    older, newer = _text_param(request, "older_than"), _text_param(request, "newer_than")
+    return DeadFilter(
+        kind=cast(Kind | None, _choice(request, "kind", ["job", "delivery"])),
+        task=_text_param(request, "task"),
+        channel=_text_param(request, "channel"),
+        error=_text_param(request, "error"),
+        period=_text_param(request, "period"),
+        older_than=None if older is None else parse_duration(older, "older than"),
+        newer_than=None if newer is None else parse_duration(newer, "newer than"),
+        limit=limit,
+    )
+
+
+def _filter_query(request: Request) -> str:
+    kept = {k: v for k, v in request.query_params.items() if k in FILTER_FIELDS and v.strip()}
+    return urlencode(kept)
+
+
 def dead(request: Request, session: Session) -> Response:
     box = box_of(request)
-    kind = _choice(request, "kind", ["job", "delivery"])
     try:
-        where = DeadFilter(
-            kind=kind,  # type: ignore[arg-type]
-            task=_text_param(request, "task"),
-            channel=_text_param(request, "channel"),
-            limit=PAGE_SIZE,
-        )
-        rows: list[Any] = box.dead_letters(where)
+        rows: list[Any] = box.dead_letters(dead_filter(request, PAGE_SIZE))
         error = None
     except ConfigurationError as exc:
         rows, error = [], str(exc)
-    return render(request, session, "dead.html", rows=rows, error=error)
+    return render(
+        request,
+        session,
+        "dead.html",
+        rows=rows,
+        error=error,
+        query=_filter_query(request),
+        fields={k: request.query_params.get(k, "") for k in FILTER_FIELDS},
+    )
+
+
+def dead_plan(request: Request, session: Session) -> Response:
+    """A dry run: exactly what a batch would replay or discard, kept for the confirmation."""
+    box = box_of(request)
+    verb = "discard" if request.query_params.get("do") == "discard" else "replay"
+    try:
+        where = dead_filter(request, BATCH_LIMIT)
+        plan: ReplayPlan | DiscardPlan = (
+            box.plan_discard(where) if verb == "discard" else box.plan_replay(where)
+        )
+    except ConfigurationError as exc:
+        return render(
+            request,
+            session,
+            "dead.html",
+            rows=[],
+            error=str(exc),
+            status_code=400,
+            query=_filter_query(request),
+            fields={k: request.query_params.get(k, "") for k in FILTER_FIELDS},
+        )
+    batches: Batches = request.app.state.batches
+    plan_id = batches.keep(session.id, plan) if session.may_act and plan.count else None
+    return render(
+        request,
+        session,
+        "dead_plan.html",
+        plan=plan,
+        verb=verb,
+        plan_id=plan_id,
+        query=_filter_query(request),
+        per_second=REPLAY_PER_SECOND,
+    )
+
+
+def dead_batch(request: Request, session: Session) -> Response:
+    batches: Batches = request.app.state.batches
+    batch = batches.get(request.path_params["batch"])
+    if batch is None:
+        return render(request, session, "dead_batch.html", batch=None, status_code=404)
+    template = "_batch.html" if "progress" in request.query_params else "dead_batch.html"
+    return render(request, session, template, batch=batch)
 
 
 def held(request: Request, session: Session) -> Response:
