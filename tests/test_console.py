@@ -521,3 +521,11 @@ def test_discarding_a_dead_job_from_its_page_frees_its_key_audited_as_the_user(t
     [entry] = box.store.audit_search(AuditFilter(action="discard", limit=10))
     assert (entry.actor, entry.reason) == ("olga", "customer left")
     box.close()
+
+
+def test_the_lists_filter_by_key_prefix(app):
+    web = logged_in(app, "vic")
+    jobs = web.get("/jobs", params={"key_prefix": "digest/customer-4"}).text
+    assert "digest/customer-4" in jobs and "digest/customer-1" not in jobs
+    messages = web.get("/outbox", params={"key_prefix": "digest/customer-2"}).text
+    assert "digest/customer-2" in messages and "digest/customer-3" not in messages

@@ -124,6 +124,7 @@ def jobs(request: Request, session: Session) -> Response:
         queue=_text_param(request, "queue"),
         schedule=_text_param(request, "schedule"),
         period=_text_param(request, "period"),
+        key_prefix=_text_param(request, "key_prefix"),
         before_id=_before(request),
         limit=PAGE_SIZE,
     )
@@ -144,6 +145,8 @@ def outbox(request: Request, session: Session) -> Response:
     where = OutboxFilter(
         state=_choice(request, "state", OUTBOX_STATES),  # type: ignore[arg-type]
         channel=_text_param(request, "channel"),
+        period=_text_param(request, "period"),
+        key_prefix=_text_param(request, "key_prefix"),
         before_id=_before(request),
         limit=PAGE_SIZE,
     )

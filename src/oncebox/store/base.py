@@ -560,6 +560,7 @@ class JobFilter:
     error: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    key_prefix: str | None = None  # keys that start with it (the operator's "which customer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,6 +578,7 @@ class OutboxFilter:
     period: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    key_prefix: str | None = None  # the row's own key starts with it
 
 
 @dataclass(frozen=True, slots=True)
