@@ -5,6 +5,8 @@ holds, hostile text rendered inert, and actions that act once and are audited wi
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from html import unescape
@@ -19,7 +21,7 @@ from oncebox.console.users import hash_password, parse_users
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.status import status_data
-from oncebox.store.base import AuditFilter
+from oncebox.store.base import AuditFilter, JobFilter
 from support.rows import job_row
 from support.waiting import wait_until
 
@@ -529,3 +531,28 @@ def test_the_lists_filter_by_key_prefix(app):
     assert "digest/customer-4" in jobs and "digest/customer-1" not in jobs
     messages = web.get("/outbox", params={"key_prefix": "digest/customer-2"}).text
     assert "digest/customer-2" in messages and "digest/customer-3" not in messages
+
+
+@pytest.mark.slow
+def test_a_periods_page_names_its_undelivered_subjects_and_why(tmp_path):
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    ran = subprocess.run(
+        [sys.executable, "-m", "oncebox.cli", "demo", "--db", url],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    box = Box(url)
+    [dead] = box.store.job_list(JobFilter(state="dead", limit=5))
+    web = logged_in(create_app(box, ConsoleSettings(users=USERS)), "vic")
+    periods = web.get("/periods").text
+    link = f"/periods/{dead.schedule}/{dead.period}"
+    assert f'href="{BASE}{link}"' in periods
+    page = web.get(link).text
+    assert dead.key is not None and dead.key in page
+    assert "is not an address" in page  # why: the poison customer's broken address
+    assert page.count('class="state dead"') == 1  # the only subject not delivered
+    box.close()

@@ -22,9 +22,25 @@ from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import key_problem
 from oncebox.receipts import receipt_chain
 from oncebox.status import JOB_STATES, OUTBOX_STATES, Figures, PeriodFigures, status_data
-from oncebox.store.base import AuditFilter, JobFilter, OutboxFilter
+from oncebox.store.base import (
+    AuditFilter,
+    JobFilter,
+    JobRow,
+    JobState,
+    OutboxFilter,
+    OutboxRow,
+    OutboxState,
+)
 
 PAGE_SIZE = 50
+UNDELIVERED_JOBS: tuple[JobState, ...] = ("ready", "leased", "dead", "cancelled")
+UNDELIVERED_MESSAGES: tuple[OutboxState, ...] = (
+    "pending",
+    "leased",
+    "sending",
+    "ambiguous",
+    "dead",
+)
 BATCH_LIMIT = 1000  # rows a batch from the console may take, as the CLI's default
 
 
@@ -101,18 +117,31 @@ def periods(request: Request, session: Session) -> Response:
 
 
 def period_detail(request: Request, session: Session) -> Response:
-    """A period's subjects not yet delivered, and why: its jobs in every state but done."""
+    """A period's subjects not delivered yet, and why: its jobs not done (waiting, running, dead,
+    cancelled, with their last error), and the messages of its jobs not sent (pending, held,
+    dead)."""
     box = box_of(request)
     schedule, period = request.path_params["schedule"], request.path_params["period"]
-    state = _choice(request, "state", JOB_STATES)
-    rows = []
-    for wanted in [state] if state else ["ready", "leased", "dead", "cancelled"]:
-        rows += box.store.job_list(
-            JobFilter(state=wanted, schedule=schedule, period=period, limit=PAGE_SIZE)  # type: ignore[arg-type]
+    jobs: list[JobRow] = []
+    for state in UNDELIVERED_JOBS:
+        jobs += box.store.job_list(
+            JobFilter(state=state, schedule=schedule, period=period, limit=PAGE_SIZE)
         )
-    rows.sort(key=lambda row: row.id, reverse=True)
+    messages: list[OutboxRow] = []
+    for message_state in UNDELIVERED_MESSAGES:
+        messages += box.store.outbox_list(
+            OutboxFilter(state=message_state, period=period, limit=PAGE_SIZE)
+        )
+    jobs.sort(key=lambda row: row.id, reverse=True)
+    messages.sort(key=lambda row: row.id, reverse=True)
     return render(
-        request, session, "period.html", schedule=schedule, period=period, jobs=rows[:PAGE_SIZE]
+        request,
+        session,
+        "period.html",
+        schedule=schedule,
+        period=period,
+        jobs=jobs[:PAGE_SIZE],
+        messages=messages[:PAGE_SIZE],
     )
 
 
