@@ -137,6 +137,7 @@ def period(stats: PeriodStats, judged: PeriodSlo | None = None) -> dict[str, Any
         "ambiguous": stats.ambiguous,
         "coverage": None if coverage is None else round(coverage, 4),
         "pruned": stats.pruned,
+        "duplicates": stats.duplicates,
         "fire_at": instant(stats.fire_at),
         "slo": None if judged is None else period_slo(judged),
     }

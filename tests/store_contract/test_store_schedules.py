@@ -263,10 +263,19 @@ def test_schedule_period_stats_shows_a_periods_jobs_and_messages_against_its_eli
             )
     sent_id = store.outbox_find_by_key("digest/1/2026-W34")[0].id
     finish_outbox(store, sent_id, OutboxFinish(sent_id, "sent", "sent", True, receipt="r"))
+    resent_id = store.outbox_find_by_key("digest/2/2026-W34")[0].id
+    finish_outbox(  # a resend after an unknown outcome: a possible duplicate
+        store,
+        resent_id,
+        OutboxFinish(
+            resent_id, "pending", "resent", True, error="timeout", possible_duplicate=True
+        ),
+    )
     [stats] = store.schedule_period_stats(WEEKLY)
     assert (stats.period, stats.state, stats.eligible, stats.enqueued) == ("2026-W34", "done", 5, 4)
     assert (stats.done, stats.covered, stats.sent) == (2, 1, 1)
     assert (stats.pending, stats.dead, stats.ambiguous) == (2, 1, 0)  # a ready job, a message
+    assert stats.duplicates == 1
     assert stats.coverage == 1 / 5
     assert store.schedule_period_stats("other") == []
 

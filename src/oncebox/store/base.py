@@ -524,6 +524,7 @@ class PeriodStats:
     dead_subjects: int = 0  # jobs dead, or with a dead message (`dead` counts messages too)
     held_subjects: int = 0  # jobs not dead with a message held ambiguous
     pruned: int = 0  # done jobs pruned, counted as their run's summary kept them (job_prune)
+    duplicates: int = 0  # possible duplicate sends among its messages still kept
 
     @property
     def coverage(self) -> float | None:

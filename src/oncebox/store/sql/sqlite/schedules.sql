@@ -126,6 +126,7 @@ messages AS (
            count(*) FILTER (WHERE o.state IN ('pending', 'leased', 'sending')) AS pending,
            count(*) FILTER (WHERE o.state = 'dead') AS dead,
            count(*) FILTER (WHERE o.state = 'ambiguous') AS ambiguous,
+           sum(o.possible_duplicates) AS duplicates,
            count(*) FILTER (WHERE o.state <> 'sent') AS unsent
     FROM oncebox_outbox o
     WHERE o.job_id IN (SELECT id FROM jobs) AND o.discarded_at IS NULL
@@ -140,6 +141,7 @@ per_period AS (
                AS pending,
            count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
            COALESCE(sum(m.ambiguous), 0) AS ambiguous,
+           COALESCE(sum(m.duplicates), 0) AS duplicates,
            count(*) FILTER (WHERE j.state = 'dead' OR COALESCE(m.dead, 0) > 0) AS dead_subjects,
            count(*) FILTER (WHERE j.state <> 'dead' AND COALESCE(m.dead, 0) = 0
                               AND COALESCE(m.ambiguous, 0) > 0) AS held_subjects,
@@ -162,6 +164,7 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        COALESCE(p.held_subjects, 0) AS held_subjects,
        CASE WHEN :window_us IS NULL OR r.fire_at IS NULL THEN NULL
             ELSE COALESCE(p.on_time, 0) + r.pruned_on_time END AS on_time,
+       COALESCE(p.duplicates, 0) AS duplicates,
        r.pruned_done AS pruned
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
