@@ -14,6 +14,13 @@ def test_job_list_takes_the_keys_that_start_with_a_prefix_newest_first(store: St
         ids.values(), reverse=True
     )  # a prefix is a prefix: c-10 starts with c-1 too
     assert store.job_list(JobFilter(key_prefix="nobody/")) == []
+    assert store.job_list(JobFilter(key_prefix="digest/c-1/w")) == listed  # and "digest/c-1/x"?
+    # the range stops right after the prefix: a key one past it is not taken
+    insert(store, "digest/c-1/x")
+    assert [j.key for j in store.job_list(JobFilter(key_prefix="digest/c-1/w"))] == [
+        "digest/c-1/w2",
+        "digest/c-1/w1",
+    ]
 
 
 def test_outbox_list_takes_the_messages_whose_key_starts_with_a_prefix(store: Store):

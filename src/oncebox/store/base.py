@@ -561,7 +561,7 @@ class JobFilter:
     error: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
-    key_prefix: str | None = None  # keys that start with it (the operator's "which customer")
+    key_prefix: str | None = None  # keys that start with it (not cancelled: see job_list)
 
 
 @dataclass(frozen=True, slots=True)

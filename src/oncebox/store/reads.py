@@ -266,6 +266,7 @@ class ReadOperations:
         params = asdict(where)
         for name in ("older_than", "newer_than"):
             params.update(self._span(name, params.pop(name)))
+        params["key_upper"] = key_range_end(where.key_prefix)
         return params
 
     @operation
@@ -311,3 +312,12 @@ class ReadOperations:
     def key_canary_get(self, kind: str, name: str) -> KeyCanary | None:
         found = self._canaries(self._fetch("key_canary_get", {"kind": kind, "name": name}))
         return found[0] if found else None
+
+
+def key_range_end(prefix: str | None) -> str | None:
+    """The first string after every key that starts with `prefix`, in the keys' byte order
+    (keys are ASCII, compared as bytes on both stores): the prefix with its last character
+    moved one on. A key-prefix filter is then a range an index reads."""
+    if not prefix:
+        return None
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)

@@ -429,7 +429,8 @@ DELETE FROM __S__.oncebox_jobs j USING doomed d WHERE j.id = d.id RETURNING j.id
 -- name: job_list
 -- Newest first, paged by id (dead jobs through oncebox_jobs_dead). `error`: a case-insensitive
 -- substring of the last error; `older_than_s` / `newer_than_s`: finished (a dead job: died) at
--- least / less than that long ago; `key_prefix`: keys that start with it.
+-- least / less than that long ago; `key_prefix`: keys that start with it (the range up to
+-- `key_upper`, read through the one-per-key index, so a cancelled job is not among them).
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
@@ -446,7 +447,7 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(newer_than_s)s::float8 IS NULL
        OR finished_at > (SELECT now FROM clock) - make_interval(secs => %(newer_than_s)s::float8))
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-  AND (%(key_prefix)s::text IS NULL
-       OR left(key, length(%(key_prefix)s::text)) = %(key_prefix)s::text)
+  AND (%(key_prefix)s::text IS NULL  -- a key range, through oncebox_jobs_one_per_key
+       OR (key >= %(key_prefix)s::text AND key < %(key_upper)s::text AND state <> 'cancelled'))
 ORDER BY id DESC
 LIMIT %(limit)s;

@@ -344,7 +344,7 @@ WHERE (%(state)s::text IS NULL
        OR last.finished_at
           > (SELECT now FROM clock) - make_interval(secs => %(newer_than_s)s::float8))
   AND (%(before_id)s::bigint IS NULL OR o.id < %(before_id)s::bigint)
-  AND (%(key_prefix)s::text IS NULL
-       OR left(o.key, length(%(key_prefix)s::text)) = %(key_prefix)s::text)
+  AND (%(key_prefix)s::text IS NULL  -- a key range, through oncebox_outbox_key_key
+       OR (o.key >= %(key_prefix)s::text AND o.key < %(key_upper)s::text))
 ORDER BY o.id DESC
 LIMIT %(limit)s;

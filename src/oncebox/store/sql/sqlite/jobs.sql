@@ -266,6 +266,7 @@ WHERE (:state IS NULL OR state = :state)
   AND (:older_than_us IS NULL OR finished_at <= :now - :older_than_us)
   AND (:newer_than_us IS NULL OR finished_at > :now - :newer_than_us)
   AND (:before_id IS NULL OR id < :before_id)
-  AND (:key_prefix IS NULL OR substr(key, 1, length(:key_prefix)) = :key_prefix)
+  AND (:key_prefix IS NULL
+       OR (key >= :key_prefix AND key < :key_upper AND state <> 'cancelled'))
 ORDER BY id DESC
 LIMIT :limit;

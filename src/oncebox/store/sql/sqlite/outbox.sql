@@ -232,7 +232,7 @@ SELECT * FROM (
       AND (:error IS NULL OR instr(lower(o.last_error), lower(:error)) > 0)
       AND (:period IS NULL
            OR EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id AND j.period = :period))
-      AND (:key_prefix IS NULL OR substr(o.key, 1, length(:key_prefix)) = :key_prefix)
+      AND (:key_prefix IS NULL OR (o.key >= :key_prefix AND o.key < :key_upper))
       AND (:before_id IS NULL OR o.id < :before_id)
 )
 WHERE (:older_than_us IS NULL OR last_attempt_at <= :now - :older_than_us)
