@@ -148,7 +148,7 @@ def period_detail(request: Request, session: Session) -> Response:
 def jobs(request: Request, session: Session) -> Response:
     box = box_of(request)
     where = JobFilter(
-        state=_choice(request, "state", JOB_STATES),  # type: ignore[arg-type]
+        state=cast(JobState | None, _choice(request, "state", JOB_STATES)),
         task=_text_param(request, "task"),
         queue=_text_param(request, "queue"),
         schedule=_text_param(request, "schedule"),
@@ -172,7 +172,7 @@ def jobs(request: Request, session: Session) -> Response:
 def outbox(request: Request, session: Session) -> Response:
     box = box_of(request)
     where = OutboxFilter(
-        state=_choice(request, "state", OUTBOX_STATES),  # type: ignore[arg-type]
+        state=cast(OutboxState | None, _choice(request, "state", OUTBOX_STATES)),
         channel=_text_param(request, "channel"),
         period=_text_param(request, "period"),
         key_prefix=_text_param(request, "key_prefix"),
