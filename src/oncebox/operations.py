@@ -18,7 +18,7 @@ the batch then acts on exactly the rows it listed (`replay_planned`, `discard_pl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -204,13 +204,29 @@ class Operations:
         told of each row, as it is done or skipped."""
         if not isinstance(plan, ReplayPlan):
             raise ConfigurationError("replay_planned takes the ReplayPlan of plan_replay")
+        rows = paced(plan.rows, per_second, sleep, clock)
+        return self._each_planned(
+            rows, "replay", self._replay_letter, reason=reason, actor=actor, on_each=on_each
+        )
+
+    def _each_planned(
+        self,
+        rows: Iterable[DeadLetter],
+        verb: str,
+        act: Callable[[DeadLetter, OperatorAction], ActionOutcome | None],
+        *,
+        reason: str,
+        actor: str,
+        on_each: OnEach,
+    ) -> BatchOutcome:
+        """A batch's loop: each planned row acted on, or skipped with why it was left."""
         reason = reason_text(reason)
         done: list[ActionOutcome] = []
         skipped: list[Skipped] = []
-        for letter in paced(plan.rows, per_second, sleep, clock):
-            outcome = self._replay_letter(letter, OperatorAction(letter.id, actor, reason))
+        for letter in rows:
+            outcome = act(letter, OperatorAction(letter.id, actor, reason))
             if outcome is None:
-                skipped.append(Skipped(letter, why_left(self.store, letter, "replay")))
+                skipped.append(Skipped(letter, why_left(self.store, letter, verb)))
                 on_each(skipped[-1])
             else:
                 done.append(outcome)
@@ -308,18 +324,9 @@ class Operations:
         workers, so they are not paced."""
         if not isinstance(plan, DiscardPlan):
             raise ConfigurationError("discard_planned takes the DiscardPlan of plan_discard")
-        reason = reason_text(reason)
-        done: list[ActionOutcome] = []
-        skipped: list[Skipped] = []
-        for letter in plan.rows:
-            outcome = self._discard_letter(letter, OperatorAction(letter.id, actor, reason))
-            if outcome is None:
-                skipped.append(Skipped(letter, why_left(self.store, letter, "discard")))
-                on_each(skipped[-1])
-            else:
-                done.append(outcome)
-                on_each(outcome)
-        return BatchOutcome(tuple(done), tuple(skipped))
+        return self._each_planned(
+            plan.rows, "discard", self._discard_letter, reason=reason, actor=actor, on_each=on_each
+        )
 
     def _discard_letter(self, letter: DeadLetter, action: OperatorAction) -> ActionOutcome | None:
         """One planned row discarded, fenced on its planned attempt count; None if refused."""
