@@ -16,7 +16,11 @@ from oncebox.chaos import SCENARIOS, run_scenario, run_selected, workspace
 from oncebox.chaos.history import HistoryWriter, read_history, send_outcomes
 from oncebox.chaos.mutations import MUTATIONS
 from oncebox.chaos.report import select
+from oncebox.chaos.runner import SPAWN
+from oncebox.chaos.workload import Gate
 from oncebox.cli.app import main
+from support.procs import stop_in_a_lane_thread
+from support.waiting import wait_until
 
 CUSTOMERS = 40
 
@@ -188,3 +192,25 @@ def test_the_scenarios_that_restart_a_server_hold_on_a_private_one(pg_template, 
     so the suite runs them too."""
     result = run_scenario(SCENARIOS[name], server=PG_SERVER, customers=CUSTOMERS, seed=1)
     assert result.ok, [f"{v.invariant}: {v.key}: {v.evidence}" for v in result.violations]
+
+
+def _process_state(pid: int | None) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_stop_freezes_the_lane_that_reached_its_point_before_it_runs_another_line():
+    # A SIGSTOP sent to the whole process is taken by whichever thread the kernel wakes (the main
+    # thread, blocked in a join): until that thread runs, the lane that sent it goes on, and a
+    # "frozen" consumer sent its claim and held the keys' locks through the whole drain.
+    gate = Gate(SPAWN.Event(), SPAWN.Event())
+    lines_after = SPAWN.RawValue("q", 0)  # no lock: a stopped writer must not hold one
+    child = SPAWN.Process(target=stop_in_a_lane_thread, args=(gate, lines_after), daemon=True)
+    child.start()
+    try:
+        assert gate.reached.wait(60), "the lane never reached its point"
+        wait_until(lambda: _process_state(child.pid) == "T", what="the process to stop")
+        assert lines_after.value == 0
+    finally:
+        child.kill()
+        child.join(10)

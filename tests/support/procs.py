@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
-from oncebox import Box, ConsumerConfig, JobContext
+from oncebox import Box, ConsumerConfig, JobContext, points
+from oncebox.chaos.workload import PointPlan, install_plan
 from oncebox.testing import RedeliveringTransport
 from support.apps import digest_box
 from support.db import record_effect
@@ -193,3 +195,19 @@ def demo_and_die(db: str, outbox: str, point: str) -> None:
     points.install(point, points.kill)
     demo.run(demo.DemoOptions(db=db, customers=60, email=f"file://{outbox}", faults=False))
     os._exit(3)  # not reached when the point fires
+
+
+def stop_in_a_lane_thread(gate: Any, lines_after: Any) -> None:
+    """A worker's shape: the main thread joins a lane thread, which reaches a point planned to
+    `stop` the process and then counts every line it runs after the stop (none may run before
+    the harness sends SIGCONT)."""
+    install_plan((PointPlan("consumer.leased", "stop", 1),), gate)
+
+    def lane() -> None:
+        points.reach("consumer.leased")
+        while True:
+            lines_after.value += 1  # this thread is the only writer
+
+    thread = threading.Thread(target=lane, daemon=True)
+    thread.start()
+    thread.join()

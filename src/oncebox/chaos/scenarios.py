@@ -516,7 +516,11 @@ def store_outage_dispatch(run: RunContext) -> None:
     run.work(CONSUME_ONLY)  # the week's messages wait for a sender
     accepted = PointPlan("dispatcher.after_provider_accept_before_record", "pause", 2)
     if run.dialect == "sqlite":
-        run.spawn("victim-dispatcher", (replace(accepted, action="full"),), lanes=DISPATCH)
+        gate = run.gate()
+        run.spawn("victim-dispatcher", (replace(accepted, action="full"),), gate, lanes=DISPATCH)
+        # Wait for the fault: settling workers started at once could send every message before
+        # the victim has started, and the run would pass without its outage.
+        run.wait(gate, "the dispatcher to have sends to record")
         run.fault(
             f"the disk full for {run.settings.timing and run.settings.timing.outage_s:g} s "
             "between the provider's acceptance and the record (SQLite: database or disk is full)"

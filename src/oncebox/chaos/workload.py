@@ -274,11 +274,16 @@ def _do(action: Action, name: str, gate: Gate | None, outage_s: float) -> None:
         raise RuntimeError(f"chaos: injected failure at {name}")
     elif action == "full":
         fill_the_disk(outage_s)
+        if gate is not None:  # the harness waits for the fault, not for a guess at its timing
+            gate.reached.set()
         return
     assert gate is not None, "stop and pause need a gate"
     gate.reached.set()
     if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Sent to this thread, not the process: a process-wide SIGSTOP is taken by the thread
+        # the kernel wakes (often the main one, blocked in a join), and until that thread runs,
+        # this lane goes on with the claim it was frozen before.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     elif not gate.release.wait(120):
         raise TimeoutError(f"chaos: {name} was never released")
 
