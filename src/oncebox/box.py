@@ -224,17 +224,20 @@ class Box(Operations):
         task: Task | str | Callable[..., Any],
         args_list: Iterable[Mapping[str, Any]],
         *,
+        connection: object | None = None,
         run_at: datetime | None = None,
         delay: timedelta | None = None,
         priority: int | None = None,
         schedule_run: ScheduleRunRef | None = None,
     ) -> EnqueueManyResult:
-        """Enqueue many jobs of one task as one set, in one transaction: one bad job means
-        nothing is written; jobs whose key is claimed or active are skipped (counted)."""
+        """Enqueue many jobs of one task as one set, in one transaction — the caller's on
+        `connection`: one bad job means nothing is written; jobs whose key is claimed or active
+        are skipped (counted)."""
         return enqueueing.enqueue_many(
             self.runtime,
             task,
             args_list,
+            connection=connection,
             run_at=run_at,
             delay=delay,
             priority=priority,

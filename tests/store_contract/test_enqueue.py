@@ -173,6 +173,23 @@ def test_a_caller_transaction_that_rolls_back_leaves_no_job(box: Box):
     assert box.store.job_find_by_key("weekly-digest/customer-1/2026-W33") == []
 
 
+def test_many_jobs_on_a_caller_connection_commit_and_roll_back_with_it(box: Box):
+    task = declare(box)
+    conn = _caller_connection(box)
+    try:
+        box.enqueue_many(task, [{"customer_id": 1, "period": "2026-W33"}], connection=conn)
+        conn.rollback()
+        result = box.enqueue_many(
+            task, [{"customer_id": c, "period": "2026-W33"} for c in (2, 3)], connection=conn
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    assert result.created == 2
+    assert box.store.job_find_by_key("weekly-digest/customer-1/2026-W33") == []
+    assert len(box.store.job_find_by_key("weekly-digest/customer-3/2026-W33")) == 1
+
+
 def _caller_connection(box: Box):
     if isinstance(box.store, SqliteStore):
         import sqlite3

@@ -121,23 +121,29 @@ def enqueue_many(
     task: TaskRef,
     args_list: Iterable[Mapping[str, Any]],
     *,
+    connection: object | None = None,
     run_at: datetime | None = None,
     delay: timedelta | None = None,
     priority: int | None = None,
     schedule_run: ScheduleRunRef | None = None,
 ) -> EnqueueManyResult:
-    """Enqueue many jobs of one task as one set, in one transaction.
+    """Enqueue many jobs of one task as one set, in one transaction — the caller's, when
+    `connection` is given.
 
     One bad job means nothing is written: a job that fails its check rolls the whole set
     back, even on PostgreSQL, where jobs are checked and encoded as they are sent (the
-    server inserts one chunk while the next is encoded). Jobs whose key is claimed or active
-    are skipped (counted), like `enqueue` would.
+    server inserts one chunk while the next is encoded); in the caller's transaction every job
+    is checked before the first is written. Jobs whose key is claimed or active are skipped
+    (counted), like `enqueue` would.
     """
+    store = runtime.store
     resolved = runtime.registry.resolve(task)
     rows = (job_row(runtime, resolved, args) for args in args_list)
     timing = check_timing(run_at, delay)
-    runtime.key_guard.require_task(resolved)
-    inserted = runtime.store.job_insert_many(
+    runtime.key_guard.require_task(
+        resolved, may_record=connection is None or store.dialect == "postgres"
+    )
+    inserted = store.job_insert_many(
         JobInsertMany(
             task=resolved.name,
             queue=resolved.queue,
@@ -148,13 +154,14 @@ def enqueue_many(
             delay=timing[1],
             max_age=resolved.retry.max_age,
             for_run=schedule_run,
-        )
+        ),
+        connection=connection,
     )
     created = inserted.created
     skipped = inserted.offered - len(created)
     runtime.metrics.count("jobs_enqueued", len(created))
     runtime.metrics.count("enqueue_deduplicated", skipped)
-    if created:
+    if created and connection is None:
         runtime.workers.wake(JOBS)
     return EnqueueManyResult(len(created), skipped, [c[0] for c in created], inserted.run_held)
 

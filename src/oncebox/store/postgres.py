@@ -64,6 +64,7 @@ from oncebox.store.base import (
     WorkKind,
     insert_chunks,
 )
+from oncebox.store.caller import driver_connection
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
 from oncebox.store.writes import WriteOperations, beat_params, canary_params
@@ -358,6 +359,17 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         with self._connection() as conn, conn.transaction():
             yield PostgresTx(self._q, conn)
 
+    @contextmanager
+    def _caller_transaction(self, connection: object) -> Iterator[PostgresTx]:
+        """The caller's transaction (begun by psycopg with the first statement); on a connection
+        in autocommit, one of the statements' own, so that they still commit as one."""
+        conn = self._external(connection)
+        if conn.autocommit:
+            with conn.transaction():
+                yield PostgresTx(self._q, conn)
+        else:
+            yield PostgresTx(self._q, conn)
+
     # -- schema --------------------------------------------------------------------------------
 
     def schema_status(self) -> SchemaStatus:
@@ -432,6 +444,7 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     # -- enqueue -------------------------------------------------------------------------------
 
     def _external(self, connection: object) -> psycopg.Connection[Any]:
+        connection = driver_connection(connection)
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(
                 f"connection= must be a psycopg.Connection for a PostgreSQL box, not "

@@ -63,6 +63,7 @@ from oncebox.store.base import (
     WorkKind,
     insert_chunks,
 )
+from oncebox.store.caller import driver_connection
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
@@ -314,6 +315,16 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         with self._write() as conn:
             yield SqliteTx(self._q, conn, self._now())  # the clock, read under the write lock
 
+    @contextmanager
+    def _caller_transaction(self, connection: object) -> Iterator[SqliteTx]:
+        """The caller's transaction on its own sqlite3 connection, which holds the write lock
+        once it has written."""
+        conn = self._external(connection)
+        try:
+            yield SqliteTx(self._q, conn, self._now())
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+
     # -- schema --------------------------------------------------------------------------------
 
     def schema_status(self) -> SchemaStatus:
@@ -364,6 +375,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     # -- enqueue -------------------------------------------------------------------------------
 
     def _external(self, connection: object) -> sqlite3.Connection:
+        connection = driver_connection(connection)
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
                 f"connection= must be a sqlite3.Connection for a SQLite box, not "

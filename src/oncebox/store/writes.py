@@ -86,6 +86,10 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     def _transaction(self) -> AbstractContextManager[Tx]:
         raise NotImplementedError
 
+    def _caller_transaction(self, connection: object) -> AbstractContextManager[Tx]:
+        """The caller's own transaction on `connection` (see `store/caller.py`)."""
+        raise NotImplementedError
+
     def _at(self, instant: datetime | None) -> Any:
         raise NotImplementedError
 
@@ -174,7 +178,9 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             self._apply("counter_add", {"deltas": json.dumps(dict(sorted(deltas.items())))})
 
     @operation
-    def job_insert_many(self, jobs: JobInsertMany) -> InsertManyResult:
+    def job_insert_many(
+        self, jobs: JobInsertMany, connection: object | None = None
+    ) -> InsertManyResult:
         run = jobs.for_run
         params = {
             "task": jobs.task,
@@ -196,7 +202,12 @@ class WriteOperations(ReadOperations, Generic[Tx]):
                 yield {**params, "rows": rows}
 
         batches = self._insert_batches(jobs.rows)  # SQLite: drawn now, before the write lock
-        with self._transaction() as tx:
+        if connection is not None:
+            # every job checked before a row is written: a bad one must not leave the others in
+            # a transaction the caller goes on with
+            batches = list(batches)
+        scope = self._transaction() if connection is None else self._caller_transaction(connection)
+        with scope as tx:
             created: list[tuple[int, str | None]] = []
             for inserted in tx.fetch_each("job_insert_many", chunks(batches)):
                 id_, key = inserted.columns()["id"], inserted.columns()["key"]
