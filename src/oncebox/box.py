@@ -39,6 +39,7 @@ from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
 from oncebox.outbox.tokens import SecretSource
 from oncebox.providers import Provider
 from oncebox.queue import enqueue as enqueueing
+from oncebox.queue.claim_session import ClaimSessions
 from oncebox.queue.consumer import Consumer, ConsumerConfig
 from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
 from oncebox.queue.transport import Transport
@@ -243,6 +244,14 @@ class Box(Operations):
             priority=priority,
             schedule_run=schedule_run,
         )
+
+    # -- handlers' ORM -------------------------------------------------------------------------
+
+    def use_sqlalchemy(self, **session_options: Any) -> None:
+        """Give handlers `ctx.session`: a SQLAlchemy Session on the claim's connection, made
+        with these Session options (`autoflush`, `info`, `expire_on_commit`, ...). Call once,
+        before workers start; needs the `oncebox[sqlalchemy]` extra."""
+        self.runtime.orm = ClaimSessions(self.store.dialect, session_options)
 
     # -- the outbox ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from oncebox.metrics import Metrics
 from oncebox.outbox.channels import Channel, ChannelSet
 from oncebox.outbox.tokens import SecretSource
 from oncebox.outbox.writer import OutboxWriter
+from oncebox.queue.claim_session import ClaimSessions
 from oncebox.schedules.schedule import Schedule
 from oncebox.store.base import EVERY_KIND, Store, WorkKind
 from oncebox.timers.sweeper import Sweeper
@@ -70,6 +71,7 @@ class Runtime:
     schedules: dict[str, Schedule] = field(default_factory=dict)
     sweepers: dict[str, Sweeper] = field(default_factory=dict)
     workers: LocalWorkers = field(default_factory=LocalWorkers)
+    orm: ClaimSessions | None = None  # `box.use_sqlalchemy()`: handlers' `ctx.session`
     key_guard: KeyGuard = field(init=False)
 
     def __post_init__(self) -> None:

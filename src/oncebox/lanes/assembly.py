@@ -82,4 +82,5 @@ def build_consumer(
         note_superseded=note,
     )
     consumer.may_render = lambda task: bool(runtime.key_guard.allowed([task]))
+    consumer.orm = runtime.orm
     return consumer, transport

@@ -56,6 +56,7 @@ from oncebox.jobs.codec import check_finite, parse_args
 from oncebox.jobs.tasks import Registry, Task
 from oncebox.metrics import Metrics
 from oncebox.outbox.writer import OutboxWriter
+from oncebox.queue.claim_session import ClaimSessions
 from oncebox.queue.context import JobContext
 from oncebox.queue.transport import Delivery, Settlement, Transport
 from oncebox.queue.watch import HandlerWatch
@@ -250,6 +251,8 @@ class Consumer:
         # may this task mint keys now? (the key-drift guard; a delivery without a stored key has
         # its key rendered here, from today's template)
         self.may_render: Callable[[str], bool] = lambda _task: True
+        # handlers' `ctx.session` (`box.use_sqlalchemy()`), None when not configured
+        self.orm: ClaimSessions | None = None
 
     # -- the lane ------------------------------------------------------------------------------
 
@@ -473,6 +476,7 @@ class Consumer:
         outbox = self.outbox(p.key, delivery.job_id, delivery.leased_at)
         try:
             with tx.handler_scope() as connection:
+                orm = None if self.orm is None else self.orm.open(connection)
                 ctx = JobContext(
                     task=task.name,
                     dialect=self.session.dialect,
@@ -482,9 +486,16 @@ class Consumer:
                     connection=connection,
                     outbox=outbox,
                     _now=self.now,
+                    _orm=orm,
                 )
-                with self.watch.running(task.name, p.key, task.timeout, delivery.lease_token):
-                    task.fn(ctx, **p.args)
+                try:
+                    with self.watch.running(task.name, p.key, task.timeout, delivery.lease_token):
+                        task.fn(ctx, **p.args)
+                        if orm is not None:
+                            orm.flush()  # inside the handler's savepoint; a failure fails the job
+                finally:
+                    if orm is not None:
+                        orm.close()
                 elapsed = clock.monotonic() - began
                 if elapsed > task.timeout.total_seconds():
                     raise HandlerTimeout(

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from oncebox.errors import ConfigurationError
 from oncebox.outbox.writer import OutboxWriter
+from oncebox.queue.claim_session import NOT_CONFIGURED, HandlerSession
 from oncebox.store.base import HandlerConnection
 
 
@@ -33,6 +36,16 @@ class JobContext:
     connection: HandlerConnection
     outbox: OutboxWriter
     _now: Callable[[], datetime]
+    _orm: HandlerSession | None = None
+
+    @property
+    def session(self) -> Any:
+        """A SQLAlchemy Session on `connection`, in the claim's transaction (configure once
+        with `box.use_sqlalchemy()`): its rows commit with the claim or not at all; pending
+        changes are flushed when the handler returns; commit, rollback and close are refused."""
+        if self._orm is None:
+            raise ConfigurationError(NOT_CONFIGURED)
+        return self._orm.get()
 
     def now(self) -> datetime:
         """Business time: the database's clock (frozen or offset in tests), aware UTC."""

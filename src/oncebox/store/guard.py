@@ -116,13 +116,13 @@ _HIDDEN = frozenset({"pgconn"})
 
 def _forwardable(name: str) -> str:
     if name in _HIDDEN:
-        raise _refuse(f"reach {name} of")
+        raise refusal(f"reach {name} of")
     if name.startswith("_"):  # an AttributeError, as `hasattr` and copy/pickle probes expect
         raise AttributeError(f"{name} of the claim's connection is not reachable from a handler")
     return name
 
 
-def _refuse(what: str) -> TransactionControlRefused:
+def refusal(what: str) -> TransactionControlRefused:
     return TransactionControlRefused(
         f"a handler may not {what} the claim's connection: the claim, the handler's writes and "
         "the job's completion commit together; raise an exception to undo this job's writes"
@@ -142,7 +142,7 @@ def check_statement(query: object, raw: Any = None) -> None:
     for head in statement_heads(text):
         match = _TX_CONTROL.match(head)
         if match:
-            raise _refuse(f"run {match.group(1).split(None, 1)[0].upper()} on")
+            raise refusal(f"run {match.group(1).split(None, 1)[0].upper()} on")
 
 
 class GuardedCursor:
@@ -164,7 +164,7 @@ class GuardedCursor:
         return self if result is self._raw else result
 
     def executescript(self, *_args: Any, **_kwargs: Any) -> Any:
-        raise _refuse("run scripts on")
+        raise refusal("run scripts on")
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._raw)
@@ -225,22 +225,22 @@ class GuardedConnection:
         return GuardedCursor(self._use().cursor(*args, **kwargs), self)
 
     def __enter__(self) -> GuardedConnection:
-        raise _refuse("use `with` (which commits or closes) on")
+        raise refusal("use `with` (which commits or closes) on")
 
     def __exit__(self, *exc: object) -> None:
-        raise _refuse("use `with` (which commits or closes) on")
+        raise refusal("use `with` (which commits or closes) on")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             object.__setattr__(self, name, value)
             return
         if name in {"autocommit", "isolation_level"}:
-            raise _refuse(f"set {name} on")
+            raise refusal(f"set {name} on")
         setattr(self._use(), name, value)
 
     def __getattr__(self, name: str) -> Any:
         if name in _REFUSED_CALLS:
-            raise _refuse(_REFUSED_CALLS[name])
+            raise refusal(_REFUSED_CALLS[name])
         return getattr(self._use(), _forwardable(name))
 
 
