@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
+from oncebox.aio import AsyncBox
 from oncebox.errors import ConfigurationError, NotFound
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from oncebox.jobs.keyguard import KeyGuard
@@ -244,6 +245,11 @@ class Box(Operations):
             priority=priority,
             schedule_run=schedule_run,
         )
+
+    @property
+    def aio(self) -> AsyncBox:
+        """The awaitable surface for request code: `await box.aio.enqueue(...)`."""
+        return AsyncBox(self)
 
     # -- handlers' ORM -------------------------------------------------------------------------
 

@@ -14,9 +14,18 @@ dependency (`oncebox[sqlalchemy]`).
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from psycopg.pq import ExecStatus
 
 from oncebox.errors import ConfigurationError
+
+T = TypeVar("T")
+TUPLES_OK = ExecStatus.TUPLES_OK
 
 #: Drivers whose connections look usable but are not the ones the stores drive.
 _OTHER_DRIVERS = {
@@ -71,3 +80,105 @@ def _from_sqlalchemy(connection: Any) -> object:
     if not connection.in_transaction():
         connection.begin()  # SQLAlchemy's commit is then the one that commits the job
     return connection.connection.driver_connection
+
+
+class LoopConnection:
+    """A psycopg `AsyncConnection`, driven from a worker thread.
+
+    The awaitable surface (`oncebox/aio.py`) runs the sync core — its statements, their
+    parameters, its reading of results — in a worker thread, so the event loop never waits on
+    the database. When the caller hands over an async connection, each statement is sent on it by
+    the loop that owns it, and the worker thread waits for the answer: the job is written in the
+    caller's async transaction by the very code a sync enqueue runs. It answers what the
+    PostgreSQL store asks of a connection (`execute`, `autocommit`, `transaction`, `pipeline`),
+    nothing more."""
+
+    def __init__(self, connection: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._conn = connection
+        self._loop = loop
+
+    def _run(self, step: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(step, self._loop).result()
+
+    def execute(self, sql: Any, params: Any = None) -> Fetched:
+        return self._run(self._execute(sql, params))
+
+    async def _execute(self, sql: Any, params: Any) -> Fetched:
+        cursor = await self._conn.execute(sql, params)
+        found = cursor.pgresult
+        rows = await cursor.fetchall() if found is not None and found.status == TUPLES_OK else []
+        return Fetched(found, cursor.rowcount, cursor.description, rows)
+
+    @property
+    def autocommit(self) -> bool:
+        return bool(self._conn.autocommit)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        block = self._conn.transaction()
+        self._run(block.__aenter__())
+        try:
+            yield
+        except BaseException as error:
+            self._run(block.__aexit__(type(error), error, error.__traceback__))
+            raise
+        self._run(block.__aexit__(None, None, None))
+
+    @contextmanager
+    def pipeline(self) -> Iterator[None]:
+        yield  # one statement after another: a pipeline is an optimisation, not a meaning
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A statement's answer, read on the loop, as the store reads a cursor."""
+
+    pgresult: Any
+    rowcount: int
+    description: Any
+    rows: list[Any]
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+
+async def loop_connection(connection: object, dialect: str) -> LoopConnection | None:
+    """What the awaitable surface writes on for `connection=`: None (the box's own pool, from a
+    worker thread), or the caller's async PostgreSQL connection — psycopg's `AsyncConnection`, or
+    SQLAlchemy's `AsyncSession`/`AsyncConnection` on postgresql+psycopg, whose transaction is
+    begun first if it has not begun (as for a sync Session)."""
+    if connection is None:
+        return None
+    kind = type(connection).__name__
+    if type(connection).__module__.startswith("sqlalchemy.ext.asyncio"):
+        connection = await _from_async_sqlalchemy(connection)
+    if dialect != "postgres":
+        raise ConfigurationError(
+            f"connection= is a {kind}: on SQLite, enqueue in the caller's transaction with the "
+            "sync API and a sqlite3 connection (or a sync SQLAlchemy Session)"
+        )
+    import psycopg  # noqa: PLC0415 (the PostgreSQL store's driver)
+
+    if not isinstance(connection, psycopg.AsyncConnection):
+        raise ConfigurationError(
+            f"connection= is a {kind}: box.aio takes psycopg's AsyncConnection or SQLAlchemy's "
+            "AsyncSession or AsyncConnection (on postgresql+psycopg); for a sync connection use "
+            "box.enqueue(...)"
+        )
+    return LoopConnection(connection, asyncio.get_running_loop())
+
+
+async def _from_async_sqlalchemy(connection: Any) -> object:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession  # noqa: PLC0415 (optional)
+
+    if isinstance(connection, AsyncSession):
+        connection = await connection.connection()  # begins the session's transaction
+    if not isinstance(connection, AsyncConnection):
+        raise ConfigurationError(
+            f"connection= is a SQLAlchemy {type(connection).__name__}, which has no transaction "
+            "to join: pass an AsyncConnection (engine.begin()) or an AsyncSession"
+        )
+    if not connection.in_transaction():
+        await connection.begin()  # SQLAlchemy's commit is then the one that commits the job
+    raw = await connection.get_raw_connection()
+    return raw.driver_connection

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
-from typing import Any, Literal, LiteralString
+from typing import Any, Literal, LiteralString, cast
 from urllib.parse import unquote
 
 import psycopg
@@ -64,7 +64,7 @@ from oncebox.store.base import (
     WorkKind,
     insert_chunks,
 )
-from oncebox.store.caller import driver_connection
+from oncebox.store.caller import LoopConnection, driver_connection
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
 from oncebox.store.writes import WriteOperations, beat_params, canary_params
@@ -445,6 +445,9 @@ class PostgresStore(WriteOperations["PostgresTx"]):
 
     def _external(self, connection: object) -> psycopg.Connection[Any]:
         connection = driver_connection(connection)
+        if isinstance(connection, LoopConnection):
+            # the awaitable surface's: it answers what this store asks of a connection
+            return cast(psycopg.Connection[Any], connection)
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(
                 f"connection= must be a psycopg.Connection for a PostgreSQL box, not "

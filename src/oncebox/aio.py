@@ -1,0 +1,106 @@
+"""The awaitable surface: what a web request does, without blocking its event loop.
+
+`box.aio.enqueue(...)`, `enqueue_many`, `cancel` and `receipts` run the sync core — the same
+checks, statements and parameters (STYLE.md §1) — in a worker thread, so the loop never waits
+on the database: not on a lock held by another transaction, not on a slow server. Given the
+caller's async connection (psycopg's `AsyncConnection`, SQLAlchemy's `AsyncSession` or
+`AsyncConnection` on postgresql+psycopg), the job is written in the caller's transaction: each
+statement is sent on that connection by the loop that owns it (`store/caller.py`,
+`LoopConnection`).
+
+The worker stays synchronous: a handler runs inside the claim's transaction on a connection the
+lane holds, and async handlers would add a loop per lane for no gain in what the lane waits on
+(the database and the provider, one job at a time per transaction). See the guide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from oncebox.operations import ActionOutcome
+from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
+from oncebox.receipts import ReceiptChain, receipt_chain
+from oncebox.store.caller import loop_connection
+
+if TYPE_CHECKING:
+    from oncebox.box import Box
+    from oncebox.jobs.tasks import Task
+
+
+class AsyncBox:
+    """`box.aio`: the box's request-side operations, awaitable."""
+
+    def __init__(self, box: Box) -> None:
+        self._box = box
+
+    async def enqueue(
+        self,
+        task: Task | str | Callable[..., Any],
+        /,
+        *,
+        connection: object | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        priority: int | None = None,
+        **args: Any,
+    ) -> EnqueueResult:
+        """`Box.enqueue`, awaited; in the caller's transaction on an async `connection`."""
+        return await self.enqueue_args(
+            task, args, connection=connection, run_at=run_at, delay=delay, priority=priority
+        )
+
+    async def enqueue_args(
+        self,
+        task: Task | str | Callable[..., Any],
+        args: Mapping[str, Any],
+        *,
+        connection: object | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        priority: int | None = None,
+    ) -> EnqueueResult:
+        bridged = await loop_connection(connection, self._box.store.dialect)
+        return await asyncio.to_thread(
+            self._box.enqueue_args,
+            task,
+            args,
+            connection=bridged,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+        )
+
+    async def enqueue_many(
+        self,
+        task: Task | str | Callable[..., Any],
+        args_list: Iterable[Mapping[str, Any]],
+        *,
+        connection: object | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        priority: int | None = None,
+    ) -> EnqueueManyResult:
+        """`Box.enqueue_many`, awaited; in the caller's transaction on an async `connection`."""
+        bridged = await loop_connection(connection, self._box.store.dialect)
+        return await asyncio.to_thread(
+            self._box.enqueue_many,
+            task,
+            list(args_list),
+            connection=bridged,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+        )
+
+    async def cancel(
+        self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
+    ) -> ActionOutcome:
+        """`Box.cancel`, awaited (a ready job; audited)."""
+        return await asyncio.to_thread(self._box.cancel, key_or_id, reason=reason, actor=actor)
+
+    async def receipts(self, key: str) -> ReceiptChain:
+        """A key's receipt chain — its intent, jobs, messages and audit — awaited."""
+        return await asyncio.to_thread(receipt_chain, self._box.store, key)
