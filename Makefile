@@ -25,8 +25,8 @@ system-packages:
 	@.ci/system-packages prometheus:promtool chromium:chromium chromium-driver:chromedriver
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
