@@ -35,7 +35,7 @@ from oncebox.clock import ClockSetting, process_owner
 from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
 from oncebox.inert import printable, redact, scrubbed
 from oncebox.metrics import Metrics, operation
-from oncebox.store import guard
+from oncebox.store import forks, guard
 from oncebox.store.base import (
     EVERY_KIND,
     ActionResult,
@@ -242,6 +242,15 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
+        forks.watch(self)
+
+    def forget_inherited(self) -> list[object]:
+        """After a fork, in the child: a pool and a listener of its own, opened when first
+        needed (`store/forks.py`)."""
+        inherited: list[object] = [c for c in (self._pool, self._listener) if c is not None]
+        self._pool, self._listener = None, None
+        self._pool_lock = threading.Lock()  # it may have been held by another thread at the fork
+        return inherited
 
     # -- connections ---------------------------------------------------------------------------
 

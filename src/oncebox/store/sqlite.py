@@ -36,7 +36,7 @@ from oncebox.errors import (
     StoreUnavailable,
 )
 from oncebox.metrics import Metrics, operation
-from oncebox.store import guard
+from oncebox.store import forks, guard
 from oncebox.store.base import (
     EVERY_KIND,
     ActionResult,
@@ -173,6 +173,15 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         self._settled = True
         self._opened = self._files_state()  # a commit from now on wakes `wait_for_work`
         self._watchers = threading.local()  # each listener's last look (a box can run several)
+        forks.watch(self)
+
+    def forget_inherited(self) -> list[object]:
+        """After a fork, in the child: connections of its own, opened when first needed (SQLite
+        forbids carrying an open connection across a fork; `store/forks.py`)."""
+        inherited: list[object] = list(self._all)
+        self._all, self._all_lock = [], threading.Lock()
+        self._local, self._watchers = threading.local(), threading.local()
+        return inherited
 
     # -- connections ---------------------------------------------------------------------------
 
