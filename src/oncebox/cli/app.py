@@ -23,6 +23,7 @@ from oncebox.cli.plan_cmd import plan_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
 from oncebox.inert import printable
+from oncebox.logs import JsonLines
 
 
 class _Oncebox(click.Group):
@@ -57,14 +58,27 @@ def _undecodable(text: str) -> bool:
 
 @click.group(cls=_Oncebox, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    envvar="ONCEBOX_LOG_FORMAT",
+    show_default=True,
+    help="The log's shape: lines for people, or JSON lines (a job's key, job id, attempt, "
+    "worker and trace id as fields) for a log pipeline [env ONCEBOX_LOG_FORMAT].",
+)
+def main(verbose: int, log_format: str) -> None:
     """oncebox: background jobs whose side effects happen once per business operation.
 
     Commands read ONCEBOX_DB, ONCEBOX_APP and ONCEBOX_EMAIL. Exit 2 on a usage mistake, 1 on a
     runtime failure (or a failed check); one line on stderr, and a traceback only with -v."""
     level = logging.WARNING - 10 * min(verbose, 2)
     handler = logging.StreamHandler()
-    handler.setFormatter(InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonLines()
+        if log_format == "json"
+        else InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     logging.basicConfig(level=level, handlers=[handler])
 
 

@@ -54,6 +54,7 @@ from oncebox.errors import (
 )
 from oncebox.jobs.codec import check_finite, parse_args
 from oncebox.jobs.tasks import Registry, Task
+from oncebox.logs import job_fields
 from oncebox.metrics import Metrics
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.claim_session import ClaimSessions
@@ -354,7 +355,11 @@ class Consumer:
             with self.session.transaction() as tx:
                 settled = self.transport.settle_in_transaction(tx, [settlement])
         except StoreRefused:
-            log.exception("job %s: its failed attempt could not be recorded", delivery.job_id)
+            log.exception(
+                "job %s: its failed attempt could not be recorded",
+                delivery.job_id,
+                extra=job_fields(p.key, delivery.job_id, delivery.attempt, self.worker),
+            )
             self.transport.drop([delivery])
             return
         if delivery.message_id in settled:
@@ -632,7 +637,13 @@ class Consumer:
         result.add(outcome)
         self._count(outcome)
         log.error(
-            "job %s (%s): %s", culprit.delivery.job_id, culprit.key, describe_error(exc.error)
+            "job %s (%s): %s",
+            culprit.delivery.job_id,
+            culprit.key,
+            describe_error(exc.error),
+            extra=job_fields(
+                culprit.key, culprit.delivery.job_id, culprit.delivery.attempt, self.worker
+            ),
         )
         done = {s.delivery.message_id for s in settlements}
         return [d for d in pending if d.message_id not in done]
@@ -647,6 +658,7 @@ class Consumer:
                 failed.attempt,
                 "dead" if failed.final else "to be retried",
                 (failed.error.splitlines() or [""])[0][:300],  # all of it: jobs show KEY
+                extra=job_fields(failed.key, failed.job_id, failed.attempt, self.worker),
             )
         self.metrics.count("jobs_completed", outcome.completed)
         self.metrics.count("claim_conflicts", outcome.duplicates)
