@@ -397,8 +397,10 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         return load_migrations("postgres", self.schema)
 
     @contextmanager
-    def _migration_transaction(self) -> Iterator[PostgresTx]:
-        with self._transaction() as tx:
+    def _migration_transaction(self, connection: object | None = None) -> Iterator[PostgresTx]:
+        with (
+            self._transaction() if connection is None else self._caller_transaction(connection)
+        ) as tx:
             tx.fetch("migration_lock", {"schema": self.schema})
             tx.fetch(
                 "migration_lock_timeout", {"milliseconds": str(int(MIGRATION_LOCK_TIMEOUT_MS))}

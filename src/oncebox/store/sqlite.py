@@ -350,7 +350,13 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     def _migrations(self) -> list[Migration]:
         return load_migrations("sqlite")
 
-    def _migration_transaction(self) -> AbstractContextManager[SqliteTx]:
+    def _migration_transaction(
+        self, connection: object | None = None
+    ) -> AbstractContextManager[SqliteTx]:
+        if connection is not None:  # SQLite's DDL would commit on its own in the caller's
+            raise ConfigurationError(
+                "a SQLite file is migrated when a Box opens it, not in the caller's transaction"
+            )
         return self._transaction()  # BEGIN IMMEDIATE: one migrating process at a time
 
     def _migration_apply(self, tx: SqliteTx, migration: Migration) -> None:

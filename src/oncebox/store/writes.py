@@ -106,7 +106,9 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     def _migrations(self) -> list[Migration]:
         raise NotImplementedError
 
-    def _migration_transaction(self) -> AbstractContextManager[Tx]:
+    def _migration_transaction(
+        self, connection: object | None = None
+    ) -> AbstractContextManager[Tx]:
         raise NotImplementedError
 
     def _migration_apply(self, tx: Tx, migration: Migration) -> None:
@@ -122,9 +124,11 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     # -- schema --------------------------------------------------------------------------------
 
     @operation
-    def schema_migrate(self) -> list[int]:
+    def schema_migrate(self, connection: object | None = None) -> list[int]:
+        """Apply the migrations not yet applied; in the caller's transaction on `connection`
+        (an Alembic revision's, say: `oncebox/alembic.py`)."""
         applied_now: list[int] = []
-        with self._migration_transaction() as tx:
+        with self._migration_transaction(connection) as tx:
             tx.fetch("migration_table_create", {})
             listed = tx.fetch("migration_list", {})
             version = listed.columns()["version"]
