@@ -158,3 +158,19 @@ def test_a_psycopg2_connection_is_refused_naming_psycopg_3(pg_url):
     finally:
         conn.close()
         box.close()
+
+
+def test_async_objects_are_sent_to_the_awaitable_surface(sqlite_url):
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    box = digest_box(sqlite_url)
+    # never connected: the refusal comes first
+    async_engine = create_async_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    try:
+        with pytest.raises(ConfigurationError, match=r"AsyncEngine.*no transaction"):
+            enqueue(box, 1, async_engine)
+        with pytest.raises(ConfigurationError, match=r"AsyncSession.*await box\.aio\.enqueue"):
+            enqueue(box, 1, AsyncSession(async_engine))
+    finally:
+        async_engine.sync_engine.dispose()
+        box.close()

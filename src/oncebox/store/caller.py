@@ -56,20 +56,18 @@ def _from_sqlalchemy(connection: Any) -> object:
     from sqlalchemy.orm import Session  # noqa: PLC0415 (optional)
 
     kind = type(connection).__name__
-    if type(connection).__module__.startswith("sqlalchemy.ext.asyncio"):
-        # (by module: importing SQLAlchemy's asyncio support needs greenlet, which a sync
-        # application need not have)
-        if kind == "AsyncEngine":
-            connection = None  # refused below, as an Engine
-        else:
-            raise ConfigurationError(
-                f"connection= is a SQLAlchemy {kind}: enqueue on it with the awaitable surface "
-                "(await box.aio.enqueue(..., connection=...))"
-            )
-    if connection is None or isinstance(connection, Engine):
+    # SQLAlchemy's asyncio objects are told apart by name: importing that module needs
+    # greenlet, which a sync application need not have
+    is_async = type(connection).__module__.startswith("sqlalchemy.ext.asyncio")
+    if isinstance(connection, Engine) or (is_async and kind == "AsyncEngine"):
         raise ConfigurationError(
             f"connection= is a SQLAlchemy {kind}, which has no transaction to join: pass a "
             "Connection (engine.begin()) or a Session"
+        )
+    if is_async:
+        raise ConfigurationError(
+            f"connection= is a SQLAlchemy {kind}: enqueue on it with the awaitable surface "
+            "(await box.aio.enqueue(..., connection=...))"
         )
     if isinstance(connection, Session):
         connection = connection.connection()  # begins the session's transaction if need be
