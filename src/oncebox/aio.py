@@ -18,23 +18,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from oncebox.operations import ActionOutcome
+from oncebox.jobs.tasks import Task
+from oncebox.operations import ActionOutcome, Operations
+from oncebox.queue import enqueue as enqueueing
 from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
 from oncebox.receipts import ReceiptChain, receipt_chain
+from oncebox.runtime import Runtime
 from oncebox.store.caller import loop_connection
-
-if TYPE_CHECKING:
-    from oncebox.box import Box
-    from oncebox.jobs.tasks import Task
 
 
 class AsyncBox:
     """`box.aio`: the box's request-side operations, awaitable."""
 
-    def __init__(self, box: Box) -> None:
-        self._box = box
+    def __init__(self, runtime: Runtime, operations: Operations) -> None:
+        self._runtime = runtime
+        self._operations = operations
 
     async def enqueue(
         self,
@@ -62,9 +62,10 @@ class AsyncBox:
         delay: timedelta | None = None,
         priority: int | None = None,
     ) -> EnqueueResult:
-        bridged = await loop_connection(connection, self._box.store.dialect)
+        bridged = await loop_connection(connection, self._runtime.store.dialect)
         return await asyncio.to_thread(
-            self._box.enqueue_args,
+            enqueueing.enqueue,
+            self._runtime,
             task,
             args,
             connection=bridged,
@@ -84,9 +85,10 @@ class AsyncBox:
         priority: int | None = None,
     ) -> EnqueueManyResult:
         """`Box.enqueue_many`, awaited; in the caller's transaction on an async `connection`."""
-        bridged = await loop_connection(connection, self._box.store.dialect)
+        bridged = await loop_connection(connection, self._runtime.store.dialect)
         return await asyncio.to_thread(
-            self._box.enqueue_many,
+            enqueueing.enqueue_many,
+            self._runtime,
             task,
             list(args_list),
             connection=bridged,
@@ -99,8 +101,10 @@ class AsyncBox:
         self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
     ) -> ActionOutcome:
         """`Box.cancel`, awaited (a ready job; audited)."""
-        return await asyncio.to_thread(self._box.cancel, key_or_id, reason=reason, actor=actor)
+        return await asyncio.to_thread(
+            self._operations.cancel, key_or_id, reason=reason, actor=actor
+        )
 
     async def receipts(self, key: str) -> ReceiptChain:
         """A key's receipt chain — its intent, jobs, messages and audit — awaited."""
-        return await asyncio.to_thread(receipt_chain, self._box.store, key)
+        return await asyncio.to_thread(receipt_chain, self._runtime.store, key)

@@ -249,7 +249,7 @@ class Box(Operations):
     @property
     def aio(self) -> AsyncBox:
         """The awaitable surface for request code: `await box.aio.enqueue(...)`."""
-        return AsyncBox(self)
+        return AsyncBox(self.runtime, self)
 
     # -- handlers' ORM -------------------------------------------------------------------------
 
