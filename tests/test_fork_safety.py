@@ -1,7 +1,7 @@
 """A Box created before a fork (gunicorn's --preload, a multiprocessing pool) is safe to use in
 the children: a child opens connections of its own instead of sharing the parent's sockets —
-two processes writing one connection's protocol stream corrupt both — and never closes the
-parent's (a child's close would end the parent's sessions)."""
+two processes writing one connection's protocol stream corrupt both — and leaves the parent's
+working."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 
 A Box made before a fork (gunicorn's --preload, a multiprocessing pool) is shared by the
 children's copies of it. Each copy must open connections of its own: two processes writing one
-connection's protocol stream corrupt both sessions. Nor may a child close what it inherited — a
-PostgreSQL connection's close sends the server a Terminate on the shared socket, ending the
-parent's session — so the inherited objects are kept, untouched, for the child's lifetime, never
-finalised. Registered once per process; stores are held weakly, so a closed store is forgotten.
+connection's protocol stream corrupt both sessions. Nor does a child close what it inherited:
+SQLite forbids touching a connection carried across a fork at all, and a close is the driver's
+business with the parent's socket, not the child's. The inherited objects are kept, untouched,
+for the child's lifetime. Registered once per process; stores are held weakly, so a closed store
+is forgotten.
 """
 
 from __future__ import annotations
