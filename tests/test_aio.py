@@ -21,22 +21,22 @@ KEY = "weekly-digest/customer-{}/2026-W33"
 ARGS: dict[str, Any] = {"customer_id": 1, "period": "2026-W33"}
 
 
-@pytest.fixture
-def box(store_url: str) -> Iterator[Box]:
-    box = digest_box(store_url)
+def _digest_box(url: str) -> Iterator[Box]:
+    box = digest_box(url)
     try:
         yield box
     finally:
         box.close()
+
+
+@pytest.fixture
+def box(store_url: str) -> Iterator[Box]:
+    yield from _digest_box(store_url)
 
 
 @pytest.fixture
 def pg_box(pg_url: str) -> Iterator[Box]:
-    box = digest_box(pg_url)
-    try:
-        yield box
-    finally:
-        box.close()
+    yield from _digest_box(pg_url)
 
 
 def conninfo(box: Box) -> str:

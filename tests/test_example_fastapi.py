@@ -72,6 +72,6 @@ def test_a_retried_request_places_one_hold_and_one_expiry(bookings: Bookings, tm
         retried = client.post("/holds", json=HOLD)  # the client timed out and tried again
         clock.advance(HOLD_FOR + timedelta(seconds=1))
         drain(bookings.box)
-    assert first.status_code == 201 and retried.status_code == 422
+    assert first.status_code == 201 and retried.status_code == 409
     assert len(bookings.box.store.job_find_by_key("hold-expired/hold-7")) == 1
     assert len(emails(tmp_path)) == 1

@@ -103,8 +103,10 @@ def build(database_url: str) -> Bookings:
                     expire_hold, hold_id=body.id, delay=HOLD_FOR, connection=session
                 )
                 await session.flush()  # the table's checks: a refusal rolls back the enqueue too
-        except IntegrityError:
-            raise HTTPException(422, "the hold was refused (nights must be 1 to 30)") from None
+        except IntegrityError as refused:
+            if "holds_nights" in str(refused.orig):
+                raise HTTPException(422, "the hold was refused: nights must be 1 to 30") from None
+            raise HTTPException(409, f"hold {body.id} was already placed") from None
         return {"hold": body.id, "expiry_job": expiry.job_id, "created": expiry.created}
 
     @app.get("/holds/{hold_id}")
