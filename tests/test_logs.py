@@ -33,3 +33,21 @@ def test_the_text_log_stays_the_default(tmp_path: Path):
     worked = oncebox("worker", "--app", "support.cli_app", "--until-idle", env=env)
     assert "failed attempt 1; dead: ValueError: cannot greet poison" in worked.stderr
     assert not any(line.startswith("{") for line in worked.stderr.splitlines())
+
+
+def test_a_json_line_carries_the_current_spans_trace_id():
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from oncebox.logs import JsonLines, job_fields
+
+    tracer = TracerProvider().get_tracer("test")
+    record = logging.LogRecord("oncebox.consumer", logging.WARNING, __file__, 1, "failed", (), None)
+    record.__dict__.update(job_fields("k/1", 7, 2, "host:1:c0"))
+    outside = json.loads(JsonLines().format(record))
+    with tracer.start_as_current_span("process") as span:
+        inside = json.loads(JsonLines().format(record))
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    assert "trace_id" not in outside
+    assert inside["trace_id"] == trace_id and inside["key"] == "k/1" and inside["attempt"] == 2
