@@ -82,6 +82,16 @@ def pg_url(pg_template: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def spans() -> Iterator[Any]:
+    """The OpenTelemetry spans ended while the test runs, in the SDK's in-memory exporter
+    (support/spans.py)."""
+    from support.spans import recording  # the SDK only for the tests that trace
+
+    with recording() as exporter:
+        yield exporter
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'oncebox.db'}"
 

@@ -47,6 +47,7 @@ from oncebox.providers import (
     SendThrottled,
 )
 from oncebox.store.base import OutboxFinish, OutboxLeased, OutboxLeaseParams, OutboxRow, Store
+from oncebox.tracing import send_span
 
 log = logging.getLogger("oncebox.dispatcher")
 MAX_ERROR_CHARS = 4000
@@ -210,7 +211,7 @@ class OutboxDispatcher:
             if clock.monotonic() - started > self.config.lease.total_seconds() * 0.8:
                 self._give_back(token, granted[index:], timedelta(0), result)  # lease running out
                 break
-            finish = self._send(channel, row, token, started, result)
+            finish = self._traced_send(channel, row, token, started, result)
             if finish is None:
                 self._open.pop(row.id, None)  # the lease was lost: not ours to settle
                 continue
@@ -268,6 +269,28 @@ class OutboxDispatcher:
             result.possible_duplicates += int(finish.possible_duplicate)
 
     # -- one send ------------------------------------------------------------------------------
+
+    def _traced_send(
+        self,
+        channel: Channel,
+        row: OutboxLeased,
+        token: str,
+        started: float,
+        result: DispatcherResult,
+    ) -> OutboxFinish | None:
+        """`_send` in a span that continues the trace of the handler that wrote the row."""
+        attempt = row.attempt + 1
+        with send_span(
+            row.trace_context, channel=channel.name, row=row.id, key=row.key, attempt=attempt
+        ) as traced:
+            finish = self._send(channel, row, token, started, result)
+            if finish is None:
+                traced.set(oncebox__state="lease lost")
+            else:
+                traced.set(oncebox__state=finish.state, oncebox__receipt=finish.receipt)
+                if finish.state != "sent":
+                    traced.failed(finish.error or finish.state)
+            return finish
 
     def _send(
         self,

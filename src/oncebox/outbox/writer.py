@@ -27,6 +27,7 @@ from oncebox.outbox.channels import Channel
 from oncebox.outbox.tokens import derive_token
 from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
 from oncebox.store.base import OutboxInsert
+from oncebox.tracing import current_context
 
 MAX_PAYLOAD_BYTES = MAX_EMAIL_BYTES
 SUFFIX_SEPARATOR = "~"
@@ -99,7 +100,9 @@ class OutboxWriter:
             raise InvalidArguments(f"outbox payload for {key!r} exceeds {MAX_PAYLOAD_BYTES} bytes")
         token = derive_token(self._secret(), key)
         self.rows.append(
-            OutboxInsert(key, self._intent_key or key, channel, text, token, self._job_id)
+            OutboxInsert(
+                key, self._intent_key or key, channel, text, token, self._job_id, current_context()
+            )
         )
         return key
 

@@ -69,6 +69,7 @@ from oncebox.store.base import (
     OutboxInsert,
     storable_text,
 )
+from oncebox.tracing import Traced, process_span
 
 MAX_ERROR_CHARS = 8000
 log = logging.getLogger("oncebox.consumer")
@@ -476,6 +477,23 @@ class Consumer:
         """Run one handler; its outbox rows count only if it succeeds."""
         assert p.task is not None
         task, delivery = p.task, p.delivery
+        with process_span(
+            delivery.trace_context,
+            queue=task.queue,
+            task=task.name,
+            job=delivery.message_id,
+            key=p.key,
+            attempt=delivery.attempt,
+        ) as traced:
+            settlement, written = self._run_traced(tx, p, outcome, traced)
+            traced.set(oncebox__state=settlement.state)  # done, ready (a retry) or dead
+            return settlement, written
+
+    def _run_traced(
+        self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult, traced: Traced
+    ) -> tuple[Settlement, list[OutboxInsert]]:
+        assert p.task is not None
+        task, delivery = p.task, p.delivery
         points.reach("consumer.before_handler")
         began = clock.monotonic()
         outbox = self.outbox(p.key, delivery.job_id, delivery.leased_at)
@@ -510,6 +528,7 @@ class Consumer:
         except TransactionEnded as error:
             raise _BatchBroken(p, error) from None
         except Exception as error:
+            traced.failed(error)
             return self._failed(p, error, began, outcome), []
         outcome.completed += 1
         return Settlement(delivery, "done", "completed"), outbox.rows

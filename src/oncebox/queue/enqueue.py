@@ -19,6 +19,7 @@ from oncebox.jobs.codec import decode_args, encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.runtime import Runtime
 from oncebox.store.base import JOBS, JobInsert, JobInsertMany, ScheduleRunRef
+from oncebox.tracing import current_context, enqueue_span
 
 MAX_DELAY = timedelta(days=100 * 366)
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
@@ -74,8 +75,36 @@ def enqueue(
 ) -> EnqueueResult:
     """Enqueue one job (see the module docstring); inside the caller's transaction when
     `connection` is given."""
-    store = runtime.store
     resolved = runtime.registry.resolve(task)
+    with enqueue_span(resolved.queue, resolved.name) as traced:
+        result = _enqueue(
+            runtime,
+            resolved,
+            args,
+            connection=connection,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+        )
+        traced.set(
+            messaging__message__id=None if result.job_id is None else str(result.job_id),
+            oncebox__key=result.key,
+            oncebox__enqueue=result.reason,
+        )
+        return result
+
+
+def _enqueue(
+    runtime: Runtime,
+    resolved: Task,
+    args: Mapping[str, Any],
+    *,
+    connection: object | None,
+    run_at: datetime | None,
+    delay: timedelta | None,
+    priority: int | None,
+) -> EnqueueResult:
+    store = runtime.store
     row = job_row(runtime, resolved, args)
     timing = check_timing(run_at, delay)
     # inside the caller's SQLite transaction (which holds the write lock) the guard only reads
@@ -93,6 +122,7 @@ def enqueue(
         run_at=timing[0],
         delay=timing[1],
         max_age=resolved.retry.max_age,
+        trace_context=current_context(),
     )
     for _ in range(3):
         job_id, created = store.job_insert(job, connection=connection)
@@ -136,8 +166,39 @@ def enqueue_many(
     is checked before the first is written. Jobs whose key is claimed or active are skipped
     (counted), like `enqueue` would.
     """
-    store = runtime.store
     resolved = runtime.registry.resolve(task)
+    with enqueue_span(resolved.queue, resolved.name) as traced:
+        result = _enqueue_many(
+            runtime,
+            resolved,
+            args_list,
+            connection=connection,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+            schedule_run=schedule_run,
+        )
+        traced.set(
+            messaging__batch__message_count=result.created + result.skipped,
+            oncebox__created=result.created,
+            oncebox__schedule=None if schedule_run is None else schedule_run.schedule,
+            oncebox__period=None if schedule_run is None else schedule_run.period,
+        )
+        return result
+
+
+def _enqueue_many(
+    runtime: Runtime,
+    resolved: Task,
+    args_list: Iterable[Mapping[str, Any]],
+    *,
+    connection: object | None,
+    run_at: datetime | None,
+    delay: timedelta | None,
+    priority: int | None,
+    schedule_run: ScheduleRunRef | None,
+) -> EnqueueManyResult:
+    store = runtime.store
     rows = (job_row(runtime, resolved, args) for args in args_list)
     timing = check_timing(run_at, delay)
     runtime.key_guard.require_task(
@@ -154,6 +215,7 @@ def enqueue_many(
             delay=timing[1],
             max_age=resolved.retry.max_age,
             for_run=schedule_run,
+            trace_context=current_context(),
         ),
         connection=connection,
     )

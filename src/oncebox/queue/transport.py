@@ -50,6 +50,7 @@ class Delivery:
     expires_at: datetime | None = None
     job_id: int | None = None
     lease_token: str | None = None
+    trace_context: str | None = None  # where its enqueue's trace continues (oncebox.tracing)
 
 
 @dataclass(slots=True)  # per job: see `oncebox.store.base.LeasedJob`
@@ -153,6 +154,7 @@ class TableTransport:
                 expires_at=job.expires_at,
                 job_id=job.id,
                 lease_token=token,
+                trace_context=job.trace_context,
             )
             for job in jobs
         ]

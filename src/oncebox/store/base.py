@@ -49,6 +49,7 @@ class JobInsert:
     run_at: datetime | None = None
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
+    trace_context: str | None = None  # the enqueue span's (oncebox.tracing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class JobInsertMany:
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
     for_run: ScheduleRunRef | None = None
+    trace_context: str | None = None  # the enqueue span's, for every row (oncebox.tracing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,7 @@ class OutboxInsert:
     payload_json: str
     token: str
     job_id: int | None
+    trace_context: str | None = None  # the span current when the handler wrote it
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +296,7 @@ class LeasedJob:
     run_at: datetime
     expires_at: datetime | None
     leased_at: datetime
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +429,7 @@ class OutboxLeased:
     lease_token: str
     uncertain: bool = False
     rescues: int = 0  # leases that ran out on it before: a suspect (see the dispatcher)
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

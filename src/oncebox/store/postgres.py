@@ -691,7 +691,15 @@ class PostgresConsumerTx:
     def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
         if rows:
             cells = (
-                (r.key, r.intent_key, r.channel, _Json(r.payload_json), r.token, r.job_id)
+                (
+                    r.key,
+                    r.intent_key,
+                    r.channel,
+                    _Json(r.payload_json),
+                    r.token,
+                    r.job_id,
+                    r.trace_context,
+                )
                 for r in rows
             )
             self._execute(self._q["outbox_insert"], {"rows": _json_rows(cells)})

@@ -712,7 +712,18 @@ class SqliteConsumerTx:
     def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
         if rows:
             payload = json.dumps(
-                [[r.key, r.intent_key, r.channel, r.payload_json, r.token, r.job_id] for r in rows]
+                [
+                    (
+                        r.key,
+                        r.intent_key,
+                        r.channel,
+                        r.payload_json,
+                        r.token,
+                        r.job_id,
+                        r.trace_context,
+                    )
+                    for r in rows
+                ]
             )
             self._conn.execute(
                 self._q["outbox_insert"], {"rows": payload, "now": self._store._now()}

@@ -161,6 +161,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "run_at": self._at(job.run_at),
             **self._span("delay", job.delay),
             **self._span("max_age", job.max_age),
+            "trace_context": job.trace_context,
         }
         inserted = self._insert_job(params, connection)
         return (int(inserted.first("id")), True) if inserted.rows else (0, False)
@@ -196,6 +197,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "run_at": self._at(jobs.run_at),
             **self._span("delay", jobs.delay),
             **self._span("max_age", jobs.max_age),
+            "trace_context": jobs.trace_context,
         }
         offered = 0
 

@@ -17,12 +17,12 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
         (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
-         created_at)
+         created_at, trace_context)
     SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
            %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
            clock.now + make_interval(secs => %(max_age_s)s),
-           clock.now
+           clock.now, %(trace_context)s
     FROM clock
     WHERE %(key)s::text IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
@@ -49,11 +49,11 @@ rows AS (
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
         (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
-         created_at, schedule, period)
+         created_at, schedule, period, trace_context)
     SELECT r.key, %(task)s, %(queue)s, r.args, %(priority)s, r.group_key, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
            clock.now + make_interval(secs => %(max_age_s)s),
-           clock.now, %(schedule)s, %(period)s
+           clock.now, %(schedule)s, %(period)s, %(trace_context)s
     FROM rows r, clock
     WHERE r.key IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
@@ -129,7 +129,8 @@ FROM clock
 -- believed small from end to end to find them again (see job_finish)
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
-          j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at;
+          j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
+          j.trace_context;
 
 -- name: job_lease_extend
 -- Heartbeat: push the deadline of live leases out (never earlier); never revives an ended lease.

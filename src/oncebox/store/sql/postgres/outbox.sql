@@ -10,10 +10,12 @@ SELECT pg_notify('oncebox_outbox', %(schema)s);
 -- outbox (its intent pruned by policy, then claimed again) is not re-sent.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_outbox
-    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at)
-SELECT r ->> 0, r ->> 1, r ->> 2, r -> 3, r ->> 4, (r ->> 5)::bigint, clock.now, clock.now
+    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
+     trace_context)
+SELECT r ->> 0, r ->> 1, r ->> 2, r -> 3, r ->> 4, (r ->> 5)::bigint, clock.now, clock.now,
+       r ->> 6
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r, clock  -- [key, intent key, channel, payload,
-ON CONFLICT (key) DO NOTHING;                             -- token, job id] per row
+ON CONFLICT (key) DO NOTHING;                             -- token, job id, trace context] per row
 
 -- name: outbox_lease_settings
 -- Run before outbox_lease, in its transaction: each channel's due rows are read in the due index's
@@ -54,7 +56,7 @@ FROM clock
 WHERE o.id = ANY(ARRAY(SELECT id FROM picked))  -- by primary key (see job_lease)
 RETURNING o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token,
           o.attempt, o.attempt_base, o.possible_duplicates, o.first_leased_at,
-          clock.now AS leased_at, o.uncertain, o.rescues;
+          clock.now AS leased_at, o.uncertain, o.rescues, o.trace_context;
 
 -- name: outbox_next_due
 -- When the earliest pending row of these channels falls due (NULL if none), and the time now:

@@ -3,9 +3,10 @@
 
 -- name: job_insert
 INSERT INTO oncebox_jobs
-    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at)
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
+     trace_context)
 SELECT :key, :task, :queue, :args, :priority, :group_key, :max_attempts,
-       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now
+       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :trace_context
 WHERE :key IS NULL OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = :key)
 ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, state;
@@ -14,9 +15,10 @@ RETURNING id, state;
 -- :rows is a JSON array of [key, args_json_text, group_key].
 INSERT INTO oncebox_jobs
     (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
-     schedule, period)
+     schedule, period, trace_context)
 SELECT r.value ->> 0, :task, :queue, r.value ->> 1, :priority, r.value ->> 2, :max_attempts,
-       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :schedule, :period
+       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :schedule, :period,
+       :trace_context
 FROM json_each(:rows) AS r
 WHERE r.value ->> 0 IS NULL
    OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = r.value ->> 0)
@@ -55,7 +57,7 @@ WHERE id IN (
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT :limit)
 RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base, priority,
-          run_at, expires_at, leased_at;
+          run_at, expires_at, leased_at, trace_context;
 
 -- name: job_lease_extend
 UPDATE oncebox_jobs

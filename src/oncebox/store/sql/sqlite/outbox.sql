@@ -2,12 +2,14 @@
 -- SQLite; this folder's conventions are in store/sqlfiles.py.
 
 -- name: outbox_insert
--- :rows is a JSON array of [key, intent_key, channel, payload_json_text, token, job_id].
+-- :rows is a JSON array of [key, intent_key, channel, payload_json_text, token, job_id,
+-- trace_context].
 -- A key already in the outbox (its intent pruned by policy, then claimed again) is not re-sent.
 INSERT INTO oncebox_outbox
-    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at)
+    (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
+     trace_context)
 SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, r.value ->> 4, r.value ->> 5,
-       :now, :now
+       :now, :now, r.value ->> 6
 FROM json_each(:rows) AS r
 WHERE true
 ON CONFLICT (key) DO NOTHING;
@@ -32,7 +34,7 @@ WHERE id IN (
     ORDER BY o.next_attempt_at, o.id
     LIMIT :limit)
 RETURNING id, key, intent_key, channel, payload AS payload_json, token, attempt, attempt_base,
-          possible_duplicates, first_leased_at, leased_at, uncertain, rescues;
+          possible_duplicates, first_leased_at, leased_at, uncertain, rescues, trace_context;
 
 -- name: outbox_next_due
 SELECT (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox AS o

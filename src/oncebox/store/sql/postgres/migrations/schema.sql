@@ -103,6 +103,7 @@ TABLE oncebox_jobs
   last_error text
   schedule text
   period text
+  trace_context text
   CONSTRAINT CHECK (((outcome IS NOT NULL) = (state = 'done'::text)))
   CONSTRAINT CHECK (((state = 'leased'::text) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((max_attempts >= 1))
@@ -152,6 +153,7 @@ TABLE oncebox_outbox
   last_error text
   rescues integer NOT NULL DEFAULT 0
   discarded_at timestamp with time zone
+  trace_context text
   CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
   CONSTRAINT PRIMARY KEY (id)

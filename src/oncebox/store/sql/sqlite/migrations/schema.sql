@@ -167,7 +167,7 @@ CREATE TABLE oncebox_jobs (
     lease_token TEXT,
     lease_expires_at INTEGER,
     finished_at INTEGER,
-    last_error TEXT, schedule TEXT, period TEXT,
+    last_error TEXT, schedule TEXT, period TEXT, trace_context TEXT,
     CHECK ((state = 'leased') = (lease_token IS NOT NULL)),
     CHECK ((outcome IS NOT NULL) = (state = 'done'))
 ) STRICT;
@@ -214,7 +214,7 @@ CREATE TABLE oncebox_outbox (
     lease_expires_at INTEGER,
     sent_at INTEGER,
     receipt TEXT,
-    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER,
+    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT,
     CHECK ((state IN ('leased', 'sending')) = (lease_token IS NOT NULL))
 ) STRICT;
 
