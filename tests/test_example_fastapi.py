@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from examples.fastapi_bookings.app import HOLD_FOR, Bookings, build
 from fastapi.testclient import TestClient
+from opentelemetry.trace import SpanKind
 
 from conftest import TEST_SECRET
 from oncebox.testing import FrozenClock, drain
+from support.spans import attributes, named, parent_of, span_id, trace_id
 
 pytestmark = pytest.mark.postgres
 
@@ -74,4 +77,24 @@ def test_a_retried_request_places_one_hold_and_one_expiry(bookings: Bookings, tm
         drain(bookings.box)
     assert first.status_code == 201 and retried.status_code == 409
     assert len(bookings.box.store.job_find_by_key("hold-expired/hold-7")) == 1
+    assert len(emails(tmp_path)) == 1
+
+
+def test_a_request_its_expiry_and_the_guests_email_are_one_trace(
+    bookings: Bookings, spans: Any, tmp_path: Path
+):
+    with TestClient(bookings.app) as client, FrozenClock(bookings.box, at=T0) as clock:
+        assert client.post("/holds", json=HOLD).status_code == 201
+        clock.advance(HOLD_FOR + timedelta(seconds=1))
+        drain(bookings.box)
+    finished = spans.get_finished_spans()
+    (request,) = [s for s in finished if s.name == "POST /holds" and s.kind == SpanKind.SERVER]
+    (enqueue,) = named(finished, "enqueue")
+    (process,) = named(finished, "process")
+    (send,) = named(finished, "send")
+    assert parent_of(enqueue) == span_id(request)
+    assert parent_of(process) == span_id(enqueue)
+    assert parent_of(send) == span_id(process)
+    assert len({trace_id(s) for s in (request, enqueue, process, send)}) == 1
+    assert attributes(process)["oncebox.key"] == "hold-expired/hold-7"
     assert len(emails(tmp_path)) == 1

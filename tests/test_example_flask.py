@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from examples.flask_signups.app import Signups, build
+from opentelemetry.trace import SpanKind
 
 from conftest import TEST_SECRET
 from oncebox.testing import drain
+from support.spans import named, parent_of, span_id, trace_id
 
 
 @pytest.fixture
@@ -48,4 +51,26 @@ def test_a_refused_sign_up_leaves_no_job(signups: Signups, tmp_path: Path):
     taken = client.post("/customers", json={"email": "ada@example.com", "name": "Ada again"})
     assert (first.status_code, taken.status_code) == (201, 409)
     assert drain(signups.box).completed == 1
+    assert len(emails(tmp_path)) == 1
+
+
+def test_a_sign_up_its_welcome_and_the_email_are_one_trace(
+    signups: Signups, spans: Any, tmp_path: Path
+):
+    client = signups.app.test_client()
+    assert (
+        client.post("/customers", json={"email": "ada@example.com", "name": "Ada"}).status_code
+        == 201
+    )
+    drain(signups.box)
+    finished = spans.get_finished_spans()
+    (request,) = [s for s in finished if s.kind == SpanKind.SERVER]
+    (enqueue,) = named(finished, "enqueue")
+    (process,) = named(finished, "process")
+    (send,) = named(finished, "send")
+    assert request.name == "POST /customers"
+    assert parent_of(enqueue) == span_id(request)
+    assert parent_of(process) == span_id(enqueue)
+    assert parent_of(send) == span_id(process)
+    assert len({trace_id(s) for s in (request, enqueue, process, send)}) == 1
     assert len(emails(tmp_path)) == 1

@@ -13,6 +13,10 @@ Run it (PostgreSQL; the tables are created at start-up):
     oncebox migrate --db "$BOOKINGS_DB"
     uvicorn examples.fastapi_bookings.app:app           # the web app
     oncebox worker --app examples.fastapi_bookings.app  # its worker
+
+Traced when `opentelemetry-instrumentation-fastapi` is installed: a hold's request, its expiry
+job and the guest's email form one trace (run both under `opentelemetry-instrument` to export
+it).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def build(database_url: str) -> Bookings:
         await engine.dispose()
 
     app = FastAPI(lifespan=lifespan)
+    trace_requests(app)
 
     @app.post("/holds", status_code=201)
     async def place_hold(body: HoldIn) -> dict[str, Any]:
@@ -124,6 +129,17 @@ def build(database_url: str) -> Bookings:
         }
 
     return Bookings(app, box, engine)
+
+
+def trace_requests(app: FastAPI) -> None:
+    """A server span per request, when the instrumentation is installed; oncebox's enqueue
+    span is its child (`box.aio` carries the request's context to the thread that enqueues),
+    and the job and its email continue the same trace."""
+    try:
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: PLC0415
+    except ImportError:
+        return
+    FastAPIInstrumentor.instrument_app(app)
 
 
 def create_tables(database_url: str) -> None:

@@ -11,6 +11,9 @@ Run it (SQLite by default, or PostgreSQL; the tables are created at start-up):
     export SIGNUPS_DB=sqlite:///signups.db ONCEBOX_EMAIL=file://outbox
     flask --app examples.flask_signups.app run            # the web app
     oncebox worker --app examples.flask_signups.app       # its worker
+
+Traced when `opentelemetry-instrumentation-flask` is installed: a sign-up's request, its welcome
+job and the email form one trace (run both under `opentelemetry-instrument` to export it).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def build(database_url: str) -> Signups:
         )
 
     app = Flask(__name__)
+    trace_requests(app)
 
     @app.post("/customers")
     def sign_up() -> tuple[dict[str, Any], int]:
@@ -88,6 +92,16 @@ def build(database_url: str) -> Signups:
         return {"customer": customer_id, "welcome_job": job.job_id}, 201
 
     return Signups(app, box, engine)
+
+
+def trace_requests(app: Flask) -> None:
+    """A server span per request, when the instrumentation is installed; oncebox's enqueue
+    span is its child, and the job and its email continue the same trace."""
+    try:
+        from opentelemetry.instrumentation.flask import FlaskInstrumentor  # noqa: PLC0415
+    except ImportError:
+        return
+    FlaskInstrumentor().instrument_app(app)
 
 
 if os.environ.get("SIGNUPS_DB"):  # flask --app …, oncebox worker --app …
