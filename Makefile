@@ -22,7 +22,8 @@ test: $(STAMP) system-packages lint typecheck pytest
 # scrape; chromium and its driver, for the console's end-to-end tests); installed when missing,
 # as root.
 system-packages:
-	@.ci/system-packages prometheus:promtool chromium:chromium chromium-driver:chromedriver
+	@.ci/system-packages prometheus:promtool chromium:chromium chromium-driver:chromedriver \
+		pgbouncer:pgbouncer
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

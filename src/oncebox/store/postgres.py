@@ -71,7 +71,11 @@ from oncebox.store.writes import WriteOperations, beat_params, canary_params
 
 INSERT_CHUNK = 5000
 INSERT_CHUNK_CHARS = 16 * 1024 * 1024
-_OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout"}
+_OPTIONS = {"schema", "pool_min", "pool_max", "connect_timeout", "prepare_threshold"}
+# what a transaction-mode pooler (PgBouncer) does to psycopg's automatic prepared statements: a
+# statement prepared on one server connection is missing on the next, or one of the same name
+# prepared by another client is already there
+_POOLER_PREPARED = (pg_errors.DuplicatePreparedStatement, pg_errors.InvalidSqlStatementName)
 # the NOTIFY channels of migration 0012 (before it, outbox rows notified on the jobs' channel)
 _CHANNEL_KIND: dict[str, WorkKind] = {"oncebox_jobs": "jobs", "oncebox_outbox": "outbox"}
 
@@ -238,11 +242,27 @@ class PostgresStore(WriteOperations["PostgresTx"]):
                 f"pool_min, pool_max and connect_timeout in {self.where} must be numbers "
                 "(pool_min 0 or more, pool_max 1 or more, connect_timeout above 0 seconds)"
             ) from None
+        self._driver = self._driver_options(options.get("prepare_threshold"))
         self._q = load_queries("postgres", self.schema)
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
         forks.watch(self)
+
+    def _driver_options(self, threshold: str | None) -> dict[str, Any]:
+        """psycopg's own connection options from the URL: `prepare_threshold=none` turns its
+        automatic prepared statements off, which a transaction-mode pooler needs (PgBouncer
+        before 1.21, or without `max_prepared_statements`)."""
+        if threshold is None:
+            return {}
+        if threshold.lower() == "none":
+            return {"prepare_threshold": None}
+        if threshold.isascii() and threshold.isdigit() and len(threshold) <= 6:
+            return {"prepare_threshold": int(threshold)}
+        raise ConfigurationError(
+            f"prepare_threshold={threshold[:40]!r} in {self.where} must be `none` (no prepared "
+            "statements: behind PgBouncer in transaction pooling) or a number of executions"
+        )
 
     def forget_inherited(self) -> list[object]:
         """After a fork, in the child: a pool and a listener of its own, opened when first
@@ -270,7 +290,11 @@ class PostgresStore(WriteOperations["PostgresTx"]):
                         self.conninfo,
                         min_size=self.pool_min,
                         max_size=max(self.pool_max, self.pool_min),
-                        kwargs={"autocommit": True, **self._named("oncebox pool")},
+                        kwargs={
+                            "autocommit": True,
+                            **self._driver,
+                            **self._named("oncebox pool"),
+                        },
                         open=False,
                         name="oncebox",
                         timeout=self.connect_timeout,
@@ -312,6 +336,12 @@ class PostgresStore(WriteOperations["PostgresTx"]):
             pg_errors.InvalidSchemaName,
         ) as exc:
             raise self._missing_tables(exc) from None
+        except _POOLER_PREPARED as exc:
+            detail = str(exc).strip().splitlines()[0]
+            raise ConfigurationError(
+                f"PostgreSQL at {self.where}: {detail} — a transaction-mode pooler (PgBouncer) "
+                "between oncebox and PostgreSQL? add prepare_threshold=none to the URL"
+            ) from None
 
     def _missing_tables(self, exc: Exception) -> SchemaError:
         detail = str(exc).strip().splitlines()[0]
@@ -323,10 +353,26 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         """A dedicated connection outside the pool (consumer sessions, the listener, tests)."""
         try:
             return psycopg.connect(
-                self.conninfo, connect_timeout=int(self.connect_timeout), **kwargs
+                self.conninfo,
+                connect_timeout=int(self.connect_timeout),
+                **{**self._driver, **kwargs},
             )
         except psycopg.Error as exc:
+            if "unsupported startup parameter" in str(exc):
+                raise self._behind_a_pooler(exc) from None
             raise self._unavailable(exc) from None
+
+    def _behind_a_pooler(self, exc: psycopg.Error) -> ConfigurationError:
+        """A worker's connection through a transaction-mode pooler: say what to do, once, not
+        retry an outage that is not one."""
+        said = str(exc).strip().splitlines()[-1]
+        detail = printable(scrubbed(said.rpartition("FATAL:")[2].strip() or said, self.url))
+        return ConfigurationError(
+            f"PostgreSQL at {self.where} refused a worker connection's session bounds ({detail}):"
+            " a transaction-mode pooler such as PgBouncer is in the way. Point workers straight at"
+            " PostgreSQL or at a session-mode pool; web processes that only enqueue may stay"
+            " behind it with prepare_threshold=none"
+        )
 
     def close(self) -> None:
         with self._pool_lock:
