@@ -90,10 +90,8 @@ def test_an_app_session_behind_pgbouncer_commits_and_rolls_back_its_job(pg_url, 
                 box.enqueue("welcome", customer=customer, connection=session)
                 if customer % 2:
                     raise RequestFailed  # after its enqueue: the transaction rolls back
-        kept = sorted(
-            job.key for n in range(12) for job in box.store.job_find_by_key(f"welcome/{n}")
-        )
-        assert kept == sorted(f"welcome/{n}" for n in range(0, 12, 2))
+        kept = [n for n in range(12) if box.store.job_find_by_key(f"welcome/{n}")]
+        assert kept == list(range(0, 12, 2))
     finally:
         engine.dispose()
         box.close()
