@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -21,7 +21,7 @@ from oncebox.metrics import Metrics
 from oncebox.outbox.channels import Channel, ChannelSet
 from oncebox.outbox.tokens import SecretSource
 from oncebox.outbox.writer import OutboxWriter
-from oncebox.queue.claim_session import ClaimSessions
+from oncebox.queue.handler_orm import Orm
 from oncebox.schedules.schedule import Schedule
 from oncebox.store.base import EVERY_KIND, Store, WorkKind
 from oncebox.timers.sweeper import Sweeper
@@ -71,7 +71,10 @@ class Runtime:
     schedules: dict[str, Schedule] = field(default_factory=dict)
     sweepers: dict[str, Sweeper] = field(default_factory=dict)
     workers: LocalWorkers = field(default_factory=LocalWorkers)
-    orm: ClaimSessions | None = None  # `box.use_sqlalchemy()`: handlers' `ctx.session`
+    orm: Orm | None = None  # `box.use_sqlalchemy()`, Django: what handlers write through
+    # the caller's transaction an enqueue joins when given no `connection=` (Django's, inside
+    # `transaction.atomic()`); None: the box's own
+    ambient_connection: Callable[[], object | None] = field(default=lambda: None)
     key_guard: KeyGuard = field(init=False)
 
     def __post_init__(self) -> None:

@@ -57,8 +57,8 @@ from oncebox.jobs.tasks import Registry, Task
 from oncebox.logs import job_fields
 from oncebox.metrics import Metrics
 from oncebox.outbox.writer import OutboxWriter
-from oncebox.queue.claim_session import ClaimSessions
 from oncebox.queue.context import JobContext
+from oncebox.queue.handler_orm import Orm
 from oncebox.queue.transport import Delivery, Settlement, Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.store.base import (
@@ -253,8 +253,8 @@ class Consumer:
         # may this task mint keys now? (the key-drift guard; a delivery without a stored key has
         # its key rendered here, from today's template)
         self.may_render: Callable[[str], bool] = lambda _task: True
-        # handlers' `ctx.session` (`box.use_sqlalchemy()`), None when not configured
-        self.orm: ClaimSessions | None = None
+        # what handlers write through (`box.use_sqlalchemy()`, Django), None when not configured
+        self.orm: Orm | None = None
 
     # -- the lane ------------------------------------------------------------------------------
 

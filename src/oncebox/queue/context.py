@@ -9,7 +9,8 @@ from typing import Any
 
 from oncebox.errors import ConfigurationError
 from oncebox.outbox.writer import OutboxWriter
-from oncebox.queue.claim_session import NOT_CONFIGURED, HandlerSession
+from oncebox.queue.claim_session import NOT_CONFIGURED
+from oncebox.queue.handler_orm import HandlerOrm
 from oncebox.store.base import HandlerConnection
 
 
@@ -36,7 +37,7 @@ class JobContext:
     connection: HandlerConnection
     outbox: OutboxWriter
     _now: Callable[[], datetime]
-    _orm: HandlerSession | None = None
+    _orm: HandlerOrm | None = None
 
     @property
     def session(self) -> Any:

@@ -48,7 +48,22 @@ def driver_connection(connection: object) -> object:
         raise ConfigurationError(f"connection= is {_OTHER_DRIVERS[root]}")
     if root == "sqlalchemy":
         return _from_sqlalchemy(connection)
+    if root == "django":
+        return _from_django(connection)
     return connection
+
+
+def _from_django(connection: Any) -> object:
+    """Django's connection (`django.db.connection`, `connections[alias]`): the driver connection
+    under it, opened if need be. Inside `transaction.atomic()` the job then commits or rolls back
+    with the block; outside, Django's connection is in autocommit and the job commits at once."""
+    if not callable(getattr(connection, "ensure_connection", None)):
+        raise ConfigurationError(
+            f"connection= is a Django {type(connection).__name__}: pass Django's connection "
+            "(django.db.connection or connections[alias])"
+        )
+    connection.ensure_connection()
+    return connection.connection
 
 
 def _from_sqlalchemy(connection: Any) -> object:

@@ -247,6 +247,9 @@ class PostgresStore(WriteOperations["PostgresTx"]):
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
+        # where handlers write through an ORM that configures its connections (Django's adapters
+        # and cursors): the psycopg.connect() arguments it would use, for the consumers' own
+        self.consumer_connect_params: Callable[[], dict[str, Any]] | None = None
         forks.watch(self)
 
     def _driver_options(self, threshold: str | None) -> dict[str, Any]:
@@ -635,9 +638,25 @@ class PostgresStore(WriteOperations["PostgresTx"]):
             f"-c lock_timeout={int(settings.lock_timeout / timedelta(milliseconds=1))} "
             f"-c idle_in_transaction_session_timeout={millis} -c statement_timeout={millis}"
         )
-        return self.connect(
-            autocommit=True, options=options, application_name=settings.application_name
-        )
+        if self.consumer_connect_params is None:
+            return self.connect(
+                autocommit=True, options=options, application_name=settings.application_name
+            )
+        params = self.consumer_connect_params()
+        try:
+            return psycopg.connect(
+                **{
+                    "connect_timeout": int(self.connect_timeout),
+                    "application_name": settings.application_name,
+                    **params,
+                    "options": f"{params.get('options') or ''} {options}".strip(),
+                    "autocommit": True,
+                }
+            )
+        except psycopg.Error as exc:
+            if "unsupported startup parameter" in str(exc):
+                raise self._behind_a_pooler(exc) from None
+            raise self._unavailable(exc) from None
 
     def wait_for_work(self, timeout: float) -> frozenset[WorkKind]:
         """Wait for a NOTIFY in this schema: a job made ready (an insert, a replay, a release, a

@@ -173,6 +173,9 @@ class SqliteStore(WriteOperations["SqliteTx"]):
         self._settled = True
         self._opened = self._files_state()  # a commit from now on wakes `wait_for_work`
         self._watchers = threading.local()  # each listener's last look (a box can run several)
+        # where handlers write through an ORM that configures its connections (Django's SQL
+        # functions): how it opens one, for the consumers' own
+        self.consumer_connect: Callable[[], sqlite3.Connection] | None = None
         forks.watch(self)
 
     def forget_inherited(self) -> list[object]:
@@ -185,21 +188,27 @@ class SqliteStore(WriteOperations["SqliteTx"]):
 
     # -- connections ---------------------------------------------------------------------------
 
-    def connect(self) -> sqlite3.Connection:
+    def connect(self, driver: Callable[[], sqlite3.Connection] | None = None) -> sqlite3.Connection:
         """A new connection with oncebox's pragmas and `oncebox_now()` registered. Once the store
         is open, a connection never creates the file: a lane whose first connection comes after
         the file was deleted or replaced says so (`check_identity`), instead of leaving an empty
-        database at the path and reporting its missing tables."""
+        database at the path and reporting its missing tables. `driver` opens it instead of
+        sqlite3 (an ORM's connection, with its functions: `consumer_connect`)."""
         if self._settled:
             self.check_identity()
         try:
-            conn = sqlite3.connect(
-                f"{self.path.absolute().as_uri()}?mode=rw" if self._settled else self.path,
-                uri=self._settled,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=self.busy_timeout.total_seconds(),
-            )
+            if driver is None:
+                conn = sqlite3.connect(
+                    f"{self.path.absolute().as_uri()}?mode=rw" if self._settled else self.path,
+                    uri=self._settled,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=self.busy_timeout.total_seconds(),
+                )
+            else:
+                conn = driver()
+                conn.isolation_level = None  # oncebox begins its transactions itself
+                self._check_same_file(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(
@@ -396,13 +405,16 @@ class SqliteStore(WriteOperations["SqliteTx"]):
                 f"connection= must be a sqlite3.Connection for a SQLite box, not "
                 f"{type(connection).__name__}"
             )
+        self._check_same_file(connection)
+        return connection
+
+    def _check_same_file(self, connection: sqlite3.Connection) -> None:
         files = [row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"]
         if not files or Path(files[0]).resolve() != self.path.resolve():
             raise ConfigurationError(
                 f"connection= is open on {files[0] if files else 'an unnamed database'}, not on "
                 f"this box's database {self.path}; the job would be written elsewhere"
             )
-        return connection
 
     def _insert_batches(self, rows: Iterable[InsertRow]) -> list[tuple[int, str]]:
         # drawn, checked and encoded before the write lock: one writer at a time, so no overlap
@@ -570,7 +582,7 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     # -- lanes ---------------------------------------------------------------------------------
 
     def consumer_session(self, settings: ConsumerSettings) -> SqliteConsumerSession:
-        return SqliteConsumerSession(self, self.connect())
+        return SqliteConsumerSession(self, self.connect(self.consumer_connect))
 
     def wait_for_work(self, timeout: float) -> frozenset[WorkKind]:
         """Wait for a commit by any process (it may hold work of every kind). SQLite has no

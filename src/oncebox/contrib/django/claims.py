@@ -1,0 +1,117 @@
+"""Handlers on Django's ORM: in a worker, Django's connection *is* the claim's transaction.
+
+While a handler runs on a consumer lane, that lane thread's Django connection for oncebox's
+alias is a DatabaseWrapper whose database connection is the handler's guarded connection
+(`store/guard.py`), marked as inside an atomic block that Django did not open. So:
+
+- model writes go to the handler's savepoint inside the claim's transaction: they commit with the
+  intent, the outbox rows and the job's completion, or not at all; a handler that raises undoes
+  only its own (its savepoint), in a batch too;
+- `transaction.atomic()` in a handler nests as savepoints;
+- `transaction.commit()`, `rollback()` and `set_autocommit()` are refused by Django itself (an
+  atomic block is active), and the guard refuses whatever reaches the driver (`close()`, SQL
+  `COMMIT`);
+- `transaction.on_commit()` is refused: Django would never run it (it never commits this
+  transaction), and a side effect after the claim is what the outbox is for.
+
+The consumer's own connections are opened with Django's connection parameters
+(`consumer_connect_params` / `consumer_connect`), so the ORM finds its adapters, cursors and SQL
+functions on them. Between handlers the wrapper holds no connection: nothing of Django's runs on
+a lane thread outside a handler, so `close_old_connections` and `CONN_MAX_AGE` do not apply
+there (the consumer reconnects a lost connection itself).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from oncebox.errors import ConfigurationError, TransactionControlRefused
+from oncebox.store.base import HandlerConnection, Store
+
+ON_COMMIT = (
+    "transaction.on_commit() in a handler: the claim's transaction commits after the handler, "
+    "under oncebox's control, and Django would never call it; write the side effect to the "
+    "outbox (ctx.outbox), which sends it once after the commit"
+)
+NO_SESSION = (
+    "ctx.session is a SQLAlchemy Session; with oncebox.contrib.django, use your models: they "
+    "write in the claim's transaction"
+)
+
+
+def _wrapper_class(base: type) -> type:
+    def on_commit(self: Any, func: Any, robust: bool = False) -> None:
+        raise TransactionControlRefused(ON_COMMIT)
+
+    return type(f"Claim{base.__name__}", (base,), {"on_commit": on_commit})
+
+
+class DjangoModels:
+    """The box's `Orm` under Django: one claim wrapper per lane thread, opened per handler."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._threads = threading.local()
+
+    def configure(self, store: Store) -> None:
+        """Open the consumers' connections the way Django opens the alias's."""
+        from django.db import connections  # noqa: PLC0415 (Django is optional)
+
+        def params() -> dict[str, Any]:
+            return dict(connections.create_connection(self.alias).get_connection_params())
+
+        if store.dialect == "postgres":
+            store.consumer_connect_params = params  # type: ignore[attr-defined]
+        else:
+
+            def connect() -> Any:
+                wrapper = connections.create_connection(self.alias)
+                return wrapper.get_new_connection(wrapper.get_connection_params())
+
+            store.consumer_connect = connect  # type: ignore[attr-defined]
+
+    def _wrapper(self) -> Any:
+        wrapper = getattr(self._threads, "wrapper", None)
+        if wrapper is None:
+            from django.db import connections  # noqa: PLC0415
+
+            made = connections.create_connection(self.alias)
+            wrapper = _wrapper_class(type(made))(made.settings_dict, self.alias)
+            self._threads.wrapper = wrapper
+        connections[self.alias] = wrapper
+        return wrapper
+
+    def open(self, guarded: HandlerConnection) -> HandlerModels:
+        return HandlerModels(self._wrapper(), guarded)
+
+
+class HandlerModels:
+    """Django's connection state for one handler run: inside a transaction it did not begin."""
+
+    def __init__(self, wrapper: Any, guarded: HandlerConnection) -> None:
+        self._wrapper = wrapper
+        wrapper.connection = guarded
+        wrapper.autocommit = False
+        wrapper.in_atomic_block = True
+        wrapper.commit_on_exit = False
+        wrapper.needs_rollback = False
+        wrapper.closed_in_transaction = False
+        wrapper.savepoint_ids = []
+        wrapper.atomic_blocks = []
+        wrapper.run_on_commit = []
+
+    def get(self) -> Any:
+        raise ConfigurationError(NO_SESSION)
+
+    def flush(self) -> None:
+        """Django writes as it goes: nothing is pending when the handler returns."""
+
+    def close(self) -> None:
+        wrapper = self._wrapper
+        wrapper.in_atomic_block = False
+        wrapper.needs_rollback = False
+        wrapper.savepoint_ids = []
+        wrapper.atomic_blocks = []
+        wrapper.connection = None
+        wrapper.autocommit = True
