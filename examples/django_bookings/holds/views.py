@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from holds.models import Hold
 from holds.tasks import HOLD_FOR, expire_hold
 from oncebox.contrib.django import box
+from oncebox.receipts import receipt_chain
 
 
 @csrf_exempt
@@ -40,7 +41,7 @@ def hold_status(request: HttpRequest, hold_id: int) -> JsonResponse:
     hold = Hold.objects.filter(pk=hold_id).first()
     if hold is None:
         return JsonResponse({"detail": "no such hold"}, status=404)
-    chain = box.receipts(f"hold-expired/hold-{hold_id}")
+    chain = receipt_chain(box.store, f"hold-expired/hold-{hold_id}")
     return JsonResponse(
         {
             "hold": hold_id,

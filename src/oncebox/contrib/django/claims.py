@@ -24,6 +24,7 @@ there (the consumer reconnects a lost connection itself).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from oncebox.errors import ConfigurationError, TransactionControlRefused
@@ -71,26 +72,31 @@ class DjangoModels:
 
             store.consumer_connect = connect  # type: ignore[attr-defined]
 
-    def _wrapper(self) -> Any:
+    def open(self, guarded: HandlerConnection) -> HandlerModels:
+        from django.db import connections  # noqa: PLC0415
+
         wrapper = getattr(self._threads, "wrapper", None)
         if wrapper is None:
-            from django.db import connections  # noqa: PLC0415
-
             made = connections.create_connection(self.alias)
             wrapper = _wrapper_class(type(made))(made.settings_dict, self.alias)
             self._threads.wrapper = wrapper
+        # the thread's own connection comes back when the handler ends (a test that drains
+        # jobs in its own thread goes on with its own)
+        previous = connections[self.alias]
         connections[self.alias] = wrapper
-        return wrapper
-
-    def open(self, guarded: HandlerConnection) -> HandlerModels:
-        return HandlerModels(self._wrapper(), guarded)
+        return HandlerModels(
+            wrapper, guarded, lambda: connections.__setitem__(self.alias, previous)
+        )
 
 
 class HandlerModels:
     """Django's connection state for one handler run: inside a transaction it did not begin."""
 
-    def __init__(self, wrapper: Any, guarded: HandlerConnection) -> None:
+    def __init__(
+        self, wrapper: Any, guarded: HandlerConnection, restore: Callable[[], None]
+    ) -> None:
         self._wrapper = wrapper
+        self._restore = restore
         wrapper.connection = guarded
         wrapper.autocommit = False
         wrapper.in_atomic_block = True
@@ -115,3 +121,4 @@ class HandlerModels:
         wrapper.atomic_blocks = []
         wrapper.connection = None
         wrapper.autocommit = True
+        self._restore()
