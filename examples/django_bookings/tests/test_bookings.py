@@ -62,6 +62,12 @@ def close_midway(ctx: JobContext, hold_id: int) -> None:
     connection.close()
 
 
+@box.task(key="test-autocommit/hold-{hold_id}", retry=ONCE)
+def autocommit_midway(ctx: JobContext, hold_id: int) -> None:
+    HoldEvent.objects.create(hold_id=hold_id, what="before autocommit")
+    transaction.set_autocommit(True)
+
+
 @box.task(key="test-on-commit/hold-{hold_id}", retry=ONCE)
 def after_commit(ctx: JobContext, hold_id: int) -> None:
     transaction.on_commit(lambda: None)
@@ -137,6 +143,7 @@ def test_a_handler_that_fails_after_writing_models_leaves_no_rows_no_intent_no_m
         (commit_midway, "test-commit", 106),
         (close_midway, "test-close", 107),
         (after_commit, "test-on-commit", 108),
+        (autocommit_midway, "test-autocommit", 113),
     ],
 )
 def test_calls_that_would_end_the_claims_transaction_are_refused(task, prefix, hold_id):
