@@ -21,7 +21,6 @@ from holds.tasks import HOLD_FOR, expire_hold
 
 from oncebox import JobContext, Retry
 from oncebox.contrib.django import box
-from oncebox.errors import TransactionControlRefused
 from oncebox.receipts import receipt_chain
 from oncebox.testing import FrozenClock, drain
 
@@ -96,9 +95,7 @@ def test_a_hold_expires_once_and_its_guest_is_emailed_once(client):
         drain(box)
     assert (again.created, again.reason) == (False, "key_claimed")
     assert Hold.objects.get(pk=101).state == "expired"
-    assert list(HoldEvent.objects.filter(hold_id=101).values_list("what", flat=True)) == [
-        "expired"
-    ]
+    assert list(HoldEvent.objects.filter(hold_id=101).values_list("what", flat=True)) == ["expired"]
     assert len(emails_to("guest-101@example.com")) == 1
     assert client.get("/holds/101").json()["emails"] == ["sent"]
 
@@ -173,9 +170,8 @@ def test_in_one_batch_a_failing_handler_undoes_only_its_own_model_writes():
         drain(box, raise_on_failure=False)
     assert box.store.job_find_by_key("test-write-then-fail/hold-110")[0].state == "dead"
     assert Hold.objects.get(pk=111).state == "expired"
-    assert list(HoldEvent.objects.filter(hold_id__in=(110, 111)).values_list("what", flat=True)) == [
-        "expired"
-    ]
+    events = HoldEvent.objects.filter(hold_id__in=(110, 111))
+    assert list(events.values_list("what", flat=True)) == ["expired"]
 
 
 def test_the_drain_leaves_the_tests_own_connection_usable():
