@@ -16,6 +16,7 @@ from oncebox import (
     InvalidState,
     NotFound,
     PayloadTooLarge,
+    Retry,
     UnknownTask,
 )
 from oncebox.store.base import insert_chunks
@@ -266,3 +267,43 @@ def test_bulk_rows_are_chunked_by_count_and_by_argument_size():
         ["k/4", "k/5", "k/6"],
         ["k/7"],
     ]
+
+
+def test_a_handler_enqueues_a_follow_up_in_the_claims_transaction(box: Box):
+    """`connection=ctx.connection`: the follow-up job commits with the claim, or not at all —
+    a handler that raises after it leaves no follow-up, and its retry enqueues it once."""
+    failures = [RuntimeError("after the follow-up")]
+
+    @box.task(key="notice/{n}")
+    def notice(ctx, n: int) -> None:
+        pass
+
+    @box.task(key="order/{n}", retry=Retry(max_attempts=2, base_delay=timedelta(0)))
+    def order(ctx, n: int) -> None:
+        box.enqueue(notice, n=n, connection=ctx.connection)
+        if failures:
+            raise failures.pop()
+
+    box.enqueue(order, n=1)
+    first = drain(box, raise_on_failure=False)
+    assert first.retried == 1
+    [job] = box.store.job_find_by_key("order/1")
+    assert job.state == "done"  # its retry ran in the same drain
+    [follow_up] = box.store.job_find_by_key("notice/1")
+    assert (follow_up.state, follow_up.attempt) == ("done", 1)
+
+
+def test_a_handler_whose_claim_rolls_back_leaves_no_follow_up(box: Box):
+    @box.task(key="notice/{n}")
+    def notice(ctx, n: int) -> None:
+        pass
+
+    @box.task(key="order/{n}", retry=Retry(max_attempts=1))
+    def order(ctx, n: int) -> None:
+        box.enqueue(notice, n=n, connection=ctx.connection)
+        raise RuntimeError("the order cannot be placed")
+
+    box.enqueue(order, n=2)
+    drain(box, raise_on_failure=False)
+    assert box.store.job_find_by_key("order/2")[0].state == "dead"
+    assert box.store.job_find_by_key("notice/2") == []

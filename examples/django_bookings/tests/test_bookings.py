@@ -83,6 +83,28 @@ def nested(ctx: JobContext, hold_id: int) -> None:
         pass
 
 
+@box.task(key="test-follow-up/hold-{hold_id}", retry=ONCE)
+def follow_up(ctx: JobContext, hold_id: int) -> None:
+    HoldEvent.objects.create(hold_id=hold_id, what="followed up")
+
+
+@box.task(key="test-chain/hold-{hold_id}", retry=ONCE)
+def chain(ctx: JobContext, hold_id: int, fail: bool) -> None:
+    box.enqueue(follow_up, hold_id=hold_id)  # inside a handler: in the claim's transaction
+    if fail:
+        raise RuntimeError("after the follow-up was enqueued")
+
+
+def test_a_handler_enqueues_its_follow_up_in_the_claims_transaction():
+    for hold_id in (114, 115):
+        Hold.objects.create(pk=hold_id, guest_email="g@example.com", nights=1)
+    box.enqueue(chain, hold_id=114, fail=False)
+    box.enqueue(chain, hold_id=115, fail=True)
+    drain(box, raise_on_failure=False)
+    assert HoldEvent.objects.filter(hold_id=114, what="followed up").count() == 1
+    assert box.store.job_find_by_key("test-follow-up/hold-115") == []
+
+
 def test_a_hold_expires_once_and_its_guest_is_emailed_once(client):
     with FrozenClock(box, at=T0) as clock:
         placed = place(client, 101)

@@ -198,6 +198,11 @@ class GuardedConnection:
     def touched(self) -> bool:
         return self._on_first_use is None
 
+    def wraps(self, kind: type) -> bool:
+        """Whether the driver connection under the guard is a `kind` (a store checking that
+        `connection=ctx.connection` is one of its own dialect's)."""
+        return isinstance(self._raw, kind)
+
     def _use(self) -> Any:
         if self._closed:
             raise TransactionControlRefused(

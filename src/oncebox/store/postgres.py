@@ -505,8 +505,12 @@ class PostgresStore(WriteOperations["PostgresTx"]):
 
     def _external(self, connection: object) -> psycopg.Connection[Any]:
         connection = driver_connection(connection)
-        if isinstance(connection, LoopConnection):
-            # the awaitable surface's: it answers what this store asks of a connection
+        if isinstance(connection, LoopConnection) or (
+            isinstance(connection, guard.GuardedConnection) and connection.wraps(psycopg.Connection)
+        ):
+            # the awaitable surface's, or a handler's (`connection=ctx.connection`: the job is
+            # written through the guard, in the handler's savepoint): each answers what this
+            # store asks of a connection
             return cast(psycopg.Connection[Any], connection)
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(

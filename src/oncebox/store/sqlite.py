@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal, LiteralString
+from typing import Any, Literal, LiteralString, cast
 
 from oncebox import clock
 from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
@@ -400,6 +400,11 @@ class SqliteStore(WriteOperations["SqliteTx"]):
 
     def _external(self, connection: object) -> sqlite3.Connection:
         connection = driver_connection(connection)
+        if isinstance(connection, guard.GuardedConnection) and connection.wraps(sqlite3.Connection):
+            # a handler's (`connection=ctx.connection`): the job is written through the guard,
+            # in the handler's savepoint, on the claim's connection (which holds the write lock)
+            self._check_same_file(cast(sqlite3.Connection, connection))
+            return cast(sqlite3.Connection, connection)
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
                 f"connection= must be a sqlite3.Connection for a SQLite box, not "

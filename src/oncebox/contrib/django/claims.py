@@ -45,7 +45,9 @@ def _wrapper_class(base: type) -> type:
     def on_commit(self: Any, func: Any, robust: bool = False) -> None:
         raise TransactionControlRefused(ON_COMMIT)
 
-    return type(f"Claim{base.__name__}", (base,), {"on_commit": on_commit})
+    # Django's module, as the wrapper it stands for: `connection=` recognises Django's objects so
+    namespace = {"on_commit": on_commit, "__module__": base.__module__}
+    return type(f"Claim{base.__name__}", (base,), namespace)
 
 
 class DjangoModels:
