@@ -84,9 +84,14 @@ def test_notify_work_wakes_waiters_for_rows_made_ready_without_an_insert(
 
 
 def test_notify_work_for_the_outbox_wakes_the_outbox_lanes_only(store: Store, waiter: Store):
-    assert woken_by(waiter, lambda: store.notify_work("outbox")) == (
-        only(store, "outbox") if store.dialect == "postgres" else frozenset()
-    )
+    if store.dialect == "sqlite":
+        # nothing to send: it writes nothing, so an idle worker sees no change (asked with a short
+        # wait, not the full timeout a wake-up is given: nothing is on its way)
+        waiter.wait_for_work(0)
+        store.notify_work("outbox")
+        assert waiter.wait_for_work(0.2) == frozenset()
+        return
+    assert woken_by(waiter, lambda: store.notify_work("outbox")) == only(store, "outbox")
 
 
 def test_a_resend_resolution_wakes_the_outbox_lanes(store: Store, waiter: Store):
