@@ -23,9 +23,10 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
     from opentelemetry.context import Context
     from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised by the suite without the extra
     trace = None  # type: ignore[assignment]
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 SYSTEM = "oncebox"
 # a stored context larger than this is not kept: W3C caps `tracestate` at 32 members, and a
-# propagator that writes kilobytes per row would put them on every job
+# vendor's state of kilobytes would be put on every job
 MAX_CONTEXT_CHARS = 2048
 
 
@@ -69,15 +70,16 @@ _NOTHING = Traced(None)
 # a proxy until the application sets its tracer provider, then that provider's tracer
 _tracer = None if trace is None else trace.get_tracer("oncebox")
 _NO_SDK = () if trace is None else (ProxyTracerProvider, NoOpTracerProvider)
+_W3C = None if trace is None else TraceContextTextMapPropagator()
 
 
 def current_context() -> str | None:
-    """The current trace context as a row stores it (JSON of the configured propagator's
-    carrier), or None when no valid span is current."""
+    """The current trace context as a row stores it (JSON of W3C `traceparent` and
+    `tracestate`; never baggage), or None when no valid span is current."""
     if trace is None or not trace.get_current_span().get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    _W3C.inject(carrier)  # the trace's place only: never baggage, which may hold personal data
     if not carrier:
         return None
     text = json.dumps(carrier, sort_keys=True, separators=(",", ":"))
@@ -99,7 +101,7 @@ def _parent(stored: str | None) -> Context:
         isinstance(k, str) and isinstance(v, str) for k, v in carrier.items()
     ):
         return empty
-    return propagate.extract(carrier, context=empty)
+    return _W3C.extract(carrier, context=empty)
 
 
 @contextmanager

@@ -10,12 +10,13 @@ each test uses holds (and keys) of its own.
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from holds.models import Hold, HoldEvent
 from holds.tasks import HOLD_FOR, expire_hold
 
@@ -67,6 +68,12 @@ def autocommit_midway(ctx: JobContext, hold_id: int) -> None:
     transaction.set_autocommit(True)
 
 
+@box.task(key="test-durable/hold-{hold_id}", retry=ONCE)
+def durable_block(ctx: JobContext, hold_id: int) -> None:
+    with transaction.atomic(durable=True):
+        HoldEvent.objects.create(hold_id=hold_id, what="in a durable block")
+
+
 @box.task(key="test-on-commit/hold-{hold_id}", retry=ONCE)
 def after_commit(ctx: JobContext, hold_id: int) -> None:
     transaction.on_commit(lambda: None)
@@ -93,6 +100,39 @@ def chain(ctx: JobContext, hold_id: int, fail: bool) -> None:
     box.enqueue(follow_up, hold_id=hold_id)  # inside a handler: in the claim's transaction
     if fail:
         raise RuntimeError("after the follow-up was enqueued")
+
+
+@box.task(key="test-after-atomic/hold-{hold_id}", retry=ONCE)
+def after_atomic(ctx: JobContext, hold_id: int) -> None:
+    """An ORM call that opens and closes an atomic block, then a follow-up, then a failure."""
+    HoldEvent.objects.get_or_create(hold_id=hold_id, what="after atomic")
+    list(Hold.objects.filter(pk=hold_id).iterator())  # chunked reads on the claim's cursor
+    box.enqueue(follow_up, hold_id=hold_id)
+    raise RuntimeError("after the follow-up was enqueued")
+
+
+@box.task(key="test-caught/hold-{hold_id}", retry=ONCE)
+def caught(ctx: JobContext, hold_id: int) -> None:
+    HoldEvent.objects.create(hold_id=hold_id, what="before the error")
+    with suppress(IntegrityError):  # and carries on: Django marked the transaction for rollback
+        Hold.objects.create(pk=hold_id, guest_email="g@example.com", nights=1)  # taken
+
+
+def test_an_atomic_block_in_a_handler_leaves_the_claim_in_force():
+    Hold.objects.create(pk=116, guest_email="g@example.com", nights=1)
+    box.enqueue(after_atomic, hold_id=116)
+    drain(box, raise_on_failure=False)
+    assert box.store.job_find_by_key("test-after-atomic/hold-116")[0].state == "dead"
+    assert box.store.job_find_by_key("test-follow-up/hold-116") == []
+    assert not HoldEvent.objects.filter(hold_id=116).exists()
+
+
+def test_a_handler_that_carries_on_after_a_database_error_fails_and_keeps_nothing():
+    Hold.objects.create(pk=117, guest_email="g@example.com", nights=1)
+    box.enqueue(caught, hold_id=117)
+    drain(box, raise_on_failure=False)
+    assert box.store.job_find_by_key("test-caught/hold-117")[0].state == "dead"
+    assert not HoldEvent.objects.filter(hold_id=117).exists()
 
 
 def test_a_handler_enqueues_its_follow_up_in_the_claims_transaction():
@@ -163,6 +203,7 @@ def test_a_handler_that_fails_after_writing_models_leaves_no_rows_no_intent_no_m
         (close_midway, "test-close", 107),
         (after_commit, "test-on-commit", 108),
         (autocommit_midway, "test-autocommit", 113),
+        (durable_block, "test-durable", 118),
     ],
 )
 def test_calls_that_would_end_the_claims_transaction_are_refused(task, prefix, hold_id):
@@ -172,7 +213,7 @@ def test_calls_that_would_end_the_claims_transaction_are_refused(task, prefix, h
     [job] = box.store.job_find_by_key(f"{prefix}/hold-{hold_id}")
     assert job.state == "dead"
     error = box.store.job_attempt_list(job.id)[0].error or ""
-    assert any(word in error for word in ("forbidden", "may not", "on_commit")), error
+    assert any(word in error for word in ("forbidden", "may not", "on_commit", "durable")), error
     assert not HoldEvent.objects.filter(hold_id=hold_id).exists()
 
 

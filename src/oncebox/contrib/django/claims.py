@@ -80,7 +80,10 @@ class DjangoModels:
         wrapper = getattr(self._threads, "wrapper", None)
         if wrapper is None:
             made = connections.create_connection(self.alias)
-            wrapper = _wrapper_class(type(made))(made.settings_dict, self.alias)
+            # a server-side cursor (QuerySet.iterator()) needs the driver connection itself,
+            # which the guard keeps from handlers: chunked reads on the claim's cursor instead
+            settings = {**made.settings_dict, "DISABLE_SERVER_SIDE_CURSORS": True}
+            wrapper = _wrapper_class(type(made))(settings, self.alias)
             self._threads.wrapper = wrapper
         # the thread's own connection comes back when the handler ends (a test that drains
         # jobs in its own thread goes on with its own)
@@ -99,21 +102,35 @@ class HandlerModels:
     ) -> None:
         self._wrapper = wrapper
         self._restore = restore
+        from django.db.transaction import Atomic  # noqa: PLC0415 (Django is optional)
+
         wrapper.connection = guarded
         wrapper.autocommit = False
         wrapper.in_atomic_block = True
-        wrapper.commit_on_exit = False
+        # True, though nothing here commits: Django ends "the outermost block" — and with it
+        # in_atomic_block — when the last nested block exits and this is False
+        wrapper.commit_on_exit = True
         wrapper.needs_rollback = False
         wrapper.closed_in_transaction = False
         wrapper.savepoint_ids = []
-        wrapper.atomic_blocks = []
+        # the block the claim stands for: `atomic(durable=True)` in a handler is refused
+        wrapper.atomic_blocks = [Atomic(wrapper.alias, savepoint=False, durable=False)]
         wrapper.run_on_commit = []
 
     def get(self) -> Any:
         raise ConfigurationError(NO_SESSION)
 
     def flush(self) -> None:
-        """Django writes as it goes: nothing is pending when the handler returns."""
+        """Django writes as it goes: nothing is pending when the handler returns — unless Django
+        marked the transaction for rollback (a database error the handler caught and carried on
+        from): then the job fails, and its savepoint undoes what it wrote, on both stores
+        (PostgreSQL would refuse the commit anyway; SQLite would keep the half-done writes)."""
+        if self._wrapper.needs_rollback:
+            raise ConfigurationError(
+                "the handler carried on after a database error inside the claim's transaction; "
+                "Django marked it for rollback, so this attempt fails: let the error propagate, "
+                "or catch it around a transaction.atomic() block of its own"
+            )
 
     def close(self) -> None:
         wrapper = self._wrapper

@@ -97,9 +97,14 @@ def database_url(database: dict[str, Any], ours: OnceboxSettings) -> str:
             query["host"], host = host, ""
         userinfo = f"{user}:{password}@" if password else (f"{user}@" if user else "")
         netloc = userinfo + host + (f":{port}" if port else "")
-        for name, value in (database.get("OPTIONS") or {}).items():
+        options = database.get("OPTIONS") or {}
+        for name, value in options.items():
             if name in _LIBPQ and isinstance(value, str | int):
                 query[name] = str(value)
+        # as Django's own connections: no prepared statements unless OPTIONS turns them on (so
+        # a project behind PgBouncer in transaction pooling works as its views do)
+        threshold = options.get("prepare_threshold")
+        query["prepare_threshold"] = "none" if threshold is None else str(threshold)
         if ours.schema:
             query["schema"] = ours.schema
         query.update(ours.options)

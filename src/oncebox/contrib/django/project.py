@@ -58,6 +58,7 @@ def _build() -> Box:
 
     def ambient() -> object | None:
         connection = connections[alias]
+        # inside `atomic` (a view's), or on a lane inside a handler (the claim's transaction)
         return connection if connection.in_atomic_block else None
 
     box.runtime.ambient_connection = ambient
