@@ -117,15 +117,19 @@ def _span(
         yield Traced(span)
 
 
+def _messaging(operation: str, name: str, destination: str) -> dict[str, str | int]:
+    """The messaging conventions' attributes every span here carries."""
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": operation,
+        "messaging.operation.name": name,
+        "messaging.destination.name": destination,
+    }
+
+
 def enqueue_span(queue: str, task: str) -> AbstractContextManager[Traced]:
     """Around an enqueue of one job or of many of one task: the job rows store its context."""
-    attributes: dict[str, str | int] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "enqueue",
-        "messaging.destination.name": queue,
-        "oncebox.task": task,
-    }
+    attributes = {**_messaging("send", "enqueue", queue), "oncebox.task": task}
     return _span(f"enqueue {queue}", _kind("PRODUCER"), attributes)
 
 
@@ -133,11 +137,8 @@ def process_span(
     stored: str | None, *, queue: str, task: str, job: str, key: str | None, attempt: int
 ) -> AbstractContextManager[Traced]:
     """Around one handler run, continuing the trace its job was enqueued in."""
-    attributes: dict[str, str | int] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
-        "messaging.destination.name": queue,
+    attributes = {
+        **_messaging("process", "process", queue),
         "messaging.message.id": job,
         "oncebox.task": task,
         "oncebox.attempt": attempt,
@@ -151,11 +152,8 @@ def send_span(
     stored: str | None, *, channel: str, row: int, key: str, attempt: int
 ) -> AbstractContextManager[Traced]:
     """Around one send of an outbox row, continuing the trace of the handler that wrote it."""
-    attributes: dict[str, str | int] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "send",
-        "messaging.destination.name": channel,
+    attributes = {
+        **_messaging("send", "send", channel),
         "messaging.message.id": str(row),
         "oncebox.key": key,
         "oncebox.attempt": attempt,

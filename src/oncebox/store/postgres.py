@@ -354,12 +354,16 @@ class PostgresStore(WriteOperations["PostgresTx"]):
 
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A dedicated connection outside the pool (consumer sessions, the listener, tests)."""
+        return self._open(
+            conninfo=self.conninfo,
+            connect_timeout=int(self.connect_timeout),
+            **{**self._driver, **kwargs},
+        )
+
+    def _open(self, **arguments: Any) -> psycopg.Connection[Any]:
+        """psycopg.connect, its failures said as this store says them."""
         try:
-            return psycopg.connect(
-                self.conninfo,
-                connect_timeout=int(self.connect_timeout),
-                **{**self._driver, **kwargs},
-            )
+            return psycopg.connect(**arguments)
         except psycopg.Error as exc:
             if "unsupported startup parameter" in str(exc):
                 raise self._behind_a_pooler(exc) from None
@@ -647,20 +651,15 @@ class PostgresStore(WriteOperations["PostgresTx"]):
                 autocommit=True, options=options, application_name=settings.application_name
             )
         params = self.consumer_connect_params()
-        try:
-            return psycopg.connect(
-                **{
-                    "connect_timeout": int(self.connect_timeout),
-                    "application_name": settings.application_name,
-                    **params,
-                    "options": f"{params.get('options') or ''} {options}".strip(),
-                    "autocommit": True,
-                }
-            )
-        except psycopg.Error as exc:
-            if "unsupported startup parameter" in str(exc):
-                raise self._behind_a_pooler(exc) from None
-            raise self._unavailable(exc) from None
+        return self._open(
+            **{
+                "connect_timeout": int(self.connect_timeout),
+                "application_name": settings.application_name,
+                **params,
+                "options": f"{params.get('options') or ''} {options}".strip(),
+                "autocommit": True,
+            }
+        )
 
     def wait_for_work(self, timeout: float) -> frozenset[WorkKind]:
         """Wait for a NOTIFY in this schema: a job made ready (an insert, a replay, a release, a
