@@ -36,6 +36,7 @@ from oncebox.lanes.worker import WorkerConfig, WorkerResult
 from oncebox.operations import ActionOutcome
 from oncebox.queue.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
 from oncebox.queue.context import JobContext
+from oncebox.retention.policy import Retention
 from oncebox.schedules.schedule import ScheduleContext
 from oncebox.schedules.slo import Slo
 from oncebox.timers.sweeper import SweepContext
@@ -66,6 +67,7 @@ __all__ = [
     "OnceboxError",
     "PayloadTooLarge",
     "Permanent",
+    "Retention",
     "Retry",
     "RetryLater",
     "ScheduleContext",

@@ -45,6 +45,7 @@ from oncebox.queue.consumer import Consumer, ConsumerConfig
 from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
+from oncebox.retention.policy import Retention
 from oncebox.runtime import Runtime
 from oncebox.schedules.fanout import FanOutResult, run_schedule
 from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
@@ -73,6 +74,7 @@ class Box(Operations):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         seed: int | None = None,
         secret: str | None = None,
+        retention: Retention | None = None,
     ) -> None:
         url = url if url is not None else os.environ.get("ONCEBOX_DB")
         if store is None and not url:
@@ -97,6 +99,7 @@ class Box(Operations):
             metrics=metrics,
             rng=random.Random(seed),
             max_payload_bytes=max_payload_bytes,
+            retention=retention or Retention(),
         )
 
     # the runtime's parts, as the box's users and tools have always reached them
@@ -139,6 +142,7 @@ class Box(Operations):
         queue: str = DEFAULT_QUEUE,
         group_by: str | None = None,
         keep_intents: timedelta | None = None,
+        keep_jobs: timedelta | None = None,
     ) -> Callable[[F], Task]: ...
 
     def task(
@@ -154,10 +158,13 @@ class Box(Operations):
         queue: str = DEFAULT_QUEUE,
         group_by: str | None = None,
         keep_intents: timedelta | None = None,
+        keep_jobs: timedelta | None = None,
     ) -> Task | Callable[[F], Task]:
         """Declare a task. `key` is the business-key template (omit it for a plain at-least-once
         job); `group_by` names an argument whose value orders the task's queue (one job per
-        group at a time, in enqueue order); `keep_intents` opts into pruning intents."""
+        group at a time, in enqueue order); `keep_intents` opts into pruning intents;
+        `keep_jobs` keeps its finished jobs longer or shorter than the box's `Retention.jobs`
+        (`timedelta.max`: for ever)."""
 
         def register(handler: F) -> Task:
             task = make_task(
@@ -170,6 +177,7 @@ class Box(Operations):
                 queue=queue,
                 group_by=group_by,
                 keep_intents=keep_intents,
+                keep_jobs=keep_jobs,
             )
             clash = RESERVED_ARGS & set(task.signature.parameters)
             if clash:

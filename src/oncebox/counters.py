@@ -31,6 +31,13 @@ COUNTERS: dict[str, str] = {
     "sends_possible_duplicate": "resends that may have delivered a second copy",
     "sends_lease_expired": "dispatcher leases rescued after they ran out",
     "duplicates_reported": "sent messages a recipient reported receiving twice (audited)",
+    "pruned_jobs": "finished jobs deleted by retention, with their attempts",
+    "pruned_intents": "intents deleted under their task's keep_intents",
+    "payloads_dropped": "sent messages whose payload (recipients, bodies) retention dropped",
+    "pruned_messages": "sent messages deleted by retention, with their delivery attempts",
+    "pruned_delivery_attempts": "delivery attempts of sent messages deleted by retention",
+    "pruned_audit_entries": "audit entries deleted by retention",
+    "pruned_schedule_runs": "finished schedule runs (period summaries) deleted by retention",
 }
 
 

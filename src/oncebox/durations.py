@@ -23,3 +23,10 @@ def parse_duration(text: str, option: str) -> timedelta:
     if span > _MOST:
         raise ConfigurationError(f"{option} {text!r} is longer than 100 years")
     return span
+
+
+def check_keep(owner: str, label: str, value: object) -> None:
+    """A retention setting on a task or channel (`keep_jobs=`, `keep_payloads=`, ...): None (the
+    box's policy), `timedelta.max` (for ever) or a duration of 0 or more."""
+    if value is not None and (not isinstance(value, timedelta) or value < timedelta(0)):
+        raise ConfigurationError(f"{owner}: {label} must be a timedelta of 0 or more")

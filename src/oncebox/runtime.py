@@ -22,6 +22,7 @@ from oncebox.outbox.channels import Channel, ChannelSet
 from oncebox.outbox.tokens import SecretSource
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.handler_orm import Orm
+from oncebox.retention.policy import Retention
 from oncebox.schedules.schedule import Schedule
 from oncebox.store.base import EVERY_KIND, Store, WorkKind
 from oncebox.timers.sweeper import Sweeper
@@ -68,6 +69,7 @@ class Runtime:
     metrics: Metrics
     rng: random.Random
     max_payload_bytes: int
+    retention: Retention = field(default_factory=Retention)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     sweepers: dict[str, Sweeper] = field(default_factory=dict)
     workers: LocalWorkers = field(default_factory=LocalWorkers)

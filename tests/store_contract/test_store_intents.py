@@ -89,7 +89,7 @@ def test_a_handler_scope_refuses_to_commit_the_claims_connection(store: Store):
     assert store.intent_count() == 0
 
 
-def test_intent_prune_deletes_a_tasks_intents_older_than_asked_oldest_first(store: Store):
+def test_prune_of_intents_deletes_a_tasks_intents_older_than_asked_oldest_first(store: Store):
     def claim(key: str, task: str) -> None:
         with opened_session(store) as session, session.transaction() as tx:
             tx.intent_claim([IntentClaim(key, task, None)])
@@ -100,11 +100,11 @@ def test_intent_prune_deletes_a_tasks_intents_older_than_asked_oldest_first(stor
     claim("k/other-task", "u")
     advance(store, timedelta(days=400))
     claim("k/young", "t")
-    assert store.intent_prune("t", older_than=timedelta(days=365), limit=1) == 1
+    assert store.prune("intents", "t", timedelta(days=365), limit=1) == 1
     assert store.intent_get("k/oldest") is None
     assert store.intent_get("k/old") is not None
-    assert store.intent_prune("t", older_than=timedelta(days=365), limit=10) == 1
-    assert store.intent_prune("t", older_than=timedelta(days=365), limit=10) == 0
+    assert store.prune("intents", "t", timedelta(days=365), limit=10) == 1
+    assert store.prune("intents", "t", timedelta(days=365), limit=10) == 0
     assert sorted(k for k in ("k/old", "k/other-task", "k/young") if store.intent_get(k)) == [
         "k/other-task",
         "k/young",

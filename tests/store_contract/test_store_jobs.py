@@ -286,9 +286,9 @@ def test_job_prune_deletes_finished_jobs_older_than_asked_with_their_attempts(st
     advance(store, timedelta(days=8))
     young = done_job(store, "k/young")
     waiting = insert(store, "k/waiting")
-    assert store.job_prune(timedelta(days=7), limit=2) == 2
-    assert store.job_prune(timedelta(days=7), limit=100) == 1
-    assert store.job_prune(timedelta(days=7), limit=100) == 0
+    assert store.job_prune("t", timedelta(days=7), limit=2) == 2
+    assert store.job_prune("t", timedelta(days=7), limit=100) == 1
+    assert store.job_prune("t", timedelta(days=7), limit=100) == 0
     for gone in (old_done, old_cancelled, failed_then_done):
         assert store.job_get(gone) is None
     assert store.job_attempt_list(failed_then_done) == []

@@ -354,14 +354,15 @@ def test_schedule_period_stats_count_pruned_jobs_as_the_runs_summary_kept_them(s
     assert (before.on_time, before.pruned) == (2, 0)  # 1 sent in time; 4 wrote nothing
 
     advance(store, timedelta(days=8))
-    assert store.job_prune(timedelta(days=7), limit=100) == 3  # job 3 stays: its message is pending
-    assert store.job_prune(timedelta(days=7), limit=100) == 0
+    # job 3 stays: its message is pending
+    assert store.job_prune("digest", timedelta(days=7), limit=100) == 3
+    assert store.job_prune("digest", timedelta(days=7), limit=100) == 0
     assert [store.job_get(i) is None for i in ids] == [True, True, False, True]
     [after] = store.schedule_period_stats(WEEKLY, window=window)
     assert after == dataclasses.replace(before, pruned=3)
 
     finish_outbox(store, messages[3], OutboxFinish(messages[3], "sent", "sent", True))
-    assert store.job_prune(timedelta(days=7), limit=100) == 1
+    assert store.job_prune("digest", timedelta(days=7), limit=100) == 1
     [final] = store.schedule_period_stats(WEEKLY, window=window)
     assert (final.done, final.covered, final.sent, final.pending) == (4, 4, 3, 0)
     assert (final.on_time, final.pruned, final.coverage) == (2, 4, 1.0)  # 3 was sent 8 days late

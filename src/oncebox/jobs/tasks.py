@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from oncebox.durations import check_keep
 from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
 from oncebox.jobs.keys import KeyTemplate, quote_template
 from oncebox.jobs.retry import Retry
@@ -49,6 +50,7 @@ class Task:
     group_by: str | None
     keep_intents: timedelta | None
     signature: inspect.Signature
+    keep_jobs: timedelta | None = None  # None: the box's Retention.jobs (retention/policy.py)
     _shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
@@ -191,6 +193,7 @@ def make_task(
     queue: str,
     group_by: str | None,
     keep_intents: timedelta | None,
+    keep_jobs: timedelta | None = None,
 ) -> Task:
     """Build and check a task; every mistake is a `ConfigurationError` naming the task."""
     stored = check_name("task", name if name is not None else getattr(fn, "__name__", ""))
@@ -233,6 +236,7 @@ def make_task(
         raise ConfigurationError(
             f"task {stored!r}: keep_intents needs a key template and a positive duration"
         )
+    check_keep(f"task {stored!r}", "keep_jobs", keep_jobs)
     return Task(
         name=stored,
         fn=fn,
@@ -244,6 +248,7 @@ def make_task(
         group_by=group_by,
         keep_intents=keep_intents,
         signature=signature,
+        keep_jobs=keep_jobs,
     )
 
 

@@ -342,7 +342,7 @@ class Worker:
         rescuer = LeaseRescuer(
             store, self.config.rescuer, metrics, DeliveryRescuer(store, channels, metrics)
         )
-        pruner = Pruner(store, self.config.pruner, self.runtime.registry.all())
+        pruner = Pruner.for_runtime(self.runtime, self.config.pruner)
         resolver = AmbiguityResolver(store, channels)
         rescuer.run_once()
         lanes: list[tuple[str, Callable[[threading.Event], None]]] = [

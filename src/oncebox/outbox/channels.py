@@ -18,6 +18,8 @@
   recorded (the dispatcher died, or hung) before the row stops going back to `pending` — a
   message that kills its dispatcher every time would otherwise loop for ever. Then it is dead
   (no send was attempted) or `ambiguous` (a send may have happened), with a reason saying so.
+- `keep_payloads` / `keep_messages`: how long this channel's sent messages keep their payload,
+  and their rows, instead of the box's `Retention` (`retention/policy.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from oncebox.durations import check_keep
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import check_name
@@ -55,6 +58,9 @@ class Channel:
     batch_size: int = 100
     max_rescues: int = 5
     extra: dict[str, str] = field(default_factory=dict)
+    # None: the box's Retention.payloads / .messages (retention/policy.py)
+    keep_payloads: timedelta | None = None
+    keep_messages: timedelta | None = None
 
     @property
     def idempotent(self) -> bool:
@@ -81,6 +87,8 @@ def make_channel(
     sender: str | None = None,
     batch_size: int = 100,
     max_rescues: int = 5,
+    keep_payloads: timedelta | None = None,
+    keep_messages: timedelta | None = None,
 ) -> Channel:
     check_name("channel", name)
     if ambiguity not in ("hold", "retry"):
@@ -96,6 +104,8 @@ def make_channel(
     ):
         if value <= timedelta(0):
             raise ConfigurationError(f"channel {name!r}: {label} must be positive")
+    check_keep(f"channel {name!r}", "keep_payloads", keep_payloads)
+    check_keep(f"channel {name!r}", "keep_messages", keep_messages)
     parsed = tuple(Limit.parse(text) for text in limits)
     if len({lim.name for lim in parsed}) != len(parsed):
         raise ConfigurationError(f"channel {name!r}: a limit is listed twice")
@@ -111,6 +121,8 @@ def make_channel(
         sender=sender,
         batch_size=batch_size,
         max_rescues=max_rescues,
+        keep_payloads=keep_payloads,
+        keep_messages=keep_messages,
     )
 
 

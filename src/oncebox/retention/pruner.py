@@ -1,69 +1,142 @@
-"""`Pruner`: retention for finished jobs, and the explicit per-task intent policies.
+"""`Pruner`: the lane that applies retention (`policy.py`), a bounded batch at a time.
 
-Done and cancelled jobs (with their attempt history) are deleted `job_retention` after they
-finished (default 14 days), a small batch per statement so the lane never holds long locks.
-Dead jobs are never pruned: they wait for a replay or an operator; nor is a job with a message
-not yet sent (pending, held ambiguous, dead): its period's figures still move with it. What a
-pruned job of a schedule period counted is kept in its run's summary, in the same statement, so
-the period's figures outlive its jobs (`job_prune`, migration 0011).
+Each pass visits every kind of row in `PRUNE_KINDS` order — jobs first, so that the messages
+whose jobs just went may follow in the same pass — and, for each task, channel or schedule that
+has such rows (read from the depths and small tables, never by scanning the big ones), prunes one
+batch of at most `batch_size` rows, oldest first through an index (migration 0014). A batch is
+one short transaction that locks only its own rows and skips any another transaction holds.
 
-Intents are tombstones that must outlive every way a duplicate can arrive, so they are kept
-forever unless a task declares `keep_intents=` (e.g. 400 days for weekly digests): only then does
-this lane delete that task's intents claimed longer ago than that. Deleting jobs never deletes
-intents.
+While batches come back full the lane goes on, but paced: after a pass it waits as long as the
+pass took (`duty` 0.5), so a backlog of millions of rows drains at a steady rate instead of
+taking a core and the disk from the workers. With nothing past its retention a pass is a few
+index probes, every `interval`.
+
+What a pruned job of a schedule period counted is kept in its run's summary (`job_prune`); the
+totals of what was pruned are durable counters (`pruned_*`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 
+from oncebox.clock import monotonic
 from oncebox.jobs.tasks import Task
 from oncebox.lane import run_forever
-from oncebox.store.base import Store
-
-DEFAULT_JOB_RETENTION = timedelta(days=14)
+from oncebox.outbox.channels import Channel
+from oncebox.retention.policy import Plan, Retention
+from oncebox.runtime import Runtime
+from oncebox.schedules.schedule import Schedule
+from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
 
 
 @dataclass(frozen=True)
 class PrunerConfig:
-    job_retention: timedelta = DEFAULT_JOB_RETENTION
     interval: timedelta = timedelta(minutes=10)
     batch_size: int = 1000
+    duty: float = 0.5  # the largest share of its time a draining pruner spends pruning
+    # overrides the box's Retention.jobs (the setting's older home); None: the box's
+    job_retention: timedelta | None = None
 
     def __post_init__(self) -> None:
-        if self.job_retention < timedelta(0):
+        if self.job_retention is not None and self.job_retention < timedelta(0):
             raise ValueError("job_retention must not be negative")
+        if not 0 < self.duty <= 1:
+            raise ValueError("duty must be within (0, 1]")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
 
 
-@dataclass(frozen=True)
+@dataclass
 class PrunerResult:
-    jobs: int
-    intents: int
+    """Rows acted on per kind, and whether any batch came back full (more is waiting)."""
+
+    pruned: dict[PruneKind, int] = field(default_factory=lambda: dict.fromkeys(PRUNE_KINDS, 0))
+    full: bool = False
+
+    @property
+    def jobs(self) -> int:
+        return self.pruned["jobs"]
+
+    @property
+    def intents(self) -> int:
+        return self.pruned["intents"]
+
+    def total(self) -> int:
+        return sum(self.pruned.values())
 
 
 class Pruner:
-    def __init__(self, store: Store, config: PrunerConfig, tasks: Sequence[Task]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: PrunerConfig,
+        tasks: Sequence[Task],
+        *,
+        retention: Retention | None = None,
+        channels: Mapping[str, Channel] | None = None,
+        schedules: Mapping[str, Schedule] | None = None,
+    ) -> None:
         self.store = store
         self.config = config
-        self.tasks = list(tasks)
+        retention = retention or Retention()
+        if config.job_retention is not None:
+            retention = Retention(
+                **{**retention.__dict__, "jobs": config.job_retention},
+            )
+        self.plan = Plan(
+            retention,
+            {task.name: task for task in tasks},
+            dict(channels or {}),
+            dict(schedules or {}),
+        )
+
+    @classmethod
+    def for_runtime(cls, runtime: Runtime, config: PrunerConfig) -> Pruner:
+        """The pruner of a box: its retention, tasks, channels and schedules."""
+        return cls(
+            runtime.store,
+            config,
+            runtime.registry.all(),
+            retention=runtime.retention,
+            channels=runtime.channels,
+            schedules=runtime.schedules,
+        )
 
     def run_once(self) -> PrunerResult:
-        jobs = self.store.job_prune(self.config.job_retention, self.config.batch_size)
+        """One pass: a batch per kind and name past its retention."""
+        result = PrunerResult()
+        for kind in PRUNE_KINDS:
+            for name in self.store.prune_names(kind):
+                keep = self.plan.policy(kind, name)
+                if keep is None:
+                    continue
+                acted = self.store.prune(kind, name, keep, self.config.batch_size)
+                result.pruned[kind] += acted
+                result.full = result.full or acted >= self.config.batch_size
         self.store.counter_compact()  # the shards of connections that are gone, folded
-        intents = 0
-        for task in self.tasks:
-            if task.keep_intents is not None:
-                intents += self.store.intent_prune(
-                    task.name, task.keep_intents, self.config.batch_size
-                )
-        return PrunerResult(jobs, intents)
+        return result
+
+    def drain(self) -> PrunerResult:
+        """Passes until no batch comes back full: everything past its retention, pruned (what
+        `oncebox prune` runs). Unpaced: an operator's command, at an hour they chose."""
+        total = PrunerResult()
+        while True:
+            result = self.run_once()
+            for kind, acted in result.pruned.items():
+                total.pruned[kind] += acted
+            if not result.full:
+                return total
 
     def run_forever(self, stop: threading.Event) -> None:
         def once() -> bool:
+            started = monotonic()
             result = self.run_once()
-            return max(result.jobs, result.intents) >= self.config.batch_size
+            if result.full:  # paced: wait as long as the pass took, at duty 0.5
+                took = monotonic() - started
+                stop.wait(took * (1 - self.config.duty) / self.config.duty)
+            return result.full
 
         run_forever("pruner", once, stop, self.config.interval.total_seconds())

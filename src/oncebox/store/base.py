@@ -456,6 +456,8 @@ class OutboxRow:
     last_error: str | None
     uncertain: bool = False
     rescues: int = 0  # leases that ran out on it with no outcome recorded (read by the rescue)
+    # when retention dropped its payload (kept as {}); None: the payload is held
+    payload_dropped_at: datetime | None = None
     # when its last delivery attempt ended (a dead row: when it died); read by the listing
     # (`outbox_list`) only, None from every other read
     last_attempt_at: datetime | None = None
@@ -797,6 +799,32 @@ class ConsumerSession(Protocol):
     def close(self) -> None: ...
 
 
+#: The kinds of rows retention acts on (`retention/policy.py`): `payloads` thins sent messages
+#: (their payload dropped, the row kept); every other kind deletes rows.
+PruneKind = Literal[
+    "jobs", "intents", "payloads", "messages", "delivery_attempts", "audit", "schedule_runs"
+]
+PRUNE_KINDS: tuple[PruneKind, ...] = (
+    "jobs",
+    "intents",
+    "payloads",
+    "messages",
+    "delivery_attempts",
+    "audit",
+    "schedule_runs",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What retention holds of one kind of row for one name (task, channel, schedule, or ''):
+    when the oldest row it still keeps happened, and how many rows are past their retention
+    (counted up to a limit) — waiting for the pruner."""
+
+    oldest: datetime | None
+    waiting: int
+
+
 class Store(Protocol):
     """Every operation oncebox performs on its database."""
 
@@ -868,12 +896,28 @@ class Store(Protocol):
         ...
 
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime: ...
-    def job_prune(self, older_than: timedelta, limit: int) -> int: ...
+    def job_prune(self, task: str, older_than: timedelta, limit: int) -> int: ...
 
     # intents
     def intent_get(self, key: str) -> IntentRow | None: ...
     def intent_count(self) -> int: ...
-    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int: ...
+
+    # retention (store/pruning.py)
+    def prune(self, kind: PruneKind, name: str, older_than: timedelta, limit: int) -> int:
+        """One batch of at most `limit` rows of `kind` (of task, channel or schedule `name`;
+        '' for delivery attempts and the audit) past `older_than`, pruned and counted, oldest
+        first."""
+        ...
+
+    def prunable(
+        self, kind: PruneKind, name: str, older_than: timedelta | None, limit: int
+    ) -> Held:
+        """What retention holds of `kind` for `name`; `older_than` None: kept for ever."""
+        ...
+
+    def prune_names(self, kind: PruneKind) -> list[str]:
+        """The names that have rows of `kind` retention may act on ([''] for unnamed kinds)."""
+        ...
 
     # audit
     def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]: ...

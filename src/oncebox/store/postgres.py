@@ -65,6 +65,7 @@ from oncebox.store.base import (
     insert_chunks,
 )
 from oncebox.store.caller import LoopConnection, driver_connection
+from oncebox.store.pruning import PruneOperations
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
 from oncebox.store.writes import WriteOperations, beat_params, canary_params
@@ -219,7 +220,7 @@ def roll_back_quietly(conn: psycopg.Connection[Any]) -> None:
             conn.rollback()
 
 
-class PostgresStore(WriteOperations["PostgresTx"]):
+class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]):
     """See the module docstring. Open with `open_store("postgresql://host/db")`."""
 
     dialect: Literal["postgres"] = "postgres"
@@ -544,8 +545,8 @@ class PostgresStore(WriteOperations["PostgresTx"]):
     # -- due times, pruning --------------------------------------------------------------------
 
     @operation
-    def job_prune(self, older_than: timedelta, limit: int) -> int:
-        params = {"older_than_s": older_than.total_seconds(), "limit": limit}
+    def job_prune(self, task: str, older_than: timedelta, limit: int) -> int:
+        params = {"task": task, "older_than_s": older_than.total_seconds(), "limit": limit}
         return len(self._apply("job_prune", params).rows)
 
     # -- the outbox ----------------------------------------------------------------------------

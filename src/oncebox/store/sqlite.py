@@ -57,6 +57,7 @@ from oncebox.store.base import (
     OutboxInsert,
     OutboxLeased,
     OutboxLeaseParams,
+    PruneKind,
     RescuedJob,
     SchemaStatus,
     WorkerBeat,
@@ -65,6 +66,7 @@ from oncebox.store.base import (
 )
 from oncebox.store.caller import driver_connection
 from oncebox.store.migrations import split_sqlite_script
+from oncebox.store.pruning import PruneOperations
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
 from oncebox.store.sqlite_turns import WriterTurns
@@ -128,7 +130,7 @@ def _create_private(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
-class SqliteStore(WriteOperations["SqliteTx"]):
+class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
     """See the module docstring. Open with `open_store("sqlite:///path.db")`."""
 
     dialect: Literal["sqlite"] = "sqlite"
@@ -461,9 +463,10 @@ class SqliteStore(WriteOperations["SqliteTx"]):
     # -- due times, pruning --------------------------------------------------------------------
 
     @operation
-    def job_prune(self, older_than: timedelta, limit: int) -> int:
+    def job_prune(self, task: str, older_than: timedelta, limit: int) -> int:
         with self._transaction() as tx:
-            pruned = tx.fetch("job_prune", {"older_than_us": _us(older_than), "limit": limit})
+            params = {"task": task, "older_than_us": _us(older_than), "limit": limit}
+            pruned = tx.fetch("job_prune", params)
             c = pruned.columns()
             ids = [row[c["id"]] for row in pruned.rows]
             summarised = [
@@ -475,7 +478,18 @@ class SqliteStore(WriteOperations["SqliteTx"]):
                 tx.fetch("job_prune__summarise", {"pruned": json.dumps(summarised)})
             if ids:
                 tx.fetch("job_prune__attempts", {"ids": json.dumps(ids)})
+                tx.fetch("counter_add", {"deltas": json.dumps({"pruned_jobs": len(ids)})})
         return len(ids)
+
+    def _prune_in(self, tx: SqliteTx, kind: PruneKind, params: dict[str, Any]) -> int:
+        """A batch of messages in three steps (SQLite has no data-modifying CTEs): the batch,
+        its attempts, the rows."""
+        if kind != "messages":
+            return super()._prune_in(tx, kind, params)
+        batch = tx.fetch("outbox_prune__select", params)
+        ids = json.dumps([row[0] for row in batch.rows])
+        tx.fetch("outbox_prune__attempts", {"ids": ids})
+        return len(tx.fetch("outbox_prune", {"ids": ids}).rows)
 
     # -- the outbox ----------------------------------------------------------------------------
 

@@ -239,11 +239,6 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         params = {"job_id": job_id, "attempt": attempt, "worker": worker, "note": note}
         self._apply("job_attempt_note", params)
 
-    @operation
-    def intent_prune(self, task: str, older_than: timedelta, limit: int) -> int:
-        params = {"task": task, **self._span("older_than", older_than), "limit": limit}
-        return len(self._apply("intent_prune", params).rows)
-
     # -- operator actions ----------------------------------------------------------------------
 
     def _replayed(self, name: str, action: OperatorAction, kind: WorkKind) -> ActionResult | None:

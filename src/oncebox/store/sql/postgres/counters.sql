@@ -52,3 +52,11 @@ FROM gone
 GROUP BY name
 ORDER BY name
 ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: depth_names
+-- The tasks (kind 'job') or channels ('message') that have rows in any of %(states)s, from the
+-- depths (0010): which names the pruner visits, without reading the tables.
+SELECT name FROM __S__.oncebox_depths
+WHERE kind = %(kind)s AND state = ANY(%(states)s::text[])
+GROUP BY name HAVING sum(value) > 0
+ORDER BY name;

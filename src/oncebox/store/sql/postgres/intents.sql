@@ -38,3 +38,20 @@ doomed AS (
     LIMIT %(limit)s
 )
 DELETE FROM __S__.oncebox_intents i USING doomed d WHERE i.key = d.key RETURNING i.key;
+
+-- name: intent_prunable
+-- What a task's intent policy holds: when its oldest intent was claimed, and how many
+-- intent_prune would delete now (up to %(limit)s; none when %(older_than_s)s is NULL: the
+-- task keeps its intents for ever, the default).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT min(claimed_at) FROM __S__.oncebox_intents WHERE task = %(task)s) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_intents
+            WHERE %(older_than_s)s::float8 IS NOT NULL AND task = %(task)s
+              AND claimed_at < (SELECT now FROM clock)
+                               - make_interval(secs => %(older_than_s)s::float8)
+            LIMIT %(limit)s) w) AS waiting;
+
+-- name: intent_tasks
+-- The tasks that hold intents (a registry may no longer declare one: its policy is the default).
+SELECT DISTINCT task AS name FROM __S__.oncebox_intents ORDER BY task;

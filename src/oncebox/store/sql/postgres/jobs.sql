@@ -378,21 +378,27 @@ SELECT (SELECT min(f.run_at)
        (SELECT __S__.oncebox_now()) AS now;
 
 -- name: job_prune
--- Delete a batch of done and cancelled jobs finished before the cutoff, with their attempts. A
--- job with a message not yet sent (nor discarded) stays: its period's figures still move with
--- it, and an operator may still act on it. What a done job of a schedule period counted is added
--- to its run's summary (0011) in the same statement: the period's figures outlive its jobs.
+-- Delete a batch of one task's done and cancelled jobs finished before the cutoff, oldest first
+-- (oncebox_jobs_finished, 0014), with their attempts. A job with a message not yet sent (nor
+-- discarded) stays: its period's figures still move with it, and an operator may still act on
+-- it. What a done job of a schedule period counted is added to its run's summary (0011) in the
+-- same statement: the period's figures outlive its jobs. Counted as pruned_jobs.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT j.id, j.schedule, j.period, j.state, j.finished_at
     FROM __S__.oncebox_jobs j
-    WHERE j.state IN ('done', 'cancelled')
+    WHERE j.state IN ('done', 'cancelled') AND j.task = %(task)s
       AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
       AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
                       WHERE o.job_id = j.id AND o.state <> 'sent' AND o.discarded_at IS NULL)
-    ORDER BY j.id
+    ORDER BY j.finished_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
+),
+pruned_count AS (
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT 'pruned_jobs', pg_backend_pid(), count(*) FROM doomed HAVING count(*) > 0
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
 ),
 counted AS (  -- per period: as schedule_period_stats counts a covered job
     SELECT d.schedule, d.period, count(*) AS done, COALESCE(sum(m.sent), 0) AS sent,
@@ -426,6 +432,24 @@ attempts AS (
     DELETE FROM __S__.oncebox_job_attempts a USING doomed d WHERE a.job_id = d.id
 )
 DELETE FROM __S__.oncebox_jobs j USING doomed d WHERE j.id = d.id RETURNING j.id;
+
+-- name: job_prunable
+-- What retention holds of one task's finished jobs: when the oldest kept one finished, and how
+-- many job_prune would delete now (counted up to %(limit)s; none when %(older_than_s)s is NULL,
+-- kept for ever).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT min(finished_at) FROM __S__.oncebox_jobs
+        WHERE state IN ('done', 'cancelled') AND task = %(task)s) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_jobs j
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND j.state IN ('done', 'cancelled') AND j.task = %(task)s
+              AND j.finished_at < (SELECT now FROM clock)
+                                  - make_interval(secs => %(older_than_s)s::float8)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
+                              WHERE o.job_id = j.id AND o.state <> 'sent'
+                                AND o.discarded_at IS NULL)
+            LIMIT %(limit)s) w) AS waiting;
 
 -- name: job_list
 -- Newest first, paged by id (dead jobs through oncebox_jobs_dead). `error`: a case-insensitive

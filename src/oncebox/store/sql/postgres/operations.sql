@@ -92,3 +92,37 @@ SELECT 'message', d.name, COALESCE(d.waiting, 0),
        END
 FROM depths d WHERE d.kind = 'message'
 ORDER BY 1, 2;
+
+-- name: audit_prune
+-- Delete a batch of audit entries older than the cutoff, oldest first (oncebox_audit_at, 0014),
+-- except those about a dead job or a dead or ambiguous message: a dead letter keeps its whole
+-- story until it is replayed, discarded or resolved.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT a.id FROM __S__.oncebox_audit a
+    WHERE a.at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+                      WHERE a.target_kind = 'job' AND j.id = a.target_id AND j.state = 'dead')
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
+                      WHERE a.target_kind = 'delivery' AND o.id = a.target_id
+                        AND o.state IN ('dead', 'ambiguous'))
+    ORDER BY a.at, a.id
+    LIMIT %(limit)s
+)
+DELETE FROM __S__.oncebox_audit a USING doomed d WHERE a.id = d.id RETURNING a.id;
+
+-- name: audit_prunable
+-- What retention holds of the audit log: its oldest entry, and how many audit_prune would delete
+-- now (up to %(limit)s).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT min(at) FROM __S__.oncebox_audit) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_audit a
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND a.at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s::float8)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+                      WHERE a.target_kind = 'job' AND j.id = a.target_id AND j.state = 'dead')
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
+                      WHERE a.target_kind = 'delivery' AND o.id = a.target_id
+                        AND o.state IN ('dead', 'ambiguous'))
+            LIMIT %(limit)s) w) AS waiting;

@@ -277,7 +277,7 @@ SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_i
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
+       uncertain, rescues, payload_dropped_at
 FROM __S__.oncebox_outbox WHERE id = %(id)s;
 
 -- name: outbox_find_by_key
@@ -285,7 +285,7 @@ SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_i
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
+       uncertain, rescues, payload_dropped_at
 FROM __S__.oncebox_outbox
 WHERE key = %(key)s OR intent_key = %(key)s
    -- a discarded row, by the key it had (outbox_discard renames it)
@@ -324,7 +324,8 @@ SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.
        CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END AS state, o.attempt,
        o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
        o.first_leased_at, o.leased_by, o.lease_token::text, o.lease_expires_at, o.sent_at,
-       o.receipt, o.last_error, o.uncertain, o.rescues, last.finished_at AS last_attempt_at
+       o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
+       last.finished_at AS last_attempt_at
 FROM __S__.oncebox_outbox o
 LEFT JOIN LATERAL (
     SELECT d.finished_at FROM __S__.oncebox_delivery_attempts d
@@ -350,3 +351,103 @@ WHERE (%(state)s::text IS NULL
        OR (o.key >= %(key_prefix)s::text AND o.key < %(key_upper)s::text))
 ORDER BY o.id DESC
 LIMIT %(limit)s;
+
+-- name: outbox_payload_drop
+-- Retention's first step for one channel's sent messages: a batch of those sent before the
+-- cutoff, oldest first (oncebox_outbox_payload_held, 0014), lose their payload (recipients,
+-- subject, bodies), kept as {} and `payload_dropped_at`; the row keeps its key, receipt and
+-- times. Only sent rows: a pending, dead or ambiguous message is still to be acted on.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT o.id FROM __S__.oncebox_outbox o
+    WHERE o.state = 'sent' AND o.payload_dropped_at IS NULL AND o.channel = %(channel)s
+      AND o.sent_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+    ORDER BY o.sent_at, o.id
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE __S__.oncebox_outbox o
+SET payload = '{}'::jsonb, payload_dropped_at = (SELECT now FROM clock)
+FROM doomed d WHERE o.id = d.id
+RETURNING o.id;
+
+-- name: outbox_payload_prunable
+-- What retention holds of one channel's payloads: when the oldest sent message whose payload is
+-- still held was sent, and how many outbox_payload_drop would thin now (up to %(limit)s).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
+        WHERE state = 'sent' AND payload_dropped_at IS NULL AND channel = %(channel)s) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_outbox o
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND o.state = 'sent' AND o.payload_dropped_at IS NULL AND o.channel = %(channel)s
+              AND o.sent_at < (SELECT now FROM clock)
+                              - make_interval(secs => %(older_than_s)s::float8)
+            LIMIT %(limit)s) w) AS waiting;
+
+-- name: outbox_prune
+-- Delete a batch of one channel's sent messages sent before the cutoff, oldest first
+-- (oncebox_outbox_sent, 0014), with their delivery attempts — once the job that wrote each is
+-- gone, so that job_prune has counted it in its period's summary. A message's key then no longer
+-- holds off a second message with the same key: its intent (kept for ever unless the task says
+-- otherwise) still holds off the job that would write it.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT o.id FROM __S__.oncebox_outbox o
+    WHERE o.state = 'sent' AND o.channel = %(channel)s
+      AND o.sent_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id)
+    ORDER BY o.sent_at, o.id
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+attempts AS (
+    DELETE FROM __S__.oncebox_delivery_attempts a USING doomed d WHERE a.outbox_id = d.id
+)
+DELETE FROM __S__.oncebox_outbox o USING doomed d WHERE o.id = d.id RETURNING o.id;
+
+-- name: outbox_prunable
+-- What retention holds of one channel's sent messages: when the oldest was sent, and how many
+-- outbox_prune would delete now (up to %(limit)s).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
+        WHERE state = 'sent' AND channel = %(channel)s) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_outbox o
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND o.state = 'sent' AND o.channel = %(channel)s
+              AND o.sent_at < (SELECT now FROM clock)
+                              - make_interval(secs => %(older_than_s)s::float8)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id)
+            LIMIT %(limit)s) w) AS waiting;
+
+-- name: delivery_attempt_prune
+-- Delete a batch of delivery attempts that ended before the cutoff, oldest first
+-- (oncebox_delivery_attempts_finished, 0014), of messages that are sent: a pending, dead or
+-- ambiguous message keeps its whole history for whoever acts on it. The row keeps its receipt.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT a.id FROM __S__.oncebox_delivery_attempts a
+    JOIN __S__.oncebox_outbox o ON o.id = a.outbox_id
+    WHERE a.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+      AND o.state = 'sent'
+    ORDER BY a.finished_at, a.id
+    LIMIT %(limit)s
+)
+DELETE FROM __S__.oncebox_delivery_attempts a USING doomed d WHERE a.id = d.id RETURNING a.id;
+
+-- name: delivery_attempt_prunable
+-- What retention holds of delivery attempts: when the oldest attempt of a sent message ended,
+-- and how many delivery_attempt_prune would delete now (up to %(limit)s).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT a.finished_at FROM __S__.oncebox_delivery_attempts a
+        JOIN __S__.oncebox_outbox o ON o.id = a.outbox_id
+        WHERE o.state = 'sent' ORDER BY a.finished_at, a.id LIMIT 1) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_delivery_attempts a
+            JOIN __S__.oncebox_outbox o ON o.id = a.outbox_id
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND a.finished_at < (SELECT now FROM clock)
+                                  - make_interval(secs => %(older_than_s)s::float8)
+              AND o.state = 'sent'
+            LIMIT %(limit)s) w) AS waiting;

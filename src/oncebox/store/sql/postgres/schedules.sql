@@ -202,3 +202,43 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        r.pruned_done AS pruned
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
+
+-- name: schedule_run_prune
+-- Delete a batch of one schedule's finished runs that finished before the cutoff (the store is
+-- given the longer of the retention and the schedule's catch-up window), oldest first, once no
+-- job of the period is left: a run is its period's summary, and the jobs still read through it.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+doomed AS (
+    SELECT r.schedule, r.period FROM __S__.oncebox_schedule_runs r
+    WHERE r.schedule = %(schedule)s AND r.state = 'done'
+      AND r.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+                      WHERE j.schedule = r.schedule AND j.period = r.period)
+    ORDER BY r.finished_at, r.period
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM __S__.oncebox_schedule_runs r USING doomed d
+WHERE r.schedule = d.schedule AND r.period = d.period
+RETURNING r.period;
+
+-- name: schedule_run_prunable
+-- What retention holds of one schedule's runs: when the oldest finished one finished, and how
+-- many schedule_run_prune would delete now (up to %(limit)s).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT (SELECT min(finished_at) FROM __S__.oncebox_schedule_runs
+        WHERE schedule = %(schedule)s AND state = 'done') AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_schedule_runs r
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND r.schedule = %(schedule)s AND r.state = 'done'
+              AND r.finished_at < (SELECT now FROM clock)
+                                  - make_interval(secs => %(older_than_s)s::float8)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+                              WHERE j.schedule = r.schedule AND j.period = r.period)
+            LIMIT %(limit)s) w) AS waiting;
+
+-- name: schedule_run_schedules
+-- The schedules that have finished runs (one no longer declared keeps the default policy).
+SELECT DISTINCT schedule AS name FROM __S__.oncebox_schedule_runs WHERE state = 'done'
+ORDER BY schedule;

@@ -82,3 +82,10 @@ WHERE i.value ->> 0 IN (SELECT value FROM json_each(:settled))
       END
 GROUP BY v.column1
 ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
+-- name: depth_names
+-- See the PostgreSQL query.
+SELECT name FROM oncebox_depths
+WHERE kind = :kind AND state IN (SELECT value FROM json_each(:states))
+GROUP BY name HAVING sum(value) > 0
+ORDER BY name;

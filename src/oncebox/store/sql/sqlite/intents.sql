@@ -30,3 +30,16 @@ WHERE key IN (
     ORDER BY claimed_at
     LIMIT :limit)
 RETURNING key;
+
+-- name: intent_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT min(claimed_at) FROM oncebox_intents WHERE task = :task) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_intents
+            WHERE :older_than_us IS NOT NULL AND task = :task
+              AND claimed_at < :now - :older_than_us
+            LIMIT :limit)) AS waiting;
+
+-- name: intent_tasks
+-- See the PostgreSQL query.
+SELECT DISTINCT task AS name FROM oncebox_intents ORDER BY task;

@@ -204,15 +204,16 @@ SELECT (SELECT min((SELECT j.run_at FROM oncebox_jobs j
        :now AS now;
 
 -- name: job_prune
--- See the PostgreSQL query: the rows come back for the summary (job_prune__summarise) and the
--- attempts (job_prune__attempts).
+-- See the PostgreSQL query: the rows come back for the summary (job_prune__summarise), the
+-- attempts (job_prune__attempts) and the count (counter_add).
 DELETE FROM oncebox_jobs
 WHERE id IN (
     SELECT j.id FROM oncebox_jobs j
-    WHERE j.state IN ('done', 'cancelled') AND j.finished_at < :now - :older_than_us
+    WHERE j.state IN ('done', 'cancelled') AND j.task = :task
+      AND j.finished_at < :now - :older_than_us
       AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
                       WHERE o.job_id = j.id AND o.state <> 'sent' AND o.discarded_at IS NULL)
-    ORDER BY j.id
+    ORDER BY j.finished_at, j.id
     LIMIT :limit)
 RETURNING id, schedule, period, state, finished_at;
 
@@ -252,6 +253,20 @@ WHERE r.schedule = c.schedule AND r.period = c.period;
 
 -- name: job_prune__attempts
 DELETE FROM oncebox_job_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
+
+-- name: job_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT min(finished_at) FROM oncebox_jobs
+        WHERE state IN ('done', 'cancelled') AND task = :task) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_jobs j
+            WHERE :older_than_us IS NOT NULL
+              AND j.state IN ('done', 'cancelled') AND j.task = :task
+              AND j.finished_at < :now - :older_than_us
+              AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                              WHERE o.job_id = j.id AND o.state <> 'sent'
+                                AND o.discarded_at IS NULL)
+            LIMIT :limit)) AS waiting;
 
 -- name: job_list
 -- See the PostgreSQL statement. lower() folds ASCII letters only here (SQLite without ICU).

@@ -78,3 +78,31 @@ SELECT 'message', d.name, COALESCE(d.waiting, 0),
        END
 FROM depths d WHERE d.kind = 'message'
 ORDER BY 1, 2;
+
+-- name: audit_prune
+-- See the PostgreSQL statement.
+DELETE FROM oncebox_audit
+WHERE id IN (
+    SELECT a.id FROM oncebox_audit a
+    WHERE a.at < :now - :older_than_us
+      AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j
+                      WHERE a.target_kind = 'job' AND j.id = a.target_id AND j.state = 'dead')
+      AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                      WHERE a.target_kind = 'delivery' AND o.id = a.target_id
+                        AND o.state IN ('dead', 'ambiguous'))
+    ORDER BY a.at, a.id
+    LIMIT :limit)
+RETURNING id;
+
+-- name: audit_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT min(at) FROM oncebox_audit) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_audit a
+            WHERE :older_than_us IS NOT NULL AND a.at < :now - :older_than_us
+              AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j
+                      WHERE a.target_kind = 'job' AND j.id = a.target_id AND j.state = 'dead')
+      AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                      WHERE a.target_kind = 'delivery' AND o.id = a.target_id
+                        AND o.state IN ('dead', 'ambiguous'))
+            LIMIT :limit)) AS waiting;

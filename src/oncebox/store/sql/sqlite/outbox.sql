@@ -181,7 +181,7 @@ SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
+       uncertain, rescues, payload_dropped_at
 FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_find_by_key
@@ -189,7 +189,7 @@ SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
+       uncertain, rescues, payload_dropped_at
 FROM oncebox_outbox
 WHERE key = :key OR intent_key = :key
    -- a discarded row, by the key it had (outbox_discard renames it)
@@ -224,7 +224,7 @@ SELECT * FROM (
            CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END AS state,
            o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
            o.first_leased_at, o.leased_by, o.lease_token, o.lease_expires_at, o.sent_at,
-           o.receipt, o.last_error, o.uncertain, o.rescues,
+           o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
            (SELECT d.finished_at FROM oncebox_delivery_attempts d
             WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1) AS last_attempt_at
     FROM oncebox_outbox o
@@ -241,3 +241,79 @@ WHERE (:older_than_us IS NULL OR last_attempt_at <= :now - :older_than_us)
   AND (:newer_than_us IS NULL OR last_attempt_at > :now - :newer_than_us)
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: outbox_payload_drop
+-- See the PostgreSQL statement.
+UPDATE oncebox_outbox
+SET payload = '{}', payload_dropped_at = :now
+WHERE id IN (
+    SELECT id FROM oncebox_outbox
+    WHERE state = 'sent' AND payload_dropped_at IS NULL AND channel = :channel
+      AND sent_at < :now - :older_than_us
+    ORDER BY sent_at, id
+    LIMIT :limit)
+RETURNING id;
+
+-- name: outbox_payload_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT min(sent_at) FROM oncebox_outbox
+        WHERE state = 'sent' AND payload_dropped_at IS NULL AND channel = :channel) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_outbox
+            WHERE :older_than_us IS NOT NULL
+              AND state = 'sent' AND payload_dropped_at IS NULL AND channel = :channel
+              AND sent_at < :now - :older_than_us
+            LIMIT :limit)) AS waiting;
+
+-- name: outbox_prune
+-- See the PostgreSQL statement; the attempts go in outbox_prune__attempts, first.
+DELETE FROM oncebox_outbox
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING id;
+
+-- name: outbox_prune__select
+-- The batch outbox_prune deletes (see the PostgreSQL statement).
+SELECT o.id FROM oncebox_outbox o
+WHERE o.state = 'sent' AND o.channel = :channel
+  AND o.sent_at < :now - :older_than_us
+  AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id)
+ORDER BY o.sent_at, o.id
+LIMIT :limit;
+
+-- name: outbox_prune__attempts
+DELETE FROM oncebox_delivery_attempts WHERE outbox_id IN (SELECT value FROM json_each(:ids));
+
+-- name: outbox_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT min(sent_at) FROM oncebox_outbox
+        WHERE state = 'sent' AND channel = :channel) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_outbox o
+            WHERE :older_than_us IS NOT NULL
+              AND o.state = 'sent' AND o.channel = :channel
+              AND o.sent_at < :now - :older_than_us
+              AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id)
+            LIMIT :limit)) AS waiting;
+
+-- name: delivery_attempt_prune
+-- See the PostgreSQL statement.
+DELETE FROM oncebox_delivery_attempts
+WHERE id IN (
+    SELECT a.id FROM oncebox_delivery_attempts a
+    JOIN oncebox_outbox o ON o.id = a.outbox_id
+    WHERE a.finished_at < :now - :older_than_us AND o.state = 'sent'
+    ORDER BY a.finished_at, a.id
+    LIMIT :limit)
+RETURNING id;
+
+-- name: delivery_attempt_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT a.finished_at FROM oncebox_delivery_attempts a
+        JOIN oncebox_outbox o ON o.id = a.outbox_id
+        WHERE o.state = 'sent' ORDER BY a.finished_at, a.id LIMIT 1) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_delivery_attempts a
+            JOIN oncebox_outbox o ON o.id = a.outbox_id
+            WHERE :older_than_us IS NOT NULL
+              AND a.finished_at < :now - :older_than_us AND o.state = 'sent'
+            LIMIT :limit)) AS waiting;

@@ -168,3 +168,34 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        r.pruned_done AS pruned
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
+
+-- name: schedule_run_prune
+-- See the PostgreSQL statement.
+DELETE FROM oncebox_schedule_runs
+WHERE (schedule, period) IN (
+    SELECT r.schedule, r.period FROM oncebox_schedule_runs r
+    WHERE r.schedule = :schedule AND r.state = 'done'
+      AND r.finished_at < :now - :older_than_us
+      AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j
+                      WHERE j.schedule = r.schedule AND j.period = r.period)
+    ORDER BY r.finished_at, r.period
+    LIMIT :limit)
+RETURNING period;
+
+-- name: schedule_run_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT min(finished_at) FROM oncebox_schedule_runs
+        WHERE schedule = :schedule AND state = 'done') AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_schedule_runs r
+            WHERE :older_than_us IS NOT NULL
+              AND r.schedule = :schedule AND r.state = 'done'
+              AND r.finished_at < :now - :older_than_us
+              AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j
+                              WHERE j.schedule = r.schedule AND j.period = r.period)
+            LIMIT :limit)) AS waiting;
+
+-- name: schedule_run_schedules
+-- See the PostgreSQL query.
+SELECT DISTINCT schedule AS name FROM oncebox_schedule_runs WHERE state = 'done'
+ORDER BY schedule;

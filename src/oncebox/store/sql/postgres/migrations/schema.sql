@@ -154,6 +154,7 @@ TABLE oncebox_outbox
   rescues integer NOT NULL DEFAULT 0
   discarded_at timestamp with time zone
   trace_context text
+  payload_dropped_at timestamp with time zone
   CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
   CONSTRAINT PRIMARY KEY (id)
@@ -217,6 +218,8 @@ TABLE oncebox_workers
   stopped_at timestamp with time zone
   CONSTRAINT PRIMARY KEY (name)
 
+CREATE INDEX oncebox_audit_at ON __S__.oncebox_audit USING btree (at, id)
+
 CREATE UNIQUE INDEX oncebox_audit_pkey ON __S__.oncebox_audit USING btree (id)
 
 CREATE INDEX oncebox_audit_target ON __S__.oncebox_audit USING btree (target_kind, target_id)
@@ -226,6 +229,8 @@ CREATE UNIQUE INDEX oncebox_channel_pauses_pkey ON __S__.oncebox_channel_pauses 
 CREATE UNIQUE INDEX oncebox_clock_pkey ON __S__.oncebox_clock USING btree (singleton)
 
 CREATE UNIQUE INDEX oncebox_counters_pkey ON __S__.oncebox_counters USING btree (name, shard)
+
+CREATE INDEX oncebox_delivery_attempts_finished ON __S__.oncebox_delivery_attempts USING btree (finished_at, id)
 
 CREATE UNIQUE INDEX oncebox_delivery_attempts_pkey ON __S__.oncebox_delivery_attempts USING btree (id)
 
@@ -244,6 +249,8 @@ CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC
 CREATE INDEX oncebox_jobs_dead ON __S__.oncebox_jobs USING btree (id) WHERE (state = 'dead'::text)
 
 CREATE INDEX oncebox_jobs_due ON __S__.oncebox_jobs USING btree (run_at) WHERE (state = 'ready'::text)
+
+CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs USING btree (task, finished_at, id) WHERE (state = ANY (ARRAY['done'::text, 'cancelled'::text]))
 
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
 
@@ -273,7 +280,11 @@ CREATE UNIQUE INDEX oncebox_outbox_key_key ON __S__.oncebox_outbox USING btree (
 
 CREATE INDEX oncebox_outbox_leased ON __S__.oncebox_outbox USING btree (lease_expires_at) WHERE (state = ANY (ARRAY['leased'::text, 'sending'::text]))
 
+CREATE INDEX oncebox_outbox_payload_held ON __S__.oncebox_outbox USING btree (channel, sent_at, id) WHERE ((state = 'sent'::text) AND (payload_dropped_at IS NULL))
+
 CREATE UNIQUE INDEX oncebox_outbox_pkey ON __S__.oncebox_outbox USING btree (id)
+
+CREATE INDEX oncebox_outbox_sent ON __S__.oncebox_outbox USING btree (channel, sent_at, id) WHERE (state = 'sent'::text)
 
 CREATE INDEX oncebox_outbox_waiting ON __S__.oncebox_outbox USING btree (created_at) WHERE (state = 'pending'::text)
 

@@ -214,7 +214,7 @@ CREATE TABLE oncebox_outbox (
     lease_expires_at INTEGER,
     sent_at INTEGER,
     receipt TEXT,
-    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT,
+    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT, payload_dropped_at INTEGER,
     CHECK ((state IN ('leased', 'sending')) = (lease_token IS NOT NULL))
 ) STRICT;
 
@@ -273,8 +273,14 @@ CREATE TABLE oncebox_workers (
     stopped_at INTEGER
 );
 
+-- index oncebox_audit_at
+CREATE INDEX oncebox_audit_at ON oncebox_audit (at, id);
+
 -- index oncebox_audit_target
 CREATE INDEX oncebox_audit_target ON oncebox_audit (target_kind, target_id);
+
+-- index oncebox_delivery_attempts_finished
+CREATE INDEX oncebox_delivery_attempts_finished ON oncebox_delivery_attempts (finished_at, id);
 
 -- index oncebox_delivery_attempts_row
 CREATE INDEX oncebox_delivery_attempts_row ON oncebox_delivery_attempts (outbox_id, id);
@@ -290,6 +296,10 @@ CREATE INDEX oncebox_jobs_dead ON oncebox_jobs (id) WHERE state = 'dead';
 
 -- index oncebox_jobs_due
 CREATE INDEX oncebox_jobs_due ON oncebox_jobs (run_at) WHERE state = 'ready';
+
+-- index oncebox_jobs_finished
+CREATE INDEX oncebox_jobs_finished ON oncebox_jobs (task, finished_at, id)
+    WHERE state IN ('done', 'cancelled');
 
 -- index oncebox_jobs_group
 CREATE INDEX oncebox_jobs_group ON oncebox_jobs (queue, group_key, id)
@@ -325,6 +335,14 @@ CREATE INDEX oncebox_outbox_job ON oncebox_outbox (job_id);
 -- index oncebox_outbox_leased
 CREATE INDEX oncebox_outbox_leased ON oncebox_outbox (lease_expires_at)
     WHERE state IN ('leased', 'sending');
+
+-- index oncebox_outbox_payload_held
+CREATE INDEX oncebox_outbox_payload_held ON oncebox_outbox (channel, sent_at, id)
+    WHERE state = 'sent' AND payload_dropped_at IS NULL;
+
+-- index oncebox_outbox_sent
+CREATE INDEX oncebox_outbox_sent ON oncebox_outbox (channel, sent_at, id)
+    WHERE state = 'sent';
 
 -- index oncebox_outbox_waiting
 CREATE INDEX oncebox_outbox_waiting ON oncebox_outbox (created_at) WHERE state = 'pending';
