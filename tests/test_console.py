@@ -556,3 +556,34 @@ def test_a_periods_page_names_its_undelivered_subjects_and_why(tmp_path):
     assert "is not an address" in page  # why: the poison customer's broken address
     assert page.count('class="state dead"') == 1  # the only subject not delivered
     box.close()
+
+
+def test_a_key_page_says_what_retention_dropped_and_shows_none_of_it(tmp_path):
+    """After the pruner drops a sent message's content and its attempts, the key's page says so
+    (with the receipt still there) instead of showing an empty payload or "no send attempted"."""
+    box = Box(f"sqlite:///{tmp_path / 'kept.db'}", secret="console-test-secret-0123456789")
+    box.channel("email", provider=ScriptedProvider())
+
+    @box.task(key="digest/customer-{customer}")
+    def digest(ctx: JobContext, customer: int) -> None:
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    try:
+        box.enqueue(digest, customer=1)
+        box.work(until_idle=True)
+        before = logged_in(create_app(box, ConsoleSettings(users=USERS))).get(
+            "/keys/digest/customer-1"
+        )
+        assert "Your week" in before.text and "frozen content" in before.text
+        assert box.store.prune("payloads", "email", timedelta(0), 10) == 1
+        assert box.store.prune("delivery_attempts", "", timedelta(0), 10) == 1
+        page = logged_in(create_app(box, ConsoleSettings(users=USERS))).get(
+            "/keys/digest/customer-1"
+        )
+        assert page.status_code == 200
+        assert "Your week" not in page.text and "frozen content" not in page.text
+        assert "content dropped by retention" in page.text
+        assert "attempts pruned by retention" in page.text
+        assert "receipt r-c1@freight.example" in page.text  # kept
+    finally:
+        box.close()

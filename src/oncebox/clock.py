@@ -93,7 +93,7 @@ class ClockSetting:
     a test or a demo killed while it held the clock cannot leave a deployment on frozen time.
     `lapsed` is filled in by the store that read it. A setting without `expires_at` never lapses
     (tests that set the clock directly); a worker refuses it all the same (see
-    `Worker._check_clock`)."""
+    `lanes.worker.refuse_foreign_clock`)."""
 
     frozen_at: datetime | None = None
     offset: timedelta | None = None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncebox.clock import ClockSetting
 from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
+from oncebox.retention.held import HeldRow
 from oncebox.schedules.slo import PeriodSlo, Slo
 from oncebox.store.base import (
     AttemptRow,
@@ -90,9 +91,10 @@ def message(row: OutboxRow, attempts: list[DeliveryAttemptRow] | None = None) ->
         "sent_at": instant(row.sent_at),
         "receipt": row.receipt,
         "last_error": row.last_error,
+        "payload_dropped_at": instant(row.payload_dropped_at),
     }
     if attempts is not None:
-        shape["payload"] = payload
+        shape["payload"] = None if row.payload_dropped_at is not None else payload
         shape["attempts"] = [
             {
                 "attempt": a.attempt,
@@ -106,6 +108,21 @@ def message(row: OutboxRow, attempts: list[DeliveryAttemptRow] | None = None) ->
             for a in attempts
         ]
     return shape
+
+
+def held(row: HeldRow, now: datetime) -> dict[str, Any]:
+    """What retention holds of one kind of row for one task, channel or schedule."""
+    return {
+        "kind": row.kind,
+        "name": row.name,
+        "keep_s": None if row.keep is None else row.keep.total_seconds(),
+        "oldest": instant(row.oldest),
+        "oldest_age_s": None
+        if row.oldest is None
+        else round(max(0.0, (now - row.oldest).total_seconds()), 3),
+        "waiting": row.waiting,
+        "waiting_capped": row.capped,
+    }
 
 
 def audit(row: AuditRow) -> dict[str, Any]:

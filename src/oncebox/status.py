@@ -19,6 +19,8 @@ from oncebox.clock import monotonic
 from oncebox.counters import complete
 from oncebox.errors import OnceboxError
 from oncebox.lanes.worker import LIVE_WITHIN
+from oncebox.retention.held import held
+from oncebox.retention.pruner import plan_for
 from oncebox.schedules.slo import Slo
 
 JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
@@ -70,6 +72,7 @@ def status_data(
     ]
     if schedules is None:
         schedules = schedule_figures(box, periods, now)
+    retention = [shapes.held(row, now) for row in held(store, plan_for(box.runtime))]
 
     def seconds_since(at: datetime | None) -> float | None:
         return None if at is None else round(max(timedelta(0), now - at).total_seconds(), 3)
@@ -94,6 +97,7 @@ def status_data(
         "unserved_tasks": unserved_tasks,
         "workers_live": sum(1 for worker in workers if worker.live),
         "schedules": schedules,
+        "retention": retention,
     }
 
 

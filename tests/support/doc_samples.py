@@ -177,6 +177,7 @@ _MASKS: list[tuple[re.Pattern[str], str]] = [
     # durations: "in 29m", "waiting 45s", "time 1.4 s", "settled in 4.28 s", "_age_s": 1.25
     (re.compile(r"\b\d+\.\d+ s\b"), "<s>"),
     (re.compile(r"\b(in|waiting|pending) \d+[smhd]\b"), r"\1 <age>"),
+    (re.compile(r"\b\d+[smhd] ago\b"), "<age> ago"),
     (re.compile(r'("\w+_age_s": )[\d.]+'), r"\1<s>"),
     # worker names (host:pid:lane) and clock owners (host:pid)
     (re.compile(r"[\w.-]+:\d+:[a-z]+\d+\b"), "<worker>"),

@@ -20,6 +20,7 @@ from oncebox.cli.keys_cmds import keys
 from oncebox.cli.metrics_cmd import metrics
 from oncebox.cli.outbox_cmds import outbox, report_duplicate
 from oncebox.cli.plan_cmd import plan_command
+from oncebox.cli.prune_cmd import prune_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
 from oncebox.inert import printable
@@ -100,5 +101,6 @@ for command in (
     metrics,
     report_duplicate,
     plan_command,
+    prune_command,
 ):
     main.add_command(command)

@@ -25,6 +25,7 @@ from oncebox.cli.common import (
     reported,
     say,
 )
+from oncebox.cli.prune_cmd import HEADERS, retention_table
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.status import JOB_STATES, OUTBOX_STATES, status_data
@@ -111,6 +112,11 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     if data["ambiguous"]:
         attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
     say("attention  " + ("; ".join(attention) if attention else "none"))
+    retention = retention_table(data["retention"], now)
+    if retention:
+        policy = "" if app else " (the default policy: pass --app for your Box's)"
+        say(f"\nretention{policy}")
+        print_table(HEADERS, retention, "")
     for entry in data["schedules"]:
         say(f"\nschedule {entry['name']}" + ("  (paused)" if entry["paused"] else ""))
         print_table(

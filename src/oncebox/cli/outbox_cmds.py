@@ -115,6 +115,10 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
             say(f"  possible duplicates: {m['possible_duplicates']}")
         if m["rescues"]:
             say(f"  leases run out with no outcome: {m['rescues']}")
+        if m["payload_dropped_at"]:
+            say(f"  content dropped by retention at {m['payload_dropped_at']} (receipt kept)")
+        if m["state"] == "sent" and not m["attempts"]:
+            say(f"  attempts pruned by retention; sent at {m['sent_at']}, receipt {m['receipt']}")
         for a in m["attempts"]:
             say(
                 f"  attempt {a['attempt']}: {a['outcome']} at {a['finished_at']}"

@@ -47,6 +47,7 @@ class StoreCollector(Collector):
         yield from counters(data)
         yield from gauges(data)
         yield from periods(data)
+        yield from retention(data)
         yield _one(
             "oncebox_period_figures_age_seconds",
             "How old the period figures of this scrape are (refreshed in the background).",
@@ -126,6 +127,23 @@ def backlog(data: dict[str, Any]) -> Iterator[Metric]:
         families["waiting"].add_metric(key, row.waiting)
         families["held"].add_metric(key, row.held)
         families["oldest_due_age_seconds"].add_metric(key, max(0.0, late or 0.0))
+    yield from families.values()
+
+
+def retention(data: dict[str, Any]) -> Iterator[Metric]:
+    """What retention holds, per kind of row and task, channel or schedule (`retention/held.py`):
+    rows past their retention that the pruner has not taken yet (counted up to 10 000), and the
+    age of the oldest row kept."""
+    families = _families(
+        "oncebox_retention_",
+        ["kind", "name"],
+        waiting="Rows past their retention, not yet pruned (counted up to 10000).",
+        oldest_age_seconds="Age of the oldest row retention keeps, per kind and name.",
+    )
+    for entry in data["retention"]:
+        key = [entry["kind"], entry["name"]]
+        families["waiting"].add_metric(key, entry["waiting"])
+        families["oldest_age_seconds"].add_metric(key, entry["oldest_age_s"] or 0.0)
     yield from families.values()
 
 

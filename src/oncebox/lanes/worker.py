@@ -208,20 +208,8 @@ class Worker:
         self._check_clock()
 
     def _check_clock(self) -> None:
-        """Refuse a test clock that another process holds, unless this worker runs on
-        simulated time on purpose (`simulated_time`, `--simulated-time`): on a frozen clock no
-        lease expires and no retry falls due. A setting this process wrote is its own business
-        (a test that freezes the clock and works in-process); a lapsed one is real time."""
-        if self.config.simulated_time:
-            return
-        setting = self.runtime.store.clock_get()
-        if setting.is_real or not setting.foreign:
-            return
-        raise ClockHeld(
-            f"the database clock of {self.runtime.where} is {setting.describe()} — a test or "
-            "the demo holds it; if that process is gone, run `oncebox clock reset --reason "
-            "...` (or pass --simulated-time to run on it on purpose)"
-        )
+        if not self.config.simulated_time:
+            refuse_foreign_clock(self.runtime)
 
     def run(self) -> WorkerResult:
         """Run until stopped (or idle, with `until_idle`)."""
@@ -668,3 +656,19 @@ class Worker:
                 signal.signal(sig, handler)
 
         return restore
+
+
+def refuse_foreign_clock(runtime: Runtime) -> None:
+    """Refuse a test clock that another process holds — for a worker (on a frozen clock no
+    lease expires and no retry falls due) and for `oncebox prune` (an offset clock would prune
+    what is not yet due) — unless the caller runs on simulated time on purpose
+    (`simulated_time`, `--simulated-time`). A setting this process wrote is its own business (a
+    test that freezes the clock and works in-process); a lapsed one is real time."""
+    setting = runtime.store.clock_get()
+    if setting.is_real or not setting.foreign:
+        return
+    raise ClockHeld(
+        f"the database clock of {runtime.where} is {setting.describe()} — a test or "
+        "the demo holds it; if that process is gone, run `oncebox clock reset --reason "
+        "...` (or pass --simulated-time to run on it on purpose)"
+    )

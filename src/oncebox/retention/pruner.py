@@ -18,17 +18,13 @@ totals of what was pruned are durable counters (`pruned_*`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from oncebox.clock import monotonic
-from oncebox.jobs.tasks import Task
 from oncebox.lane import run_forever
-from oncebox.outbox.channels import Channel
-from oncebox.retention.policy import Plan, Retention
+from oncebox.retention.policy import Plan
 from oncebox.runtime import Runtime
-from oncebox.schedules.schedule import Schedule
 from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
 
 
@@ -69,41 +65,18 @@ class PrunerResult:
 
 
 class Pruner:
-    def __init__(
-        self,
-        store: Store,
-        config: PrunerConfig,
-        tasks: Sequence[Task],
-        *,
-        retention: Retention | None = None,
-        channels: Mapping[str, Channel] | None = None,
-        schedules: Mapping[str, Schedule] | None = None,
-    ) -> None:
+    def __init__(self, store: Store, config: PrunerConfig, plan: Plan) -> None:
         self.store = store
         self.config = config
-        retention = retention or Retention()
+        self.plan = plan
         if config.job_retention is not None:
-            retention = Retention(
-                **{**retention.__dict__, "jobs": config.job_retention},
-            )
-        self.plan = Plan(
-            retention,
-            {task.name: task for task in tasks},
-            dict(channels or {}),
-            dict(schedules or {}),
-        )
+            retention = replace(plan.retention, jobs=config.job_retention)
+            self.plan = replace(plan, retention=retention)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime, config: PrunerConfig) -> Pruner:
         """The pruner of a box: its retention, tasks, channels and schedules."""
-        return cls(
-            runtime.store,
-            config,
-            runtime.registry.all(),
-            retention=runtime.retention,
-            channels=runtime.channels,
-            schedules=runtime.schedules,
-        )
+        return cls(runtime.store, config, plan_for(runtime))
 
     def run_once(self) -> PrunerResult:
         """One pass: a batch per kind and name past its retention."""
@@ -140,3 +113,13 @@ class Pruner:
             return result.full
 
         run_forever("pruner", once, stop, self.config.interval.total_seconds())
+
+
+def plan_for(runtime: Runtime) -> Plan:
+    """The policies of a box: its `Retention`, and its tasks', channels' and schedules' own."""
+    return Plan(
+        runtime.retention,
+        {task.name: task for task in runtime.registry.all()},
+        runtime.channels,
+        dict(runtime.schedules),
+    )

@@ -1,0 +1,41 @@
+"""What retention holds, per kind of row and per task, channel or schedule: the policy in force,
+the oldest row still kept, and how many rows are past their retention — waiting for the pruner.
+
+`status` (and so `oncebox metrics` and the console) reads it with the counts capped, so a
+scrape costs a few index probes whatever the backlog; `oncebox prune --dry-run` reads it
+uncapped: exactly what a drain would take now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from oncebox.retention.policy import Plan
+from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
+
+STATUS_CAP = 10_000  # rows counted per kind and name by `status`: "10000+" beyond
+UNCAPPED = 2**62
+
+
+@dataclass(frozen=True)
+class HeldRow:
+    kind: PruneKind
+    name: str  # task, channel or schedule; '' for delivery attempts and the audit
+    keep: timedelta | None  # None: kept for ever
+    oldest: datetime | None  # the oldest row of the kind the policy applies to (None: none)
+    waiting: int  # past retention, not yet pruned (at most the cap)
+    capped: bool  # more than `waiting` are past retention
+
+
+def held(store: Store, plan: Plan, cap: int | None = STATUS_CAP) -> list[HeldRow]:
+    """Every kind and name that has rows, in pruning order."""
+    rows = []
+    for kind in PRUNE_KINDS:
+        for name in store.prune_names(kind):
+            keep = plan.policy(kind, name)
+            found = store.prunable(kind, name, keep, UNCAPPED if cap is None else cap + 1)
+            capped = cap is not None and found.waiting > cap
+            waiting = min(found.waiting, cap) if cap is not None else found.waiting
+            rows.append(HeldRow(kind, name, keep, found.oldest, waiting, capped))
+    return rows
