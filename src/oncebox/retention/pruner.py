@@ -1,7 +1,7 @@
 """`Pruner`: the lane that applies retention (`policy.py`), a bounded batch at a time.
 
-Each pass visits every kind of row in `PRUNE_KINDS` order — jobs first, so that the messages
-whose jobs just went may follow in the same pass — and, for each task, channel or schedule that
+Each pass visits every kind of row in `ORDER` — jobs first, so that the messages whose jobs
+just went may follow in the same pass — and, for each task, channel or schedule that
 has such rows (read from the depths and small tables, never by scanning the big ones), prunes one
 batch of at most `batch_size` rows, oldest first through an index (migration 0014). A batch is
 one short transaction that locks only its own rows and skips any another transaction holds.
@@ -26,6 +26,19 @@ from oncebox.lane import run_forever
 from oncebox.retention.policy import Plan
 from oncebox.runtime import Runtime
 from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
+
+#: Jobs first, so that the messages whose jobs just went may follow in the same pass; messages
+#: before payloads, so that a row past both is deleted, not first rewritten without its payload.
+ORDER: tuple[PruneKind, ...] = (
+    "jobs",
+    "intents",
+    "messages",
+    "payloads",
+    "delivery_attempts",
+    "audit",
+    "schedule_runs",
+)
+assert sorted(ORDER) == sorted(PRUNE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,7 @@ class Pruner:
     def run_once(self) -> PrunerResult:
         """One pass: a batch per kind and name past its retention."""
         result = PrunerResult()
-        for kind in PRUNE_KINDS:
+        for kind in ORDER:
             for name in self.store.prune_names(kind):
                 keep = self.plan.policy(kind, name)
                 if keep is None:
@@ -103,13 +116,22 @@ class Pruner:
             if not result.full:
                 return total
 
+    def step(self) -> tuple[PrunerResult, float]:
+        """One pass, and how long to wait before the next: nothing while batches come back
+        full, but as long as the pass took at duty 0.5 — the pacing a draining pruner keeps
+        (`run_forever`, and `bench/retention.py`'s pruner, which is this one)."""
+        started = monotonic()
+        result = self.run_once()
+        if not result.full:
+            return result, self.config.interval.total_seconds()
+        took = monotonic() - started
+        return result, took * (1 - self.config.duty) / self.config.duty
+
     def run_forever(self, stop: threading.Event) -> None:
         def once() -> bool:
-            started = monotonic()
-            result = self.run_once()
-            if result.full:  # paced: wait as long as the pass took, at duty 0.5
-                took = monotonic() - started
-                stop.wait(took * (1 - self.config.duty) / self.config.duty)
+            result, pause = self.step()
+            if result.full:
+                stop.wait(pause)
             return result.full
 
         run_forever("pruner", once, stop, self.config.interval.total_seconds())
