@@ -94,14 +94,18 @@ class Pruner:
     def run_once(self) -> PrunerResult:
         """One pass: a batch per kind and name past its retention."""
         result = PrunerResult()
+        deleting: set[str] = set()  # channels whose message batch came back full
         for kind in ORDER:
             for name in self.store.prune_names(kind):
                 keep = self.plan.policy(kind, name)
-                if keep is None:
+                if keep is None or _moot(kind, name, deleting):
                     continue
                 acted = self.store.prune(kind, name, keep, self.config.batch_size)
                 result.pruned[kind] += acted
-                result.full = result.full or acted >= self.config.batch_size
+                if acted >= self.config.batch_size:
+                    result.full = True
+                    if kind == "messages":
+                        deleting.add(name)
         self.store.counter_compact()  # the shards of connections that are gone, folded
         return result
 
@@ -135,6 +139,15 @@ class Pruner:
             return result.full
 
         run_forever("pruner", once, stop, self.config.interval.total_seconds())
+
+
+def _moot(kind: PruneKind, name: str, deleting: set[str]) -> bool:
+    """Whether this pass should leave `kind` of `name` alone: while a channel's old messages are
+    still being deleted, dropping payloads or attempts that the next batches delete anyway would
+    rewrite rows only to delete them."""
+    return bool(deleting) and (
+        kind == "delivery_attempts" or (kind == "payloads" and name in deleting)
+    )
 
 
 def plan_for(runtime: Runtime) -> Plan:

@@ -109,7 +109,9 @@ doomed AS (
     ORDER BY a.at, a.id
     LIMIT %(limit)s
 )
-DELETE FROM __S__.oncebox_audit a USING doomed d WHERE a.id = d.id RETURNING a.id;
+DELETE FROM __S__.oncebox_audit a
+WHERE a.id = ANY(ARRAY(SELECT id FROM doomed))  -- by key, whatever the statistics
+RETURNING a.id;
 
 -- name: audit_prunable
 -- What retention holds of the audit log: its oldest entry, and how many audit_prune would delete

@@ -366,9 +366,9 @@ doomed AS (
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 )
-UPDATE __S__.oncebox_outbox o
+UPDATE __S__.oncebox_outbox o  -- by key, whatever the statistics (see job_finish)
 SET payload = '{}'::jsonb, payload_dropped_at = (SELECT now FROM clock)
-FROM doomed d WHERE o.id = d.id
+WHERE o.id = ANY(ARRAY(SELECT id FROM doomed))
 RETURNING o.id;
 
 -- name: outbox_payload_prunable
@@ -396,15 +396,16 @@ doomed AS (
     SELECT o.id FROM __S__.oncebox_outbox o
     WHERE o.state = 'sent' AND o.channel = %(channel)s
       AND o.sent_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
-      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id)
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id OFFSET 0)
     ORDER BY o.sent_at, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 ),
-attempts AS (
-    DELETE FROM __S__.oncebox_delivery_attempts a USING doomed d WHERE a.outbox_id = d.id
+attempts AS (  -- by key, whatever the statistics (see job_finish)
+    DELETE FROM __S__.oncebox_delivery_attempts a
+    WHERE a.outbox_id = ANY(ARRAY(SELECT id FROM doomed))
 )
-DELETE FROM __S__.oncebox_outbox o USING doomed d WHERE o.id = d.id RETURNING o.id;
+DELETE FROM __S__.oncebox_outbox o WHERE o.id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING o.id;
 
 -- name: outbox_prunable
 -- What retention holds of one channel's sent messages: when the oldest was sent, and how many
@@ -418,7 +419,7 @@ SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
               AND o.state = 'sent' AND o.channel = %(channel)s
               AND o.sent_at < (SELECT now FROM clock)
                               - make_interval(secs => %(older_than_s)s::float8)
-              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id OFFSET 0)
             LIMIT %(limit)s) w) AS waiting;
 
 -- name: delivery_attempt_prune
@@ -434,7 +435,9 @@ doomed AS (
     ORDER BY a.finished_at, a.id
     LIMIT %(limit)s
 )
-DELETE FROM __S__.oncebox_delivery_attempts a USING doomed d WHERE a.id = d.id RETURNING a.id;
+DELETE FROM __S__.oncebox_delivery_attempts a
+WHERE a.id = ANY(ARRAY(SELECT id FROM doomed))  -- by key, whatever the statistics
+RETURNING a.id;
 
 -- name: delivery_attempt_prunable
 -- What retention holds of delivery attempts: when the oldest attempt of a sent message ended,
