@@ -12,9 +12,12 @@ have them. Then:
 1. **baseline**: `--rounds` times, `--measure` keyed no-op jobs are enqueued and one worker drains
    them (`box.work(until_idle=True)`, default settings; its own pruner has nothing to do);
 2. **while pruning**: the pruner lane starts in a process of its own — the same `Pruner` a worker
-   runs, default policy (jobs 14 days, messages 90 days), batches of 1 000, paced at duty 0.5 —
-   and the same measurement is repeated, back to back, until the pruner has removed every row
-   past its retention;
+   runs, default policy (jobs 14 days, messages 90 days), batches of 1 000, paced at its default
+   duty (`--duty`) — and the same measurement is repeated every `--gap` seconds until the pruner
+   has removed every row past its retention;
+
+In both phases a thread does what a production server's autovacuum would (this benchmark's
+server runs without it): once a minute, each table past its own thresholds is vacuumed.
 3. the tables' and their indexes' sizes are read before the prune, right after it, and after a
    plain `VACUUM` (the deploy guide explains why the files do not shrink).
 
@@ -31,6 +34,7 @@ import multiprocessing
 import platform
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,22 @@ def sizes(url: str) -> dict[str, dict[str, int]]:
     return found
 
 
+ROW_BYTES = """
+SELECT avg(pg_column_size(o.*))::int,
+       avg(pg_column_size(o.*) - pg_column_size(o.payload) + pg_column_size('{}'::jsonb))::int
+FROM (SELECT * FROM oncebox_outbox LIMIT 10000) o
+"""
+
+
+def row_bytes(url: str) -> dict[str, int]:
+    """A sent message's row, as stored (its payload compressed as PostgreSQL keeps it), and the
+    same row once retention dropped its payload."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(ROW_BYTES).fetchone()
+    assert row is not None
+    return {"with_payload": row[0], "without_payload": row[1]}
+
+
 def measure(url: str, count: int, round_no: int) -> float:
     """Enqueue `count` keyed no-op jobs and drain them with one worker: jobs/s."""
     box = Box(url, retention=QUIET)
@@ -125,12 +145,32 @@ def measure(url: str, count: int, round_no: int) -> float:
         box.close()
 
 
-def prune(url: str, done: Any) -> None:
+AUTOVACUUM = """
+SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE s.n_dead_tup > COALESCE((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions)
+                               WHERE option_name = 'autovacuum_vacuum_threshold'), 50)
+                     + COALESCE((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions)
+                                 WHERE option_name = 'autovacuum_vacuum_scale_factor'), 0.2)
+                       * GREATEST(c.reltuples, 0)
+"""
+
+
+def autovacuum(url: str, stop: Any) -> None:
+    """What a production server's autovacuum does, for a server that runs without it (this
+    machine's): every `autovacuum_naptime` (1 min), each table past its own thresholds (oncebox
+    sets 2 % on the jobs and outbox tables) is vacuumed and analysed, while the workers run."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.wait(60):
+            for (table,) in conn.execute(AUTOVACUUM).fetchall():
+                conn.execute(f'VACUUM (ANALYZE) "{table}"'.encode())  # a name the server gave
+
+
+def prune(url: str, duty: float, done: Any) -> None:
     """The pruner lane as a worker runs it (paced), in a process of its own, until nothing full
     is left; puts (rows pruned by kind, seconds) on `done`."""
     box = Box(url)
     try:
-        pruner = Pruner(box.store, PrunerConfig(), plan_for(box.runtime))
+        pruner = Pruner(box.store, PrunerConfig(duty=duty), plan_for(box.runtime))
         totals: dict[str, int] = {}
         started = time.perf_counter()
         while True:
@@ -145,21 +185,30 @@ def prune(url: str, done: Any) -> None:
         box.close()
 
 
-def run(server: str, rows: int, count: int, rounds: int) -> dict[str, Any]:
+def run(
+    server: str, *, rows: int, count: int, rounds: int, duty: float, gap: float
+) -> dict[str, Any]:
     with postgres_url(server)() as url:
         loaded_s = load(url, rows)
         before = sizes(url)
+        message_row = row_bytes(url)
+        stop = threading.Event()
+        vacuum = threading.Thread(target=autovacuum, args=(url, stop), daemon=True)
+        vacuum.start()
         baseline = [measure(url, count, n) for n in range(rounds)]
         done: Any = multiprocessing.get_context("spawn").Queue()
-        pruner = multiprocessing.get_context("spawn").Process(target=prune, args=(url, done))
+        pruner = multiprocessing.get_context("spawn").Process(target=prune, args=(url, duty, done))
         pruner.start()
         during: list[float] = []
         n = rounds
         while pruner.is_alive() or not during:
             during.append(measure(url, count, n))
             n += 1
+            pruner.join(gap)  # a round every `gap` s: the measured jobs stay few beside the load
         totals, pruned_s = done.get(timeout=60)
         pruner.join()
+        stop.set()
+        vacuum.join()
         after = sizes(url)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM")
@@ -167,6 +216,7 @@ def run(server: str, rows: int, count: int, rounds: int) -> dict[str, Any]:
     removed = totals["jobs"] + totals["messages"]
     return {
         "rows": rows,
+        "duty": duty,
         "load_s": round(loaded_s, 1),
         "baseline_per_s": statistics.median(baseline),
         "during_per_s": statistics.median(during),
@@ -177,6 +227,7 @@ def run(server: str, rows: int, count: int, rounds: int) -> dict[str, Any]:
         "pruned_s": round(pruned_s, 1),
         "pruned_per_s": removed / pruned_s if pruned_s else 0.0,
         "sizes": {"before": before, "after_prune": after, "after_vacuum": vacuumed},
+        "message_row_bytes": message_row,
     }
 
 
@@ -192,10 +243,23 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--measure", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--gap", type=float, default=10.0, help="seconds between rounds while pruning"
+    )
+    parser.add_argument(
+        "--duty", type=float, default=PrunerConfig().duty, help="the pruner's (PrunerConfig)"
+    )
     parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    figures = run(args.postgres, args.rows, args.measure, args.rounds)
+    figures = run(
+        args.postgres,
+        rows=args.rows,
+        count=args.measure,
+        rounds=args.rounds,
+        duty=args.duty,
+        gap=args.gap,
+    )
     print(
         f"oncebox {oncebox.__version__} · Python {platform.python_version()} · "
         f"{args.rows:,} prunable rows · {args.measure:,} jobs a round"
@@ -208,7 +272,7 @@ def main() -> int:
     print(
         f"pruned {figures['pruned']['jobs']:,} jobs and {figures['pruned']['messages']:,} "
         f"messages (with their attempts) in {figures['pruned_s']:,} s: "
-        f"{figures['pruned_per_s']:,.0f} rows/s, paced at duty 0.5"
+        f"{figures['pruned_per_s']:,.0f} rows/s, paced at duty {args.duty}"
     )
     print(
         f"{'MB table + indexes (rows)':<26} {'before':>24} {'after prune':>24} {'after VACUUM':>24}"
@@ -216,6 +280,11 @@ def main() -> int:
     for table in TABLES:
         cells = [megabytes(figures["sizes"][when][table]) for when in figures["sizes"]]
         print(f"{table:<26} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24}")
+    row = figures["message_row_bytes"]
+    print(
+        f"a sent message's row: {row['with_payload']} bytes with its payload, "
+        f"{row['without_payload']} once retention dropped it (before indexes and attempts)"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps({k: v for k, v in figures.items() if k != "sizes"}))

@@ -287,6 +287,38 @@ def test_the_intents_benchmark_loads_a_year_of_intents_and_measures_the_claim_be
     assert figures["flat"] == rows[1]["process_per_s"] / rows[0]["process_per_s"]
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_retention_benchmark_prunes_its_backlog_while_a_worker_works(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "retention.json"
+    result = run_bench(
+        "retention.py",
+        "--rows",
+        "3000",
+        "--measure",
+        "100",
+        "--rounds",
+        "1",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    # every loaded job and message was past its retention, and went
+    assert (figures["pruned"]["jobs"], figures["pruned"]["messages"]) == (1500, 1500)
+    sizes = figures["sizes"]
+    assert sizes["before"]["oncebox_outbox"]["rows"] == 1500
+    assert sizes["after_prune"]["oncebox_outbox"]["rows"] == 0
+    assert sizes["after_prune"]["oncebox_delivery_attempts"]["rows"] == 0
+    assert figures["baseline_per_s"] > 0 and figures["during_per_s"] > 0
+    row = figures["message_row_bytes"]
+    assert row["with_payload"] > row["without_payload"] > 0
+
+
 @pytest.mark.slow
 def test_the_statements_benchmark_names_oncebox_statements_and_splits_the_full_path(tmp_path):
     out = tmp_path / "statements.json"

@@ -100,6 +100,7 @@ def test_prune_of_intents_deletes_a_tasks_intents_older_than_asked_oldest_first(
     claim("k/other-task", "u")
     advance(store, timedelta(days=400))
     claim("k/young", "t")
+    assert store.prune_names("intents") == ["t", "u"]
     assert store.prune("intents", "t", timedelta(days=365), limit=1) == 1
     assert store.intent_get("k/oldest") is None
     assert store.intent_get("k/old") is not None

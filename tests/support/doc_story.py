@@ -152,6 +152,8 @@ def inspection(story: Story) -> None:
     with story.reads():
         story.cmd("status", "status")
         story.cmd("plan", "plan --window 4h --rate 14/s --eligible 1000000 --per-lane 50")
+        story.cmd("prune-dry-run", "prune --dry-run")
+        story.cmd("prune-dry-run-json", "prune --dry-run --json", shorten=Shorten(items=2))
         story.cmd("jobs-list-dead", "jobs list --state dead")
         story.cmd("jobs-list-dead-json", "jobs list --state dead --json", shorten=first_only)
         story.cmd(

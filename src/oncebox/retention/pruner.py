@@ -96,7 +96,7 @@ class Pruner:
         result = PrunerResult()
         deleting: set[str] = set()  # channels whose message batch came back full
         for kind in ORDER:
-            for name in self.store.prune_names(kind):
+            for name in self._names(kind):
                 keep = self.plan.policy(kind, name)
                 if keep is None or _moot(kind, name, deleting):
                     continue
@@ -108,6 +108,13 @@ class Pruner:
                         deleting.add(name)
         self.store.counter_compact()  # the shards of connections that are gone, folded
         return result
+
+    def _names(self, kind: PruneKind) -> list[str]:
+        """The names to visit: for intents, only the tasks that set `keep_intents=` (the
+        others keep theirs for ever); else what the store has rows of."""
+        if kind == "intents":
+            return sorted(t for t in self.plan.tasks if self.plan.policy(kind, t) is not None)
+        return self.store.prune_names(kind)
 
     def drain(self) -> PrunerResult:
         """Passes until no batch comes back full: everything past its retention, pruned (what

@@ -41,5 +41,12 @@ SELECT (SELECT min(claimed_at) FROM oncebox_intents WHERE task = :task) AS oldes
             LIMIT :limit)) AS waiting;
 
 -- name: intent_tasks
--- See the PostgreSQL query.
-SELECT DISTINCT task AS name FROM oncebox_intents ORDER BY task;
+-- See the PostgreSQL query: a skip scan of oncebox_intents_task_claimed.
+WITH RECURSIVE tasks(task) AS (
+    SELECT (SELECT task FROM oncebox_intents ORDER BY task LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.task FROM oncebox_intents i WHERE i.task > t.task
+            ORDER BY i.task LIMIT 1)
+    FROM tasks t WHERE t.task IS NOT NULL
+)
+SELECT task AS name FROM tasks WHERE task IS NOT NULL;
