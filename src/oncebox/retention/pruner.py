@@ -6,10 +6,10 @@ has such rows (read from the depths and small tables, never by scanning the big 
 batch of at most `batch_size` rows, oldest first through an index (migration 0014). A batch is
 one short transaction that locks only its own rows and skips any another transaction holds.
 
-While batches come back full the lane goes on, but paced: after a pass it waits as long as the
-pass took (`duty` 0.5), so a backlog of millions of rows drains at a steady rate instead of
-taking a core and the disk from the workers. With nothing past its retention a pass is a few
-index probes, every `interval`.
+While batches come back full the lane goes on, but paced: after a pass it waits four times as
+long as the pass took (`duty` 0.2: a fifth of its time pruning), so a backlog of millions of
+rows drains at a steady rate instead of taking a core and the disk from the workers. With
+nothing past its retention a pass is a few index probes, every `interval`.
 
 What a pruned job of a schedule period counted is kept in its run's summary (`job_prune`); the
 totals of what was pruned are durable counters (`pruned_*`).
@@ -45,7 +45,9 @@ assert sorted(ORDER) == sorted(PRUNE_KINDS)
 class PrunerConfig:
     interval: timedelta = timedelta(minutes=10)
     batch_size: int = 1000
-    duty: float = 0.5  # the largest share of its time a draining pruner spends pruning
+    # the largest share of its time a draining pruner spends pruning: at 0.2 it removed 14 000
+    # rows/s with a worker's throughput within the noise (docs/benchmarks.md, bench/retention.py)
+    duty: float = 0.2
     # overrides the box's Retention.jobs (the setting's older home); None: the box's
     job_retention: timedelta | None = None
 
@@ -128,9 +130,10 @@ class Pruner:
                 return total
 
     def step(self) -> tuple[PrunerResult, float]:
-        """One pass, and how long to wait before the next: nothing while batches come back
-        full, but as long as the pass took at duty 0.5 — the pacing a draining pruner keeps
-        (`run_forever`, and `bench/retention.py`'s pruner, which is this one)."""
+        """One pass, and how long to wait before the next: after a pass with a full batch,
+        `took * (1 - duty) / duty` (four times the pass at 0.2) — the pacing a draining pruner
+        keeps (`run_forever`, and `bench/retention.py`'s pruner, which is this one); else the
+        interval."""
         started = monotonic()
         result = self.run_once()
         if not result.full:
