@@ -17,7 +17,7 @@ from oncebox import Box, ClockSetting, JobContext, Retention
 from oncebox.errors import ConfigurationError
 from oncebox.retention import pruner as pruner_module
 from oncebox.retention.policy import FOREVER
-from oncebox.retention.pruner import Pruner, PrunerConfig
+from oncebox.retention.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.status import status_data
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 
@@ -143,6 +143,25 @@ def test_retention_settings_are_checked_where_they_are_declared(open_box, sqlite
     with pytest.raises(ConfigurationError, match="channel 'email': keep_payloads must be"):
         box.channel("email", keep_payloads=-DAY)
     assert Retention(audit=FOREVER).audit is None
+
+
+def test_a_message_is_kept_at_least_as_long_as_the_longest_finite_job_retention(sqlite_url):
+    """A sent message waits for its job: a shorter message retention would only make each pass
+    step over messages whose jobs are kept, so the plan raises it (a FOREVER task aside)."""
+    box = digest_box(sqlite_url, Retention(jobs=14 * DAY, messages=DAY))
+    try:
+
+        @box.task(key="report/{n}", keep_jobs=30 * DAY)
+        def report(ctx: JobContext, n: int) -> None:
+            pass
+
+        plan = plan_for(box.runtime)
+        assert plan.policy("messages", "email") == 30 * DAY  # not the invoice's FOREVER
+        assert plan.policy("payloads", "email") == 7 * DAY
+        assert plan.policy("jobs", "invoice") is None and plan.policy("jobs", "report") == 30 * DAY
+        assert plan.policy("jobs", "a-task-this-app-lacks") == 14 * DAY
+    finally:
+        box.close()
 
 
 def oncebox(*args: str, db: str) -> subprocess.CompletedProcess[str]:

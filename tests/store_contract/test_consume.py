@@ -456,7 +456,7 @@ def test_pruning_done_jobs_never_deletes_intents(box: Box):
         box.enqueue_many(task, [{"customer_id": i, "period": "2026-W33"} for i in range(3)])
         box.enqueue(short_lived, n=1)
         drain(box)
-        pruner = Pruner.for_runtime(box.runtime, PrunerConfig(job_retention=timedelta(days=14)))
+        pruner = Pruner.for_runtime(box.runtime, PrunerConfig())  # jobs: 14 days
         assert pruner.run_once().jobs == 0
         clock.advance(timedelta(days=15))
         result = pruner.run_once()

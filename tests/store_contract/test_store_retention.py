@@ -121,6 +121,25 @@ def test_prune_of_messages_waits_for_the_job_that_wrote_each(store: Store):
     assert store.outbox_count_by_state()["sent"] == 0  # the depths follow the deletes
 
 
+def test_prune_of_messages_waits_while_another_message_of_the_intent_waits(store: Store):
+    """Messages with no job (a sweeper's, a transport's) are held by their siblings: were the
+    sent one deleted, discarding the dead one would free the intent, and a redelivery of the
+    key would send the first message again."""
+    [first, second] = write_outbox(
+        store,
+        outbox_insert("notice/1", intent_key="notice/1"),
+        outbox_insert("notice/1~2", intent_key="notice/1"),
+    )
+    finish_outbox(store, first, OutboxFinish(first, "sent", "sent", True, receipt="r"))
+    finish_outbox(store, second, OutboxFinish(second, "dead", "dead", True, error="550"))
+    advance(store, timedelta(days=91))
+    assert store.prunable("messages", "email", timedelta(days=90), limit=10).waiting == 0
+    assert store.prune("messages", "email", timedelta(days=90), limit=10) == 0
+    discarded = store.outbox_discard(OperatorAction(second, "ops", "gone"), "notice/1~2")
+    assert discarded is not None and not discarded.intent_released  # the sent one stands
+    assert store.prune("messages", "email", timedelta(days=90), limit=10) == 1
+
+
 def test_prune_of_delivery_attempts_keeps_every_attempt_of_a_message_not_sent(store: Store):
     delivered = sent(store, "m/sent")
     dead = dead_message(store, "m/dead")

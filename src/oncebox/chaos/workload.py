@@ -32,6 +32,7 @@ from oncebox.outbox.dispatcher import DispatcherConfig
 from oncebox.providers import from_url
 from oncebox.queue.consumer import ConsumerConfig
 from oncebox.queue.lease_rescuer import LeaseRescuerConfig
+from oncebox.retention.policy import Retention
 from oncebox.testing import RedeliveringTransport
 
 Action = Literal["kill", "stop", "pause", "raise", "full"]
@@ -132,6 +133,10 @@ class Lanes:
     heartbeats: bool = True  # False: a stop-the-world stall, heartbeats included
 
 
+#: what a chaos run keeps: every message and attempt, and the audit (see `build`)
+CHECKED = Retention(payloads=None, messages=None, delivery_attempts=None, audit=None)
+
+
 def build(workload: Workload, worker: str) -> Box:
     """The freight box with the run's provider behind a recorder, and the run's mutations."""
     period = mutations.wrong_iso_week() if "period-%Y" in workload.mutations else iso_week
@@ -147,6 +152,10 @@ def build(workload: Workload, worker: str) -> Box:
         batch_size=workload.batch_size,
         **_task_timing(timing),
     )
+    # The checker reads every key's messages and attempts after the run, which may move the
+    # clock by months (dst-change): retention must not take them first. Jobs go as in production
+    # (the checker knows a done job may be pruned).
+    box.runtime.retention = CHECKED
     history = HistoryWriter(Path(workload.history), worker, workload.seed)
     box.channel(
         "email",

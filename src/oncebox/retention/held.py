@@ -1,9 +1,10 @@
 """What retention holds, per kind of row and per task, channel or schedule: the policy in force,
 the oldest row still kept, and how many rows are past their retention — waiting for the pruner.
 
-`status` (and so `oncebox metrics` and the console) reads it with the counts capped, so a
-scrape costs a few index probes whatever the backlog; `oncebox prune --dry-run` reads it
-uncapped: exactly what a drain would take now.
+`status` (and so `oncebox metrics`) reads it with the counts capped at 10 000 rows per kind
+and name, so a scrape's cost is bounded whatever the backlog; `oncebox prune --dry-run` reads
+it uncapped: what the pruner's batches would take now, with the same conditions (a drain takes
+a little more: the messages of the jobs it deletes first).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ that short, whatever the setting:
   look at what was sent; `payloads` (per channel: `keep_payloads=`) drops it and keeps the row;
 - a sent message's row — key, receipt, times — serves the period figures through its job and
   holds off a second message with its key; `messages` (per channel: `keep_messages=`) deletes it
-  once its job is gone, with its delivery attempts;
+  once its job is gone, with its delivery attempts (so it is at least the longest finite job
+  retention in force);
 - a delivery attempt of a sent message is diagnosis; `delivery_attempts` deletes it earlier;
   a pending, dead or ambiguous message keeps every attempt;
 - the audit log is the operators' record: kept longest (`audit`), and never the entries about a
@@ -82,7 +83,8 @@ class Plan:
             channel = self.channels.get(name)
             if kind == "payloads":
                 return _own(channel.keep_payloads if channel else None, r.payloads)
-            return _own(channel.keep_messages if channel else None, r.messages)
+            keep = _own(channel.keep_messages if channel else None, r.messages)
+            return None if keep is None else max(keep, self._longest_jobs())
         if kind == "delivery_attempts":
             return r.delivery_attempts
         if kind == "audit":
@@ -92,6 +94,14 @@ class Plan:
         schedule = self.schedules.get(name)
         window = schedule.catch_up_window if schedule else DEFAULT_CATCH_UP_WINDOW
         return max(r.schedule_runs, window)
+
+    def _longest_jobs(self) -> timedelta:
+        """The longest finite job retention in force. A sent message waits for its job, so a
+        message retention shorter than that would only make every pass step over the messages
+        whose jobs are still kept; it is raised to it. (A task that keeps its jobs for ever keeps
+        its messages with them: the pass steps over those.)"""
+        kept = [self.retention.jobs] + [t.keep_jobs for t in self.tasks.values()]
+        return max((k for k in kept if k is not None and k != FOREVER), default=timedelta(0))
 
 
 def _own(own: timedelta | None, default: timedelta | None) -> timedelta | None:

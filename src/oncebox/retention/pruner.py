@@ -18,7 +18,7 @@ totals of what was pruned are durable counters (`pruned_*`).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from oncebox.clock import monotonic
@@ -48,12 +48,8 @@ class PrunerConfig:
     # the largest share of its time a draining pruner spends pruning: at 0.2 it removed 14 000
     # rows/s with a worker's throughput within the noise (docs/benchmarks.md, bench/retention.py)
     duty: float = 0.2
-    # overrides the box's Retention.jobs (the setting's older home); None: the box's
-    job_retention: timedelta | None = None
 
     def __post_init__(self) -> None:
-        if self.job_retention is not None and self.job_retention < timedelta(0):
-            raise ValueError("job_retention must not be negative")
         if not 0 < self.duty <= 1:
             raise ValueError("duty must be within (0, 1]")
         if self.batch_size < 1:
@@ -84,9 +80,6 @@ class Pruner:
         self.store = store
         self.config = config
         self.plan = plan
-        if config.job_retention is not None:
-            retention = replace(plan.retention, jobs=config.job_retention)
-            self.plan = replace(plan, retention=retention)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime, config: PrunerConfig) -> Pruner:

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Generic
 
+from oncebox.metrics import operation
 from oncebox.store.base import Held, PruneKind
 from oncebox.store.reads import ReadOperations
 from oncebox.store.writes import Tx
@@ -60,6 +61,7 @@ class PruneOperations(ReadOperations, Generic[Tx]):
         param = STATEMENTS[kind][2]
         return {**({} if param is None else {param: name}), **self._span("older_than", older_than)}
 
+    @operation
     def prune(self, kind: PruneKind, name: str, older_than: timedelta, limit: int) -> int:
         if kind == "jobs":
             return self.job_prune(name, older_than, limit)
@@ -71,6 +73,7 @@ class PruneOperations(ReadOperations, Generic[Tx]):
                 tx.fetch("counter_add", {"deltas": json.dumps({STATEMENTS[kind][3]: acted})})
         return acted
 
+    @operation
     def prunable(
         self, kind: PruneKind, name: str, older_than: timedelta | None, limit: int
     ) -> Held:
@@ -78,6 +81,7 @@ class PruneOperations(ReadOperations, Generic[Tx]):
         result = self._fetch(STATEMENTS[kind][1], params)
         return Held(self._instant(result.first("oldest")), int(result.first("waiting") or 0))
 
+    @operation
     def prune_names(self, kind: PruneKind) -> list[str]:
         if kind == "jobs":
             params = {"kind": "job", "states": self._set(["done", "cancelled"])}

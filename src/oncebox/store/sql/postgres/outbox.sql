@@ -388,7 +388,8 @@ SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
 -- name: outbox_prune
 -- Delete a batch of one channel's sent messages sent before the cutoff, oldest first
 -- (oncebox_outbox_sent, 0014), with their delivery attempts — once the job that wrote each is
--- gone, so that job_prune has counted it in its period's summary. A message's key then no longer
+-- gone, so that job_prune has counted it in its period's summary, and no other message of its
+-- intent waits (a sweeper's or a transport's messages have no job). A message's key then no longer
 -- holds off a second message with the same key: its intent (kept for ever unless the task says
 -- otherwise) still holds off the job that would write it.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
@@ -397,6 +398,11 @@ doomed AS (
     WHERE o.state = 'sent' AND o.channel = %(channel)s
       AND o.sent_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
       AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id OFFSET 0)
+      -- nor while a message of the same intent still waits (pending, dead, ambiguous): a
+      -- discard of that one frees the intent only once no other message of it stands
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox s
+                      WHERE s.intent_key = o.intent_key AND s.state <> 'sent'
+                        AND s.discarded_at IS NULL OFFSET 0)
     ORDER BY o.sent_at, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
@@ -420,6 +426,9 @@ SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
               AND o.sent_at < (SELECT now FROM clock)
                               - make_interval(secs => %(older_than_s)s::float8)
               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id OFFSET 0)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox s
+                              WHERE s.intent_key = o.intent_key AND s.state <> 'sent'
+                                AND s.discarded_at IS NULL OFFSET 0)
             LIMIT %(limit)s) w) AS waiting;
 
 -- name: delivery_attempt_prune

@@ -239,6 +239,13 @@ SELECT (SELECT min(finished_at) FROM __S__.oncebox_schedule_runs
             LIMIT %(limit)s) w) AS waiting;
 
 -- name: schedule_run_schedules
--- The schedules that have finished runs (one no longer declared keeps the default policy).
-SELECT DISTINCT schedule AS name FROM __S__.oncebox_schedule_runs WHERE state = 'done'
-ORDER BY schedule;
+-- The schedules that have runs (one no longer declared keeps the default policy): a skip scan of
+-- the primary key, one probe per schedule, as the runs are kept for ever by default.
+WITH RECURSIVE schedules AS (
+    (SELECT schedule FROM __S__.oncebox_schedule_runs ORDER BY schedule LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.schedule FROM __S__.oncebox_schedule_runs r WHERE r.schedule > s.schedule
+            ORDER BY r.schedule LIMIT 1)
+    FROM schedules s WHERE s.schedule IS NOT NULL
+)
+SELECT schedule AS name FROM schedules WHERE schedule IS NOT NULL;

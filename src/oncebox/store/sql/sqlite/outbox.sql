@@ -277,6 +277,9 @@ SELECT o.id FROM oncebox_outbox o
 WHERE o.state = 'sent' AND o.channel = :channel
   AND o.sent_at < :now - :older_than_us
   AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id)
+  AND NOT EXISTS (SELECT 1 FROM oncebox_outbox s
+                  WHERE s.intent_key = o.intent_key AND s.state <> 'sent'
+                    AND s.discarded_at IS NULL)
 ORDER BY o.sent_at, o.id
 LIMIT :limit;
 
@@ -293,6 +296,9 @@ SELECT (SELECT min(sent_at) FROM oncebox_outbox
               AND o.state = 'sent' AND o.channel = :channel
               AND o.sent_at < :now - :older_than_us
               AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id)
+              AND NOT EXISTS (SELECT 1 FROM oncebox_outbox s
+                              WHERE s.intent_key = o.intent_key AND s.state <> 'sent'
+                                AND s.discarded_at IS NULL)
             LIMIT :limit)) AS waiting;
 
 -- name: delivery_attempt_prune

@@ -196,6 +196,12 @@ SELECT (SELECT min(finished_at) FROM oncebox_schedule_runs
             LIMIT :limit)) AS waiting;
 
 -- name: schedule_run_schedules
--- See the PostgreSQL query.
-SELECT DISTINCT schedule AS name FROM oncebox_schedule_runs WHERE state = 'done'
-ORDER BY schedule;
+-- See the PostgreSQL query: a skip scan of the primary key.
+WITH RECURSIVE schedules(schedule) AS (
+    SELECT (SELECT schedule FROM oncebox_schedule_runs ORDER BY schedule LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.schedule FROM oncebox_schedule_runs r WHERE r.schedule > s.schedule
+            ORDER BY r.schedule LIMIT 1)
+    FROM schedules s WHERE s.schedule IS NOT NULL
+)
+SELECT schedule AS name FROM schedules WHERE schedule IS NOT NULL;

@@ -8,8 +8,8 @@
 -- * sent messages, by channel and send time: one index for those whose payload is still held,
 --   one for every sent row (deleted once its job is gone and the channel's retention passed);
 -- * delivery attempts and audit entries, by when they happened.
--- Building them locks each table against writes for the build: run the migration before the
--- workers of this release start, at a quiet hour on a large database (docs/deploy.md).
+-- Building them blocks writes to each table, until the migration's transaction ends: run it
+-- before the workers of this release start, at a quiet hour on a large database (deploy.md).
 ALTER TABLE __S__.oncebox_outbox ADD COLUMN payload_dropped_at timestamptz;
 CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs (task, finished_at, id)
     WHERE state IN ('done', 'cancelled');
