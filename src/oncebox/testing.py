@@ -85,11 +85,12 @@ def drain(
 
 
 def outbox_sent(box: Box, key: str) -> list[dict[str, Any]]:
-    """The payloads of the sent outbox rows of a key (its own, or its intent's)."""
+    """The payloads of the sent outbox rows of a key (its own, or its intent's) — those whose
+    content retention has not dropped yet."""
     return [
         json.loads(row.payload_json)
         for row in box.store.outbox_find_by_key(key)
-        if row.state == "sent"
+        if row.state == "sent" and row.payload_dropped_at is None
     ]
 
 

@@ -132,12 +132,12 @@ def backlog(data: dict[str, Any]) -> Iterator[Metric]:
 
 def retention(data: dict[str, Any]) -> Iterator[Metric]:
     """What retention holds, per kind of row and task, channel or schedule (`retention/held.py`):
-    rows past their retention that the pruner has not taken yet (counted up to 10 000), and the
+    rows past their retention that the pruner has not taken yet (counted up to 1 000), and the
     age of the oldest row kept."""
     families = _families(
         "oncebox_retention_",
         ["kind", "name"],
-        waiting="Rows past their retention, not yet pruned (counted up to 10000).",
+        waiting="Rows past their retention, not yet pruned (counted up to 1000).",
         oldest_age_seconds="Age of the oldest row retention keeps, per kind and name.",
     )
     for entry in data["retention"]:

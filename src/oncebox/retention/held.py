@@ -1,7 +1,7 @@
 """What retention holds, per kind of row and per task, channel or schedule: the policy in force,
 the oldest row still kept, and how many rows are past their retention — waiting for the pruner.
 
-`status` (and so `oncebox metrics`) reads it with the counts capped at 10 000 rows per kind
+`status` (and so `oncebox metrics`) reads it with the counts capped at 1 000 rows per kind
 and name, so a scrape's cost is bounded whatever the backlog; `oncebox prune --dry-run` reads
 it uncapped: what the pruner's batches would take now, with the same conditions (a drain takes
 a little more: the messages of the jobs it deletes first).
@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from oncebox.retention.policy import Plan
 from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
 
-STATUS_CAP = 10_000  # rows counted per kind and name by `status`: "10000+" beyond
+STATUS_CAP = 1_000  # rows counted per kind and name by `status`: "1000+" beyond
 UNCAPPED = 2**62
 
 

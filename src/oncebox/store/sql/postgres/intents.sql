@@ -36,6 +36,7 @@ doomed AS (
       AND claimed_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
     ORDER BY claimed_at
     LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED  -- pruners in several workers take different batches
 )
 DELETE FROM __S__.oncebox_intents i USING doomed d WHERE i.key = d.key RETURNING i.key;
 

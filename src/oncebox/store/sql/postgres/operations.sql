@@ -108,6 +108,7 @@ doomed AS (
                         AND o.state IN ('dead', 'ambiguous'))
     ORDER BY a.at, a.id
     LIMIT %(limit)s
+    FOR UPDATE OF a SKIP LOCKED  -- pruners in several workers take different batches
 )
 DELETE FROM __S__.oncebox_audit a
 WHERE a.id = ANY(ARRAY(SELECT id FROM doomed))  -- by key, whatever the statistics

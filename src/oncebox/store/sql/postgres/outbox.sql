@@ -443,6 +443,7 @@ doomed AS (
       AND o.state = 'sent'
     ORDER BY a.finished_at, a.id
     LIMIT %(limit)s
+    FOR UPDATE OF a SKIP LOCKED  -- pruners in several workers take different batches
 )
 DELETE FROM __S__.oncebox_delivery_attempts a
 WHERE a.id = ANY(ARRAY(SELECT id FROM doomed))  -- by key, whatever the statistics
