@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from oncebox import Box, ClockSetting, JobContext, Retention
+from oncebox import Box, ClockSetting, JobContext, Retention, ScheduleContext
 from oncebox.errors import ConfigurationError
+from oncebox.jobs.periods import iso_week
 from oncebox.retention import pruner as pruner_module
 from oncebox.retention.policy import FOREVER
 from oncebox.retention.pruner import Pruner, PrunerConfig, plan_for
@@ -145,9 +146,10 @@ def test_retention_settings_are_checked_where_they_are_declared(open_box, sqlite
     assert Retention(audit=FOREVER).audit is None
 
 
-def test_a_message_is_kept_at_least_as_long_as_the_longest_finite_job_retention(sqlite_url):
+def test_the_plan_never_goes_below_what_the_rows_still_serve(sqlite_url):
     """A sent message waits for its job: a shorter message retention would only make each pass
-    step over messages whose jobs are kept, so the plan raises it (a FOREVER task aside)."""
+    step over messages whose jobs are kept, so the plan raises it (a FOREVER task aside); a
+    schedule run is kept at least its schedule's catch-up window."""
     box = digest_box(sqlite_url, Retention(jobs=14 * DAY, messages=DAY))
     try:
 
@@ -155,11 +157,22 @@ def test_a_message_is_kept_at_least_as_long_as_the_longest_finite_job_retention(
         def report(ctx: JobContext, n: int) -> None:
             pass
 
+        @box.schedule(
+            "weekly", cron="0 9 * * 1", period=iso_week, task="digest", catch_up_window=60 * DAY
+        )
+        def everyone(ctx: ScheduleContext) -> list[dict[str, int]]:
+            return [{"customer": 1}]
+
         plan = plan_for(box.runtime)
         assert plan.policy("messages", "email") == 30 * DAY  # not the invoice's FOREVER
         assert plan.policy("payloads", "email") == 7 * DAY
         assert plan.policy("jobs", "invoice") is None and plan.policy("jobs", "report") == 30 * DAY
         assert plan.policy("jobs", "a-task-this-app-lacks") == 14 * DAY
+        assert plan.policy("schedule_runs", "weekly") is None  # for ever, by default
+        runs = plan_for(box.runtime)
+        runs = type(runs)(Retention(schedule_runs=DAY), runs.tasks, runs.channels, runs.schedules)
+        assert runs.policy("schedule_runs", "weekly") == 60 * DAY  # its catch-up window
+        assert runs.policy("schedule_runs", "gone") == 31 * DAY  # Schedule's default window
     finally:
         box.close()
 
