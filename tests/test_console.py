@@ -587,3 +587,18 @@ def test_a_key_page_says_what_retention_dropped_and_shows_none_of_it(tmp_path):
         assert "receipt r-c1@freight.example" in page.text  # kept
     finally:
         box.close()
+
+
+def test_the_overview_shows_what_retention_keeps(app, store_box):
+    page = logged_in(app, "vic").get("/").text
+    rows = re.findall(
+        r"<tr><td>([a-z ]+)</td><td>([^<]*)</td><td>([^<]+)</td>\s*<td>[^<]*</td>"
+        r'<td class="[a-z]*">(\d+\+?)</td></tr>',
+        page,
+    )
+    shown = {(kind, name): (kept, waiting) for kind, name, kept, waiting in rows}
+    assert shown[("message payloads", "email")] == ("7d", "0")
+    assert shown[("finished jobs", "digest")] == ("14d", "0")
+    assert shown[("intents", "digest")] == ("for ever", "0")
+    entries = status_data(store_box, periods=1)["retention"]
+    assert len(shown) == len(entries)

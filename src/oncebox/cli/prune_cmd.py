@@ -22,33 +22,12 @@ from oncebox.cli.common import (
     say,
 )
 from oncebox.lanes.worker import refuse_foreign_clock
-from oncebox.retention.held import held
+from oncebox.retention.held import KIND_LABELS, held, kept
 from oncebox.retention.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.store.base import PRUNE_KINDS
 from oncebox.store.migrations import check_runnable
 
-#: kind -> what an operator calls those rows
-KIND_LABELS = {
-    "jobs": "finished jobs",
-    "intents": "intents",
-    "payloads": "message payloads",
-    "messages": "sent messages",
-    "delivery_attempts": "delivery attempts",
-    "audit": "audit entries",
-    "schedule_runs": "schedule runs",
-}
 HEADERS = ["ROWS", "KEPT", "OLDEST KEPT", "PAST RETENTION"]
-
-
-def kept(seconds: float | None) -> str:
-    """14d, 12h, 90m, for ever: a retention as people set it."""
-    if seconds is None:
-        return "for ever"
-    whole = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if whole and whole % size == 0:
-            return f"{whole // size}{unit}"
-    return f"{whole}s"
 
 
 def retention_table(entries: Sequence[dict[str, Any]], now: datetime) -> list[list[str]]:

@@ -17,6 +17,7 @@ from starlette.templating import Jinja2Templates
 from oncebox.console.guard import sessions_of
 from oncebox.console.sessions import Session
 from oncebox.inert import printable
+from oncebox.retention.held import KIND_LABELS, kept
 
 
 def _when(value: datetime | None) -> str:
@@ -75,6 +76,8 @@ def templates() -> Jinja2Templates:
         lines=_lines,
         first_line=_first_line,
         pretty_json=_pretty_json,
+        kept=kept,
+        kind_label=KIND_LABELS.get,
     )
     return Jinja2Templates(env=env)
 

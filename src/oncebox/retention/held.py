@@ -15,6 +15,17 @@ from datetime import datetime, timedelta
 from oncebox.retention.policy import Plan
 from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
 
+#: kind -> what an operator calls those rows
+KIND_LABELS = {
+    "jobs": "finished jobs",
+    "intents": "intents",
+    "payloads": "message payloads",
+    "messages": "sent messages",
+    "delivery_attempts": "delivery attempts",
+    "audit": "audit entries",
+    "schedule_runs": "schedule runs",
+}
+
 STATUS_CAP = 1_000  # rows counted per kind and name by `status`: "1000+" beyond
 UNCAPPED = 2**62
 
@@ -40,3 +51,14 @@ def held(store: Store, plan: Plan, cap: int | None = STATUS_CAP) -> list[HeldRow
             waiting = min(found.waiting, cap) if cap is not None else found.waiting
             rows.append(HeldRow(kind, name, keep, found.oldest, waiting, capped))
     return rows
+
+
+def kept(seconds: float | None) -> str:
+    """14d, 12h, 90m, for ever: a retention as people set it."""
+    if seconds is None:
+        return "for ever"
+    whole = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
