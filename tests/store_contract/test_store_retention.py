@@ -13,6 +13,7 @@ from oncebox.store.base import (
     JobFinish,
     JobInsertMany,
     OperatorAction,
+    OutboxFilter,
     OutboxFinish,
     ScheduleRunClaim,
     ScheduleRunRef,
@@ -151,6 +152,9 @@ def test_prune_of_delivery_attempts_keeps_every_attempt_of_a_message_not_sent(st
     assert store.prune("delivery_attempts", "", timedelta(days=30), limit=100) == 1
     assert store.delivery_attempt_list(delivered) == []
     assert message(store, delivered).receipt == "r"  # the row keeps its receipt
+    # and a listing by age still finds it, by when it was sent
+    old_sent = store.outbox_list(OutboxFilter(state="sent", older_than=timedelta(days=30)))
+    assert [m.id for m in old_sent] == [delivered]
     assert len(store.delivery_attempt_list(dead)) == 1
     assert len(store.delivery_attempt_list(retrying)) == 1
     assert counters(store) == {"pruned_delivery_attempts": 2}

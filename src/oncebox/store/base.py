@@ -576,7 +576,8 @@ class OutboxFilter:
     """Which outbox rows `outbox_list` returns, newest first (by id), at most `limit`, below
     `before_id`. `error` as for jobs; `period`: rows written by a job of that schedule period;
     `older_than` / `newer_than`: the row's last delivery attempt — a dead row's: the one it died
-    of — ended at least / less than that long ago (a row never attempted matches neither)."""
+    of; a sent row whose attempts retention pruned: its send — ended at least / less than that
+    long ago (a row never attempted matches neither)."""
 
     state: OutboxState | None = None
     channel: str | None = None

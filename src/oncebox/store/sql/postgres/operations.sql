@@ -124,8 +124,9 @@ SELECT (SELECT min(at) FROM __S__.oncebox_audit) AS oldest,
             WHERE %(older_than_s)s::float8 IS NOT NULL
               AND a.at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s::float8)
               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
-                      WHERE a.target_kind = 'job' AND j.id = a.target_id AND j.state = 'dead')
-      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
-                      WHERE a.target_kind = 'delivery' AND o.id = a.target_id
-                        AND o.state IN ('dead', 'ambiguous'))
+                              WHERE a.target_kind = 'job' AND j.id = a.target_id
+                                AND j.state = 'dead')
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
+                              WHERE a.target_kind = 'delivery' AND o.id = a.target_id
+                                AND o.state IN ('dead', 'ambiguous'))
             LIMIT %(limit)s) w) AS waiting;

@@ -317,8 +317,8 @@ FROM __S__.oncebox_delivery_attempts WHERE outbox_id = %(id)s ORDER BY id;
 -- oncebox_outbox_attention: the second state test is the first as the index's predicate reads).
 -- `error`: a case-insensitive substring of the last error; `period`: written by a job of that
 -- schedule period; `older_than_s` / `newer_than_s`: its last delivery attempt (a dead row's: the
--- one it died of) ended at least / less than that long ago, `last_attempt_at`; a row never
--- attempted matches neither.
+-- one it died of) ended at least / less than that long ago, `last_attempt_at` (a sent row whose
+-- attempts retention pruned: when it was sent); a row never attempted matches neither.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token, o.job_id,
        CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END AS state, o.attempt,
@@ -327,9 +327,10 @@ SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.
        o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
        last.finished_at AS last_attempt_at
 FROM __S__.oncebox_outbox o
-LEFT JOIN LATERAL (
-    SELECT d.finished_at FROM __S__.oncebox_delivery_attempts d
-    WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1
+LEFT JOIN LATERAL (  -- a sent row whose attempts retention pruned: when it was sent
+    SELECT COALESCE((SELECT d.finished_at FROM __S__.oncebox_delivery_attempts d
+                     WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1),
+                    o.sent_at) AS finished_at
 ) last ON true
 WHERE (%(state)s::text IS NULL
        OR (CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END) = %(state)s::text)

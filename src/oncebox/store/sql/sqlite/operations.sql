@@ -101,8 +101,9 @@ SELECT (SELECT min(at) FROM oncebox_audit) AS oldest,
             SELECT 1 FROM oncebox_audit a
             WHERE :older_than_us IS NOT NULL AND a.at < :now - :older_than_us
               AND NOT EXISTS (SELECT 1 FROM oncebox_jobs j
-                      WHERE a.target_kind = 'job' AND j.id = a.target_id AND j.state = 'dead')
-      AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
-                      WHERE a.target_kind = 'delivery' AND o.id = a.target_id
-                        AND o.state IN ('dead', 'ambiguous'))
+                              WHERE a.target_kind = 'job' AND j.id = a.target_id
+                                AND j.state = 'dead')
+              AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                              WHERE a.target_kind = 'delivery' AND o.id = a.target_id
+                                AND o.state IN ('dead', 'ambiguous'))
             LIMIT :limit)) AS waiting;

@@ -225,8 +225,9 @@ SELECT * FROM (
            o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
            o.first_leased_at, o.leased_by, o.lease_token, o.lease_expires_at, o.sent_at,
            o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
-           (SELECT d.finished_at FROM oncebox_delivery_attempts d
-            WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1) AS last_attempt_at
+           COALESCE((SELECT d.finished_at FROM oncebox_delivery_attempts d
+                     WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1),
+                    o.sent_at) AS last_attempt_at
     FROM oncebox_outbox o
     WHERE (:state IS NULL
            OR (CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END) = :state)
