@@ -457,14 +457,14 @@ def test_pruning_done_jobs_never_deletes_intents(box: Box):
         box.enqueue(short_lived, n=1)
         drain(box)
         pruner = Pruner.for_runtime(box.runtime, PrunerConfig())  # jobs: 14 days
-        assert pruner.run_once().jobs == 0
+        assert pruner.run_once().pruned["jobs"] == 0
         clock.advance(timedelta(days=15))
         result = pruner.run_once()
-        assert (result.jobs, result.intents) == (4, 0)
+        assert (result.pruned["jobs"], result.pruned["intents"]) == (4, 0)
         assert box.store.job_count_by_state().counts == {}
         assert box.store.intent_count() == 4
         clock.advance(timedelta(days=16))  # past short_lived's explicit intent policy
-        assert pruner.run_once().intents == 1
+        assert pruner.run_once().pruned["intents"] == 1
     assert box.store.intent_get("short-lived/1") is None
     assert box.store.intent_count() == 3
     again = box.enqueue(task, customer_id=1, period="2026-W33")

@@ -83,7 +83,7 @@ def prune_command(
             entries = [shapes.held(row, now) for row in held(box.store, plan, cap=None)]
         else:
             result = Pruner(box.store, PrunerConfig(), plan).drain()
-            pruned = {kind: result.pruned[kind] for kind in PRUNE_KINDS}
+            pruned = result.pruned  # in PRUNE_KINDS order
     if dry_run:
         if as_json:
             print_json({"now": shapes.instant(now), "retention": entries})

@@ -63,14 +63,6 @@ class PrunerResult:
     pruned: dict[PruneKind, int] = field(default_factory=lambda: dict.fromkeys(PRUNE_KINDS, 0))
     full: bool = False
 
-    @property
-    def jobs(self) -> int:
-        return self.pruned["jobs"]
-
-    @property
-    def intents(self) -> int:
-        return self.pruned["intents"]
-
     def total(self) -> int:
         return sum(self.pruned.values())
 
