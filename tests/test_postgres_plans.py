@@ -83,7 +83,7 @@ def analyse(url: str) -> None:
 
 
 def test_leasing_jobs_reads_them_through_indexes_not_the_whole_table(store, pg_url):
-    rows = ((f"k/{n}", '{"n": 1}', None) for n in range(ROWS))
+    rows = ((f"k/{n}", '{"n": 1}', None, None) for n in range(ROWS))
     store.job_insert_many(JobInsertMany("t", "default", 0, 3, rows))
     analyse(pg_url)
     assert isinstance(store, PostgresStore)
@@ -95,7 +95,7 @@ def test_leasing_jobs_reads_them_through_indexes_not_the_whole_table(store, pg_u
 
 
 def test_settling_a_batch_of_jobs_reads_them_by_id_not_the_whole_table(store, pg_url):
-    rows = ((f"k/{n}", '{"n": 1}', None) for n in range(ROWS))
+    rows = ((f"k/{n}", '{"n": 1}', None, None) for n in range(ROWS))
     store.job_insert_many(JobInsertMany("t", "default", 0, 3, rows))
     analyse(pg_url)
     with opened_session(store) as session:
@@ -144,7 +144,7 @@ def test_listing_filtered_dead_letters_reads_the_dead_rows_indexes_not_the_whole
     """The dead-letter filters (`dlq list`, a replay's dry run) run in the listing statements;
     dead jobs are read through oncebox_jobs_dead and dead messages through
     oncebox_outbox_attention, however many rows are not dead."""
-    rows = ((f"k/{n}", '{"n": 1}', None) for n in range(ROWS))
+    rows = ((f"k/{n}", '{"n": 1}', None, None) for n in range(ROWS))
     store.job_insert_many(JobInsertMany("t", "default", 0, 3, rows))
     with opened_session(store) as session:
         token, ids = lease(session, limit=3)
@@ -176,7 +176,7 @@ def test_pruning_reads_through_indexes_never_a_whole_table(store, pg_url):
     """Retention's batches walk their index (0014) and probe the other table by key: a batch
     that read the whole outbox to check its jobs' messages cost 215 ms at 500 000 messages
     (bench/retention.py), and would grow with the table."""
-    rows = ((f"k/{n}", '{"n": 1}', None) for n in range(ROWS))
+    rows = ((f"k/{n}", '{"n": 1}', None, None) for n in range(ROWS))
     store.job_insert_many(JobInsertMany("t", "default", 0, 3, rows))
     with opened_session(store) as session:
         token, ids = lease(session, limit=BATCH)

@@ -11,7 +11,8 @@ import pytest
 from oncebox import ConfigurationError, WorkerConfig, points
 from oncebox.clock import monotonic
 from oncebox.fakes.email_api import FakeEmailApi
-from oncebox.outbox.ratelimit import Limit, take
+from oncebox.limits.rates import Limit
+from oncebox.outbox.ratelimit import take
 from oncebox.store.base import BucketState
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.outbox import enqueue_customers

@@ -30,6 +30,7 @@ from oncebox.errors import (
     TransactionControlRefused,
     UnknownTask,
 )
+from oncebox.jobs.limits import Concurrency, Rate
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import Task
 from oncebox.lanes.worker import WorkerConfig, WorkerResult
@@ -48,6 +49,7 @@ __all__ = [
     "Box",
     "ClockHeld",
     "ClockSetting",
+    "Concurrency",
     "ConfigurationError",
     "ConsumerConfig",
     "ConsumerResult",
@@ -67,6 +69,7 @@ __all__ = [
     "OnceboxError",
     "PayloadTooLarge",
     "Permanent",
+    "Rate",
     "Retention",
     "Retry",
     "RetryLater",

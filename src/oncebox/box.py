@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
@@ -28,6 +28,7 @@ from oncebox.aio import AsyncBox
 from oncebox.errors import ConfigurationError, NotFound
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from oncebox.jobs.keyguard import KeyGuard
+from oncebox.jobs.limits import TaskLimit
 from oncebox.jobs.periods import PeriodKind
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
@@ -143,6 +144,8 @@ class Box(Operations):
         group_by: str | None = None,
         keep_intents: timedelta | None = None,
         keep_jobs: timedelta | None = None,
+        limits: Sequence[TaskLimit] | None = None,
+        partition: str | None = None,
     ) -> Callable[[F], Task]: ...
 
     def task(
@@ -159,12 +162,16 @@ class Box(Operations):
         group_by: str | None = None,
         keep_intents: timedelta | None = None,
         keep_jobs: timedelta | None = None,
+        limits: Sequence[TaskLimit] | None = None,
+        partition: str | None = None,
     ) -> Task | Callable[[F], Task]:
         """Declare a task. `key` is the business-key template (omit it for a plain at-least-once
         job); `group_by` names an argument whose value orders the task's queue (one job per
         group at a time, in enqueue order); `keep_intents` opts into pruning intents;
         `keep_jobs` keeps its finished jobs longer or shorter than the box's `Retention.jobs`
-        (`timedelta.max`: for ever)."""
+        (`timedelta.max`: for ever); `limits` caps how many of its jobs run at once and how fast
+        they start, on every host together (`oncebox.Concurrency`, `oncebox.Rate`), per value of
+        the `partition` template for those with `per_partition=True` (`jobs/limits.py`)."""
 
         def register(handler: F) -> Task:
             task = make_task(
@@ -178,6 +185,8 @@ class Box(Operations):
                 group_by=group_by,
                 keep_intents=keep_intents,
                 keep_jobs=keep_jobs,
+                limits=limits,
+                partition=partition,
             )
             clash = RESERVED_ARGS & set(task.signature.parameters)
             if clash:

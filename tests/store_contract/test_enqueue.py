@@ -259,7 +259,7 @@ def test_keyless_tasks_are_plain_at_least_once_jobs(box: Box):
 
 
 def test_bulk_rows_are_chunked_by_count_and_by_argument_size():
-    rows = [(f"k/{i}", "x" * size, None) for i, size in enumerate([3, 3, 3, 9, 1, 1, 1, 1])]
+    rows = [(f"k/{i}", "x" * size, None, None) for i, size in enumerate([3, 3, 3, 9, 1, 1, 1, 1])]
     chunks = list(insert_chunks(iter(rows), count=3, chars=8))
     assert [[row[0] for row in chunk] for chunk in chunks] == [
         ["k/0", "k/1", "k/2"],  # three rows: the count

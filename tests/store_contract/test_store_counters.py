@@ -45,7 +45,11 @@ def test_an_enqueue_counts_a_created_job_or_a_duplicate_held_off(store: Store):
             queue="default",
             priority=0,
             max_attempts=3,
-            rows=[("k/1", '{"n": 1}', None), ("k/2", '{"n": 2}', None), (None, "{}", None)],
+            rows=[
+                ("k/1", '{"n": 1}', None, None),
+                ("k/2", '{"n": 2}', None, None),
+                (None, "{}", None, None),
+            ],
         )
     )
     assert store.counter_list() == {"jobs_enqueued": 3, "enqueue_duplicates": 2}

@@ -112,7 +112,7 @@ def fanned_out(store: Store, period: str, keys: list[str]) -> list[int]:
             queue="default",
             priority=0,
             max_attempts=1,
-            rows=[(key, "{}", None) for key in keys],
+            rows=[(key, "{}", None, None) for key in keys],
             for_run=ScheduleRunRef("weekly", period, "s1", LEASE),
         )
     )

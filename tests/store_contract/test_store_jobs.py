@@ -124,10 +124,10 @@ def test_keyless_jobs_are_never_deduplicated(store: Store):
 def test_job_insert_many_inserts_one_set_and_skips_taken_keys(store: Store):
     taken = insert(store, "k/2")
     rows = [
-        ("k/1", json.dumps({"n": 1}), None),
-        ("k/2", json.dumps({"n": 2}), None),
-        (None, json.dumps({"n": 3}), "g"),
-        ("k/1", json.dumps({"n": 4}), None),  # the same key twice in one set: the first wins
+        ("k/1", json.dumps({"n": 1}), None, None),
+        ("k/2", json.dumps({"n": 2}), None, None),
+        (None, json.dumps({"n": 3}), "g", None),
+        ("k/1", json.dumps({"n": 4}), None, None),  # the same key twice in one set: the first wins
     ]
     result = store.job_insert_many(
         JobInsertMany(task="t", queue="q", priority=1, max_attempts=2, rows=iter(rows))

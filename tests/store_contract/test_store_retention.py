@@ -188,7 +188,7 @@ def fan_out_done(store: Store, period: str) -> list[int]:
             queue="default",
             priority=0,
             max_attempts=1,
-            rows=[(f"digest/1/{period}", json.dumps({"customer": 1}), None)],
+            rows=[(f"digest/1/{period}", json.dumps({"customer": 1}), None, None)],
             for_run=ScheduleRunRef("weekly", period, "s1", timedelta(minutes=5)),
         )
     )

@@ -206,7 +206,9 @@ def fan_out(store: Store, owner: str, customers: list[int]) -> tuple[list[int], 
             queue="default",
             priority=0,
             max_attempts=1,
-            rows=[(f"digest/{c}/2026-W34", json.dumps({"customer": c}), None) for c in customers],
+            rows=[
+                (f"digest/{c}/2026-W34", json.dumps({"customer": c}), None, None) for c in customers
+            ],
             for_run=ScheduleRunRef(WEEKLY, "2026-W34", owner, LEASE),
         )
     )

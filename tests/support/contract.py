@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oncebox.clock import ClockSetting
+from oncebox.limits.plan import LimitPlan
 from oncebox.store.base import (
     ConsumerSession,
     ConsumerSettings,
@@ -104,6 +105,7 @@ def lease_params(
     worker: str = "w1",
     token: str | None = None,
     lease_for: timedelta = LEASE,
+    limits: LimitPlan | None = None,
 ) -> JobLeaseParams:
     return JobLeaseParams(
         tasks=tasks,
@@ -112,6 +114,7 @@ def lease_params(
         worker=worker,
         token=token or new_token(),
         lease_for=lease_for,
+        limits=limits,
     )
 
 

@@ -21,8 +21,8 @@ from oncebox.chaos.runner import DRAIN, RunContext, RunSettings, monday_fire
 from oncebox.chaos.workload import CHANNEL_RETRY, SNEAKS, Lanes, PointPlan, Timing
 from oncebox.errors import PayloadTooLarge
 from oncebox.examples.logistics.app import connect
+from oncebox.limits.rates import Limit
 from oncebox.operations import DeadFilter
-from oncebox.outbox.ratelimit import Limit
 from oncebox.testing import RedeliveringTransport
 
 Store = Literal["sqlite", "postgres"]

@@ -22,7 +22,7 @@ from oncebox.cli.common import (
 from oncebox.cli.inspect_cmds import hours
 from oncebox.counters import complete
 from oncebox.errors import ConfigurationError
-from oncebox.outbox.ratelimit import Limit
+from oncebox.limits.rates import Limit
 from oncebox.schedules.plan import Input, Plan, plan
 from oncebox.schedules.slo import parse_window
 

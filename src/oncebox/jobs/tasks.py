@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -21,7 +21,9 @@ from typing import Any
 from oncebox.durations import check_keep
 from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
 from oncebox.jobs.keys import KeyTemplate, quote_template
+from oncebox.jobs.limits import TaskLimit, TaskLimits, plan_of, task_limits
 from oncebox.jobs.retry import Retry
+from oncebox.limits.plan import LimitPlan
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
 DEFAULT_QUEUE = "default"
@@ -51,6 +53,7 @@ class Task:
     keep_intents: timedelta | None
     signature: inspect.Signature
     keep_jobs: timedelta | None = None  # None: the box's Retention.jobs (retention/policy.py)
+    limits: TaskLimits | None = None  # concurrency and rate limits (jobs/limits.py)
     _shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
@@ -82,6 +85,11 @@ class Task:
 
     def render_key(self, args: Mapping[str, Any]) -> str | None:
         return None if self.key is None else self.key.render(args)
+
+    def limit_key_of(self, args: Mapping[str, Any]) -> str | None:
+        """A limited job's partition ('' when its limits are not per partition); None for a
+        task no limit holds."""
+        return None if self.limits is None else self.limits.partition_of(self.name, args)
 
     def group_of(self, args: Mapping[str, Any]) -> str | None:
         if self.group_by is None:
@@ -194,6 +202,8 @@ def make_task(
     group_by: str | None,
     keep_intents: timedelta | None,
     keep_jobs: timedelta | None = None,
+    limits: Sequence[TaskLimit] | None = None,
+    partition: str | None = None,
 ) -> Task:
     """Build and check a task; every mistake is a `ConfigurationError` naming the task."""
     stored = check_name("task", name if name is not None else getattr(fn, "__name__", ""))
@@ -237,6 +247,7 @@ def make_task(
             f"task {stored!r}: keep_intents needs a key template and a positive duration"
         )
     check_keep(f"task {stored!r}", "keep_jobs", keep_jobs)
+    declared = task_limits(stored, limits, partition, names if not accepts_kwargs else None)
     return Task(
         name=stored,
         fn=fn,
@@ -249,6 +260,7 @@ def make_task(
         keep_intents=keep_intents,
         signature=signature,
         keep_jobs=keep_jobs,
+        limits=declared,
     )
 
 
@@ -261,6 +273,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self._plan: LimitPlan | None = None
 
     def add(self, task: Task) -> None:
         existing = self._tasks.get(task.name)
@@ -275,7 +288,22 @@ class Registry:
                 f"task {task.name!r} is declared twice with different key templates "
                 f"({_template_text(existing.key)} and {_template_text(task.key)})"
             )
+        previous = self._tasks.get(task.name)
         self._tasks[task.name] = task
+        try:  # a limit shared by name must be the same on every task that names it
+            self._plan = plan_of(
+                {t.name: t.limits for t in self._tasks.values() if t.limits is not None}
+            )
+        except ConfigurationError:
+            if previous is None:
+                del self._tasks[task.name]
+            else:
+                self._tasks[task.name] = previous
+            raise
+
+    def limit_plan(self) -> LimitPlan:
+        """The limits of every limited task, as the lease applies them."""
+        return self._plan or LimitPlan({}, {})
 
     def get(self, name: str) -> Task:
         try:

@@ -61,6 +61,7 @@ def build_consumer(
         lease_for=lease,
         next_due=runtime.store.job_next_due,
         allowed=runtime.key_guard.allowed,
+        limits=runtime.registry.limit_plan(),
     )
 
     def note(delivery: Delivery, text: str) -> None:

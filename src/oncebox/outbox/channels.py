@@ -34,7 +34,7 @@ from oncebox.durations import check_keep
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import check_name
-from oncebox.outbox.ratelimit import Limit
+from oncebox.limits.rates import Limit
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider, from_url
 from oncebox.store.base import BucketSpec
 

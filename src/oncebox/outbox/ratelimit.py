@@ -1,10 +1,11 @@
 """Rate limits shared by every dispatcher on every host: token buckets kept in the store.
 
-A channel's limits (`"14/s"`, `"50000/day"`) are one bucket each, holding at most `count`
-tokens and refilling at `count / period`. Taking tokens happens under the store's lock on the
-channel's buckets, with the database's clock, so three dispatchers sharing `10/s` together never
-send more than the bucket allows — however their hosts' clocks drift. A channel paused by its
-provider (HTTP 429 `Retry-After`, SMTP 421) grants nothing until the pause ends.
+A channel's limits (`"14/s"`, `"50000/day"`: `limits/rates.py`) are one bucket each, holding
+at most `count` tokens and refilling at `count / period`. Taking tokens happens under the
+store's lock on the channel's buckets, with the database's clock, so three dispatchers sharing
+`10/s` together never send more than the bucket allows — however their hosts' clocks drift. A
+channel paused by its provider (HTTP 429 `Retry-After`, SMTP 421) grants nothing until the pause
+ends.
 
 Waiting is not sleeping: a dispatcher that gets fewer tokens than it leased rows gives the rest
 back (due again when the bucket will have refilled), so a wait never spends an attempt.
@@ -13,55 +14,10 @@ back (due again when the bucket will have refilled), so a wait never spends an a
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from oncebox.errors import ConfigurationError
 from oncebox.store.base import BucketState
-
-_PERIODS = {
-    "s": 1,
-    "sec": 1,
-    "second": 1,
-    "m": 60,
-    "min": 60,
-    "minute": 60,
-    "h": 3600,
-    "hour": 3600,
-    "d": 86_400,
-    "day": 86_400,
-}
-_LIMIT_RE = re.compile(r"\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*")
-
-
-@dataclass(frozen=True)
-class Limit:
-    """At most `count` sends per `period`, with bursts up to `count`."""
-
-    count: int
-    period: timedelta
-    name: str
-
-    @classmethod
-    def parse(cls, text: str) -> Limit:
-        match = _LIMIT_RE.fullmatch(text.lower())
-        unit = match.group(3) if match else ""
-        if not match or (unit.rstrip("s") not in _PERIODS and unit not in _PERIODS):
-            raise ConfigurationError(
-                f"rate limit {text!r} is not COUNT/PERIOD, e.g. '14/s', '600/min', '50000/day'"
-            )
-        count = int(match.group(1))
-        seconds = _PERIODS.get(unit, _PERIODS.get(unit.rstrip("s"), 0)) * int(match.group(2) or 1)
-        if unit == "ms" or seconds <= 0:
-            raise ConfigurationError(f"rate limit {text!r}: the period must be at least a second")
-        if count < 1:
-            raise ConfigurationError(f"rate limit {text!r} must allow at least one send")
-        return cls(count, timedelta(seconds=seconds), text.strip().replace(" ", ""))
-
-    @property
-    def refill_per_s(self) -> float:
-        return self.count / self.period.total_seconds()
 
 
 @dataclass(frozen=True)

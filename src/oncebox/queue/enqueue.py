@@ -18,7 +18,7 @@ from oncebox.errors import ConfigurationError, InvalidState
 from oncebox.jobs.codec import decode_args, encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.runtime import Runtime
-from oncebox.store.base import JOBS, JobInsert, JobInsertMany, ScheduleRunRef
+from oncebox.store.base import JOBS, InsertRow, JobInsert, JobInsertMany, ScheduleRunRef
 from oncebox.tracing import current_context, enqueue_span
 
 MAX_DELAY = timedelta(days=100 * 366)
@@ -118,6 +118,7 @@ def _enqueue(
         args_json=row[1],
         priority=resolved.priority if priority is None else priority,
         group_key=row[2],
+        limit_key=row[3],
         max_attempts=resolved.retry.max_attempts,
         run_at=timing[0],
         delay=timing[1],
@@ -228,22 +229,25 @@ def _enqueue_many(
     return EnqueueManyResult(len(created), skipped, [c[0] for c in created], inserted.run_held)
 
 
-def job_row(
-    runtime: Runtime, task: Task, args: Mapping[str, Any]
-) -> tuple[str | None, str, str | None]:
-    """(key, encoded args, group key) for one job. The key and group are rendered from the
-    arguments as stored — what every consumer and broker decodes — not from the caller's
-    objects: a `(str, Enum)` member is stored as its value ("eu"), but `str()` of it is
+def job_row(runtime: Runtime, task: Task, args: Mapping[str, Any]) -> InsertRow:
+    """(key, encoded args, group key, limit key) for one job. The key, group and partition are
+    rendered from the arguments as stored — what every consumer and broker decodes — not from
+    the caller's objects: a `(str, Enum)` member is stored as its value ("eu"), but `str()` of it is
     "Region.EU", and one operation must never render two keys."""
     task.check_args(args)
     encoded = encode_args(args, task.name, runtime.max_payload_bytes)
-    if task.key is None and task.group_by is None:
-        return None, encoded, None
-    fields = (task.key.fields if task.key else ()) + ((task.group_by,) if task.group_by else ())
+    if task.key is None and task.group_by is None and task.limits is None:
+        return None, encoded, None, None
+    partition = task.limits.partition if task.limits else None
+    fields = (
+        (task.key.fields if task.key else ())
+        + ((task.group_by,) if task.group_by else ())
+        + (partition.fields if partition else ())
+    )
     # a plain str or int is stored as itself: only other values need the round trip
     plain = all(type(args.get(name)) in _PLAIN for name in fields)
     stored = args if plain else decode_args(encoded)
-    return task.render_key(stored), encoded, task.group_of(stored)
+    return task.render_key(stored), encoded, task.group_of(stored), task.limit_key_of(stored)
 
 
 def check_timing(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
+from oncebox.limits.plan import LimitPlan
 from oncebox.store.base import (
     ConsumerSession,
     ConsumerTx,
@@ -115,8 +116,10 @@ class TableTransport:
         lease_for: timedelta,
         next_due: NextDue,
         allowed: Callable[[Sequence[str]], list[str]] | None = None,
+        limits: LimitPlan | None = None,
     ) -> None:
         self._session = session
+        self._limits = limits or None  # the limited tasks' (limits/): leased through them
         self._tasks = list(tasks)
         # which of the tasks may run now (the key-drift guard leaves drifted ones out)
         self._allowed = allowed or list
@@ -137,6 +140,7 @@ class TableTransport:
                 worker=self._worker,
                 token=token,
                 lease_for=self._lease_for,
+                limits=self._limits,
             )
         )
         if jobs:

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError
+from oncebox.limits.plan import LimitPlan
 
 T = TypeVar("T")
 
@@ -50,6 +51,7 @@ class JobInsert:
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
     trace_context: str | None = None  # the enqueue span's (oncebox.tracing)
+    limit_key: str | None = None  # a limited task's partition ('' for none: jobs/limits.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +64,17 @@ class ScheduleRunRef:
     lease_for: timedelta
 
 
-InsertRow = tuple[str | None, str, str | None]  # key, args as JSON text, group key
+# key, args as JSON text, group key, limit key (the partition of a limited task: jobs/limits.py)
+InsertRow = tuple[str | None, str, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
 class JobInsertMany:
     """Many jobs of one task, inserted as one set in one transaction; rows are (key, args_json,
-    group_key), drawn lazily (PostgreSQL sends earlier chunks while later ones are drawn; a row
-    that raises rolls the whole set back). With `for_run`, the schedule run's enqueued count and
-    lease are updated in the same transaction, so a fan-out killed between batches never
-    miscounts what it committed."""
+    group_key, limit_key), drawn lazily (PostgreSQL sends earlier chunks while later ones are
+    drawn; a row that raises rolls the whole set back). With `for_run`, the schedule run's
+    enqueued count and lease are updated in the same transaction, so a fan-out killed between
+    batches never miscounts what it committed."""
 
     task: str
     queue: str
@@ -100,6 +103,8 @@ class JobLeaseParams:
     worker: str
     token: str
     lease_for: timedelta
+    # the limits of the limited tasks among `tasks` (limits/): those are leased through them
+    limits: LimitPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)

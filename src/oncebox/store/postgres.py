@@ -34,8 +34,11 @@ from psycopg.conninfo import conninfo_to_dict
 from oncebox.clock import ClockSetting, process_owner
 from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
 from oncebox.inert import printable, redact, scrubbed
+from oncebox.limits import allocation
+from oncebox.limits.plan import LimitPlan
 from oncebox.metrics import Metrics, operation
 from oncebox.store import forks, guard
+from oncebox.store import limited as limited_lease
 from oncebox.store.base import (
     EVERY_KIND,
     ActionResult,
@@ -65,6 +68,7 @@ from oncebox.store.base import (
     insert_chunks,
 )
 from oncebox.store.caller import LoopConnection, driver_connection
+from oncebox.store.limited import SURVEY
 from oncebox.store.pruning import PruneOperations
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
@@ -527,7 +531,7 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
     def _insert_batches(self, rows: Iterable[InsertRow]) -> Iterator[tuple[int, str]]:
         # drawn lazily: the server inserts one chunk while the caller encodes the next
         for chunk in insert_chunks(rows, INSERT_CHUNK, INSERT_CHUNK_CHARS):
-            yield len(chunk), _json_rows((k, _Json(a), g) for k, a, g in chunk)
+            yield len(chunk), _json_rows((k, _Json(a), g, p) for k, a, g, p in chunk)
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -862,7 +866,63 @@ class PostgresConsumerSession:
             "token": params.token,
             "lease_s": params.lease_for.total_seconds(),
         }
+        plan = params.limits
+        if plan and any(task in plan.tasks for task in params.tasks):
+            return self._run("job_lease", lambda: self._lease_limited(values, plan))
         return self._store._leased_jobs(self._run("job_lease", lambda: self._lease(values)))
+
+    def _lease_limited(self, values: dict[str, Any], plan: LimitPlan) -> list[LeasedJob]:
+        """A lease of limited and unlimited tasks, in one transaction (`limits/allocation.py`):
+        under the limits' lock, the survey (one round trip), the candidates of the partitions
+        with room (one more), then the chosen jobs, the buckets spent, the unlimited tasks' lease
+        for what is left of the batch and, when it comes back short, the next due time (one
+        more). Limited jobs go first: they take at most what their limits allow."""
+        conn, q, store = self._conn, self._q, self._store
+        limited, free = limited_lease.split(plan, values["tasks"])
+        survey_values = limited_lease.survey_params(plan, limited)
+        limit = values["limit"]
+        try:
+            with conn.pipeline():
+                conn.execute(b"BEGIN")
+                conn.execute(q["job_lease_settings"])
+                reads = [conn.execute(q[name], survey_values) for name in SURVEY]
+            results = [_result(q[name], cursor) for name, cursor in zip(SURVEY, reads, strict=True)]
+            now = store._required_instant(results[0].first("now"))
+            survey = limited_lease.survey_of(now, results, _utc)
+            room = allocation.rooms(plan, survey)
+            wanted = allocation.asks(plan, survey, room, limit)
+            candidates: list[allocation.Candidate] = []
+            if wanted:
+                sql = q["job_limited_candidates"]
+                found = conn.execute(sql, limited_lease.candidates_params(wanted, values["queues"]))
+                candidates = limited_lease.candidates_of(_result(sql, found), _utc)
+            choice = allocation.choose(plan, survey, room, candidates, limit)
+            rest = 0 if choice.alone else limit - len(choice.ids)
+            with conn.pipeline():
+                took = free_took = free_due = None
+                if choice.ids:
+                    took = conn.execute(q["job_lease_limited"], {**values, "ids": choice.ids})
+                if choice.spends:
+                    spends = limited_lease.spends_json(choice.spends, datetime.isoformat)
+                    conn.execute(q["limit_spend"], {"spends": spends})
+                if free and rest > 0:
+                    free_values = {**values, "tasks": free, "limit": rest}
+                    free_took = conn.execute(q["job_lease"], free_values)
+                    free_due = conn.execute(q["job_next_due"], free_values)
+                conn.execute(b"COMMIT")
+        except BaseException:
+            roll_back_quietly(conn)
+            raise
+        jobs = [] if took is None else store._leased_jobs(_result(q["job_lease_limited"], took))
+        if free_took is not None:
+            jobs += store._leased_jobs(_result(q["job_lease"], free_took))
+        if len(jobs) < limit:
+            times = [choice.next_at]
+            if free_due is not None:
+                times.append(_utc(_result(q["job_next_due"], free_due).first("at")))
+            at = min((t for t in times if t is not None), default=None)
+            self._due = DueTime(at, survey.now)
+        return jobs
 
     def _lease(self, values: dict[str, Any]) -> Result:
         """The lease and its settings (see `job_lease_settings`), sent together: one round trip.

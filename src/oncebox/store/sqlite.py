@@ -35,8 +35,11 @@ from oncebox.errors import (
     StoreReplaced,
     StoreUnavailable,
 )
+from oncebox.limits import allocation
+from oncebox.limits.plan import LimitPlan
 from oncebox.metrics import Metrics, operation
 from oncebox.store import forks, guard
+from oncebox.store import limited as limited_lease
 from oncebox.store.base import (
     EVERY_KIND,
     ActionResult,
@@ -65,6 +68,7 @@ from oncebox.store.base import (
     insert_chunks,
 )
 from oncebox.store.caller import driver_connection
+from oncebox.store.limited import SURVEY
 from oncebox.store.migrations import split_sqlite_script
 from oncebox.store.pruning import PruneOperations
 from oncebox.store.rows import Result
@@ -822,14 +826,60 @@ class SqliteConsumerSession:
             "token": params.token,
             "lease_us": _us(params.lease_for),
         }
+        plan = params.limits
         lease = self._store._write(self._conn, greedy=True)
         with self._store.metrics.timed("job_lease"), lease as conn:
             values["now"] = self._store._now()  # read under the write lock, not before it
+            if plan and any(task in plan.tasks for task in params.tasks):
+                return self._lease_limited(conn, values, plan)
             leased = _result(self._q["job_lease"], conn.execute(self._q["job_lease"], values))
             if len(leased.rows) < params.limit:  # running dry: when is the next one due?
                 sql = self._q["job_next_due"]
                 self._due = _result(sql, conn.execute(sql, values)).record(DueTime, _dt)
         return self._store._leased_jobs(leased)
+
+    def _lease_limited(
+        self, conn: sqlite3.Connection, values: dict[str, Any], plan: LimitPlan
+    ) -> list[LeasedJob]:
+        """As PostgreSQL's (`limits/allocation.py`), under the write lock this lease holds."""
+        q, store = self._q, self._store
+
+        def run(name: str, params: dict[str, Any]) -> Result:
+            return _result(q[name], conn.execute(q[name], params))
+
+        limited, free = limited_lease.split(plan, json.loads(values["tasks"]))
+        survey_values = {
+            name: json.dumps(value)
+            for name, value in limited_lease.survey_params(plan, limited).items()
+        }
+        survey_values["now"] = now = values["now"]
+        reads = [run(name, survey_values) for name in SURVEY]
+        survey = limited_lease.survey_of(from_micros(now), reads, _dt)
+        room = allocation.rooms(plan, survey)
+        wanted = allocation.asks(plan, survey, room, values["limit"])
+        candidates: list[allocation.Candidate] = []
+        for ask in wanted:
+            asked = {"task": ask.task, "partition": ask.partition, "n": ask.count}
+            asked.update(queues=values["queues"], now=now)
+            found = run("job_limited_candidates", asked)
+            candidates += limited_lease.candidates_of(found, _dt)
+        choice = allocation.choose(plan, survey, room, candidates, values["limit"])
+        jobs = []
+        if choice.ids:
+            took = run("job_lease_limited", {**values, "ids": json.dumps(choice.ids)})
+            jobs = store._leased_jobs(took)
+        if choice.spends:
+            run("limit_spend", {"spends": limited_lease.spends_json(choice.spends, to_micros)})
+        rest = 0 if choice.alone else values["limit"] - len(jobs)
+        times = [choice.next_at]
+        if free and rest > 0:
+            free_values = {**values, "tasks": json.dumps(free), "limit": rest}
+            jobs += store._leased_jobs(run("job_lease", free_values))
+            times.append(_dt(run("job_next_due", free_values).first("at")))
+        if len(jobs) < values["limit"]:
+            at = min((t for t in times if t is not None), default=None)
+            self._due = DueTime(at, survey.now)
+        return jobs
 
     def due_seen(self) -> DueTime | None:
         """Read in the lease's own transaction when it came back short: an idle poll is one

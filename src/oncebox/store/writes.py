@@ -157,6 +157,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "args": job.args_json,
             "priority": job.priority,
             "group_key": job.group_key,
+            "limit_key": job.limit_key,
             "max_attempts": job.max_attempts,
             "run_at": self._at(job.run_at),
             **self._span("delay", job.delay),

@@ -17,12 +17,12 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
         (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
-         created_at, trace_context)
+         created_at, trace_context, limit_key)
     SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
            %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
            clock.now + make_interval(secs => %(max_age_s)s),
-           clock.now, %(trace_context)s
+           clock.now, %(trace_context)s, %(limit_key)s
     FROM clock
     WHERE %(key)s::text IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
@@ -40,20 +40,21 @@ SELECT id, state FROM inserted;
 
 -- name: job_insert_many
 -- Many jobs of one task in one statement; rows whose key is claimed or active are skipped.
--- %(rows)s is a JSON array of [key, args, group key]. Created and skipped rows are counted.
+-- %(rows)s is a JSON array of [key, args, group key, limit key]. Created and skipped rows are
+-- counted.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 rows AS (
-    SELECT r ->> 0 AS key, r -> 1 AS args, r ->> 2 AS group_key
+    SELECT r ->> 0 AS key, r -> 1 AS args, r ->> 2 AS group_key, r ->> 3 AS limit_key
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 ),
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
         (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
-         created_at, schedule, period, trace_context)
+         created_at, schedule, period, trace_context, limit_key)
     SELECT r.key, %(task)s, %(queue)s, r.args, %(priority)s, r.group_key, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
            clock.now + make_interval(secs => %(max_age_s)s),
-           clock.now, %(schedule)s, %(period)s, %(trace_context)s
+           clock.now, %(schedule)s, %(period)s, %(trace_context)s, r.limit_key
     FROM rows r, clock
     WHERE r.key IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
@@ -100,11 +101,12 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 -- Lease up to %(limit)s due ready jobs of the given tasks and queues under one owner token.
 -- Ordered groups: a job is eligible only if its group has no leased job and no ready job
 -- enqueued before it. SKIP LOCKED lets concurrent workers pass each other's candidates.
+-- Only jobs no limit holds: a limited task's are leased by job_lease_limited.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 picked AS (
     SELECT j.id
     FROM __S__.oncebox_jobs j
-    WHERE j.state = 'ready'
+    WHERE j.state = 'ready' AND j.limit_key IS NULL
       AND j.run_at <= (SELECT now FROM clock)
       AND j.task = ANY(%(tasks)s::text[])
       AND j.queue = ANY(%(queues)s::text[])
@@ -123,11 +125,93 @@ SET state = 'leased',
     leased_by = %(worker)s,
     leased_at = clock.now,
     lease_token = %(token)s,
-    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s)
+    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+    debounce_key = NULL  -- no longer pending: a later enqueue starts the next one (0015)
 FROM clock
 -- the picked rows by primary key: joined to `picked` instead, the planner read a table it
 -- believed small from end to end to find them again (see job_finish)
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
+          j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
+          j.trace_context;
+
+-- name: job_limited_partitions
+-- After limit_lock, in its transaction: each partition of the given limited tasks that has a
+-- ready job, found by a skip scan of oncebox_jobs_limited (one probe per partition, whatever
+-- waits in it), with the partition's rows of the per-partition rate limits %(rates)s (a row per
+-- bucket; none yet: NULL name, a full bucket).
+WITH RECURSIVE parts(task, part) AS (
+    SELECT t.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = t.task)
+    FROM unnest(%(tasks)s::text[]) AS t(task)
+    UNION ALL
+    SELECT p.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = p.task
+                      AND j.limit_key > p.part)
+    FROM parts p
+    WHERE p.part IS NOT NULL
+)
+SELECT p.task, p.part AS partition, b.name, b.tokens, b.updated_at
+FROM parts p
+LEFT JOIN __S__.oncebox_limits b
+       ON b.name = ANY(%(rates)s::text[]) AND b.partition = p.part AND p.part <> ''
+WHERE p.part IS NOT NULL
+ORDER BY 1, 2;
+
+-- name: job_limited_leased
+-- The slots in use: the leased jobs per partition of the tasks that share a concurrency limit
+-- (oncebox_jobs_limited_leased).
+SELECT task, limit_key AS partition, count(*) AS leased
+FROM __S__.oncebox_jobs
+WHERE state = 'leased' AND limit_key IS NOT NULL AND task = ANY(%(counted)s::text[])
+GROUP BY 1, 2;
+
+-- name: job_limited_next_due
+-- Each limited task's earliest ready job that falls due after now: when a partition with room
+-- may next have work (the task's first entry of oncebox_jobs_task_due past now).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT t.task, f.run_at AS at
+FROM unnest(%(tasks)s::text[]) AS t(task),
+     LATERAL (SELECT j.task, j.run_at FROM __S__.oncebox_jobs j
+              WHERE j.state = 'ready' AND (j.task, j.run_at) > (t.task, (SELECT now FROM clock))
+              ORDER BY j.task, j.run_at LIMIT 1) f
+WHERE f.task = t.task;
+
+-- name: job_limited_candidates
+-- Up to n due jobs from each asked partition, in claim order (%(asks)s: [task, partition, n]).
+-- Not locked: only a lease holding the limit's lock takes a limited job.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT a.task, a.part AS partition, c.id, c.priority, c.run_at
+FROM (SELECT x ->> 0 AS task, x ->> 1 AS part, (x ->> 2)::int AS n
+      FROM jsonb_array_elements(%(asks)s::jsonb) AS x) a
+CROSS JOIN LATERAL (
+    SELECT j.id, j.priority, j.run_at
+    FROM __S__.oncebox_jobs j
+    WHERE j.state = 'ready' AND j.task = a.task AND j.limit_key = a.part
+      AND j.run_at <= (SELECT now FROM clock)
+      AND j.queue = ANY(%(queues)s::text[])
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            WHERE g.group_key = j.group_key AND g.queue = j.queue
+              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND (g.state = 'leased' OR g.id < j.id)))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT a.n
+) c;
+
+-- name: job_lease_limited
+-- Lease the chosen limited jobs (limits/allocation.py) as job_lease leases its own.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+UPDATE __S__.oncebox_jobs j
+SET state = 'leased',
+    attempt = j.attempt + 1,
+    leased_by = %(worker)s,
+    leased_at = clock.now,
+    lease_token = %(token)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+    debounce_key = NULL
+FROM clock
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'ready'
 RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
           j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
           j.trace_context;

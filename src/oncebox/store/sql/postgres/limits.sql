@@ -1,4 +1,4 @@
--- Rate buckets and channel pauses.
+-- Rate buckets and channel pauses; the limits of tasks.
 -- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
 
 -- name: rate_bucket_configure
@@ -45,3 +45,21 @@ SET paused_until = GREATEST(p.paused_until, excluded.paused_until),
     reason = CASE WHEN excluded.paused_until > p.paused_until THEN excluded.reason
                   ELSE p.reason END
 RETURNING paused_until;
+
+-- name: limit_lock
+-- Take the lock of each named limit (its row for the whole limit, made if missing), in name
+-- order, until the lease's transaction ends: leases of one limit run one after the other
+-- (limits/allocation.py). Returns each row's bucket and the time now.
+INSERT INTO __S__.oncebox_limits AS l (name, partition)
+SELECT n, '' FROM unnest(%(names)s::text[]) AS n ORDER BY n
+ON CONFLICT (name, partition) DO UPDATE SET name = l.name
+RETURNING l.name, l.tokens, l.updated_at, (SELECT __S__.oncebox_now()) AS now;
+
+-- name: limit_spend
+-- The buckets' levels after a lease took tokens (%(spends)s: [name, partition, tokens, at]).
+INSERT INTO __S__.oncebox_limits AS l (name, partition, tokens, updated_at)
+SELECT s ->> 0, s ->> 1, (s ->> 2)::float8, (s ->> 3)::timestamptz
+FROM jsonb_array_elements(%(spends)s::jsonb) AS s
+ORDER BY 1, 2
+ON CONFLICT (name, partition) DO UPDATE
+SET tokens = excluded.tokens, updated_at = excluded.updated_at;

@@ -4,21 +4,21 @@
 -- name: job_insert
 INSERT INTO oncebox_jobs
     (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
-     trace_context)
+     trace_context, limit_key)
 SELECT :key, :task, :queue, :args, :priority, :group_key, :max_attempts,
-       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :trace_context
+       COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :trace_context, :limit_key
 WHERE :key IS NULL OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = :key)
 ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, state;
 
 -- name: job_insert_many
--- :rows is a JSON array of [key, args_json_text, group_key].
+-- :rows is a JSON array of [key, args_json_text, group_key, limit_key].
 INSERT INTO oncebox_jobs
     (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
-     schedule, period, trace_context)
+     schedule, period, trace_context, limit_key)
 SELECT r.value ->> 0, :task, :queue, r.value ->> 1, :priority, r.value ->> 2, :max_attempts,
        COALESCE(:run_at, :now + :delay_us), :now + :max_age_us, :now, :schedule, :period,
-       :trace_context
+       :trace_context, r.value ->> 3
 FROM json_each(:rows) AS r
 WHERE r.value ->> 0 IS NULL
    OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = r.value ->> 0)
@@ -39,11 +39,12 @@ SET state = 'leased',
     leased_by = :worker,
     leased_at = :now,
     lease_token = :token,
-    lease_expires_at = :now + :lease_us
+    lease_expires_at = :now + :lease_us,
+    debounce_key = NULL
 WHERE id IN (
     SELECT j.id
     FROM oncebox_jobs j
-    WHERE j.state = 'ready'
+    WHERE j.state = 'ready' AND j.limit_key IS NULL  -- limited jobs: job_lease_limited
       AND j.run_at <= :now
       -- the unary plus keeps oncebox_jobs_task_due out of the plan: the claim index's order
       -- is the lease's order, where the task's index would sort every ready job of the task
@@ -56,6 +57,71 @@ WHERE id IN (
               AND (g.state = 'leased' OR g.id < j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT :limit)
+RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base, priority,
+          run_at, expires_at, leased_at, trace_context;
+
+-- name: job_limited_partitions
+-- See the PostgreSQL query: a skip scan of oncebox_jobs_limited, with the partitions' buckets.
+WITH RECURSIVE parts(task, part) AS (
+    SELECT t.value, (SELECT min(j.limit_key) FROM oncebox_jobs j
+                     WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = t.value)
+    FROM json_each(:tasks) AS t
+    UNION ALL
+    SELECT p.task, (SELECT min(j.limit_key) FROM oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = p.task
+                      AND j.limit_key > p.part)
+    FROM parts p
+    WHERE p.part IS NOT NULL
+)
+SELECT p.task, p.part AS partition, b.name, b.tokens, b.updated_at
+FROM parts p
+LEFT JOIN oncebox_limits b
+       ON b.name IN (SELECT value FROM json_each(:rates)) AND b.partition = p.part
+      AND p.part <> ''
+WHERE p.part IS NOT NULL
+ORDER BY 1, 2;
+
+-- name: job_limited_leased
+SELECT task, limit_key AS partition, count(*) AS leased
+FROM oncebox_jobs
+WHERE state = 'leased' AND limit_key IS NOT NULL
+  AND task IN (SELECT value FROM json_each(:counted))
+GROUP BY 1, 2;
+
+-- name: job_limited_next_due
+-- See the PostgreSQL query: each task's first entry of oncebox_jobs_task_due past now.
+SELECT t.value AS task,
+       (SELECT j.run_at FROM oncebox_jobs j
+        WHERE j.state = 'ready' AND j.task = t.value AND j.run_at > :now
+        ORDER BY j.task, j.run_at LIMIT 1) AS at
+FROM json_each(:tasks) t;
+
+-- name: job_limited_candidates
+-- One asked partition's: SQLite's LIMIT cannot read a column of an outer row, so the lease asks
+-- partition by partition (statements in the same process, a few microseconds each).
+SELECT j.task, j.limit_key AS partition, j.id, j.priority, j.run_at
+FROM oncebox_jobs j
+WHERE j.state = 'ready' AND j.task = :task AND j.limit_key = :partition
+  AND j.run_at <= :now
+  AND j.queue IN (SELECT value FROM json_each(:queues))
+  AND (j.group_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM oncebox_jobs g
+        WHERE g.group_key = j.group_key AND g.queue = j.queue
+          AND g.state IN ('ready', 'leased') AND g.id <> j.id
+          AND (g.state = 'leased' OR g.id < j.id)))
+ORDER BY j.priority DESC, j.run_at, j.id
+LIMIT :n;
+
+-- name: job_lease_limited
+UPDATE oncebox_jobs
+SET state = 'leased',
+    attempt = attempt + 1,
+    leased_by = :worker,
+    leased_at = :now,
+    lease_token = :token,
+    lease_expires_at = :now + :lease_us,
+    debounce_key = NULL
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'ready'
 RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base, priority,
           run_at, expires_at, leased_at, trace_context;
 

@@ -37,3 +37,18 @@ SET paused_until = max(p.paused_until, excluded.paused_until),
     reason = CASE WHEN excluded.paused_until > p.paused_until THEN excluded.reason
                   ELSE p.reason END
 RETURNING paused_until;
+
+-- name: limit_lock
+-- The limits' rows for the whole limit. Nothing to lock: the lease holds the write lock.
+SELECT b.name, b.tokens, b.updated_at, :now AS now
+FROM json_each(:names) AS n
+JOIN oncebox_limits b ON b.name = n.value AND b.partition = '';
+
+-- name: limit_spend
+-- :spends is a JSON array of [name, partition, tokens, at].
+INSERT INTO oncebox_limits AS l (name, partition, tokens, updated_at)
+SELECT s.value ->> 0, s.value ->> 1, s.value ->> 2, s.value ->> 3
+FROM json_each(:spends) AS s
+WHERE true
+ON CONFLICT (name, partition) DO UPDATE
+SET tokens = excluded.tokens, updated_at = excluded.updated_at;

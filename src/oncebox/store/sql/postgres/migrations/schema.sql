@@ -104,6 +104,8 @@ TABLE oncebox_jobs
   schedule text
   period text
   trace_context text
+  limit_key text
+  debounce_key text
   CONSTRAINT CHECK (((outcome IS NOT NULL) = (state = 'done'::text)))
   CONSTRAINT CHECK (((state = 'leased'::text) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((max_attempts >= 1))
@@ -120,6 +122,14 @@ TABLE oncebox_key_canaries
   recorded_at timestamp with time zone NOT NULL
   CONSTRAINT CHECK ((kind = ANY (ARRAY['task'::text, 'schedule'::text])))
   CONSTRAINT PRIMARY KEY (kind, name)
+
+TABLE oncebox_limits
+  name text NOT NULL
+  partition text NOT NULL
+  tokens double precision
+  updated_at timestamp with time zone
+  CONSTRAINT PRIMARY KEY (name, partition)
+  WITH (fillfactor=50)
 
 TABLE oncebox_migrations
   version integer NOT NULL
@@ -244,9 +254,11 @@ CREATE INDEX oncebox_intents_task_claimed ON __S__.oncebox_intents USING btree (
 
 CREATE UNIQUE INDEX oncebox_job_attempts_pkey ON __S__.oncebox_job_attempts USING btree (job_id, attempt)
 
-CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC, run_at, id) WHERE (state = 'ready'::text)
+CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC, run_at, id) WHERE ((state = 'ready'::text) AND (limit_key IS NULL))
 
 CREATE INDEX oncebox_jobs_dead ON __S__.oncebox_jobs USING btree (id) WHERE (state = 'dead'::text)
+
+CREATE UNIQUE INDEX oncebox_jobs_debounce ON __S__.oncebox_jobs USING btree (debounce_key) WHERE ((state = 'ready'::text) AND (debounce_key IS NOT NULL))
 
 CREATE INDEX oncebox_jobs_due ON __S__.oncebox_jobs USING btree (run_at) WHERE (state = 'ready'::text)
 
@@ -255,6 +267,10 @@ CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs USING btree (task, fini
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
 
 CREATE INDEX oncebox_jobs_leased ON __S__.oncebox_jobs USING btree (lease_expires_at) WHERE (state = 'leased'::text)
+
+CREATE INDEX oncebox_jobs_limited ON __S__.oncebox_jobs USING btree (task, limit_key, priority DESC, run_at, id) WHERE ((state = 'ready'::text) AND (limit_key IS NOT NULL))
+
+CREATE INDEX oncebox_jobs_limited_leased ON __S__.oncebox_jobs USING btree (task, limit_key) WHERE ((state = 'leased'::text) AND (limit_key IS NOT NULL))
 
 CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON __S__.oncebox_jobs USING btree (key) WHERE (state <> 'cancelled'::text)
 
@@ -265,6 +281,8 @@ CREATE INDEX oncebox_jobs_schedule_period ON __S__.oncebox_jobs USING btree (sch
 CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs USING btree (task, run_at) WHERE (state = 'ready'::text)
 
 CREATE UNIQUE INDEX oncebox_key_canaries_pkey ON __S__.oncebox_key_canaries USING btree (kind, name)
+
+CREATE UNIQUE INDEX oncebox_limits_pkey ON __S__.oncebox_limits USING btree (name, partition)
 
 CREATE UNIQUE INDEX oncebox_migrations_pkey ON __S__.oncebox_migrations USING btree (version)
 

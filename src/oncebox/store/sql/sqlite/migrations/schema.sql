@@ -167,7 +167,7 @@ CREATE TABLE oncebox_jobs (
     lease_token TEXT,
     lease_expires_at INTEGER,
     finished_at INTEGER,
-    last_error TEXT, schedule TEXT, period TEXT, trace_context TEXT,
+    last_error TEXT, schedule TEXT, period TEXT, trace_context TEXT, limit_key TEXT, debounce_key TEXT,
     CHECK ((state = 'leased') = (lease_token IS NOT NULL)),
     CHECK ((outcome IS NOT NULL) = (state = 'done'))
 ) STRICT;
@@ -181,6 +181,15 @@ CREATE TABLE oncebox_key_canaries (
     recorded_at INTEGER NOT NULL,
     PRIMARY KEY (kind, name)
 ) STRICT;
+
+-- table oncebox_limits
+CREATE TABLE oncebox_limits (
+    name TEXT NOT NULL,
+    partition TEXT NOT NULL,
+    tokens REAL,
+    updated_at INTEGER,
+    PRIMARY KEY (name, partition)
+) STRICT, WITHOUT ROWID;
 
 -- table oncebox_migrations
 CREATE TABLE oncebox_migrations (
@@ -289,10 +298,15 @@ CREATE INDEX oncebox_delivery_attempts_row ON oncebox_delivery_attempts (outbox_
 CREATE INDEX oncebox_intents_task_claimed ON oncebox_intents (task, claimed_at);
 
 -- index oncebox_jobs_claim
-CREATE INDEX oncebox_jobs_claim ON oncebox_jobs (priority DESC, run_at, id) WHERE state = 'ready';
+CREATE INDEX oncebox_jobs_claim ON oncebox_jobs (priority DESC, run_at, id)
+    WHERE state = 'ready' AND limit_key IS NULL;
 
 -- index oncebox_jobs_dead
 CREATE INDEX oncebox_jobs_dead ON oncebox_jobs (id) WHERE state = 'dead';
+
+-- index oncebox_jobs_debounce
+CREATE UNIQUE INDEX oncebox_jobs_debounce ON oncebox_jobs (debounce_key)
+    WHERE state = 'ready' AND debounce_key IS NOT NULL;
 
 -- index oncebox_jobs_due
 CREATE INDEX oncebox_jobs_due ON oncebox_jobs (run_at) WHERE state = 'ready';
@@ -307,6 +321,14 @@ CREATE INDEX oncebox_jobs_group ON oncebox_jobs (queue, group_key, id)
 
 -- index oncebox_jobs_leased
 CREATE INDEX oncebox_jobs_leased ON oncebox_jobs (lease_expires_at) WHERE state = 'leased';
+
+-- index oncebox_jobs_limited
+CREATE INDEX oncebox_jobs_limited ON oncebox_jobs (task, limit_key, priority DESC, run_at, id)
+    WHERE state = 'ready' AND limit_key IS NOT NULL;
+
+-- index oncebox_jobs_limited_leased
+CREATE INDEX oncebox_jobs_limited_leased ON oncebox_jobs (task, limit_key)
+    WHERE state = 'leased' AND limit_key IS NOT NULL;
 
 -- index oncebox_jobs_one_per_key
 CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON oncebox_jobs (key)

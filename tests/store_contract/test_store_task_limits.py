@@ -1,0 +1,186 @@
+"""Limits on tasks, in the lease, on every store: a limited task's jobs are leased only while
+their limits have room — slots counted as leased jobs, rates from buckets on the store's clock —
+and the jobs no limit holds are leased beside them as before. Time is the store's frozen
+clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from oncebox.errors import ConfigurationError
+from oncebox.jobs.limits import Concurrency, Rate, plan_of, task_limits
+from oncebox.limits.plan import LimitPlan
+from oncebox.store.base import JobFinish, Store
+from support.contract import LEASE, advance, insert, lease, opened_session, row
+
+PARAMS = {"tenant", "n"}
+
+
+def plan(**tasks: list[Concurrency | Rate]) -> LimitPlan:
+    """The plan of tasks declared with these limits (partitioned by "{tenant}" when one is)."""
+    declared = {}
+    for task, limits in tasks.items():
+        partition = "{tenant}" if any(limit.per_partition for limit in limits) else None
+        found = task_limits(task, limits, partition, PARAMS)
+        assert found is not None
+        declared[task] = found
+    return plan_of(declared)
+
+
+def limited(store: Store, key: str, partition: str = "", task: str = "t", **fields) -> int:
+    return insert(store, key, task, limit_key=partition, **fields)
+
+
+def finish(store: Store, token: str, job_id: int) -> None:
+    with opened_session(store) as session, session.transaction() as tx:
+        assert tx.job_finish(token, [JobFinish(job_id, "done", "completed")]) == {job_id}
+
+
+def test_a_concurrency_limit_leases_only_as_many_jobs_as_it_has_free_slots(store: Store):
+    limits = plan(t=[Concurrency(2)])
+    ids = [limited(store, f"k/{n}") for n in range(5)]
+    free = insert(store, "k/free", "u")
+    with opened_session(store) as session:
+        # a job holding a slot is leased alone (a batch would hold it while the rest runs)
+        token, first = lease(session, tasks=("t", "u"), limits=limits)
+        assert first == [ids[0]]
+        assert lease(session, limits=limits)[1] == [ids[1]]
+        assert lease(session, limits=limits)[1] == []  # both slots taken, whoever asks
+        assert lease(session, tasks=("t", "u"), limits=limits)[1] == [free]
+        finish(store, token, ids[0])
+        assert lease(session, limits=limits)[1] == [ids[2]]  # a settled job frees its slot
+        assert lease(session, limits=limits)[1] == []
+
+
+def test_a_slot_held_by_a_lease_that_ran_out_frees_when_the_rescuer_ends_it(store: Store):
+    limits = plan(t=[Concurrency(1)])
+    first, second = limited(store, "k/1"), limited(store, "k/2")
+    with opened_session(store) as session:
+        assert lease(session, limits=limits, worker="killed")[1] == [first]
+        advance(store, LEASE + timedelta(seconds=1))
+        assert lease(session, limits=limits)[1] == []  # past its deadline, still held
+        [rescued] = store.job_rescue_expired(limit=10)
+        assert (rescued.id, rescued.state) == (first, "ready")
+        # the freed slot goes to the next in line (the rescued job is due again from now)
+        assert lease(session, limits=limits)[1] == [second]
+        assert row(store, first).state == "ready"
+
+
+def test_per_partition_slots_share_out_a_global_limit_among_partitions(store: Store):
+    limits = plan(t=[Concurrency(3), Concurrency(1, per_partition=True)])
+    a = [limited(store, f"k/a{n}", "a") for n in range(3)]
+    b = [limited(store, f"k/b{n}", "b") for n in range(3)]
+    with opened_session(store) as session:
+        token, first = lease(session, limits=limits)
+        assert first == [a[0]]
+        assert lease(session, limits=limits)[1] == [b[0]]
+        assert lease(session, limits=limits)[1] == []  # one per partition; the global allows 3
+        c = limited(store, "k/c0", "c")
+        d = limited(store, "k/d0", "d")
+        assert lease(session, limits=limits)[1] == [c]  # the third global slot, oldest first
+        assert lease(session, limits=limits)[1] == []
+        assert row(store, d).state == "ready"
+        finish(store, token, a[0])
+        assert lease(session, limits=limits)[1] == [a[1]]  # a's slot and a global one freed
+
+
+def test_a_rate_limit_spends_a_token_per_lease_and_says_when_the_next_one_is_due(store: Store):
+    limits = plan(t=[Rate("2/s")])
+    ids = [limited(store, f"k/{n}") for n in range(5)]
+    with opened_session(store) as session:
+        assert lease(session, limits=limits)[1] == ids[:2]  # a full bucket of two
+        assert lease(session, limits=limits)[1] == []
+        due = session.due_seen()
+        assert due is not None and due.seconds() == 0.5  # a token refills in half a second
+        advance(store, timedelta(milliseconds=500))
+        assert lease(session, limits=limits)[1] == [ids[2]]
+        advance(store, timedelta(seconds=10))  # a bucket holds at most its capacity
+        assert lease(session, limits=limits)[1] == ids[3:5]
+
+
+def test_per_partition_rates_keep_a_bucket_for_each_partition(store: Store):
+    limits = plan(t=[Rate("1/min", per_partition=True)])
+    a = [limited(store, f"k/a{n}", "a") for n in range(2)]
+    b = [limited(store, f"k/b{n}", "b") for n in range(2)]
+    with opened_session(store) as session:
+        assert lease(session, limits=limits)[1] == [a[0], b[0]]
+        assert lease(session, limits=limits)[1] == []
+        advance(store, timedelta(minutes=1))
+        assert lease(session, limits=limits)[1] == [a[1], b[1]]
+
+
+def test_a_rate_limited_task_is_leased_in_batches_beside_the_jobs_no_limit_holds(store: Store):
+    limits = plan(t=[Rate("2/s")])
+    held = [limited(store, f"k/t{n}", priority=5) for n in range(3)]
+    free = [insert(store, f"k/u{n}", "u") for n in range(3)]
+    with opened_session(store) as session:
+        leased = lease(session, tasks=("t", "u"), limits=limits, limit=4)[1]
+        assert leased == [*held[:2], *free[:2]]  # the limited jobs first, then the rest
+
+
+def test_a_limit_named_on_two_tasks_is_one_limit_over_both(store: Store):
+    api = Concurrency(2, name="provider-api")
+    limits = plan(t=[api], u=[api])
+    t = limited(store, "k/t", task="t")
+    u = [limited(store, f"k/u{n}", task="u") for n in range(2)]
+    with opened_session(store) as session:
+        assert lease(session, tasks=("t",), limits=limits)[1] == [t]
+        # a worker serving only u still counts t's leased job against the shared limit
+        assert lease(session, tasks=("u",), limits=limits)[1] == [u[0]]
+        assert lease(session, tasks=("t", "u"), limits=limits)[1] == []
+
+
+def test_jobs_no_limit_holds_are_leased_beside_a_saturated_limited_backlog(store: Store):
+    limits = plan(t=[Concurrency(1)])
+    held = [limited(store, f"k/t{n}", priority=5) for n in range(20)]
+    free = [insert(store, f"k/u{n}", "u") for n in range(3)]
+    with opened_session(store) as session:
+        assert lease(session, tasks=("t", "u"), limits=limits, limit=3)[1] == [held[0]]
+        assert lease(session, tasks=("t", "u"), limits=limits, limit=3)[1] == free
+
+
+def test_a_limited_job_is_never_leased_by_a_lease_that_does_not_apply_its_limits(store: Store):
+    job_id = limited(store, "k/1")
+    with opened_session(store) as session:
+        assert lease(session)[1] == []  # e.g. a worker of a release before the limit
+        assert lease(session, limits=plan(t=[Concurrency(1)]))[1] == [job_id]
+
+
+def test_a_limited_partition_is_leased_in_claim_order_and_waits_for_its_due_time(store: Store):
+    limits = plan(t=[Concurrency(2)])
+    later = limited(store, "k/later", delay=timedelta(minutes=5), priority=9)
+    low = limited(store, "k/low", priority=0)
+    high = limited(store, "k/high", priority=3)
+    with opened_session(store) as session:
+        assert lease(session, limits=limits)[1] == [high]
+        assert lease(session, limits=limits)[1] == [low]
+        assert lease(session, limits=limits)[1] == []  # the slots are taken...
+        due = session.due_seen()
+        assert due is not None and due.at is None  # ...so no time says when: a settle frees one
+    with opened_session(store) as session:
+        limits = plan(t=[Concurrency(5)])
+        assert lease(session, limits=limits)[1] == []
+        due = session.due_seen()
+        assert due is not None and due.seconds() == 300  # room, and the next job due in 5 min
+        advance(store, timedelta(minutes=5))
+        assert lease(session, limits=limits)[1] == [later]
+
+
+def test_an_ordered_group_of_a_limited_task_still_runs_one_job_at_a_time(store: Store):
+    limits = plan(t=[Concurrency(5)])
+    first = limited(store, "k/1", group_key="g")
+    limited(store, "k/2", group_key="g")
+    other = limited(store, "k/3", group_key="h")
+    with opened_session(store) as session:
+        assert lease(session, limits=limits)[1] == [first]
+        assert lease(session, limits=limits)[1] == [other]
+        assert lease(session, limits=limits)[1] == []
+
+
+def test_a_limit_shared_by_name_must_be_declared_the_same_everywhere():
+    try:
+        plan(t=[Concurrency(2, name="api")], u=[Concurrency(3, name="api")])
+    except ConfigurationError as exc:
+        assert "limit 'api' is declared differently by tasks 't' and 'u'" in str(exc)
+    else:
+        raise AssertionError("two different limits under one name were accepted")
