@@ -30,6 +30,7 @@ from oncebox.errors import (
     TransactionControlRefused,
     UnknownTask,
 )
+from oncebox.jobs.debounce import Debounce, Throttle
 from oncebox.jobs.limits import Concurrency, Rate
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import Task
@@ -53,6 +54,7 @@ __all__ = [
     "ConfigurationError",
     "ConsumerConfig",
     "ConsumerResult",
+    "Debounce",
     "DrainFailed",
     "EnqueueError",
     "EnqueueManyResult",
@@ -80,6 +82,7 @@ __all__ = [
     "StoreUnavailable",
     "SweepContext",
     "Task",
+    "Throttle",
     "TransactionControlRefused",
     "UnknownTask",
     "WorkerConfig",

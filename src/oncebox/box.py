@@ -27,6 +27,7 @@ from typing import Any, TypeVar, overload
 from oncebox.aio import AsyncBox
 from oncebox.errors import ConfigurationError, NotFound
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES
+from oncebox.jobs.debounce import Debounce, Throttle
 from oncebox.jobs.keyguard import KeyGuard
 from oncebox.jobs.limits import TaskLimit
 from oncebox.jobs.periods import PeriodKind
@@ -146,6 +147,8 @@ class Box(Operations):
         keep_jobs: timedelta | None = None,
         limits: Sequence[TaskLimit] | None = None,
         partition: str | None = None,
+        debounce: Debounce | None = None,
+        throttle: Throttle | None = None,
     ) -> Callable[[F], Task]: ...
 
     def task(
@@ -164,6 +167,8 @@ class Box(Operations):
         keep_jobs: timedelta | None = None,
         limits: Sequence[TaskLimit] | None = None,
         partition: str | None = None,
+        debounce: Debounce | None = None,
+        throttle: Throttle | None = None,
     ) -> Task | Callable[[F], Task]:
         """Declare a task. `key` is the business-key template (omit it for a plain at-least-once
         job); `group_by` names an argument whose value orders the task's queue (one job per
@@ -171,7 +176,9 @@ class Box(Operations):
         `keep_jobs` keeps its finished jobs longer or shorter than the box's `Retention.jobs`
         (`timedelta.max`: for ever); `limits` caps how many of its jobs run at once and how fast
         they start, on every host together (`oncebox.Concurrency`, `oncebox.Rate`), per value of
-        the `partition` template for those with `per_partition=True` (`jobs/limits.py`)."""
+        the `partition` template for those with `per_partition=True` (`jobs/limits.py`);
+        `debounce` / `throttle` collapse enqueues within a window into one pending job
+        (`jobs/debounce.py`)."""
 
         def register(handler: F) -> Task:
             task = make_task(
@@ -187,6 +194,8 @@ class Box(Operations):
                 keep_jobs=keep_jobs,
                 limits=limits,
                 partition=partition,
+                debounce=debounce,
+                throttle=throttle,
             )
             clash = RESERVED_ARGS & set(task.signature.parameters)
             if clash:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 COUNTERS: dict[str, str] = {
     "jobs_enqueued": "jobs created by an enqueue or a fan-out",
     "enqueue_duplicates": "enqueues held off because their key already had a job or an intent",
+    "enqueue_collapsed": "enqueues of a debounced or throttled task that joined its pending job",
     "claim_conflicts": "jobs completed as duplicates: their key was claimed by another job",
     "jobs_completed": "jobs whose handler committed",
     "jobs_retried": "failed attempts with another attempt to come",

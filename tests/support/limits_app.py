@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from oncebox import Box, Concurrency, JobContext, Rate, WorkerConfig
+from oncebox import Box, Concurrency, Debounce, JobContext, Rate, WorkerConfig
 from support.db import sql
 
 GLOBAL, PER_TENANT = 3, 1
@@ -92,7 +92,22 @@ def limited_box(url: str, counts: Path, *, together: int) -> Box:
     def ping(ctx: JobContext, n: int) -> None:
         pass
 
+    @box.task(debounce=Debounce(timedelta(seconds=30), by="{customer}"))
+    def preview(ctx: JobContext, customer: int, edit: int) -> None:
+        pass
+
     return box
+
+
+def enqueue_burst(url: str, counts: str, edits: list[int], barrier: Any) -> None:
+    """Enqueue one edit after another for customer 1, starting with the other racers."""
+    box = limited_box(url, Path(counts), together=1)
+    try:
+        barrier.wait(30)
+        for edit in edits:
+            box.enqueue("preview", customer=1, edit=edit)
+    finally:
+        box.close()
 
 
 def work_limited(url: str, counts: str, together: int) -> None:

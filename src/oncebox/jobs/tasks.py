@@ -20,6 +20,7 @@ from typing import Any
 
 from oncebox.durations import check_keep
 from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
+from oncebox.jobs.debounce import Collapse, Debounce, Throttle, collapse_of
 from oncebox.jobs.keys import KeyTemplate, quote_template
 from oncebox.jobs.limits import TaskLimit, TaskLimits, plan_of, task_limits
 from oncebox.jobs.retry import Retry
@@ -54,6 +55,7 @@ class Task:
     signature: inspect.Signature
     keep_jobs: timedelta | None = None  # None: the box's Retention.jobs (retention/policy.py)
     limits: TaskLimits | None = None  # concurrency and rate limits (jobs/limits.py)
+    collapse: Collapse | None = None  # a debounce or throttle (jobs/debounce.py)
     _shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
@@ -204,6 +206,8 @@ def make_task(
     keep_jobs: timedelta | None = None,
     limits: Sequence[TaskLimit] | None = None,
     partition: str | None = None,
+    debounce: Debounce | None = None,
+    throttle: Throttle | None = None,
 ) -> Task:
     """Build and check a task; every mistake is a `ConfigurationError` naming the task."""
     stored = check_name("task", name if name is not None else getattr(fn, "__name__", ""))
@@ -247,7 +251,9 @@ def make_task(
             f"task {stored!r}: keep_intents needs a key template and a positive duration"
         )
     check_keep(f"task {stored!r}", "keep_jobs", keep_jobs)
-    declared = task_limits(stored, limits, partition, names if not accepts_kwargs else None)
+    parameters = names if not accepts_kwargs else None
+    declared = task_limits(stored, limits, partition, parameters)
+    collapse = collapse_of(stored, debounce, throttle, parameters)
     return Task(
         name=stored,
         fn=fn,
@@ -261,6 +267,7 @@ def make_task(
         signature=signature,
         keep_jobs=keep_jobs,
         limits=declared,
+        collapse=collapse,
     )
 
 

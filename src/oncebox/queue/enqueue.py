@@ -18,13 +18,20 @@ from oncebox.errors import ConfigurationError, InvalidState
 from oncebox.jobs.codec import decode_args, encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.runtime import Runtime
-from oncebox.store.base import JOBS, InsertRow, JobInsert, JobInsertMany, ScheduleRunRef
+from oncebox.store.base import (
+    JOBS,
+    Collapsing,
+    InsertRow,
+    JobInsert,
+    JobInsertMany,
+    ScheduleRunRef,
+)
 from oncebox.tracing import current_context, enqueue_span
 
 MAX_DELAY = timedelta(days=100 * 366)
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_RUN_AT = datetime(9000, 1, 1, tzinfo=UTC)
-EnqueueReason = Literal["created", "active_job", "key_claimed"]
+EnqueueReason = Literal["created", "active_job", "key_claimed", "collapsed"]
 TaskRef = Task | str | Callable[..., Any]
 
 
@@ -33,7 +40,8 @@ class EnqueueResult:
     """What an enqueue did. `created` is False when the key was already taken; `reason` says by
     what: an active job — ready, leased or dead (`state` is its state, `job_id` its id) — or the
     key's claim: its intent, or a done job (`state` is 'claimed', `job_id` the job that claimed
-    it, if known)."""
+    it, if known). For a debounced or throttled task, 'collapsed': the enqueue joined the
+    pending job `job_id` (`key` is that job's key after it)."""
 
     job_id: int | None
     key: str | None
@@ -46,6 +54,8 @@ class EnqueueResult:
         key = f" (key {self.key})" if self.key else ""
         if self.created:
             return f"job {self.job_id} enqueued{key}"
+        if self.reason == "collapsed":
+            return f"joined pending job {self.job_id}{key}"
         if self.reason == "active_job":
             return f"not enqueued: key {self.key} is held by job {self.job_id} ({self.state})"
         holder = f" by job {self.job_id}" if self.job_id is not None else ""
@@ -111,6 +121,12 @@ def _enqueue(
     runtime.key_guard.require_task(
         resolved, may_record=connection is None or store.dialect == "postgres"
     )
+    collapse = resolved.collapse
+    if collapse is not None and (run_at is not None or delay is not None):
+        raise ConfigurationError(
+            f"task {resolved.name!r} is {collapse.mode}d: its jobs run when the {collapse.mode} "
+            "says, so enqueue them without run_at or delay"
+        )
     job = JobInsert(
         task=resolved.name,
         key=row[0],
@@ -124,15 +140,22 @@ def _enqueue(
         delay=timing[1],
         max_age=resolved.retry.max_age,
         trace_context=current_context(),
+        collapse=None if collapse is None else collapsing(resolved, args),
     )
     for _ in range(3):
+        if job.collapse is not None:
+            merged = store.job_merge(job, connection=connection)
+            if merged is not None:
+                runtime.metrics.count("enqueue_collapsed")
+                return EnqueueResult(merged, job.key, False, "ready", "collapsed")
         job_id, created = store.job_insert(job, connection=connection)
         if created:
             runtime.metrics.count("jobs_enqueued")
             if connection is None:
                 runtime.workers.wake(JOBS)
             return EnqueueResult(job_id, job.key, True, "ready", "created")
-        assert job.key is not None  # keyless jobs are always created
+        if job.key is None:  # a pending job of its debounce key was just made: join it
+            continue
         conflict = store.job_enqueue_conflict(job.key, connection=connection)
         if conflict.found:
             runtime.metrics.count("enqueue_deduplicated")
@@ -143,8 +166,23 @@ def _enqueue(
                 )
             claimed_by = conflict.intent_job_id or conflict.active_job_id
             return EnqueueResult(claimed_by, job.key, False, "claimed", "key_claimed")
-        # the conflicting job ended (e.g. was cancelled) between the two statements: retry
-    raise InvalidState(f"key {job.key!r} kept changing state while being enqueued; try again")
+        # the conflicting job ended (e.g. was cancelled) between the two statements, or a
+        # pending job of its debounce key was just made: retry
+    what = f"key {job.key!r}" if job.key else f"the pending job of task {resolved.name!r}"
+    raise InvalidState(f"{what} kept changing state while being enqueued; try again")
+
+
+def collapsing(task: Task, args: Mapping[str, Any]) -> Collapsing:
+    """How an enqueue of a debounced or throttled task joins or makes its pending job."""
+    collapse = task.collapse
+    assert collapse is not None
+    return Collapsing(
+        key=collapse.key_of(task.name, args),
+        throttle=collapse.mode == "throttle",
+        window=collapse.window,
+        max_wait=collapse.max_wait,
+        keep_last=collapse.keep_last,
+    )
 
 
 def enqueue_many(
@@ -168,6 +206,11 @@ def enqueue_many(
     (counted), like `enqueue` would.
     """
     resolved = runtime.registry.resolve(task)
+    if resolved.collapse is not None:
+        raise ConfigurationError(
+            f"task {resolved.name!r} is {resolved.collapse.mode}d: enqueue its jobs one by one "
+            "(each joins or makes the pending job of its debounce key)"
+        )
     with enqueue_span(resolved.queue, resolved.name) as traced:
         result = _enqueue_many(
             runtime,

@@ -52,6 +52,18 @@ class JobInsert:
     max_age: timedelta | None = None
     trace_context: str | None = None  # the enqueue span's (oncebox.tracing)
     limit_key: str | None = None  # a limited task's partition ('' for none: jobs/limits.py)
+    collapse: Collapsing | None = None  # a debounced or throttled task's (jobs/debounce.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Collapsing:
+    """How an enqueue joins the pending job of its debounce key, or makes it."""
+
+    key: str  # the debounce key
+    throttle: bool  # else a debounce
+    window: timedelta
+    max_wait: timedelta | None
+    keep_last: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,6 +875,11 @@ class Store(Protocol):
     # jobs
     def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
         """Insert unless deduplicated; returns (job id or 0, created)."""
+        ...
+
+    def job_merge(self, job: JobInsert, connection: object | None = None) -> int | None:
+        """Join the pending job of the debounce key of `job` (`job.collapse`); its id, or None
+        when there is none to join."""
         ...
 
     def job_insert_many(

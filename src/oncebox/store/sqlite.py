@@ -327,6 +327,28 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
             tx.fetch("job_insert__count", {"created": int(bool(inserted.rows))})
         return inserted
 
+    def _insert_collapsed(self, params: dict[str, Any], connection: object | None) -> Result:
+        """`job_insert_collapsed`, a throttle's last run and the count, in one transaction."""
+        with self._either(connection) as tx:
+            inserted = tx.fetch("job_insert_collapsed", params)
+            if inserted.rows and params["throttle"]:
+                run_at = inserted.first("run_at")
+                tx.fetch("job_insert_collapsed__throttle", {**params, "run_at": run_at})
+            if inserted.rows or params["key"] is not None:
+                tx.fetch("job_insert__count", {"created": int(bool(inserted.rows))})
+        return inserted
+
+    def _merge_job(self, params: dict[str, Any], connection: object | None) -> Result:
+        with self._either(connection) as tx:
+            merged = tx.fetch("job_merge", params)
+            if merged.rows:
+                tx.fetch("job_merge__count", {})
+        return merged
+
+    def _either(self, connection: object | None) -> AbstractContextManager[SqliteTx]:
+        """The caller's transaction on `connection`, or one of the store's own."""
+        return self._transaction() if connection is None else self._caller_transaction(connection)
+
     def counter_compact(self) -> int:
         """One writer, one shard: nothing to fold."""
         return 0

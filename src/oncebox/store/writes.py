@@ -150,7 +150,26 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     @operation
     def job_insert(self, job: JobInsert, connection: object | None = None) -> tuple[int, bool]:
-        params = {
+        """Write one job, unless its key is taken (or, for a debounced or throttled task, a
+        pending job of its debounce key was just made: `job_merge` joins it)."""
+        params = self._insert_params(job)
+        if job.collapse is not None:
+            inserted = self._insert_collapsed(params, connection)
+        else:
+            inserted = self._insert_job(params, connection)
+        return (int(inserted.first("id")), True) if inserted.rows else (0, False)
+
+    @operation
+    def job_merge(self, job: JobInsert, connection: object | None = None) -> int | None:
+        """Join the pending job of the debounce key of `job` (jobs/debounce.py): its id, or
+        None when there is none to join."""
+        assert job.collapse is not None
+        merged = self._merge_job(self._insert_params(job), connection)
+        return int(merged.first("id")) if merged.rows else None
+
+    def _insert_params(self, job: JobInsert) -> dict[str, Any]:
+        collapse = job.collapse
+        return {
             "key": job.key,
             "task": job.task,
             "queue": job.queue,
@@ -163,9 +182,20 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             **self._span("delay", job.delay),
             **self._span("max_age", job.max_age),
             "trace_context": job.trace_context,
+            "debounce_key": None if collapse is None else collapse.key,
+            "throttle": collapse is not None and collapse.throttle,
+            "keep_last": collapse is not None and collapse.keep_last,
+            **self._span("window", None if collapse is None else collapse.window),
+            **self._span("max_wait", None if collapse is None else collapse.max_wait),
         }
-        inserted = self._insert_job(params, connection)
-        return (int(inserted.first("id")), True) if inserted.rows else (0, False)
+
+    def _insert_collapsed(self, params: dict[str, Any], connection: object | None) -> Result:
+        """`job_insert_collapsed`, which counts what it did itself (PostgreSQL)."""
+        return self._apply("job_insert_collapsed", params, connection)
+
+    def _merge_job(self, params: dict[str, Any], connection: object | None) -> Result:
+        """`job_merge`, which counts what it did itself (PostgreSQL)."""
+        return self._apply("job_merge", params, connection)
 
     def _insert_job(self, params: dict[str, Any], connection: object | None) -> Result:
         """`job_insert`, which counts what it did itself (PostgreSQL)."""

@@ -74,6 +74,84 @@ counted AS (
 )
 SELECT id, key FROM inserted;
 
+-- name: job_merge
+-- An enqueue of a debounced or throttled task joins the pending job of its debounce key
+-- (jobs/debounce.py): the ready job holding the key, which its lease clears (0015). With
+-- keep_last it takes this enqueue's arguments, key, group and partition — unless that key is
+-- another job's or claimed (then nothing is merged: the insert that follows finds the key taken);
+-- a debounce pushes its run time to a window from now, never past max_wait after the job was
+-- created. Counted as enqueue_collapsed.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+merged AS (
+    UPDATE __S__.oncebox_jobs j
+    SET args = CASE WHEN %(keep_last)s THEN %(args)s::jsonb ELSE j.args END,
+        key = CASE WHEN %(keep_last)s THEN %(key)s ELSE j.key END,
+        group_key = CASE WHEN %(keep_last)s THEN %(group_key)s ELSE j.group_key END,
+        limit_key = CASE WHEN %(keep_last)s THEN %(limit_key)s ELSE j.limit_key END,
+        run_at = CASE WHEN %(throttle)s THEN j.run_at
+                      ELSE LEAST(clock.now + make_interval(secs => %(window_s)s),
+                                 COALESCE(j.created_at + make_interval(secs => %(max_wait_s)s),
+                                          'infinity'::timestamptz)) END
+    FROM clock
+    WHERE j.debounce_key = %(debounce_key)s AND j.state = 'ready'
+      AND (NOT %(keep_last)s OR %(key)s::text IS NULL OR j.key = %(key)s::text
+           OR (NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs o
+                           WHERE o.key = %(key)s::text AND o.state <> 'cancelled')
+               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i
+                               WHERE i.key = %(key)s::text)))
+    RETURNING j.id, j.key
+),
+counted AS (
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT 'enqueue_collapsed', pg_backend_pid(), 1 WHERE EXISTS (SELECT 1 FROM merged)
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
+)
+SELECT id, key FROM merged;
+
+-- name: job_insert_collapsed
+-- The pending job of a debounce key, when job_merge found none: due a window from now
+-- (debounce), or at once unless the job before it ran less than a window ago (throttle: its
+-- run time is kept as the row ('~throttle', debounce key) of oncebox_limits). Nothing is
+-- written when the key has an intent, or a unique index holds another row: the key's job, or a
+-- pending job another enqueue just made (the caller then merges into it). Counted as job_insert,
+-- save that a racing enqueue's pending job makes a keyed enqueue count as a duplicate before
+-- it merges (the conflicting row is newer than this statement's snapshot).
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+inserted AS (
+    INSERT INTO __S__.oncebox_jobs
+        (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
+         created_at, trace_context, limit_key, debounce_key)
+    SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
+           %(max_attempts)s,
+           CASE WHEN %(throttle)s
+                THEN GREATEST(clock.now,
+                              (SELECT l.updated_at FROM __S__.oncebox_limits l
+                               WHERE l.name = '~throttle' AND l.partition = %(debounce_key)s)
+                              + make_interval(secs => %(window_s)s))
+                ELSE clock.now + make_interval(secs => %(window_s)s) END,
+           clock.now + make_interval(secs => %(max_age_s)s),
+           clock.now, %(trace_context)s, %(limit_key)s, %(debounce_key)s
+    FROM clock
+    WHERE %(key)s::text IS NULL
+       OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
+    ON CONFLICT DO NOTHING
+    RETURNING id, state, run_at
+),
+throttled AS (
+    INSERT INTO __S__.oncebox_limits AS l (name, partition, updated_at)
+    SELECT '~throttle', %(debounce_key)s, run_at FROM inserted WHERE %(throttle)s
+    ON CONFLICT (name, partition) DO UPDATE SET updated_at = excluded.updated_at
+),
+counted AS (
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT n.name, pg_backend_pid(), 1
+    FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN 'jobs_enqueued'
+                      WHEN %(key)s::text IS NOT NULL THEN 'enqueue_duplicates' END AS name) n
+    WHERE n.name IS NOT NULL
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
+)
+SELECT id, state FROM inserted;
+
 -- name: job_enqueue_conflict
 -- Why an insert wrote nothing: the job holding the key, and/or the key's intent.
 SELECT j.id AS active_job_id, j.state AS active_state, i.job_id AS intent_job_id,

@@ -26,6 +26,11 @@ INSERT INTO oncebox_counters AS c (name, shard, value)
 VALUES (CASE WHEN :created THEN 'jobs_enqueued' ELSE 'enqueue_duplicates' END, 0, 1)
 ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
 
+-- name: job_merge__count
+INSERT INTO oncebox_counters AS c (name, shard, value)
+VALUES ('enqueue_collapsed', 0, 1)
+ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value;
+
 -- name: job_insert_many__count
 INSERT INTO oncebox_counters AS c (name, shard, value)
 SELECT n.name, 0, n.value

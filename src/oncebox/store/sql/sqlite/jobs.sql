@@ -25,6 +25,44 @@ WHERE r.value ->> 0 IS NULL
 ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
 RETURNING id, key;
 
+-- name: job_merge
+-- See the PostgreSQL statement; counted by job_merge__count.
+UPDATE oncebox_jobs AS j
+SET args = CASE WHEN :keep_last THEN :args ELSE j.args END,
+    key = CASE WHEN :keep_last THEN :key ELSE j.key END,
+    group_key = CASE WHEN :keep_last THEN :group_key ELSE j.group_key END,
+    limit_key = CASE WHEN :keep_last THEN :limit_key ELSE j.limit_key END,
+    run_at = CASE WHEN :throttle THEN j.run_at
+                  ELSE min(:now + :window_us, COALESCE(j.created_at + :max_wait_us,
+                                                       :now + :window_us)) END
+WHERE j.debounce_key = :debounce_key AND j.state = 'ready'
+  AND (NOT :keep_last OR :key IS NULL OR j.key = :key
+       OR (NOT EXISTS (SELECT 1 FROM oncebox_jobs o WHERE o.key = :key AND o.state <> 'cancelled')
+           AND NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = :key)))
+RETURNING id, key;
+
+-- name: job_insert_collapsed
+-- See the PostgreSQL statement; the throttle's row is written by job_insert_collapsed__throttle
+-- and the count by job_insert__count.
+INSERT INTO oncebox_jobs
+    (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
+     trace_context, limit_key, debounce_key)
+SELECT :key, :task, :queue, :args, :priority, :group_key, :max_attempts,
+       CASE WHEN :throttle
+            THEN max(:now, COALESCE((SELECT l.updated_at FROM oncebox_limits l
+                                     WHERE l.name = '~throttle' AND l.partition = :debounce_key)
+                                    + :window_us, :now))
+            ELSE :now + :window_us END,
+       :now + :max_age_us, :now, :trace_context, :limit_key, :debounce_key
+WHERE :key IS NULL OR NOT EXISTS (SELECT 1 FROM oncebox_intents i WHERE i.key = :key)
+ON CONFLICT DO NOTHING
+RETURNING id, state, run_at;
+
+-- name: job_insert_collapsed__throttle
+INSERT INTO oncebox_limits AS l (name, partition, updated_at)
+VALUES ('~throttle', :debounce_key, :run_at)
+ON CONFLICT (name, partition) DO UPDATE SET updated_at = excluded.updated_at;
+
 -- name: job_enqueue_conflict
 SELECT j.id AS active_job_id, j.state AS active_state, i.job_id AS intent_job_id,
        i.claimed_at AS intent_claimed_at

@@ -1,7 +1,7 @@
-"""Limits on tasks, in the lease, on every store: a limited task's jobs are leased only while
+"""Limits on tasks and debounces, on every store: a limited task's jobs are leased only while
 their limits have room — slots counted as leased jobs, rates from buckets on the store's clock —
-and the jobs no limit holds are leased beside them as before. Time is the store's frozen
-clock."""
+and the jobs no limit holds are leased beside them as before; an enqueue of a debounced task
+joins the pending job of its debounce key. Time is the store's frozen clock."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from datetime import timedelta
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.limits import Concurrency, Rate, plan_of, task_limits
 from oncebox.limits.plan import LimitPlan
-from oncebox.store.base import JobFinish, Store
-from support.contract import LEASE, advance, insert, lease, opened_session, row
+from oncebox.store.base import Collapsing, JobFinish, Store
+from support.contract import LEASE, T0, advance, insert, job, lease, opened_session, row
 
 PARAMS = {"tenant", "n"}
 
@@ -184,3 +184,69 @@ def test_a_limit_shared_by_name_must_be_declared_the_same_everywhere():
         assert "limit 'api' is declared differently by tasks 't' and 'u'" in str(exc)
     else:
         raise AssertionError("two different limits under one name were accepted")
+
+
+def collapsing(throttle: bool = False, keep_last: bool = True) -> Collapsing:
+    return Collapsing(
+        key="t/1",
+        throttle=throttle,
+        window=timedelta(seconds=30),
+        max_wait=timedelta(minutes=1),
+        keep_last=keep_last,
+    )
+
+
+def test_job_merge_joins_only_a_pending_job_of_its_debounce_key(store: Store):
+    pending = job("k/1", collapse=collapsing())
+    assert store.job_merge(pending) is None  # nothing pending yet
+    job_id, created = store.job_insert(pending)
+    assert created and row(store, job_id).run_at == T0 + timedelta(seconds=30)
+    advance(store, timedelta(seconds=20))
+    later = job("k/2", args={"n": 2}, collapse=collapsing())
+    assert store.job_merge(later) == job_id
+    merged = row(store, job_id)
+    assert (merged.key, merged.args_json, merged.run_at) == (
+        "k/2",
+        '{"n": 2}',
+        T0 + timedelta(seconds=50),  # a window from the last enqueue...
+    )
+    advance(store, timedelta(seconds=20))
+    assert store.job_merge(later) == job_id
+    assert row(store, job_id).run_at == T0 + timedelta(minutes=1)  # ...at most max_wait on
+    with opened_session(store) as session:
+        advance(store, timedelta(minutes=1))
+        assert lease(session)[1] == [job_id]
+    assert store.job_merge(later) is None  # leased: no longer pending
+    assert store.counter_list()["enqueue_collapsed"] == 2
+
+
+def test_job_merge_keeps_the_first_arguments_and_never_takes_a_key_held_elsewhere(store: Store):
+    first = job("k/1", collapse=collapsing(keep_last=False))
+    job_id, _ = store.job_insert(first)
+    assert (
+        store.job_merge(job("k/9", args={"n": 9}, collapse=collapsing(keep_last=False))) == job_id
+    )
+    assert (row(store, job_id).key, row(store, job_id).args_json) == ("k/1", '{"n": 1}')
+    held = insert(store, "k/taken", "other")
+    taking = job("k/taken", collapse=collapsing())
+    assert store.job_merge(taking) is None  # k/taken is another job's
+    assert store.job_insert(taking) == (0, False)  # and so the enqueue is a duplicate
+    assert row(store, job_id).key == "k/1" and row(store, held).key == "k/taken"
+
+
+def test_a_collapsed_insert_beside_a_pending_job_writes_nothing(store: Store):
+    store.job_insert(job(None, collapse=collapsing()))
+    assert store.job_insert(job(None, collapse=collapsing())) == (0, False)  # merge instead
+    assert store.job_count_by_state()["ready"] == 1
+
+
+def test_a_throttled_job_is_due_a_window_after_the_one_before_it(store: Store):
+    throttled = job(None, collapse=collapsing(throttle=True))
+    first, _ = store.job_insert(throttled)
+    assert row(store, first).run_at == T0  # none before it: at once
+    assert store.job_merge(throttled) == first
+    assert row(store, first).run_at == T0  # joining never moves a throttled job
+    with opened_session(store) as session:
+        assert lease(session)[1] == [first]
+    second, created = store.job_insert(throttled)
+    assert created and row(store, second).run_at == T0 + timedelta(seconds=30)
