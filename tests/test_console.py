@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Box, JobContext, Retry
+from oncebox import Box, Concurrency, JobContext, Retry
 from oncebox.console import ConsoleSettings, create_app
 from oncebox.console.users import hash_password, parse_users
 from oncebox.providers import Outgoing, Receipt
@@ -50,7 +50,8 @@ class ScriptedProvider:
 @pytest.fixture(scope="module")
 def store_box(tmp_path_factory) -> Iterator[Box]:
     """A store holding one of everything the console shows: a done key with its sent message, a
-    dead job whose arguments and error carry markup, a dead message, a held send."""
+    dead job whose arguments and error carry markup, a dead message, a held send, a job held
+    back by a limit."""
     url = f"sqlite:///{tmp_path_factory.mktemp('console') / 'console.db'}"
     box = Box(url, secret="console-test-secret-0123456789")
     box.channel("email", provider=ScriptedProvider())
@@ -61,9 +62,14 @@ def store_box(tmp_path_factory) -> Iterator[Box]:
             raise ValueError(f"no shipments for {note}")
         ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
 
+    @box.task(partition="{tenant}", limits=[Concurrency(2, per_partition=True)])
+    def export(ctx: JobContext, tenant: str) -> None:
+        pass
+
     for customer in (1, 2, 3, 4):
         box.enqueue(digest, customer=customer, note=XSS)
     box.work(until_idle=True)
+    box.enqueue(export, tenant="acme")  # waits: no worker runs after this
     yield box
     box.close()
 
@@ -602,3 +608,15 @@ def test_the_overview_shows_what_retention_keeps(app, store_box):
     assert shown[("intents", "digest")] == ("for ever", "0")
     entries = status_data(store_box, periods=1)["retention"]
     assert len(shown) == len(entries)
+
+
+def test_the_overview_shows_what_each_limit_holds_back(app, store_box):
+    page = logged_in(app, "vic").get("/").text
+    assert "<h2>Limits" in page
+    rows = re.findall(
+        r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>\s*<td>(\d+)</td><td>(\d+)</td>",
+        page,
+    )
+    assert ("export:concurrency/partition", "all", "2 at once per partition", "0", "1") in rows
+    partitions = [r[1] for r in rows if r[0] == "export:concurrency/partition"]
+    assert partitions == ["all", "acme"]

@@ -4,15 +4,22 @@ enqueue, and enforced across worker processes on every store."""
 from __future__ import annotations
 
 import multiprocessing
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext, Rate
+from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext, Rate, shapes
+from oncebox.cli import prometheus
+from oncebox.cli.inspect_cmds import limits_table
+from oncebox.status import status_data
+from oncebox.testing import FrozenClock
 from support.db import sql
 from support.limits_app import GLOBAL, PER_TENANT, limited_box, read_counts, work_limited
 
 SPAWN = multiprocessing.get_context("spawn")
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -126,5 +133,46 @@ def test_jobs_of_a_limited_task_carry_their_partition_and_others_none(tmp_path: 
         box.enqueue("ping", n=1)
         rows = sql(box, "SELECT task, limit_key FROM oncebox_jobs ORDER BY id")
         assert rows == [("export", "acme"), ("ping", "")]
+    finally:
+        box.close()
+
+
+def test_status_the_metrics_and_the_console_show_what_each_limit_holds_back(tmp_path: Path):
+    """A partition starved behind the others shows as the longest wait, in every view."""
+    box = limited_box(f"sqlite:///{tmp_path / 'o.db'}", tmp_path / "c.json", together=1)
+    try:
+        with FrozenClock(box, at=T0) as clock:
+            for n in range(3):
+                box.enqueue("export", tenant="starved", n=n)
+            clock.advance(timedelta(minutes=40))
+            for tenant in ("a", "b"):
+                box.enqueue("export", tenant=tenant, n=0)
+            consumer = box.consumer()
+            try:  # one lease takes a slot of "starved"; the job stays leased
+                assert consumer.transport.fetch(10)[0].args_json == '{"n":0,"tenant":"starved"}'
+            finally:
+                consumer.session.close()
+            data = status_data(box, 1)
+        rows = {(e["limit"], e["partition"]): e for e in data["limits"]}
+        whole = rows[("export:concurrency", None)]
+        assert (whole["running"], whole["waiting"], whole["oldest_wait_s"]) == (1, 4, 2400.0)
+        starved = rows[("export:concurrency/partition", "starved")]
+        assert (starved["running"], starved["waiting"], starved["declared"]) == (
+            1,
+            2,
+            "1 at once per partition",
+        )
+        assert rows[("export:concurrency/partition", "a")]["oldest_wait_s"] == 0.0
+        shown = [e["partition"] for e in shapes.limits_shown(data["limits"])]
+        assert shown[:3] == [None, None, "starved"]  # the longest wait first
+        text = "\n".join("  ".join(row) for row in limits_table(data["limits"], T0))
+        assert re.search(r"export:concurrency\s+all\s+3 at once\s+1\s+4\s+40m", text), text
+        metrics = {
+            (m.name, s.labels.get("limit")): s.value
+            for m in prometheus.limits(data)
+            for s in m.samples
+        }
+        assert metrics[("oncebox_limit_oldest_wait_seconds", "export:concurrency")] == 2400.0
+        assert metrics[("oncebox_limit_running", "export:concurrency")] == 1
     finally:
         box.close()

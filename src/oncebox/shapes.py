@@ -7,11 +7,13 @@ parsed JSON, not strings. Shapes only grow: a field, once documented, keeps its 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from oncebox.clock import ClockSetting
 from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
+from oncebox.limits.waiting import LimitRow
 from oncebox.retention.held import HeldRow
 from oncebox.schedules.slo import PeriodSlo, Slo
 from oncebox.store.base import (
@@ -123,6 +125,40 @@ def held(row: HeldRow, now: datetime) -> dict[str, Any]:
         "waiting": row.waiting,
         "waiting_capped": row.capped,
     }
+
+
+def limit(row: LimitRow, now: datetime) -> dict[str, Any]:
+    """What one limit holds back, as a whole (`partition` null) or in one partition."""
+    return {
+        "limit": row.name,
+        "partition": row.partition,
+        "declared": row.limit,
+        "concurrency": row.concurrency,
+        "running": row.running,
+        "waiting": row.waiting,
+        "waiting_capped": row.capped,
+        "oldest_wait_s": None
+        if row.oldest is None
+        else round(max(0.0, (now - row.oldest).total_seconds()), 3),
+    }
+
+
+PARTITIONS_SHOWN = 10  # partitions per limit that status and the console list
+
+
+def limits_shown(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`limit` entries as people read them: each limit as a whole, then its partitions that
+    wait longest (at most `PARTITIONS_SHOWN`), so a starved one is on screen."""
+    shown: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry["partition"] is None:
+            shown.append(entry)
+            parts = [
+                e for e in entries if e["limit"] == entry["limit"] and e["partition"] is not None
+            ]
+            parts.sort(key=lambda e: (-(e["oldest_wait_s"] or 0.0), -e["waiting"], e["partition"]))
+            shown += parts[:PARTITIONS_SHOWN]
+    return shown
 
 
 def audit(row: AuditRow) -> dict[str, Any]:

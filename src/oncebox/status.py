@@ -19,6 +19,7 @@ from oncebox.clock import monotonic
 from oncebox.counters import complete
 from oncebox.errors import OnceboxError
 from oncebox.lanes.worker import LIVE_WITHIN
+from oncebox.limits.waiting import held_back
 from oncebox.retention.held import held
 from oncebox.retention.pruner import plan_for
 from oncebox.schedules.slo import Slo
@@ -73,6 +74,10 @@ def status_data(
     if schedules is None:
         schedules = schedule_figures(box, periods, now)
     retention = [shapes.held(row, now) for row in held(store, plan_for(box.runtime))]
+    limits = [
+        shapes.limit(row, now)
+        for row in held_back(store.job_limited_waiting, box.registry.limit_plan())
+    ]
 
     def seconds_since(at: datetime | None) -> float | None:
         return None if at is None else round(max(timedelta(0), now - at).total_seconds(), 3)
@@ -98,6 +103,7 @@ def status_data(
         "workers_live": sum(1 for worker in workers if worker.live),
         "schedules": schedules,
         "retention": retention,
+        "limits": limits,
     }
 
 

@@ -250,3 +250,23 @@ def test_a_throttled_job_is_due_a_window_after_the_one_before_it(store: Store):
         assert lease(session)[1] == [first]
     second, created = store.job_insert(throttled)
     assert created and row(store, second).run_at == T0 + timedelta(seconds=30)
+
+
+def test_job_limited_waiting_counts_what_each_partition_holds_back_within_its_bounds(
+    store: Store,
+):
+    for n in range(4):
+        limited(store, f"k/a{n}", "a")
+    advance(store, timedelta(minutes=1))
+    limited(store, "k/b0", "b")
+    limited(store, "k/c0", "c", delay=timedelta(hours=1))  # not due: not waiting
+    with opened_session(store) as session:
+        assert lease(session, limits=plan(t=[Concurrency(3)]))[1] == [1]
+    advance(store, timedelta(minutes=1))
+    found = {p.partition: p for p in store.job_limited_waiting(["t"], cap=2, partitions=10)}
+    assert set(found) == {"a", "b", "c"}
+    a, b, c = found["a"], found["b"], found["c"]
+    assert (a.waiting, a.leased, a.oldest) == (2, 1, T0)  # counted up to the cap
+    assert (b.waiting, b.leased, b.oldest) == (1, 0, T0 + timedelta(minutes=1))
+    assert (c.waiting, c.leased, c.oldest) == (0, 0, None)
+    assert [p.partition for p in store.job_limited_waiting(["t"], cap=2, partitions=1)] == ["a"]

@@ -42,6 +42,26 @@ PERIOD_HEADERS = [
     "AMBIGUOUS",
     "COVERAGE",
 ]
+LIMIT_HEADERS = ["LIMIT", "PARTITION", "DECLARED", "RUNNING", "WAITING", "OLDEST WAIT"]
+
+
+def limits_table(entries: list[dict[str, Any]], now: datetime) -> list[list[str]]:
+    """Each limit as a whole, then the partitions that wait longest (`shapes.limits_shown`)."""
+    rows = []
+    for entry in shapes.limits_shown(entries):
+        whole = entry["partition"] is None
+        wait = entry["oldest_wait_s"]
+        rows.append(
+            [
+                entry["limit"] if whole else "",
+                "all" if whole else entry["partition"],
+                entry["declared"] if whole else "",
+                str(entry["running"]),
+                f"{entry['waiting']}{'+' if entry['waiting_capped'] else ''}",
+                "-" if wait is None else age(now - timedelta(seconds=wait), now),
+            ]
+        )
+    return rows
 
 
 @click.command()
@@ -112,6 +132,9 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     if data["ambiguous"]:
         attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
     say("attention  " + ("; ".join(attention) if attention else "none"))
+    if data["limits"]:
+        say("\nlimits (jobs held back by a task's limits; the longest-waiting partitions first)")
+        print_table(LIMIT_HEADERS, limits_table(data["limits"], now), "")
     retention = retention_table(data["retention"], now)
     if retention:
         policy = "" if app else " (the default policy: pass --app for your Box's)"

@@ -48,6 +48,7 @@ class StoreCollector(Collector):
         yield from gauges(data)
         yield from periods(data)
         yield from retention(data)
+        yield from limits(data)
         yield _one(
             "oncebox_period_figures_age_seconds",
             "How old the period figures of this scrape are (refreshed in the background).",
@@ -144,6 +145,27 @@ def retention(data: dict[str, Any]) -> Iterator[Metric]:
         key = [entry["kind"], entry["name"]]
         families["waiting"].add_metric(key, entry["waiting"])
         families["oldest_age_seconds"].add_metric(key, entry["oldest_age_s"] or 0.0)
+    yield from families.values()
+
+
+def limits(data: dict[str, Any]) -> Iterator[Metric]:
+    """What each task limit holds back, as a whole (`limits/waiting.py`): its jobs running, the
+    due jobs waiting (counted up to 100 per partition), and the longest wait among them — the
+    most starved partition's, for a per-partition limit. Partitions are not labels: a tenant
+    per series would grow without bound; `oncebox status` lists them."""
+    families = _families(
+        "oncebox_limit_",
+        ["limit"],
+        running="Jobs of the limit's tasks leased now (its slots in use).",
+        waiting="Due jobs of the limit's tasks not leased (counted up to 100 per partition).",
+        oldest_wait_seconds="How long the oldest due job under the limit has waited.",
+    )
+    for entry in data["limits"]:
+        if entry["partition"] is None:
+            key = [entry["limit"]]
+            families["running"].add_metric(key, entry["running"])
+            families["waiting"].add_metric(key, entry["waiting"])
+            families["oldest_wait_seconds"].add_metric(key, entry["oldest_wait_s"] or 0.0)
     yield from families.values()
 
 

@@ -18,6 +18,7 @@ from oncebox.console.guard import sessions_of
 from oncebox.console.sessions import Session
 from oncebox.inert import printable
 from oncebox.retention.held import KIND_LABELS, kept
+from oncebox.shapes import limits_shown
 
 
 def _when(value: datetime | None) -> str:
@@ -78,6 +79,7 @@ def templates() -> Jinja2Templates:
         pretty_json=_pretty_json,
         kept=kept,
         kind_label=KIND_LABELS.get,
+        limits_shown=limits_shown,
     )
     return Jinja2Templates(env=env)
 

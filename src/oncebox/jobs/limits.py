@@ -178,6 +178,7 @@ def plan_of(declared: Mapping[str, TaskLimits]) -> LimitPlan:
             rule.refill_per_s,
             rule.per_partition,
             tuple(sorted(owners[name])),
+            rule.shown,
         )
         for name, rule in rules.items()
     }
@@ -185,7 +186,17 @@ def plan_of(declared: Mapping[str, TaskLimits]) -> LimitPlan:
 
 
 def _rule(name: str, limit: TaskLimit) -> LimitRule:
+    scope = " per partition" if limit.per_partition else ""
     if isinstance(limit, Concurrency):
-        return LimitRule(name, limit.limit, None, None, limit.per_partition, ())
+        shown = f"{limit.limit} at once{scope}"
+        return LimitRule(name, limit.limit, None, None, limit.per_partition, (), shown)
     text = RateText.parse(limit.limit)
-    return LimitRule(name, None, float(text.count), text.refill_per_s, limit.per_partition, ())
+    return LimitRule(
+        name,
+        None,
+        float(text.count),
+        text.refill_per_s,
+        limit.per_partition,
+        (),
+        f"{text.name}{scope}",
+    )

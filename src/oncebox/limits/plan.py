@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,7 @@ class LimitRule:
     refill_per_s: float | None
     per_partition: bool
     tasks: tuple[str, ...]
+    shown: str = ""  # as people wrote it: "4 at once", "100/min"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +42,15 @@ class LimitPlan:
 
     def __bool__(self) -> bool:
         return bool(self.tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedPartition:
+    """One partition of a limited task (jobs/limits.py): its due jobs waiting (counted up to a
+    cap), the earliest due time among those counted, and its jobs leased now."""
+
+    task: str
+    partition: str  # '' for a task limited as a whole
+    waiting: int
+    oldest: datetime | None
+    leased: int

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError
-from oncebox.limits.plan import LimitPlan
+from oncebox.limits.plan import LimitedPartition, LimitPlan
 
 T = TypeVar("T")
 
@@ -919,6 +919,13 @@ class Store(Protocol):
         ...
 
     def job_next_due(self, tasks: Sequence[str], queues: Sequence[str]) -> DueTime: ...
+    def job_limited_waiting(
+        self, tasks: Sequence[str], cap: int, partitions: int
+    ) -> list[LimitedPartition]:
+        """Per partition of these limited tasks with jobs ready or leased (the first
+        `partitions` with ready jobs), what waits and what runs."""
+        ...
+
     def job_prune(self, task: str, older_than: timedelta, limit: int) -> int: ...
 
     # intents

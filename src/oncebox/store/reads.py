@@ -16,6 +16,7 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from oncebox.limits.plan import LimitedPartition
 from oncebox.metrics import Metrics, operation
 from oncebox.store.base import (
     AttemptRow,
@@ -116,6 +117,35 @@ class ReadOperations:
         )
         assert due is not None  # one row, always
         return due
+
+    @operation
+    def job_limited_waiting(
+        self, tasks: Sequence[str], cap: int, partitions: int
+    ) -> list[LimitedPartition]:
+        """Two reads, each bounded: the skip scan of the partitions with their first `cap` due
+        jobs, and the leased jobs (as many as the limits let run)."""
+        params = {"tasks": self._set(tasks), "counted": self._set(tasks)}
+        waiting = self._fetch(
+            "job_limited_waiting", {**params, "cap": cap, "partitions": partitions}
+        )
+        leased = self._fetch("job_limited_leased", params)
+        found: dict[tuple[str, str], LimitedPartition] = {}
+        columns = waiting.columns()
+        for row in waiting.rows:
+            task, partition = row[columns["task"]], row[columns["partition"]]
+            oldest = self._instant(row[columns["oldest"]])
+            found[(task, partition)] = LimitedPartition(
+                task, partition, int(row[columns["waiting"]]), oldest, 0
+            )
+        columns = leased.columns()
+        for row in leased.rows:
+            task, partition = row[columns["task"]], row[columns["partition"]]
+            was = found.get((task, partition), LimitedPartition(task, partition, 0, None, 0))
+            count = int(row[columns["leased"]])
+            found[(task, partition)] = LimitedPartition(
+                task, partition, was.waiting, was.oldest, count
+            )
+        return [found[k] for k in sorted(found)]
 
     @operation
     def outbox_next_due(self, channels: Sequence[str]) -> DueTime:

@@ -255,6 +255,36 @@ FROM unnest(%(tasks)s::text[]) AS t(task),
               ORDER BY j.task, j.run_at LIMIT 1) f
 WHERE f.task = t.task;
 
+-- name: job_limited_waiting
+-- What the limits hold back, for status: per partition of the given limited tasks (the first
+-- %(partitions)s, by the skip scan of job_limited_partitions), its due ready jobs counted up to
+-- %(cap)s in claim order, and the earliest due time among those counted (the wait of a
+-- partition's oldest job, when its jobs share a priority).
+WITH RECURSIVE parts(task, part) AS (
+    SELECT t.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = t.task)
+    FROM unnest(%(tasks)s::text[]) AS t(task)
+    UNION ALL
+    SELECT p.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = p.task
+                      AND j.limit_key > p.part)
+    FROM parts p
+    WHERE p.part IS NOT NULL
+),
+clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+listed AS (SELECT task, part FROM parts WHERE part IS NOT NULL LIMIT %(partitions)s)
+SELECT l.task, l.part AS partition, count(w.run_at) AS waiting, min(w.run_at) AS oldest
+FROM listed l
+LEFT JOIN LATERAL (
+    SELECT j.run_at FROM __S__.oncebox_jobs j
+    WHERE j.state = 'ready' AND j.task = l.task AND j.limit_key = l.part
+      AND j.run_at <= (SELECT now FROM clock)
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(cap)s
+) w ON true
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
 -- name: job_limited_candidates
 -- Up to n due jobs from each asked partition, in claim order (%(asks)s: [task, partition, n]).
 -- Not locked: only a lease holding the limit's lock takes a limited job.

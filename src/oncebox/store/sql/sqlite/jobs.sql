@@ -134,6 +134,33 @@ SELECT t.value AS task,
         ORDER BY j.task, j.run_at LIMIT 1) AS at
 FROM json_each(:tasks) t;
 
+-- name: job_limited_waiting
+-- See the PostgreSQL query.
+WITH RECURSIVE parts(task, part) AS (
+    SELECT t.value, (SELECT min(j.limit_key) FROM oncebox_jobs j
+                     WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = t.value)
+    FROM json_each(:tasks) AS t
+    UNION ALL
+    SELECT p.task, (SELECT min(j.limit_key) FROM oncebox_jobs j
+                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = p.task
+                      AND j.limit_key > p.part)
+    FROM parts p
+    WHERE p.part IS NOT NULL
+),
+listed AS (SELECT task, part FROM parts WHERE part IS NOT NULL LIMIT :partitions)
+SELECT l.task, l.part AS partition,
+       (SELECT count(*) FROM (SELECT 1 FROM oncebox_jobs j
+                              WHERE j.state = 'ready' AND j.task = l.task
+                                AND j.limit_key = l.part AND j.run_at <= :now
+                              LIMIT :cap)) AS waiting,
+       (SELECT min(w.run_at) FROM (SELECT j.run_at FROM oncebox_jobs j
+                                   WHERE j.state = 'ready' AND j.task = l.task
+                                     AND j.limit_key = l.part AND j.run_at <= :now
+                                   ORDER BY j.priority DESC, j.run_at, j.id
+                                   LIMIT :cap) w) AS oldest
+FROM listed l
+ORDER BY 1, 2;
+
 -- name: job_limited_candidates
 -- One asked partition's: SQLite's LIMIT cannot read a column of an outer row, so the lease asks
 -- partition by partition (statements in the same process, a few microseconds each).
