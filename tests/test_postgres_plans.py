@@ -11,6 +11,7 @@ per-transaction counters (`pg_stat_xact_user_tables`) say which way a statement 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,12 +55,12 @@ def counted(url: str, table: str) -> Iterator[tuple[psycopg.Connection[Any], dic
     with psycopg.connect(url, autocommit=True) as conn:
         yield conn, reads
         row = conn.execute(
-            "SELECT seq_scan, seq_tup_read, idx_scan FROM pg_stat_xact_user_tables "
+            "SELECT seq_scan, seq_tup_read, idx_scan, idx_tup_fetch FROM pg_stat_xact_user_tables "
             "WHERE relname = %s",
             (table,),
         ).fetchone()
         assert row is not None, f"no statistics for {table}"
-        reads.update(seq_scan=row[0], seq_tup_read=row[1], idx_scan=row[2])
+        reads.update(seq_scan=row[0], seq_tup_read=row[1], idx_scan=row[2], idx_tup_fetch=row[3])
         conn.rollback()
 
 
@@ -212,3 +213,39 @@ def test_pruning_reads_through_indexes_never_a_whole_table(store, pg_url):
             conn.rollback()
         assert len(done) == expected, name
         assert [table for table, seq in reads if seq] == [], (name, reads)
+
+
+LIMITED = 10_000  # jobs per partition held back by a saturated limit
+
+
+def test_a_saturated_limited_backlog_costs_the_leases_a_probe_per_partition_not_a_scan(
+    store, pg_url
+):
+    """The unlimited lease never steps over limited jobs (they are not in its index), and the
+    limited lease's survey finds each partition with one probe, whatever waits in it."""
+    for partition in ("a", "b"):
+        rows = ((None, '{"n": 1}', None, partition) for _ in range(LIMITED))
+        store.job_insert_many(JobInsertMany("t", "default", 5, 3, rows))
+    rows = ((f"u/{n}", '{"n": 1}', None, None) for n in range(10))
+    store.job_insert_many(JobInsertMany("u", "default", 0, 3, rows))
+    analyse(pg_url)
+    assert isinstance(store, PostgresStore)
+    with counted(pg_url, "oncebox_jobs") as (conn, reads):
+        leased = run_lease(store, conn, "job_lease", {**JOB_LEASE, "tasks": ["t", "u"], "limit": 5})
+    assert len(leased) == 5  # the unlimited task's, the limited backlog ahead of them unread
+    assert reads["seq_scan"] == 0 and reads["idx_tup_fetch"] < 50, reads
+    survey = {"tasks": ["t"], "rates": [], "counted": ["t"], "names": ["t:concurrency"]}
+    with counted(pg_url, "oncebox_jobs") as (conn, reads):
+        conn.execute("BEGIN")
+        conn.execute(store._q["job_lease_settings"])
+        for name in ("job_limited_partitions", "job_limited_leased", "job_limited_next_due"):
+            conn.execute(store._q[name], survey).fetchall()
+        asks = json.dumps([["t", "a", 1], ["t", "b", 1]])
+        found = conn.execute(
+            store._q["job_limited_candidates"], {"asks": asks, "queues": ["default"]}
+        ).fetchall()
+        waiting = conn.execute(
+            store._q["job_limited_waiting"], {**survey, "cap": 101, "partitions": 1000}
+        ).fetchall()
+    assert len(found) == 2 and sorted(row[2] for row in waiting) == [101, 101]
+    assert reads["seq_scan"] == 0 and reads["idx_tup_fetch"] < 300, reads

@@ -4,7 +4,9 @@ enqueue, and enforced across worker processes on every store."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
+import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,9 +16,16 @@ from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext
 from oncebox.cli import prometheus
 from oncebox.cli.inspect_cmds import limits_table
 from oncebox.status import status_data
-from oncebox.testing import FrozenClock
+from oncebox.testing import FrozenClock, drain
 from support.db import sql
-from support.limits_app import GLOBAL, PER_TENANT, limited_box, read_counts, work_limited
+from support.limits_app import (
+    GLOBAL,
+    PER_TENANT,
+    hold_slot,
+    limited_box,
+    read_counts,
+    work_limited,
+)
 
 SPAWN = multiprocessing.get_context("spawn")
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
@@ -176,3 +185,38 @@ def test_status_the_metrics_and_the_console_show_what_each_limit_holds_back(tmp_
         assert metrics[("oncebox_limit_running", "export:concurrency")] == 1
     finally:
         box.close()
+
+
+@pytest.mark.slow
+def test_a_slot_held_by_a_worker_killed_mid_job_frees_when_its_lease_is_rescued(store_url):
+    box = Box(store_url)
+    ran: list[int] = []
+
+    @box.task(key="report/{n}", limits=[Concurrency(1)])
+    def report(ctx: JobContext, n: int) -> None:
+        ran.append(n)
+
+    with FrozenClock(box, at=T0) as clock:
+        first = box.enqueue(report, n=1).job_id
+        second = box.enqueue(report, n=2).job_id  # (SQLite: the holder will hold the writes)
+        inside = SPAWN.Event()
+        holder = SPAWN.Process(target=hold_slot, args=(store_url, inside))
+        holder.start()
+        try:
+            assert inside.wait(60), "the holder never reached its handler"
+            assert holder.pid is not None
+            os.kill(holder.pid, signal.SIGKILL)  # mid-job, its slot leased
+            holder.join(30)
+        finally:
+            if holder.is_alive():
+                holder.kill()
+        drain(box)
+        assert ran == []  # the dead worker's lease still holds the only slot
+        clock.advance(timedelta(minutes=10))  # past its lease
+        result = drain(box)  # the rescuer ends it; the freed slot takes the next job
+        assert sorted(ran) == [1, 2] and result.completed == 2
+    attempts = sql(box, "SELECT job_id, outcome FROM oncebox_job_attempts ORDER BY job_id")
+    assert attempts == [(first, "lease_expired")]
+    assert {row[0] for row in sql(box, "SELECT state FROM oncebox_jobs")} == {"done"}
+    assert second != first
+    box.close()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -117,3 +119,17 @@ def work_limited(url: str, counts: str, together: int) -> None:
         box.work(config=WorkerConfig(until_idle=True, poll_interval=timedelta(seconds=0.2)))
     finally:
         box.close()
+
+
+def hold_slot(url: str, inside: Any) -> None:
+    """Lease the one slot of `report` and stop inside its handler until this process is
+    killed."""
+    box = Box(url)
+
+    @box.task(key="report/{n}", limits=[Concurrency(1)])
+    def report(ctx: JobContext, n: int) -> None:
+        inside.set()
+        signal.pause()  # until SIGKILL
+
+    box.consumer(name="holder").run_once()
+    os._exit(3)  # unreachable unless the handler returned
