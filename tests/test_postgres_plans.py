@@ -23,6 +23,7 @@ import pytest
 
 from oncebox.store import open_store
 from oncebox.store.base import (
+    InsertRow,
     JobFilter,
     JobFinish,
     JobInsertMany,
@@ -224,10 +225,10 @@ def test_a_saturated_limited_backlog_costs_the_leases_a_probe_per_partition_not_
     """The unlimited lease never steps over limited jobs (they are not in its index), and the
     limited lease's survey finds each partition with one probe, whatever waits in it."""
     for partition in ("a", "b"):
-        rows = ((None, '{"n": 1}', None, partition) for _ in range(LIMITED))
-        store.job_insert_many(JobInsertMany("t", "default", 5, 3, rows))
-    rows = ((f"u/{n}", '{"n": 1}', None, None) for n in range(10))
-    store.job_insert_many(JobInsertMany("u", "default", 0, 3, rows))
+        held: Iterator[InsertRow] = ((None, '{"n": 1}', None, partition) for _ in range(LIMITED))
+        store.job_insert_many(JobInsertMany("t", "default", 5, 3, held))
+    free: Iterator[InsertRow] = ((f"u/{n}", '{"n": 1}', None, None) for n in range(10))
+    store.job_insert_many(JobInsertMany("u", "default", 0, 3, free))
     analyse(pg_url)
     assert isinstance(store, PostgresStore)
     with counted(pg_url, "oncebox_jobs") as (conn, reads):
