@@ -10,7 +10,8 @@ with pgqueuer's own `install()`; N jobs enqueued with its batch `enqueue` (lists
 would have by then, from autovacuum (the benchmark server runs without it); `stale` leaves them
 as the enqueue left them. Then one QueueManager (asyncpg) drains the jobs in `mode=drain` with
 the given dequeue batch. Prints one JSON line: enqueue and processing seconds, jobs/s, the loop
-and the statistics.
+and the statistics. `--concurrency-limit N` declares the entrypoint with pgqueuer's own
+database-enforced `concurrency_limit` (bench/limits.py: what a limit costs).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(main) if uvloop is None else uvloop.run(main)
 
 
-async def run(server: str, jobs: int, batch: int, stats: str) -> dict[str, Any]:
+async def run(
+    server: str, jobs: int, batch: int, stats: str, concurrency_limit: int = 0
+) -> dict[str, Any]:
     name = f"peer_pgq_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(server)
     await admin.execute(f'CREATE DATABASE "{name}"')
@@ -64,7 +67,7 @@ async def run(server: str, jobs: int, batch: int, stats: str) -> dict[str, Any]:
         manager = QueueManager(queries)
         done = 0
 
-        @manager.entrypoint("noop")
+        @manager.entrypoint("noop", concurrency_limit=concurrency_limit)
         async def noop(job: Job) -> None:
             nonlocal done
             done += 1
@@ -100,8 +103,15 @@ def main() -> None:
         default="fresh",
         help="fresh: ANALYZE after the enqueue, as autovacuum would; stale: no ANALYZE",
     )
+    parser.add_argument(
+        "--concurrency-limit",
+        type=int,
+        default=0,
+        help="the entrypoint's concurrency_limit (0: none), enforced in the database",
+    )
     args = parser.parse_args()
-    print(json.dumps(run_loop(run(args.server, args.jobs, args.batch, args.stats))))
+    figures = run(args.server, args.jobs, args.batch, args.stats, args.concurrency_limit)
+    print(json.dumps(run_loop(figures)))
 
 
 if __name__ == "__main__":

@@ -41,12 +41,9 @@ def test_a_concurrency_limit_leases_only_as_many_jobs_as_it_has_free_slots(store
     ids = [limited(store, f"k/{n}") for n in range(5)]
     free = insert(store, "k/free", "u")
     with opened_session(store) as session:
-        # a job holding a slot is leased alone (a batch would hold it while the rest runs)
         token, first = lease(session, tasks=("t", "u"), limits=limits)
-        assert first == [ids[0]]
-        assert lease(session, limits=limits)[1] == [ids[1]]
+        assert first == [*ids[:2], free]  # two slots, and the job no limit holds beside them
         assert lease(session, limits=limits)[1] == []  # both slots taken, whoever asks
-        assert lease(session, tasks=("t", "u"), limits=limits)[1] == [free]
         finish(store, token, ids[0])
         assert lease(session, limits=limits)[1] == [ids[2]]  # a settled job frees its slot
         assert lease(session, limits=limits)[1] == []
@@ -72,9 +69,8 @@ def test_per_partition_slots_share_out_a_global_limit_among_partitions(store: St
     b = [limited(store, f"k/b{n}", "b") for n in range(3)]
     with opened_session(store) as session:
         token, first = lease(session, limits=limits)
-        assert first == [a[0]]
-        assert lease(session, limits=limits)[1] == [b[0]]
-        assert lease(session, limits=limits)[1] == []  # one per partition; the global allows 3
+        assert first == [a[0], b[0]]  # one per partition, though the global limit allows 3
+        assert lease(session, limits=limits)[1] == []
         c = limited(store, "k/c0", "c")
         d = limited(store, "k/d0", "d")
         assert lease(session, limits=limits)[1] == [c]  # the third global slot, oldest first
@@ -135,8 +131,9 @@ def test_jobs_no_limit_holds_are_leased_beside_a_saturated_limited_backlog(store
     held = [limited(store, f"k/t{n}", priority=5) for n in range(20)]
     free = [insert(store, f"k/u{n}", "u") for n in range(3)]
     with opened_session(store) as session:
-        assert lease(session, tasks=("t", "u"), limits=limits, limit=3)[1] == [held[0]]
-        assert lease(session, tasks=("t", "u"), limits=limits, limit=3)[1] == free
+        leased = lease(session, tasks=("t", "u"), limits=limits, limit=3)[1]
+        assert leased == [held[0], free[0], free[1]]  # the limited job first, then the rest
+        assert lease(session, tasks=("t", "u"), limits=limits, limit=3)[1] == [free[2]]
 
 
 def test_a_limited_job_is_never_leased_by_a_lease_that_does_not_apply_its_limits(store: Store):
@@ -152,7 +149,7 @@ def test_a_limited_partition_is_leased_in_claim_order_and_waits_for_its_due_time
     low = limited(store, "k/low", priority=0)
     high = limited(store, "k/high", priority=3)
     with opened_session(store) as session:
-        assert lease(session, limits=limits)[1] == [high]
+        assert lease(session, limits=limits, limit=1)[1] == [high]
         assert lease(session, limits=limits)[1] == [low]
         assert lease(session, limits=limits)[1] == []  # the slots are taken...
         due = session.due_seen()
@@ -172,8 +169,7 @@ def test_an_ordered_group_of_a_limited_task_still_runs_one_job_at_a_time(store: 
     limited(store, "k/2", group_key="g")
     other = limited(store, "k/3", group_key="h")
     with opened_session(store) as session:
-        assert lease(session, limits=limits)[1] == [first]
-        assert lease(session, limits=limits)[1] == [other]
+        assert lease(session, limits=limits)[1] == [first, other]
         assert lease(session, limits=limits)[1] == []
 
 
@@ -261,7 +257,7 @@ def test_job_limited_waiting_counts_what_each_partition_holds_back_within_its_bo
     limited(store, "k/b0", "b")
     limited(store, "k/c0", "c", delay=timedelta(hours=1))  # not due: not waiting
     with opened_session(store) as session:
-        assert lease(session, limits=plan(t=[Concurrency(3)]))[1] == [1]
+        assert lease(session, limits=plan(t=[Concurrency(3)]), limit=1)[1] == [1]
     advance(store, timedelta(minutes=1))
     found = {p.partition: p for p in store.job_limited_waiting(["t"], cap=2, partitions=10)}
     assert set(found) == {"a", "b", "c"}

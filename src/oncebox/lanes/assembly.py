@@ -9,6 +9,7 @@ import random
 import socket
 
 from oncebox.errors import ConfigurationError
+from oncebox.limits.allocation import holds_slot
 from oncebox.queue.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
@@ -84,4 +85,8 @@ def build_consumer(
     )
     consumer.may_render = lambda task: bool(runtime.key_guard.allowed([task]))
     consumer.orm = runtime.orm
+    plan = runtime.registry.limit_plan()
+    consumer.holds_slot = lambda task: holds_slot(plan, task)
+    if isinstance(transport, TableTransport):
+        transport.slots = consumer.slots
     return consumer, transport

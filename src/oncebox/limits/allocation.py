@@ -78,7 +78,6 @@ class Choice:
     ids: list[int]
     spends: list[Spend]
     next_at: datetime | None  # when a held-back job may be leased, if a time says so
-    alone: bool = False  # a job holding a slot was taken: the lease takes nothing else
 
 
 def scope_of(rule: LimitRule, partition: str) -> Scope:
@@ -119,41 +118,52 @@ def rooms(plan: LimitPlan, survey: Survey) -> Rooms:
     return result
 
 
-def asks(plan: LimitPlan, survey: Survey, room: Rooms, limit: int) -> list[Ask]:
-    """How many due jobs to read from each partition: its least room, at most `limit` (one
-    where a job holds a slot: it is leased alone, see `choose`)."""
+def asks(
+    plan: LimitPlan, survey: Survey, room: Rooms, limit: int, *, slots: int | None = None
+) -> list[Ask]:
+    """How many due jobs to read from each partition: its least room, at most `limit` (and
+    `slots`, for a task whose jobs hold a slot)."""
     wanted = []
     for task, partition in survey.partitions:
-        alone = any(rule.concurrency is not None for rule in plan.rules_of(task))
-        count = min(1 if alone else limit, room.of(plan, task, partition))
+        most = limit if slots is None or not holds_slot(plan, task) else min(limit, slots)
+        count = min(most, room.of(plan, task, partition))
         if count > 0:
             wanted.append(Ask(task, partition, count))
     return wanted
 
 
 def choose(
-    plan: LimitPlan, survey: Survey, room: Rooms, candidates: Iterable[Candidate], limit: int
+    plan: LimitPlan,
+    survey: Survey,
+    room: Rooms,
+    candidates: Iterable[Candidate],
+    limit: int,
+    *,
+    slots: int | None = None,
 ) -> Choice:
-    """Candidates in claim order while every limit of each has room, up to `limit`.
+    """Candidates in claim order while every limit of each has room, up to `limit`, and at most
+    `slots` of them holding a concurrency limit's slot.
 
-    A job that holds a slot (its task has a concurrency limit) is leased alone: a consumer runs
-    its batch in one transaction, one handler after another, so a slot leased beside other jobs
-    would be held while they run — a limit of 4 slots spread over batches would run fewer than 4
-    handlers at once. Alone, a slot is held as long as its own handler runs."""
+    A consumer runs its batch in one transaction, one handler after another, so a slot leased
+    in a batch is held while the handlers before it run: `slots` is how many the consumer can
+    run within its transaction budget at the pace its handlers have run (`Consumer.slots`) —
+    one while that pace is unknown or slow, so slow handlers hold a slot only while they run,
+    and fast ones still lease in batches. What a budget cuts short goes back at once."""
     left = dict(room.left)
     taken: dict[Scope, int] = {}
     ids: list[int] = []
-    alone = False
+    held = 0
     for candidate in sorted(candidates, key=lambda c: (-c.priority, c.run_at, c.id)):
-        if len(ids) >= limit or alone:
+        if len(ids) >= limit:
             break
-        rules = plan.rules_of(candidate.task)
-        slot = any(rule.concurrency is not None for rule in rules)
-        scopes = [scope_of(rule, candidate.partition) for rule in rules]
-        if (slot and ids) or not all(left[scope] > 0 for scope in scopes):
+        scopes = [scope_of(rule, candidate.partition) for rule in plan.rules_of(candidate.task)]
+        slot = holds_slot(plan, candidate.task)
+        if (slot and slots is not None and held >= slots) or not all(
+            left[scope] > 0 for scope in scopes
+        ):
             continue
+        held += slot
         ids.append(candidate.id)
-        alone = slot
         for scope in scopes:
             left[scope] -= 1
             taken[scope] = taken.get(scope, 0) + 1
@@ -173,7 +183,12 @@ def choose(
         whole = [(rule.name, "") for rule in plan.rules_of(task) if not rule.per_partition]
         if all(left.get(scope, 1) > 0 for scope in whole):
             times.append(at)
-    return Choice(ids, spends, min(times, default=None), alone)
+    return Choice(ids, spends, min(times, default=None))
+
+
+def holds_slot(plan: LimitPlan, task: str) -> bool:
+    """Whether a job of `task` takes a concurrency limit's slot while it is leased."""
+    return any(rule.concurrency is not None for rule in plan.rules_of(task))
 
 
 def _used(plan: LimitPlan, leased: Mapping[tuple[str, str], int]) -> dict[Scope, int]:

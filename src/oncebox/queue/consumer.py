@@ -206,6 +206,7 @@ def describe_error(error: BaseException) -> str:
 
 DRIFT_RETRY = timedelta(seconds=60)
 DEFAULT_BUDGET = timedelta(milliseconds=500)
+PACE_WEIGHT = 0.3  # of the latest batch in the moving average of time per job
 # SQLite: other writers (the app's enqueues, the worker's own lease keeper) wait while a
 # consumer transaction holds the file's write lock; a short budget keeps their wait short
 # (docs/benchmarks.md, SQLite writer contention)
@@ -248,6 +249,7 @@ class Consumer:
         most = config.max_batch_size or min(10_000, 4 * config.batch_size)
         self.size = LeaseSize(config.batch_size, most, self.budget)
         self._transactions = 0  # in the batch being run
+        self._per_job: float | None = None  # seconds per job at this lane's pace (`slots`)
         self.outbox_written: Callable[[int], None] = lambda _count: None
         self.stopping: Callable[[], bool] = lambda: False
         # may this task mint keys now? (the key-drift guard; a delivery without a stored key has
@@ -255,6 +257,8 @@ class Consumer:
         self.may_render: Callable[[str], bool] = lambda _task: True
         # what handlers write through (`box.use_sqlalchemy()`, Django), None when not configured
         self.orm: Orm | None = None
+        # does this task's job hold a concurrency limit's slot? (jobs/limits.py)
+        self.holds_slot: Callable[[str], bool] = lambda _task: False
 
     # -- the lane ------------------------------------------------------------------------------
 
@@ -270,8 +274,23 @@ class Consumer:
         points.reach("consumer.leased")
         started, self._transactions = clock.monotonic(), 0
         self.process(deliveries, result)
-        self.size.after(asked, len(deliveries), self._transactions, clock.monotonic() - started)
+        took = clock.monotonic() - started
+        self.size.after(asked, len(deliveries), self._transactions, took)
+        self._pace(took / len(deliveries))
         return result
+
+    def _pace(self, seconds: float) -> None:
+        """Follow how long a job takes here (a moving average of its batches' time per job)."""
+        was = self._per_job
+        self._per_job = seconds if was is None else was + PACE_WEIGHT * (seconds - was)
+
+    def slots(self) -> int:
+        """How many jobs holding a concurrency limit's slot the next lease may take: as many as
+        run within half the transaction budget at this lane's pace; one until that pace is
+        known (`limits/allocation.py`, `choose`)."""
+        if self._per_job is None or self._per_job <= 0:
+            return 1
+        return max(1, min(self.size.most, int(self.budget * LeaseSize.QUICK / self._per_job)))
 
     def process(self, deliveries: Sequence[Delivery], result: ConsumerResult) -> None:
         pending = self._refuse_drifted(list(deliveries), result)
@@ -313,7 +332,7 @@ class Consumer:
                 return
             try:
                 self._transactions += 1
-                pending[:] = self._transaction(pending, result)
+                pending[:] = self._give_back_slots(self._transaction(pending, result), result)
             except (ClaimLockTimeout, StoreRefused) as exc:
                 name = (
                     "claim_lock_timeouts"
@@ -324,6 +343,18 @@ class Consumer:
                 for delivery in list(pending):
                     self._single(delivery, result)
                 return
+
+    def _give_back_slots(self, left: list[Delivery], result: ConsumerResult) -> list[Delivery]:
+        """What a transaction left of the batch (its budget ran out), minus the jobs holding a
+        concurrency limit's slot: those are released at once, no attempt spent, so another
+        lane can run them while this one goes on with the rest."""
+        back = [d for d in left if self.holds_slot(d.task)]
+        if not back:
+            return left
+        self.transport.release(back, timedelta(0))
+        result.released += len(back)
+        self.metrics.count("jobs_released", len(back))
+        return [d for d in left if d not in back]
 
     def _single(self, delivery: Delivery, result: ConsumerResult) -> None:
         """Fallback after a lock timeout or a refused batch: one delivery per transaction, so

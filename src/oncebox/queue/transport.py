@@ -120,6 +120,8 @@ class TableTransport:
     ) -> None:
         self._session = session
         self._limits = limits or None  # the limited tasks' (limits/): leased through them
+        # how many jobs holding a slot a lease may take (the consumer's pace: `Consumer.slots`)
+        self.slots: Callable[[], int | None] = lambda: None
         self._tasks = list(tasks)
         # which of the tasks may run now (the key-drift guard leaves drifted ones out)
         self._allowed = allowed or list
@@ -141,6 +143,7 @@ class TableTransport:
                 token=token,
                 lease_for=self._lease_for,
                 limits=self._limits,
+                slots=self.slots() if self._limits else None,
             )
         )
         if jobs:

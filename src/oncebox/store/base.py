@@ -117,6 +117,8 @@ class JobLeaseParams:
     lease_for: timedelta
     # the limits of the limited tasks among `tasks` (limits/): those are leased through them
     limits: LimitPlan | None = None
+    # at most this many of the jobs holding a concurrency limit's slot (None: `limit`)
+    slots: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

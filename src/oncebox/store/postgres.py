@@ -865,6 +865,7 @@ class PostgresConsumerSession:
             "worker": params.worker,
             "token": params.token,
             "lease_s": params.lease_for.total_seconds(),
+            "slots": params.slots,
         }
         plan = params.limits
         if plan and any(task in plan.tasks for task in params.tasks):
@@ -890,14 +891,15 @@ class PostgresConsumerSession:
             now = store._required_instant(results[0].first("now"))
             survey = limited_lease.survey_of(now, results, _utc)
             room = allocation.rooms(plan, survey)
-            wanted = allocation.asks(plan, survey, room, limit)
+            slots = values["slots"]
+            wanted = allocation.asks(plan, survey, room, limit, slots=slots)
             candidates: list[allocation.Candidate] = []
             if wanted:
                 sql = q["job_limited_candidates"]
                 found = conn.execute(sql, limited_lease.candidates_params(wanted, values["queues"]))
                 candidates = limited_lease.candidates_of(_result(sql, found), _utc)
-            choice = allocation.choose(plan, survey, room, candidates, limit)
-            rest = 0 if choice.alone else limit - len(choice.ids)
+            choice = allocation.choose(plan, survey, room, candidates, limit, slots=slots)
+            rest = limit - len(choice.ids)
             with conn.pipeline():
                 took = free_took = free_due = None
                 if choice.ids:

@@ -847,6 +847,7 @@ class SqliteConsumerSession:
             "worker": params.worker,
             "token": params.token,
             "lease_us": _us(params.lease_for),
+            "slots": params.slots,
         }
         plan = params.limits
         lease = self._store._write(self._conn, greedy=True)
@@ -878,21 +879,22 @@ class SqliteConsumerSession:
         reads = [run(name, survey_values) for name in SURVEY]
         survey = limited_lease.survey_of(from_micros(now), reads, _dt)
         room = allocation.rooms(plan, survey)
-        wanted = allocation.asks(plan, survey, room, values["limit"])
+        slots = values.pop("slots")
+        wanted = allocation.asks(plan, survey, room, values["limit"], slots=slots)
         candidates: list[allocation.Candidate] = []
         for ask in wanted:
             asked = {"task": ask.task, "partition": ask.partition, "n": ask.count}
             asked.update(queues=values["queues"], now=now)
             found = run("job_limited_candidates", asked)
             candidates += limited_lease.candidates_of(found, _dt)
-        choice = allocation.choose(plan, survey, room, candidates, values["limit"])
+        choice = allocation.choose(plan, survey, room, candidates, values["limit"], slots=slots)
         jobs = []
         if choice.ids:
             took = run("job_lease_limited", {**values, "ids": json.dumps(choice.ids)})
             jobs = store._leased_jobs(took)
         if choice.spends:
             run("limit_spend", {"spends": limited_lease.spends_json(choice.spends, to_micros)})
-        rest = 0 if choice.alone else values["limit"] - len(jobs)
+        rest = values["limit"] - len(jobs)
         times = [choice.next_at]
         if free and rest > 0:
             free_values = {**values, "tasks": json.dumps(free), "limit": rest}
