@@ -365,3 +365,34 @@ def test_the_console_benchmark_renders_every_page_over_its_backlog(pg_template, 
     assert {"overview", "dead letters", "a key's receipt chain"} <= set(figures["pages"])
     assert all(0 < page["p50_ms"] <= page["p95_ms"] for page in figures["pages"].values())
     assert "worst p95" in result.stdout
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_limits_benchmark_reports_each_cost_beside_the_peer(pg_template, tmp_path):
+    from conftest import PG_URL
+
+    out = tmp_path / "limits.json"
+    result = run_bench(
+        "limits.py",
+        "--waiting",
+        "500",
+        "--partitions",
+        "5",
+        "--measure",
+        "100",
+        "--rounds",
+        "1",
+        "--peers",
+        "--postgres",
+        PG_URL,
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["beside"]["alone"] > 0 and figures["beside"]["beside"] > 0
+    assert set(figures["blocked_lease_ms"]) == {"5"}
+    per_job = figures["per_job"]
+    assert all(per_job[k] > 0 for k in ("unlimited", "concurrency", "rate"))
+    assert figures["pgqueuer"] is None  # --peers with none named: oncebox alone
