@@ -135,6 +135,7 @@ class RunSettings:
     window: timedelta = timedelta(hours=24)  # the HTTP API's idempotency window
     timing: Timing | None = None  # a run on the real clock (no test clock at all)
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
+    slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
 
 
 @dataclass
@@ -414,6 +415,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
             mutations=settings.mutations,
             timing=settings.timing,
             sneak=settings.sneak,
+            slots=settings.slots,
         )
         box = build(workload, "harness")
         try:

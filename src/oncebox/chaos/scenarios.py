@@ -50,6 +50,7 @@ class Scenario:
     window: timedelta = timedelta(hours=24)  # the HTTP API's idempotency window
     timing: Timing | None = None  # on the real clock, with these leases and backoffs
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
+    slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -64,6 +65,7 @@ class Scenario:
             window=self.window,
             timing=self.timing,
             sneak=self.sneak,
+            slots=self.slots,
         )
 
 
@@ -656,6 +658,17 @@ def _crash_scenarios() -> list[Scenario]:
                 ambiguity=ambiguity,
             )
         )
+    point = "consumer.before_handler"
+    found.append(
+        Scenario(
+            f"kill-{point}-limited",
+            "SIGKILL inside a handler of a task under Concurrency(2): the slot comes back when "
+            "the rescuer ends the lease",
+            kill_at(point, CONSUME),
+            "S1-S8",
+            slots=2,
+        )
+    )
     policies: tuple[Literal["hold", "retry"], ...] = ("hold", "retry")
     for policy in policies:
         point = "dispatcher.after_provider_accept_before_record"

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from oncebox import Box, Retry, WorkerConfig, clock, points
+from oncebox import Box, Concurrency, Retry, WorkerConfig, clock, points
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.recording import RecordingProvider
@@ -100,6 +100,7 @@ class Workload:
     log_level: int = logging.ERROR  # expected warnings (expired leases, pauses) stay quiet
     timing: Timing | None = None  # a run on the real clock; None: the harness's frozen clock
     sneak: int = 0  # a customer whose digest handler tries to end the claim's transaction
+    slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def build(workload: Workload, worker: str) -> Box:
         tz=workload.tz,
         period=period,
         batch_size=workload.batch_size,
+        digest_limits=[Concurrency(workload.slots)] if workload.slots else (),
         **_task_timing(timing),
     )
     # The checker reads every key's messages and attempts after the run, which may move the

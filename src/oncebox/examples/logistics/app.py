@@ -8,6 +8,7 @@ rendered, so every retry sends exactly that.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from oncebox import Box, JobContext, Retry, ScheduleContext, SweepContext
 from oncebox.clock import to_micros
+from oncebox.jobs.limits import TaskLimit
 from oncebox.jobs.periods import PeriodKind, iso_week
 from oncebox.outbox.tokens import derive_token
 
@@ -96,11 +98,13 @@ def build_box(
     batch_size: int = 5000,
     retry: Retry | None = None,
     timeout: timedelta = timedelta(minutes=5),
+    digest_limits: Sequence[TaskLimit] = (),
 ) -> Box:
     """The freight app's box: the `weekly_digest` task, the `weekly-digest` schedule (Monday
     09:00 in `tz`, over active customers) and the `hold-expiry` sweeper. `period`, `retry` and
     `timeout` are for the chaos harness: it swaps in a wrong period to prove it notices, and
-    short backoffs and timeouts for its runs on the real clock."""
+    short backoffs and timeouts for its runs on the real clock, and `digest_limits` to run the
+    digests under a limit."""
     box = Box(url, secret=secret)
     if email is not None:
         box.channel("email", provider=email, limits=limits, sender=SENDER)
@@ -111,6 +115,7 @@ def build_box(
         key=DIGEST_KEY,
         retry=retry or Retry(max_attempts=5, base_delay=timedelta(seconds=30)),
         timeout=timeout,
+        limits=list(digest_limits) or None,
     )
     def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
         ph = _ph(ctx.dialect)
