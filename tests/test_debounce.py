@@ -4,14 +4,25 @@ already running is never the one joined; racing enqueuers in several processes m
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 
 import psycopg
 import pytest
 
-from oncebox import Box, ConfigurationError, Debounce, JobContext, Throttle
+from oncebox import (
+    Box,
+    Concurrency,
+    ConfigurationError,
+    ConsumerConfig,
+    Debounce,
+    JobContext,
+    Throttle,
+)
+from oncebox.jobs.periods import iso_week
 from oncebox.testing import FrozenClock, drain
 from support.db import sql
 from support.limits_app import enqueue_burst, limited_box
@@ -235,4 +246,58 @@ def test_a_debounced_task_refuses_a_run_time_and_a_bulk_enqueue(tmp_path):
     with pytest.raises(ConfigurationError, match="enqueue its jobs one by one"):
         box.enqueue_many("preview", [{"customer": 1, "edit": 1}])
     assert sql(box, "SELECT count(*) FROM oncebox_jobs") == [(0,)]
+    box.close()
+
+
+def test_a_lease_passes_over_a_pending_job_an_open_enqueue_is_merging_into(pg_url):
+    """The limited lease never waits on a row an enqueue's transaction holds (nor takes it as
+    it was): it passes over it, and takes it once that transaction ends."""
+    box = Box(pg_url)
+
+    @box.task(limits=[Concurrency(5)], throttle=Throttle(timedelta(minutes=1)))
+    def sync(ctx: JobContext, customer: int) -> None:
+        pass
+
+    first = box.enqueue(sync, customer=1)  # a throttle's first job is due at once
+    consumer = box.consumer(ConsumerConfig(lock_timeout=timedelta(milliseconds=200)))
+    try:
+        with psycopg.connect(pg_url) as conn:
+            joined = box.enqueue(sync, connection=conn, customer=2)
+            assert joined.job_id == first.job_id  # merged, its row locked until this commits
+            assert consumer.transport.fetch(10) == []  # passed over, not waited for
+            conn.commit()
+        [leased] = consumer.transport.fetch(10)
+        assert (leased.job_id, json.loads(leased.args_json)) == (first.job_id, {"customer": 2})
+    finally:
+        consumer.session.close()
+        box.close()
+
+
+def test_the_debounce_key_is_rendered_from_the_arguments_as_stored(tmp_path):
+    class Region(str, Enum):  # noqa: UP042 (str() of it is "Region.EU", unlike a StrEnum's)
+        EU = "eu"
+
+    box = Box(f"sqlite:///{tmp_path / 'o.db'}")
+
+    @box.task(debounce=Debounce(timedelta(seconds=5), by="{region}"))
+    def refresh(ctx: JobContext, region: str) -> None:
+        pass
+
+    first = box.enqueue(refresh, region=Region.EU)
+    again = box.enqueue(refresh, region="eu")  # the same stored value: the same pending job
+    assert (again.reason, again.job_id) == ("collapsed", first.job_id)
+    assert sql(box, "SELECT debounce_key FROM oncebox_jobs") == [("refresh/eu",)]
+    box.close()
+
+
+def test_a_schedule_of_a_debounced_task_is_refused_where_it_is_declared(tmp_path):
+    box = collapsing_box(
+        f"sqlite:///{tmp_path / 'o.db'}", [], debounce=Debounce(timedelta(seconds=5))
+    )
+    with pytest.raises(ConfigurationError, match="task 'preview' is debounced"):
+
+        @box.schedule("previews", cron="0 9 * * 1", period=iso_week, task="preview")
+        def eligible(ctx):
+            return []
+
     box.close()

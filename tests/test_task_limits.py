@@ -40,6 +40,7 @@ T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)
         ({"limits": Concurrency(2)}, "limits= must be a list"),
         ({"limits": ["10/s"]}, "'10/s' is not a limit; use oncebox.Concurrency(n)"),
         ({"limits": [Concurrency(2), Concurrency(3)]}, "two limits are both 'job:concurrency'"),
+        ({"limits": [Concurrency(2, name="~throttle")]}, "not starting with '~'"),
         ({"limits": [Concurrency(2, per_partition=True)]}, "a per-partition limit needs"),
         ({"limits": [Concurrency(2)], "partition": "{tenant}"}, "partition= is used only by"),
         ({"partition": "{tenant}"}, "partition= is used only by a per-partition limit"),

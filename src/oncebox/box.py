@@ -370,6 +370,13 @@ class Box(Operations):
             )
             if name in self.runtime.schedules:
                 raise ConfigurationError(f"two schedules are named {name!r}")
+            known = declared.task in self.registry
+            collapse = self.registry.get(declared.task).collapse if known else None
+            if collapse is not None:
+                raise ConfigurationError(
+                    f"schedule {name!r}: task {declared.task!r} is {collapse.mode}d, and "
+                    "a fan-out enqueues its jobs as one set; schedule a task without one"
+                )
             self.runtime.schedules[name] = declared
             return declared
 

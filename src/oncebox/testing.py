@@ -63,6 +63,7 @@ def drain(
         LeaseRescuerConfig(),
         box.metrics,
         DeliveryRescuer(box.store, box.channels, box.metrics),
+        unlimited=[t.name for t in box.registry.all() if t.limits is None],
     ).run_once()
     consumer = box.consumer()
     dispatcher = box.dispatcher() if dispatch else None

@@ -199,7 +199,7 @@ def test_job_merge_joins_only_a_pending_job_of_its_debounce_key(store: Store):
     assert created and row(store, job_id).run_at == T0 + timedelta(seconds=30)
     advance(store, timedelta(seconds=20))
     later = job("k/2", args={"n": 2}, collapse=collapsing())
-    assert store.job_merge(later) == job_id
+    assert store.job_merge(later) == (job_id, "k/2")
     merged = row(store, job_id)
     assert (merged.key, merged.args_json, merged.run_at) == (
         "k/2",
@@ -207,7 +207,7 @@ def test_job_merge_joins_only_a_pending_job_of_its_debounce_key(store: Store):
         T0 + timedelta(seconds=50),  # a window from the last enqueue...
     )
     advance(store, timedelta(seconds=20))
-    assert store.job_merge(later) == job_id
+    assert store.job_merge(later) == (job_id, "k/2")
     assert row(store, job_id).run_at == T0 + timedelta(minutes=1)  # ...at most max_wait on
     with opened_session(store) as session:
         advance(store, timedelta(minutes=1))
@@ -219,8 +219,9 @@ def test_job_merge_joins_only_a_pending_job_of_its_debounce_key(store: Store):
 def test_job_merge_keeps_the_first_arguments_and_never_takes_a_key_held_elsewhere(store: Store):
     first = job("k/1", collapse=collapsing(keep_last=False))
     job_id, _ = store.job_insert(first)
-    assert (
-        store.job_merge(job("k/9", args={"n": 9}, collapse=collapsing(keep_last=False))) == job_id
+    assert store.job_merge(job("k/9", args={"n": 9}, collapse=collapsing(keep_last=False))) == (
+        job_id,
+        "k/1",
     )
     assert (row(store, job_id).key, row(store, job_id).args_json) == ("k/1", '{"n": 1}')
     held = insert(store, "k/taken", "other")
@@ -240,7 +241,7 @@ def test_a_throttled_job_is_due_a_window_after_the_one_before_it(store: Store):
     throttled = job(None, collapse=collapsing(throttle=True))
     first, _ = store.job_insert(throttled)
     assert row(store, first).run_at == T0  # none before it: at once
-    assert store.job_merge(throttled) == first
+    assert store.job_merge(throttled) == (first, None)
     assert row(store, first).run_at == T0  # joining never moves a throttled job
     with opened_session(store) as session:
         assert lease(session)[1] == [first]
@@ -266,3 +267,21 @@ def test_job_limited_waiting_counts_what_each_partition_holds_back_within_its_bo
     assert (b.waiting, b.leased, b.oldest) == (1, 0, T0 + timedelta(minutes=1))
     assert (c.waiting, c.leased, c.oldest) == (0, 0, None)
     assert [p.partition for p in store.job_limited_waiting(["t"], cap=2, partitions=1)] == ["a"]
+
+
+def test_jobs_of_a_task_whose_limits_were_dropped_go_back_to_the_unlimited_lease(store: Store):
+    tagged = limited(store, "k/1", "a")
+    with opened_session(store) as session:
+        assert lease(session)[1] == []  # the task declares no limit now: nobody takes it yet
+        assert store.job_unlimit(["t"], limit=10) == 1  # the rescuer's pass
+        assert store.job_unlimit(["t"], limit=10) == 0
+        assert lease(session)[1] == [tagged]
+
+
+def test_a_limited_tasks_job_without_a_partition_is_leased_around_its_limit(store: Store):
+    limits = plan(t=[Concurrency(1)])
+    untagged = insert(store, "k/old")  # enqueued before the task was limited
+    tagged = limited(store, "k/new")
+    with opened_session(store) as session:
+        assert lease(session, limits=limits)[1] == [tagged, untagged]
+        assert lease(session, limits=limits)[1] == []

@@ -8,9 +8,10 @@
   job of the same debounce key is still pending (ready, not yet leased) pushes its run time to
   `window` from now — never past `max_wait` after the burst's first enqueue, so a stream of
   edits cannot postpone it for ever.
-- `Throttle(window)`: at most one run per window. The first enqueue runs at once; one arriving
-  while a job of its debounce key is pending joins it; one arriving after that job was leased
-  is scheduled `window` after the run time of the job before it.
+- `Throttle(window)`: runs scheduled at least a window apart. The first enqueue runs at once;
+  one arriving while a job of its debounce key is pending joins it; one arriving after that job
+  was leased is scheduled `window` after the run time of the job before it (a run that started
+  late can come closer to the next).
 - `by`: which enqueues collapse together, a template over the arguments like a key's (the
   task's own name when omitted: every enqueue of the task).
 - `keep`: whose arguments the pending job runs with — the "last" enqueue's (default: the newest
@@ -50,7 +51,7 @@ class Debounce:
 
 @dataclass(frozen=True)
 class Throttle:
-    """At most one run per `window`; enqueues in between join the pending job."""
+    """Runs scheduled at least `window` apart; enqueues in between join the pending job."""
 
     window: timedelta
     by: str | None = None

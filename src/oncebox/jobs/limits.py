@@ -17,7 +17,8 @@
 - `name=`: a limit given the same name on several tasks is one limit shared by them (its count
   is over all their jobs, a partition over all their jobs with that partition text) — the way
   to limit a queue, or calls to one provider from several tasks. Unnamed, a limit is the
-  task's own.
+  task's own. A worker counts the slots of the tasks it has declared: every worker must
+  declare every task that shares a limit.
 
 The store enforces them in the lease (`limits/allocation.py`), so every worker on every host
 shares them; a job held back waits `ready`, without spending an attempt, outside the index the
@@ -140,8 +141,13 @@ def _check(where: str, limit: object) -> None:
         raise ConfigurationError(
             f"{where}: {limit!r} is not a limit; use oncebox.Concurrency(n) or oncebox.Rate('n/s')"
         )
-    if limit.name is not None and (not isinstance(limit.name, str) or not limit.name.strip()):
-        raise ConfigurationError(f"{where}: a limit's name must be a non-empty string")
+    if limit.name is not None and (
+        not isinstance(limit.name, str) or not limit.name.strip() or limit.name.startswith("~")
+    ):
+        raise ConfigurationError(
+            f"{where}: a limit's name must be a non-empty string not starting with '~' "
+            "(reserved for oncebox's own rows)"
+        )
 
 
 def _own_name(task: str, limit: TaskLimit) -> str:

@@ -328,7 +328,11 @@ class Worker:
             store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens
         )
         rescuer = LeaseRescuer(
-            store, self.config.rescuer, metrics, DeliveryRescuer(store, channels, metrics)
+            store,
+            self.config.rescuer,
+            metrics,
+            DeliveryRescuer(store, channels, metrics),
+            unlimited=[t.name for t in self.runtime.registry.all() if t.limits is None],
         )
         pruner = Pruner.for_runtime(self.runtime, self.config.pruner)
         resolver = AmbiguityResolver(store, channels)

@@ -75,7 +75,7 @@ class Spend:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    ids: list[int]
+    picks: list[tuple[int, str]]  # (job id, the partition it was counted in)
     spends: list[Spend]
     next_at: datetime | None  # when a held-back job may be leased, if a time says so
 
@@ -151,10 +151,10 @@ def choose(
     and fast ones still lease in batches. What a budget cuts short goes back at once."""
     left = dict(room.left)
     taken: dict[Scope, int] = {}
-    ids: list[int] = []
+    picks: list[tuple[int, str]] = []
     held = 0
     for candidate in sorted(candidates, key=lambda c: (-c.priority, c.run_at, c.id)):
-        if len(ids) >= limit:
+        if len(picks) >= limit:
             break
         scopes = [scope_of(rule, candidate.partition) for rule in plan.rules_of(candidate.task)]
         slot = holds_slot(plan, candidate.task)
@@ -163,7 +163,7 @@ def choose(
         ):
             continue
         held += slot
-        ids.append(candidate.id)
+        picks.append((candidate.id, candidate.partition))
         for scope in scopes:
             left[scope] -= 1
             taken[scope] = taken.get(scope, 0) + 1
@@ -183,7 +183,7 @@ def choose(
         whole = [(rule.name, "") for rule in plan.rules_of(task) if not rule.per_partition]
         if all(left.get(scope, 1) > 0 for scope in whole):
             times.append(at)
-    return Choice(ids, spends, min(times, default=None))
+    return Choice(picks, spends, min(times, default=None))
 
 
 def holds_slot(plan: LimitPlan, task: str) -> bool:

@@ -35,7 +35,8 @@ class LimitPlan:
 
     def only(self, tasks: Iterable[str]) -> LimitPlan:
         """The plan for a worker serving `tasks` (its rules still count every task)."""
-        served = {task: names for task, names in self.tasks.items() if task in set(tasks)}
+        wanted = set(tasks)
+        served = {task: names for task, names in self.tasks.items() if task in wanted}
         return LimitPlan(
             {name: self.rules[name] for names in served.values() for name in names}, served
         )

@@ -276,7 +276,9 @@ class Consumer:
         self.process(deliveries, result)
         took = clock.monotonic() - started
         self.size.after(asked, len(deliveries), self._transactions, took)
-        self._pace(took / len(deliveries))
+        ran = len(deliveries) - result.released  # what was given back did not run
+        if ran > 0:
+            self._pace(took / ran)
         return result
 
     def _pace(self, seconds: float) -> None:

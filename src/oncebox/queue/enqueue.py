@@ -140,14 +140,15 @@ def _enqueue(
         delay=timing[1],
         max_age=resolved.retry.max_age,
         trace_context=current_context(),
-        collapse=None if collapse is None else collapsing(resolved, args),
+        # the debounce key from the arguments as stored, as the key is (`job_row`)
+        collapse=None if collapse is None else collapsing(resolved, decode_args(row[1])),
     )
     for _ in range(3):
         if job.collapse is not None:
             merged = store.job_merge(job, connection=connection)
             if merged is not None:
                 runtime.metrics.count("enqueue_collapsed")
-                return EnqueueResult(merged, job.key, False, "ready", "collapsed")
+                return EnqueueResult(merged[0], merged[1], False, "ready", "collapsed")
         job_id, created = store.job_insert(job, connection=connection)
         if created:
             runtime.metrics.count("jobs_enqueued")

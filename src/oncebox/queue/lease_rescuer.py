@@ -5,12 +5,17 @@ attempt it was making counts (a poison job that kills its worker is dead after `
 crashes, not retried forever) and is recorded as `lease_expired` with the worker's name. The
 worker, if it still lives, cannot commit: its settlement is fenced on the token the rescue cleared.
 Every worker runs a rescuer; `SKIP LOCKED` keeps them from stepping on each other.
+
+It also hands back to the unlimited lease the ready jobs of tasks declared without limits that
+still carry a partition (enqueued while the task was limited, or by a release that limits it):
+the unlimited lease takes only jobs without one, so they would otherwise wait for ever.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -50,15 +55,25 @@ class LeaseRescuer:
         config: LeaseRescuerConfig,
         metrics: Metrics,
         deliveries: DeliveryRescuer | None = None,
+        unlimited: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.config = config
         self.metrics = metrics
         self.deliveries = deliveries
+        self.unlimited = list(unlimited)  # the tasks this worker knows, declared without limits
 
     def run_once(self) -> LeaseRescuerResult:
         if self.deliveries is not None and self.deliveries.channels:
             self.deliveries.run_once()
+        if self.unlimited:
+            freed = self.store.job_unlimit(self.unlimited, self.config.batch_size)
+            if freed:
+                log.warning(
+                    "%s ready job(s) carried a partition their task no longer declares "
+                    "limits for: leased without limits now",
+                    freed,
+                )
         result = LeaseRescuerResult(self.store.job_rescue_expired(self.config.batch_size))
         for job in result.rescued:
             log.warning(

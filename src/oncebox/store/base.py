@@ -879,9 +879,11 @@ class Store(Protocol):
         """Insert unless deduplicated; returns (job id or 0, created)."""
         ...
 
-    def job_merge(self, job: JobInsert, connection: object | None = None) -> int | None:
-        """Join the pending job of the debounce key of `job` (`job.collapse`); its id, or None
-        when there is none to join."""
+    def job_merge(
+        self, job: JobInsert, connection: object | None = None
+    ) -> tuple[int, str | None] | None:
+        """Join the pending job of the debounce key of `job` (`job.collapse`); its id and key
+        after the merge, or None when there is none to join."""
         ...
 
     def job_insert_many(
@@ -890,6 +892,11 @@ class Store(Protocol):
     def job_enqueue_conflict(
         self, key: str, connection: object | None = None
     ) -> EnqueueConflict: ...
+
+    def job_unlimit(self, tasks: Sequence[str], limit: int) -> int:
+        """Ready jobs of `tasks` (declared without limits) that carry a partition lose it, up
+        to `limit` of them; how many did."""
+        ...
 
     def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int: ...
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]: ...

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from oncebox.limits.allocation import Ask, Bucket, Candidate, Spend, Survey
+from oncebox.limits.allocation import Ask, Bucket, Candidate, Choice, Spend, Survey
 from oncebox.limits.plan import LimitPlan
 from oncebox.store.rows import Decode, Result
 
@@ -20,7 +20,7 @@ SURVEY = ("limit_lock", "job_limited_partitions", "job_limited_leased", "job_lim
 
 
 def split(plan: LimitPlan, tasks: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The tasks a lease takes through the limits, and those it leases as before."""
+    """The tasks a lease takes through the limits, and those no limit holds."""
     return [t for t in tasks if t in plan.tasks], [t for t in tasks if t not in plan.tasks]
 
 
@@ -72,6 +72,11 @@ def candidates_of(result: Result, decode: Decode) -> list[Candidate]:
             Candidate(int(row["id"]), row["task"], row["partition"], int(row["priority"]), run_at)
         )
     return found
+
+
+def picks_json(choice: Choice) -> str:
+    """`job_lease_limited`'s picks: [id, the partition it was counted in]."""
+    return json.dumps([[job_id, partition] for job_id, partition in choice.picks])
 
 
 def spends_json(spends: Sequence[Spend], encode: Any) -> str:

@@ -877,9 +877,12 @@ class PostgresConsumerSession:
         under the limits' lock, the survey (one round trip), the candidates of the partitions
         with room (one more), then the chosen jobs, the buckets spent, the unlimited tasks' lease
         for what is left of the batch and, when it comes back short, the next due time (one
-        more). Limited jobs go first: they take at most what their limits allow."""
+        more). Limited jobs go first: they take at most what their limits allow. The rest of the
+        batch is leased from every task's jobs that carry no partition (a limited task's
+        enqueued before its limit, or by a release without it, run around the limit)."""
         conn, q, store = self._conn, self._q, self._store
         limited, free = limited_lease.split(plan, values["tasks"])
+        plan = plan.only(limited)  # only its own limits are locked and surveyed
         survey_values = limited_lease.survey_params(plan, limited)
         limit = values["limit"]
         try:
@@ -899,18 +902,19 @@ class PostgresConsumerSession:
                 found = conn.execute(sql, limited_lease.candidates_params(wanted, values["queues"]))
                 candidates = limited_lease.candidates_of(_result(sql, found), _utc)
             choice = allocation.choose(plan, survey, room, candidates, limit, slots=slots)
-            rest = limit - len(choice.ids)
+            rest = limit - len(choice.picks)
             with conn.pipeline():
                 took = free_took = free_due = None
-                if choice.ids:
-                    took = conn.execute(q["job_lease_limited"], {**values, "ids": choice.ids})
+                if choice.picks:
+                    picks = limited_lease.picks_json(choice)
+                    took = conn.execute(q["job_lease_limited"], {**values, "picks": picks})
                 if choice.spends:
                     spends = limited_lease.spends_json(choice.spends, datetime.isoformat)
                     conn.execute(q["limit_spend"], {"spends": spends})
-                if free and rest > 0:
-                    free_values = {**values, "tasks": free, "limit": rest}
-                    free_took = conn.execute(q["job_lease"], free_values)
-                    free_due = conn.execute(q["job_next_due"], free_values)
+                if rest > 0:
+                    free_took = conn.execute(q["job_lease"], {**values, "limit": rest})
+                    if free:
+                        free_due = conn.execute(q["job_next_due"], {**values, "tasks": free})
                 conn.execute(b"COMMIT")
         except BaseException:
             roll_back_quietly(conn)

@@ -871,6 +871,7 @@ class SqliteConsumerSession:
             return _result(q[name], conn.execute(q[name], params))
 
         limited, free = limited_lease.split(plan, json.loads(values["tasks"]))
+        plan = plan.only(limited)
         survey_values = {
             name: json.dumps(value)
             for name, value in limited_lease.survey_params(plan, limited).items()
@@ -889,17 +890,18 @@ class SqliteConsumerSession:
             candidates += limited_lease.candidates_of(found, _dt)
         choice = allocation.choose(plan, survey, room, candidates, values["limit"], slots=slots)
         jobs = []
-        if choice.ids:
-            took = run("job_lease_limited", {**values, "ids": json.dumps(choice.ids)})
+        if choice.picks:
+            took = run("job_lease_limited", {**values, "picks": limited_lease.picks_json(choice)})
             jobs = store._leased_jobs(took)
         if choice.spends:
             run("limit_spend", {"spends": limited_lease.spends_json(choice.spends, to_micros)})
         rest = values["limit"] - len(jobs)
         times = [choice.next_at]
-        if free and rest > 0:
-            free_values = {**values, "tasks": json.dumps(free), "limit": rest}
-            jobs += store._leased_jobs(run("job_lease", free_values))
-            times.append(_dt(run("job_next_due", free_values).first("at")))
+        if rest > 0:  # every task's jobs without a partition (PostgreSQL's `_lease_limited`)
+            jobs += store._leased_jobs(run("job_lease", {**values, "limit": rest}))
+            if free:
+                due = run("job_next_due", {**values, "tasks": json.dumps(free)})
+                times.append(_dt(due.first("at")))
         if len(jobs) < values["limit"]:
             at = min((t for t in times if t is not None), default=None)
             self._due = DueTime(at, survey.now)

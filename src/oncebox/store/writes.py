@@ -160,12 +160,14 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         return (int(inserted.first("id")), True) if inserted.rows else (0, False)
 
     @operation
-    def job_merge(self, job: JobInsert, connection: object | None = None) -> int | None:
-        """Join the pending job of the debounce key of `job` (jobs/debounce.py): its id, or
-        None when there is none to join."""
+    def job_merge(
+        self, job: JobInsert, connection: object | None = None
+    ) -> tuple[int, str | None] | None:
+        """Join the pending job of the debounce key of `job` (jobs/debounce.py): its id and key
+        after the merge, or None when there is none to join."""
         assert job.collapse is not None
         merged = self._merge_job(self._insert_params(job), connection)
-        return int(merged.first("id")) if merged.rows else None
+        return (int(merged.first("id")), merged.first("key")) if merged.rows else None
 
     def _insert_params(self, job: JobInsert) -> dict[str, Any]:
         collapse = job.collapse
@@ -259,6 +261,14 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         return InsertManyResult(created, offered, held)
 
     # -- leases --------------------------------------------------------------------------------
+
+    @operation
+    def job_unlimit(self, tasks: Sequence[str], limit: int) -> int:
+        """Ready jobs of `tasks` (none of them limited now) that carry a partition lose it, up to
+        `limit`: the unlimited lease takes only jobs without one (0015)."""
+        if not tasks:
+            return 0
+        return self._apply("job_unlimit", {"tasks": self._set(tasks), "limit": limit}).count
 
     @operation
     def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:

@@ -213,6 +213,18 @@ RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attem
           j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
           j.trace_context;
 
+-- name: job_unlimit
+-- Ready jobs that carry a partition though their task declares no limit any more (or was
+-- limited by another release): back into the claim index, a batch of %(limit)s, through
+-- oncebox_jobs_limited (nothing to do costs a probe per task). Run by the lease rescuer.
+UPDATE __S__.oncebox_jobs
+SET limit_key = NULL
+WHERE id = ANY(ARRAY(
+    SELECT id FROM __S__.oncebox_jobs
+    WHERE state = 'ready' AND limit_key IS NOT NULL AND task = ANY(%(tasks)s::text[])
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED));
+
 -- name: job_limited_partitions
 -- After limit_lock, in its transaction: each partition of the given limited tasks that has a
 -- ready job, found by a skip scan of oncebox_jobs_limited (one probe per partition, whatever
@@ -308,8 +320,30 @@ CROSS JOIN LATERAL (
 ) c;
 
 -- name: job_lease_limited
--- Lease the chosen limited jobs (limits/allocation.py) as job_lease leases its own.
-WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+-- Lease the chosen limited jobs (limits/allocation.py) as job_lease leases its own. The choice
+-- was read one round trip before, unlocked: a job changed since is passed over, not waited for
+-- (SKIP LOCKED: an enqueue's open transaction may be merging into it) nor taken as it is now —
+-- still ready, due, in the partition it was counted in (%(picks)s: [id, partition]), and the
+-- head of its ordered group.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+picks AS MATERIALIZED (
+    SELECT (p ->> 0)::bigint AS id, p ->> 1 AS part
+    FROM jsonb_array_elements(%(picks)s::jsonb) AS p
+),
+picked AS (
+    SELECT j.id
+    FROM __S__.oncebox_jobs j
+    JOIN picks p ON p.id = j.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picks))
+      AND j.state = 'ready' AND j.limit_key = p.part
+      AND j.run_at <= (SELECT now FROM clock)
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            WHERE g.group_key = j.group_key AND g.queue = j.queue
+              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND (g.state = 'leased' OR g.id < j.id)))
+    FOR UPDATE OF j SKIP LOCKED
+)
 UPDATE __S__.oncebox_jobs j
 SET state = 'leased',
     attempt = j.attempt + 1,
@@ -319,7 +353,7 @@ SET state = 'leased',
     lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
     debounce_key = NULL
 FROM clock
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'ready'
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
           j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
           j.trace_context;

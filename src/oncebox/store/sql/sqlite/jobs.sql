@@ -98,6 +98,15 @@ WHERE id IN (
 RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base, priority,
           run_at, expires_at, leased_at, trace_context;
 
+-- name: job_unlimit
+UPDATE oncebox_jobs
+SET limit_key = NULL
+WHERE id IN (
+    SELECT id FROM oncebox_jobs
+    WHERE state = 'ready' AND limit_key IS NOT NULL
+      AND task IN (SELECT value FROM json_each(:tasks))
+    LIMIT :limit);
+
 -- name: job_limited_partitions
 -- See the PostgreSQL query: a skip scan of oncebox_jobs_limited, with the partitions' buckets.
 WITH RECURSIVE parts(task, part) AS (
@@ -178,6 +187,8 @@ ORDER BY j.priority DESC, j.run_at, j.id
 LIMIT :n;
 
 -- name: job_lease_limited
+-- See the PostgreSQL statement (:picks: [id, partition]); under the write lock nothing can
+-- have changed since the choice, so the checks only say what the choice relied on.
 UPDATE oncebox_jobs
 SET state = 'leased',
     attempt = attempt + 1,
@@ -186,7 +197,9 @@ SET state = 'leased',
     lease_token = :token,
     lease_expires_at = :now + :lease_us,
     debounce_key = NULL
-WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'ready'
+WHERE id IN (
+    SELECT j.id FROM json_each(:picks) AS p JOIN oncebox_jobs j ON j.id = p.value ->> 0
+    WHERE j.state = 'ready' AND j.limit_key = p.value ->> 1 AND j.run_at <= :now)
 RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base, priority,
           run_at, expires_at, leased_at, trace_context;
 
