@@ -32,20 +32,18 @@ import platform
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import psycopg
 from core import analyse, postgres_url
 from peerrun import PEERS_PYTHON, run_peer
 
 import oncebox
 from oncebox import Box, Concurrency, Rate
-from oncebox.store.base import JobLeaseParams
 
 CHUNK = 50_000
 
@@ -70,26 +68,17 @@ def load(box: Box, task: str, count: int, make: Callable[[int], dict[str, Any]])
         assert box.enqueue_many(task, args).created == len(args)
 
 
-def hold_slots(box: Box, partitions: int) -> None:
-    """Lease one `held` job per partition and never settle it: every limit is full."""
-    session = box.consumer().session
-    try:
-        for _ in range(partitions):
-            leased = session.job_lease(
-                JobLeaseParams(
-                    tasks=["held"],
-                    queues=["default"],
-                    limit=1,
-                    worker="holder",
-                    token=str(uuid.uuid4()),
-                    lease_for=timedelta(days=1),
-                    limits=box.registry.limit_plan(),
-                )
-            )
-            if not leased:
-                break
-    finally:
-        session.close()
+def hold_slots(url: str) -> None:
+    """Lease one `held` job per partition and never settle it: every limit is full. Written
+    here in one statement (a lease per partition would survey every partition each time)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE oncebox_jobs SET state = 'leased', attempt = attempt + 1, leased_by = 'holder',"
+            " leased_at = now(), lease_token = gen_random_uuid(),"
+            " lease_expires_at = now() + interval '1 day'"
+            " WHERE id IN (SELECT DISTINCT ON (limit_key) id FROM oncebox_jobs"
+            "              WHERE task = 'held' AND state = 'ready' ORDER BY limit_key, id)"
+        )
 
 
 def throughput(box: Box, measure: int) -> float:
@@ -119,7 +108,7 @@ def beside(server: str, waiting: int, measure: int) -> dict[str, float]:
                     load(box, "held", held, lambda n: {"n": n, "tenant": "t"})
                 analyse(url)
                 if held:
-                    hold_slots(box, 1)
+                    hold_slots(url)
                 figures[name] = throughput(box, measure)
             finally:
                 box.close()
@@ -135,7 +124,7 @@ def blocked_lease(server: str, waiting: int, partitions: int, leases: int = 50) 
             declare(box, None, partition=True)
             load(box, "held", waiting, lambda n: {"n": n, "tenant": f"p{n % partitions}"})
             analyse(url)
-            hold_slots(box, partitions)
+            hold_slots(url)
             consumer = box.consumer()
             times = []
             try:

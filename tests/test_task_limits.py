@@ -15,16 +15,20 @@ import pytest
 from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext, Rate, shapes
 from oncebox.cli import prometheus
 from oncebox.cli.inspect_cmds import limits_table
+from oncebox.clock import from_micros
 from oncebox.status import status_data
 from oncebox.testing import FrozenClock, drain
 from support.db import sql
 from support.limits_app import (
     GLOBAL,
     PER_TENANT,
+    RATE,
     hold_slot,
     limited_box,
+    rate_box,
     read_counts,
     work_limited,
+    work_rated,
 )
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -221,3 +225,32 @@ def test_a_slot_held_by_a_worker_killed_mid_job_frees_when_its_lease_is_rescued(
     assert {row[0] for row in sql(box, "SELECT state FROM oncebox_jobs")} == {"done"}
     assert second != first
     box.close()
+
+
+@pytest.mark.slow
+def test_three_worker_processes_lease_a_rate_limited_task_within_its_bucket(store_url):
+    """Every window of the leases' own times (the database's clock) holds at most the bucket
+    plus what refilled in it: COUNT + COUNT x seconds."""
+    setup = rate_box(store_url)
+    setup.enqueue_many("call", [{"n": n} for n in range(3 * RATE)])
+    workers = [SPAWN.Process(target=work_rated, args=(store_url,)) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    leased = sorted(row[0] for row in sql(setup, "SELECT leased_at FROM oncebox_jobs"))
+    setup.close()
+    assert len(leased) == 3 * RATE
+    times = [_instant(value) for value in leased]
+    for i, start in enumerate(times):
+        for j in range(i, len(times)):
+            seconds = (times[j] - start).total_seconds()
+            assert j - i + 1 <= RATE + RATE * seconds + 1e-6, (i, j, seconds)
+    # and the limit held them back: after the first 20, 40 more need 2 s of refills
+    assert (times[-1] - times[0]).total_seconds() >= 2.0 - 0.05
+
+
+def _instant(value: object) -> datetime:
+    """A stored instant: a datetime on PostgreSQL, microseconds since the epoch on SQLite."""
+    return value if isinstance(value, datetime) else from_micros(int(value))  # type: ignore[call-overload]

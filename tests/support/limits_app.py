@@ -133,3 +133,25 @@ def hold_slot(url: str, inside: Any) -> None:
 
     box.consumer(name="holder").run_once()
     os._exit(3)  # unreachable unless the handler returned
+
+
+RATE = 20  # the rate test's "20/s": a bucket of 20, refilled at 20 a second
+
+
+def rate_box(url: str) -> Box:
+    box = Box(url)
+
+    @box.task(key="call/{n}", limits=[Rate(f"{RATE}/s")])
+    def call(ctx: JobContext, n: int) -> None:
+        pass
+
+    return box
+
+
+def work_rated(url: str) -> None:
+    """A worker process: run the rate-limited task until nothing is left."""
+    box = rate_box(url)
+    try:
+        box.work(config=WorkerConfig(until_idle=True, poll_interval=timedelta(seconds=0.2)))
+    finally:
+        box.close()
