@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from oncebox.errors import ConfigurationError, InvalidKey, KeyTemplateError
-from oncebox.jobs.keys import KeyTemplate, quote_template
+from oncebox.errors import ConfigurationError, InvalidKey
+from oncebox.jobs.keys import KeyTemplate, argument_template
 
 Keep = Literal["last", "first"]
 MAX_WINDOW = timedelta(days=31)
@@ -104,16 +104,7 @@ def collapse_of(
         raise ConfigurationError(f"{where}: keep= is 'last' or 'first', not {declared.keep!r}")
     template = None
     if declared.by is not None:
-        try:
-            template = KeyTemplate.parse(declared.by)
-        except KeyTemplateError as exc:
-            raise ConfigurationError(f"{where}: {mode} by: {exc}") from None
-        missing = [f for f in template.fields if parameters is not None and f not in parameters]
-        if missing:
-            raise ConfigurationError(
-                f"{where}: {mode} by {quote_template(declared.by)} uses {', '.join(missing)}, "
-                "which the handler does not take as parameters"
-            )
+        template = argument_template(where, f"{mode} by", declared.by, parameters)
     return Collapse(mode, declared.window, max_wait, declared.keep == "last", template)
 
 

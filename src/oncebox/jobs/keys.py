@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from oncebox.errors import InvalidKey, KeyTemplateError
+from oncebox.errors import ConfigurationError, InvalidKey, KeyTemplateError
 
 MAX_KEY_LENGTH = 255
 _SEGMENT_CHARS = r"A-Za-z0-9\-_.:@+="
@@ -174,6 +174,25 @@ class KeyTemplate:
                 f"key {_describe(key)} from template {quote_template(self.source)}: {problem}"
             )
         return key
+
+
+def argument_template(
+    where: str, label: str, source: str, parameters: set[str] | None
+) -> KeyTemplate:
+    """A template over a handler's arguments that is not its key (a limit's partition, a
+    debounce's `by`), by a key's rules; each placeholder must be one of `parameters` (None: the
+    handler takes **kwargs). Mistakes are `ConfigurationError`s saying `where` and `label`."""
+    try:
+        template = KeyTemplate.parse(source)
+    except KeyTemplateError as exc:
+        raise ConfigurationError(f"{where}: {label}: {exc}") from None
+    missing = [f for f in template.fields if parameters is not None and f not in parameters]
+    if missing:
+        raise ConfigurationError(
+            f"{where}: {label} {quote_template(source)} uses {', '.join(missing)}, "
+            "which the handler does not take as parameters"
+        )
+    return template
 
 
 def _shared_segment(quoted: str, first: str, second: str, between: str) -> str:

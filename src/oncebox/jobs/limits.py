@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oncebox.errors import ConfigurationError, InvalidKey, KeyTemplateError
-from oncebox.jobs.keys import KeyTemplate, quote_template
+from oncebox.errors import ConfigurationError, InvalidKey
+from oncebox.jobs.keys import KeyTemplate, argument_template
 from oncebox.limits.plan import LimitPlan, LimitRule
 from oncebox.limits.rates import Limit as RateText
 
@@ -102,16 +102,7 @@ def task_limits(
         named.append((limit, name))
     template = None
     if partition is not None:
-        try:
-            template = KeyTemplate.parse(partition)
-        except KeyTemplateError as exc:
-            raise ConfigurationError(f"{where}: partition: {exc}") from None
-        missing = [f for f in template.fields if parameters is not None and f not in parameters]
-        if missing:
-            raise ConfigurationError(
-                f"{where}: partition {quote_template(partition)} uses {', '.join(missing)}, "
-                "which the handler does not take as parameters"
-            )
+        template = argument_template(where, "partition", partition, parameters)
     partitioned = any(limit.per_partition for limit in limits)
     if partitioned and template is None:
         raise ConfigurationError(
