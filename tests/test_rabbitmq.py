@@ -4,12 +4,15 @@ ladder, dead letters with their headers. Each test declares queues of its own an
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from oncebox import Box, ConfigurationError, JobContext
+from oncebox.testing import drain
 from oncebox.transports.rabbitmq import (
     RETRY_LADDER_MS,
     BrokerRefused,
@@ -20,6 +23,7 @@ from oncebox.transports.rabbitmq import (
     retry_delay_ms,
 )
 from support.brokers import AMQP_URL, reachable
+from support.db import sql
 
 
 @pytest.fixture
@@ -32,6 +36,9 @@ def queue() -> Iterator[RabbitQueue]:
     finally:
         opened.delete()
         opened.close()
+
+
+SECRET = "rabbitmq-test-secret-0123456789"
 
 
 def message(n: int, **headers: object) -> Message:
@@ -138,3 +145,57 @@ def test_two_consumers_share_a_queue_each_message_going_to_one(queue):
     for thread in threads:
         thread.join(60)
     assert sorted(seen) == sorted(f"job-{n}" for n in range(20))  # each once
+
+
+def test_outbox_messages_reach_rabbitmq_once_each_under_their_rows_token(tmp_path):
+    url = reachable(AMQP_URL)
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    box = Box(f"sqlite:///{tmp_path / 'o.db'}", secret=SECRET)
+    box.channel("events", provider=f"{url}?queue={name}")
+
+    @box.task(key="order/{n}")
+    def placed(ctx: JobContext, n: int) -> None:
+        ctx.outbox.add("events", {"order": n})
+
+    reader = RabbitQueue(url, name, wait_s=1.0)
+    try:
+        for n in range(5):
+            box.enqueue(placed, n=n)
+        assert drain(box).dispatched.sent == 5
+        got = reader.receive(10)
+        assert sorted(json.loads(r.message.body)["order"] for r in got) == list(range(5))
+        tokens = {row[0] for row in sql(box, "SELECT token FROM oncebox_outbox")}
+        assert {r.message.message_id for r in got} == tokens  # the row's token, not its key
+        assert all(r.message.headers["x-oncebox-channel"] == "events" for r in got)
+        reader.ack(got)
+    finally:
+        reader.delete()
+        reader.close()
+        box.close()
+
+
+def test_a_broker_that_cannot_be_reached_leaves_the_message_pending_for_a_retry(tmp_path):
+    box = Box(f"sqlite:///{tmp_path / 'o.db'}", secret=SECRET)
+    box.channel("events", provider="amqp://guest:guest@127.0.0.1:1/%2F?queue=never")
+
+    @box.task(key="order/{n}")
+    def placed(ctx: JobContext, n: int) -> None:
+        ctx.outbox.add("events", {"order": n})
+
+    try:
+        box.enqueue(placed, n=1)
+        result = drain(box)
+        assert (result.dispatched.sent, result.dispatched.retried) == (0, 1)
+        [(state, error)] = sql(box, "SELECT state, last_error FROM oncebox_outbox")
+        assert state == "pending" and "RabbitMQ at amqp://127.0.0.1:1/" in error
+    finally:
+        box.close()
+
+
+def test_a_rabbitmq_channel_must_name_its_queue(tmp_path):
+    box = Box(f"sqlite:///{tmp_path / 'o.db'}")
+    try:
+        with pytest.raises(ConfigurationError, match=r"amqp://HOST:5672/VHOST\?queue=NAME"):
+            box.channel("events", provider="amqp://127.0.0.1/")
+    finally:
+        box.close()

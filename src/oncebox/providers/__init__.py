@@ -65,6 +65,10 @@ def from_url(url: str) -> Provider:
             from oncebox.providers.smtp import SmtpProvider  # noqa: PLC0415
 
             return SmtpProvider(url)
+        if scheme in {"amqp", "amqps"}:
+            from oncebox.providers.rabbitmq import RabbitMQProvider  # noqa: PLC0415 (pika lazily)
+
+            return RabbitMQProvider(url)
         if scheme in {"resend", "resend+http", "resend+https"}:
             from oncebox.providers.http import HttpEmailProvider  # noqa: PLC0415 (httpx2 lazily)
 
@@ -73,7 +77,7 @@ def from_url(url: str) -> Provider:
         raise ConfigurationError(f"email URL {redact(url)!r} is malformed: {exc}") from None
     raise ConfigurationError(
         f"email URL scheme {scheme!r} is not supported: use file://, console:, null:, smtp://, "
-        "smtps:// or resend://"
+        "smtps://, resend:// or amqp://"
     )
 
 

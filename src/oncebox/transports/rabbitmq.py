@@ -49,7 +49,12 @@ RETRY_LADDER_MS = (
 
 
 class BrokerUnavailable(OnceboxError):
-    """The broker could not be reached, or the connection to it was lost."""
+    """The broker could not be reached, or the connection to it was lost. `maybe_published`:
+    lost while a publish waited for its confirm — the broker may have taken it."""
+
+    def __init__(self, message: str, *, maybe_published: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_published = maybe_published
 
 
 class BrokerRefused(OnceboxError):
@@ -169,7 +174,10 @@ class RabbitQueue:
         except pika.exceptions.NackError:
             raise BrokerRefused(f"RabbitMQ refused a message for {queue!r}") from None
         except pika.exceptions.AMQPError as exc:
-            raise BrokerUnavailable(f"RabbitMQ at {_shown(self.url)}: {exc!r}") from None
+            self.close()  # the next call opens a fresh connection
+            raise BrokerUnavailable(
+                f"RabbitMQ at {_shown(self.url)}: {exc!r}", maybe_published=True
+            ) from None
 
     # -- consume -------------------------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""`amqp://…?queue=NAME`: outbox messages published to a RabbitMQ queue, each confirmed.
+
+A handler writes `ctx.outbox.add("events", {...})`; the row commits with the claim, and the
+dispatcher publishes its frozen payload (JSON) to `oncebox.NAME`, declared on first use
+(`transports/rabbitmq.py`), with the row's token as the AMQP message id — stable across
+attempts, so a consumer can recognise a second copy. RabbitMQ keeps no idempotency keys: a
+publish whose confirm was lost with the connection is an unknown outcome (`SendAmbiguous`), held
+or resent as the channel's `ambiguity` says; a broker that cannot be reached, or that refused
+the message, is retried.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from oncebox.errors import ConfigurationError
+from oncebox.providers.base import Outgoing, Receipt, SendAmbiguous, SendRetryable
+from oncebox.transports.rabbitmq import BrokerRefused, BrokerUnavailable, Message, RabbitQueue
+
+
+class RabbitMQProvider:
+    name = "rabbitmq"
+    idempotent = False
+    idempotency_window: timedelta | None = None
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        queues = parse_qs(parts.query).get("queue", [])
+        if len(queues) != 1 or not queues[0]:
+            raise ConfigurationError(
+                "a RabbitMQ channel names its queue: amqp://HOST:5672/VHOST?queue=NAME"
+            )
+        self.queue = queues[0]
+        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        self._local = threading.local()  # pika's connections are one thread's each
+
+    def _opened(self) -> RabbitQueue:
+        queue: RabbitQueue | None = getattr(self._local, "queue", None)
+        if queue is None:
+            queue = RabbitQueue(self.url, self.queue)
+            queue.declare()
+            self._local.queue = queue
+        return queue
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        body = json.dumps(outgoing.payload, separators=(",", ":"), sort_keys=True).encode()
+        headers = {"x-oncebox-channel": outgoing.channel, "x-oncebox-attempt": outgoing.attempt}
+        try:
+            self._opened().publish([Message(body, outgoing.token, headers)])
+        except BrokerRefused as exc:
+            raise SendRetryable(str(exc)) from None
+        except BrokerUnavailable as exc:
+            self._local.queue = None  # the next send connects (and declares) afresh
+            if exc.maybe_published:
+                lost = f"{exc} (its confirm was lost: the broker may have taken it)"
+                raise SendAmbiguous(lost) from None
+            raise SendRetryable(str(exc)) from None
+        return Receipt(outgoing.token, f"confirmed by RabbitMQ into {self.queue}")
