@@ -12,8 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from oncebox import Box, ConfigurationError, JobContext
-from oncebox.testing import drain
-from oncebox.transports.rabbitmq import (
+from oncebox.brokers.rabbitmq import (
     RETRY_LADDER_MS,
     BrokerRefused,
     BrokerUnavailable,
@@ -22,6 +21,7 @@ from oncebox.transports.rabbitmq import (
     Received,
     retry_delay_ms,
 )
+from oncebox.testing import drain
 from support.brokers import AMQP_URL, reachable
 from support.db import sql
 

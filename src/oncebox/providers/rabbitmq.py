@@ -2,7 +2,7 @@
 
 A handler writes `ctx.outbox.add("events", {...})`; the row commits with the claim, and the
 dispatcher publishes its frozen payload (JSON) to `oncebox.NAME`, declared on first use
-(`transports/rabbitmq.py`), with the row's token as the AMQP message id — stable across
+(`brokers/rabbitmq.py`), with the row's token as the AMQP message id — stable across
 attempts, so a consumer can recognise a second copy. RabbitMQ keeps no idempotency keys: a
 publish whose confirm was lost with the connection is an unknown outcome (`SendAmbiguous`), held
 or resent as the channel's `ambiguity` says; a broker that cannot be reached, or that refused
@@ -16,9 +16,9 @@ import threading
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
+from oncebox.brokers.rabbitmq import BrokerRefused, BrokerUnavailable, Message, RabbitQueue
 from oncebox.errors import ConfigurationError
 from oncebox.providers.base import Outgoing, Receipt, SendAmbiguous, SendRetryable
-from oncebox.transports.rabbitmq import BrokerRefused, BrokerUnavailable, Message, RabbitQueue
 
 
 class RabbitMQProvider:

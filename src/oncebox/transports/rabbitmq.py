@@ -1,241 +1,143 @@
-"""RabbitMQ's side of a broker-backed queue: its queues, confirmed publishes, acknowledgements.
+"""The consumer's side of a RabbitMQ queue: deliveries in, acknowledgements after the commit.
 
-For an oncebox queue Q, all durable, all named `oncebox.Q…` so several apps can share a vhost:
+A message is a task and its arguments (JSON), with its attempt in the header
+`x-oncebox-attempt`. The consumer renders its key from the arguments and claims it in its
+transaction, as for any broker delivery (`queue/transport.py`); only after that transaction
+committed does this transport tell RabbitMQ how each delivery ended:
 
-- `oncebox.Q`: a quorum queue (replicated, and it keeps a message through a broker restart),
-  read with manual acknowledgements and a prefetch;
-- `oncebox.Q.retry.<ms>`: one classic queue per retry delay, whose messages expire after that
-  delay and are dead-lettered back into `oncebox.Q` — delayed retry without the
-  delayed-message plugin, which Debian's server does not ship. Delays are rounded up to a
-  ladder (`RETRY_LADDER_MS`), so a handful of queues serve every backoff;
-- `oncebox.Q.dead`: the dead letters, each carrying its key and attempt history in headers.
+- done (completed, or a duplicate the claim absorbed): acknowledged;
+- retry: published again, attempt + 1, to the rung of the retry ladder its backoff asks for,
+  then acknowledged (`RabbitQueue.retry`);
+- dead: published to the dead letters with the error and the attempt, then acknowledged;
+- given back (shutdown, a claim that waited too long): returned to the queue at once.
 
-Every publish waits for the broker's confirm and is mandatory: a message the broker could not
-route or did not take raises `BrokerRefused`, and nothing is acknowledged before what replaces it
-(a retry, a dead letter) is confirmed. A consumer that dies between the two leaves both copies:
-the broker redelivers the original, and the claim on the business key absorbs the duplicate —
-the key, not the broker, carries the guarantee.
+A consumer that dies after its commit and before its acknowledgement leaves the message with
+the broker, which delivers it again: the claim absorbs it (counted as a claim conflict) — the
+lost-ack window the key exists for. Settlements are counted in the consumer's transaction, as
+the table queue's are.
+
+This is the transport for messages published straight to the broker (`publish_unrecorded`: no
+job record in the store). Broker-backed jobs with a record — enqueued in the caller's
+transaction and relayed — build on it.
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
-import pika
-import pika.exceptions
-from pika.adapters.blocking_connection import BlockingChannel
+from oncebox.brokers.rabbitmq import Message, RabbitQueue, Received
+from oncebox.counters import settlement_counts
+from oncebox.jobs.codec import encode_args
+from oncebox.jobs.tasks import Task
+from oncebox.queue.transport import Delivery, Settlement
+from oncebox.store.base import ConsumerTx
 
-from oncebox.errors import OnceboxError
-
-PREFIX = "oncebox."
-PERSISTENT = 2  # AMQP delivery mode: written to disk (pika.DeliveryMode.Persistent)
-# retry delays a queue is declared for, in ms: a wanted delay is rounded up to the next one
-RETRY_LADDER_MS = (
-    250,
-    1_000,
-    5_000,
-    15_000,
-    60_000,
-    300_000,
-    900_000,
-    3_600_000,
-    21_600_000,
-    86_400_000,
-)
+ATTEMPT = "x-oncebox-attempt"
 
 
-class BrokerUnavailable(OnceboxError):
-    """The broker could not be reached, or the connection to it was lost. `maybe_published`:
-    lost while a publish waited for its confirm — the broker may have taken it."""
-
-    def __init__(self, message: str, *, maybe_published: bool = False) -> None:
-        super().__init__(message)
-        self.maybe_published = maybe_published
-
-
-class BrokerRefused(OnceboxError):
-    """The broker did not take a publish (not routable, or negatively confirmed)."""
+def task_message(task: Task, args: Mapping[str, Any], max_bytes: int, attempt: int = 1) -> Message:
+    """A message for `task` with `args`, checked as an enqueue checks them."""
+    task.check_args(args)
+    body = {"task": task.name, "args": json.loads(encode_args(args, task.name, max_bytes))}
+    return Message(
+        json.dumps(body, separators=(",", ":")).encode(), uuid.uuid4().hex, {ATTEMPT: attempt}
+    )
 
 
-@dataclass(frozen=True)
-class Message:
-    body: bytes
-    message_id: str
-    headers: Mapping[str, Any] = field(default_factory=dict)
+class RabbitTransport:
+    """One consumer lane's RabbitMQ connection (pika's are one thread's each)."""
 
+    def __init__(
+        self,
+        queue: RabbitQueue,
+        *,
+        attempts: Callable[[str], int],
+        now: Callable[[], datetime],
+    ) -> None:
+        self.queue = queue
+        self._attempts = attempts  # a task's max_attempts
+        self._now = now
+        self._held: dict[str, Received] = {}
+        self._lock = threading.Lock()
 
-@dataclass(frozen=True)
-class Received:
-    """A message handed to this consumer, unacknowledged until `ack`, `retry` or `dead`."""
+    def publish_unrecorded(self, messages: Sequence[Message]) -> None:
+        """Publish straight to the broker, confirmed — with no job record in the store: what
+        `jobs`, `status` and `dlq` show does not include these."""
+        self.queue.publish(messages)
 
-    message: Message
-    tag: int
-    redelivered: bool
+    def fetch(self, limit: int) -> list[Delivery]:
+        received = self.queue.receive(limit)
+        now = self._now()
+        deliveries = []
+        for one in received:
+            body = json.loads(one.message.body)
+            task = str(body["task"])
+            attempt = int(one.message.headers.get(ATTEMPT, 1))
+            message_id = f"{one.message.message_id}#{one.tag}"
+            with self._lock:
+                self._held[message_id] = one
+            deliveries.append(
+                Delivery(
+                    message_id=message_id,
+                    task=task,
+                    args_json=json.dumps(body["args"], separators=(",", ":")),
+                    key=None,
+                    attempt=attempt,
+                    attempts_left=max(0, self._attempts(task) - attempt),
+                    leased_at=now,
+                )
+            )
+        return deliveries
 
+    def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
+        """No job rows to settle: the outcomes are counted in the consumer's transaction."""
+        tx.counter_add(settlement_counts((s.state, s.outcome) for s in settlements))
+        return {s.delivery.message_id for s in settlements}
 
-def retry_delay_ms(wanted_ms: float) -> int:
-    """The ladder's delay a retry waits: the smallest at least `wanted_ms` (the longest for
-    more)."""
-    index = bisect.bisect_left(RETRY_LADDER_MS, max(0.0, wanted_ms))
-    return RETRY_LADDER_MS[min(index, len(RETRY_LADDER_MS) - 1)]
+    def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        for settlement in settlements:
+            received = self._take(settlement.delivery)
+            if received is None:
+                continue
+            if settlement.state == "done":
+                self.queue.ack([received])
+            elif settlement.state == "ready":
+                delay_ms = settlement.delay / timedelta(milliseconds=1)
+                attempt = settlement.delivery.attempt + 1
+                self.queue.retry(received, delay_ms, {ATTEMPT: attempt})
+            else:
+                error = settlement.error or "dead"
+                self.queue.dead(received, {"x-oncebox-error": error[:4000]})
 
+    def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
+        """Back to the queue at once (RabbitMQ has no delayed requeue): another lane or worker
+        takes it; the attempt is not spent."""
+        found = [r for r in map(self._take, deliveries) if r is not None]
+        self.queue.give_back(found)
 
-class RabbitQueue:
-    """One oncebox queue on one RabbitMQ connection (one thread's: pika's blocking connection is
-    not shared)."""
+    def drop(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            self._take(delivery)
 
-    def __init__(self, url: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> None:
-        self.url = url
-        self.name = f"{PREFIX}{queue}"
-        self.prefetch = prefetch
-        self.wait_s = wait_s  # how long `receive` waits for a first message
-        self._connection: pika.BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
+    def held_tokens(self) -> list[str]:
+        """No lease tokens: the broker holds an unacknowledged message while the connection
+        lives, and delivers it again when it dies."""
+        return []
 
-    # -- connection ----------------------------------------------------------------------------
+    def next_due_in(self) -> float | None:
+        return None
 
-    def _open(self) -> BlockingChannel:
-        if self._channel is not None and self._channel.is_open:
-            return self._channel
-        try:
-            self._connection = pika.BlockingConnection(pika.URLParameters(self.url))
-            channel = self._connection.channel()
-            channel.confirm_delivery()
-            channel.basic_qos(prefetch_count=self.prefetch)
-        except pika.exceptions.AMQPError as exc:
-            raise BrokerUnavailable(f"RabbitMQ at {_shown(self.url)}: {exc!r}") from None
-        self._channel = channel
-        return channel
+    def can_probe(self) -> bool:
+        return False
 
     def close(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None and connection.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):  # already going
-                connection.close()
+        self.queue.close()
 
-    # -- topology ------------------------------------------------------------------------------
-
-    def declare(self) -> None:
-        """Declare the queue, its dead letters and its retry ladder (idempotent)."""
-        channel = self._open()
-        quorum = {"x-queue-type": "quorum"}
-        channel.queue_declare(self.name, durable=True, arguments=quorum)
-        channel.queue_declare(f"{self.name}.dead", durable=True, arguments=quorum)
-        for delay in RETRY_LADDER_MS:
-            channel.queue_declare(
-                self._retry_queue(delay),
-                durable=True,
-                arguments={
-                    "x-message-ttl": delay,
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": self.name,
-                },
-            )
-
-    def delete(self) -> None:
-        """Remove the queue and its companions (tests, and an app retiring a queue)."""
-        channel = self._open()
-        for name in (self.name, f"{self.name}.dead", *map(self._retry_queue, RETRY_LADDER_MS)):
-            channel.queue_delete(name)
-
-    def depth(self, which: str = "") -> int:
-        """Messages ready in the queue (`which`: "" or "dead"), not counting unacknowledged."""
-        name = self.name if not which else f"{self.name}.{which}"
-        declared = self._open().queue_declare(name, passive=True)
-        return int(declared.method.message_count or 0)
-
-    def _retry_queue(self, delay_ms: int) -> str:
-        return f"{self.name}.retry.{delay_ms}ms"
-
-    # -- publish -------------------------------------------------------------------------------
-
-    def publish(self, messages: Sequence[Message], *, to: str | None = None) -> None:
-        """Publish, each confirmed by the broker before the next (mandatory: an unroutable
-        message raises `BrokerRefused`)."""
-        channel = self._open()
-        for message in messages:
-            self._publish(channel, to or self.name, message)
-
-    def _publish(self, channel: BlockingChannel, queue: str, message: Message) -> None:
-        properties = pika.BasicProperties(
-            message_id=message.message_id,
-            headers=dict(message.headers),
-            delivery_mode=PERSISTENT,
-            content_type="application/json",
-        )
-        try:
-            channel.basic_publish("", queue, message.body, properties, mandatory=True)
-        except pika.exceptions.UnroutableError:
-            raise BrokerRefused(f"RabbitMQ could not route a message to {queue!r}") from None
-        except pika.exceptions.NackError:
-            raise BrokerRefused(f"RabbitMQ refused a message for {queue!r}") from None
-        except pika.exceptions.AMQPError as exc:
-            self.close()  # the next call opens a fresh connection
-            raise BrokerUnavailable(
-                f"RabbitMQ at {_shown(self.url)}: {exc!r}", maybe_published=True
-            ) from None
-
-    # -- consume -------------------------------------------------------------------------------
-
-    def receive(self, limit: int) -> list[Received]:
-        """Up to `limit` messages: waits at most `wait_s` for the first, then takes only what
-        the prefetch has already brought."""
-        channel = self._open()
-        found: list[Received] = []
-        try:
-            for method, properties, body in channel.consume(
-                self.name, inactivity_timeout=self.wait_s
-            ):
-                if method is None or properties is None or body is None:
-                    break  # nothing came within wait_s
-                found.append(
-                    Received(
-                        Message(body, properties.message_id or "", properties.headers or {}),
-                        int(method.delivery_tag or 0),
-                        bool(method.redelivered),
-                    )
-                )
-                if len(found) >= limit or not channel.get_waiting_message_count():
-                    break
-        except pika.exceptions.AMQPError as exc:
-            raise BrokerUnavailable(f"RabbitMQ at {_shown(self.url)}: {exc!r}") from None
-        return found
-
-    def ack(self, received: Sequence[Received]) -> None:
-        channel = self._open()
-        for one in received:
-            channel.basic_ack(one.tag)
-
-    def give_back(self, received: Sequence[Received]) -> None:
-        """Back to the queue at once, for another consumer (a shutdown, a release)."""
-        channel = self._open()
-        for one in received:
-            channel.basic_nack(one.tag, requeue=True)
-
-    def retry(self, received: Received, delay_ms: float, headers: Mapping[str, Any]) -> int:
-        """Publish the message again to wait in the retry queue for at least `delay_ms` (with
-        `headers` merged in), then acknowledge the original; the delay it will wait."""
-        delay = retry_delay_ms(delay_ms)
-        message = received.message
-        again = Message(message.body, message.message_id, {**message.headers, **headers})
-        self.publish([again], to=self._retry_queue(delay))
-        self.ack([received])
-        return delay
-
-    def dead(self, received: Received, headers: Mapping[str, Any]) -> None:
-        """Move the message to the dead letters with `headers` merged in (the key, the attempt
-        history), then acknowledge the original."""
-        message = received.message
-        dead = Message(message.body, message.message_id, {**message.headers, **headers})
-        self.publish([dead], to=f"{self.name}.dead")
-        self.ack([received])
-
-
-def _shown(url: str) -> str:
-    """The URL without its password, for a message."""
-    params = pika.URLParameters(url)
-    return f"amqp://{params.host}:{params.port}{params.virtual_host and '/' + params.virtual_host}"
+    def _take(self, delivery: Delivery) -> Received | None:
+        with self._lock:
+            return self._held.pop(delivery.message_id, None)

@@ -1,0 +1,164 @@
+"""The consumer on a RabbitMQ queue, on every store and the machine's real broker: each message's
+key is claimed once however often RabbitMQ delivers it — a lost acknowledgement ends as a counted
+claim conflict —, a failed attempt waits its rung of the retry ladder and comes back with its
+attempt counted, and a dead one reaches the dead letters with its error."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+
+import pytest
+
+from oncebox import Box, ConsumerConfig, JobContext, Permanent, Retry, RetryLater
+from oncebox.brokers.rabbitmq import RabbitQueue
+from oncebox.queue.transport import Settlement
+from oncebox.transports.rabbitmq import RabbitTransport, task_message
+from support.brokers import AMQP_URL, reachable
+from support.db import create_effects, effects, record_effect
+
+PERIOD = "2026-W33"
+
+
+@pytest.fixture
+def queue_name() -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    setup = RabbitQueue(reachable(AMQP_URL), name)
+    setup.declare()
+    try:
+        yield name
+    finally:
+        setup.delete()
+        setup.close()
+
+
+def broker_box(url: str) -> Box:
+    box = Box(url)
+    create_effects(box)
+
+    @box.task(
+        key="weekly-digest/customer-{customer_id}/{period}",
+        retry=Retry(max_attempts=3, base_delay=timedelta(milliseconds=100)),
+    )
+    def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
+        if customer_id == 99:
+            raise Permanent("customer 99 has no address")
+        if customer_id == 98 and ctx.attempt == 1:
+            raise RetryLater("the carrier's API is busy", delay=timedelta(milliseconds=100))
+        record_effect(ctx, f"attempt {ctx.attempt}")
+
+    return box
+
+
+def transport_for(box: Box, name: str, *, wait_s: float = 1.0) -> RabbitTransport:
+    return RabbitTransport(
+        RabbitQueue(AMQP_URL, name, prefetch=20, wait_s=wait_s),
+        attempts=lambda task: box.registry.get(task).retry.max_attempts,
+        now=box.store.clock_now,
+    )
+
+
+def publish(box: Box, transport: RabbitTransport, *customers: int) -> None:
+    task = box.registry.get("weekly_digest")
+    transport.publish_unrecorded(
+        [task_message(task, {"customer_id": c, "period": PERIOD}, 256_000) for c in customers]
+    )
+
+
+def drain_broker(box: Box, transport: RabbitTransport, rounds: int = 20) -> int:
+    """Run consumer rounds until one finds nothing; what they leased."""
+    consumer = box.consumer(ConsumerConfig(batch_size=10), transport=transport)
+    leased = 0
+    try:
+        for _ in range(rounds):
+            got = consumer.run_once().leased
+            leased += got
+            if not got:
+                break
+    finally:
+        consumer.session.close()
+    return leased
+
+
+def test_each_message_runs_once_and_is_acknowledged(store_url, queue_name):
+    box = broker_box(store_url)
+    transport = transport_for(box, queue_name)
+    try:
+        publish(box, transport, *range(10))
+        assert drain_broker(box, transport) == 10
+        assert [key for key, _ in effects(box)] == sorted(
+            f"weekly-digest/customer-{c}/{PERIOD}" for c in range(10)
+        )
+        assert transport.queue.depth() == 0
+        assert box.store.counter_list()["jobs_completed"] == 10
+    finally:
+        transport.close()
+        box.close()
+
+
+class LosesAcks(RabbitTransport):
+    """Commits, then dies before acknowledging: its connection closes with the messages unacked."""
+
+    def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        self.queue.close()
+
+
+def test_a_lost_acknowledgement_is_delivered_again_and_absorbed_by_the_claim(store_url, queue_name):
+    box = broker_box(store_url)
+    first = LosesAcks(
+        RabbitQueue(AMQP_URL, queue_name, prefetch=20, wait_s=1.0),
+        attempts=lambda task: 3,
+        now=box.store.clock_now,
+    )
+    second = transport_for(box, queue_name)
+    try:
+        publish(box, second, *range(5))
+        consumer = box.consumer(ConsumerConfig(batch_size=10), transport=first)
+        try:
+            assert consumer.run_once().completed == 5  # committed; the acks are lost
+        finally:
+            consumer.session.close()
+        assert drain_broker(box, second) == 5  # RabbitMQ delivers all five again
+        counted = box.store.counter_list()
+        assert (counted["jobs_completed"], counted["claim_conflicts"]) == (5, 5)
+        assert len(effects(box)) == 5  # each key's effect once
+        assert second.queue.depth() == 0
+    finally:
+        second.close()
+        box.close()
+
+
+def test_a_failed_attempt_waits_its_rung_and_a_dead_one_reaches_the_dead_letters(
+    store_url, queue_name
+):
+    box = broker_box(store_url)
+    transport = transport_for(box, queue_name)
+    try:
+        publish(box, transport, 98, 99)
+        leased = 0
+        for _ in range(20):  # the retry comes back after its 250 ms rung
+            leased += drain_broker(box, transport)
+            if leased >= 3:
+                break
+        assert leased == 3  # 98 twice (a retry), 99 once (dead at once)
+        assert effects(box) == [(f"weekly-digest/customer-98/{PERIOD}", "attempt 2")]
+        assert (transport.queue.depth(), transport.queue.depth("dead")) == (0, 1)
+        dead = RabbitQueue(AMQP_URL, f"{queue_name}.dead", wait_s=2.0)
+        try:
+            [letter] = dead.receive(1)
+            assert json.loads(letter.message.body)["args"]["customer_id"] == 99
+            assert "customer 99 has no address" in letter.message.headers["x-oncebox-error"]
+            dead.ack([letter])
+        finally:
+            dead.close()
+        counted = box.store.counter_list()
+        assert (counted["jobs_retried"], counted["jobs_dead"], counted["jobs_completed"]) == (
+            1,
+            1,
+            1,
+        )
+    finally:
+        transport.close()
+        box.close()
