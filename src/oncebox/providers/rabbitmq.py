@@ -36,14 +36,26 @@ class RabbitMQProvider:
         self.queue = queues[0]
         self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
         self._local = threading.local()  # pika's connections are one thread's each
+        self._open: set[RabbitQueue] = set()
+        self._open_lock = threading.Lock()
 
     def _opened(self) -> RabbitQueue:
         queue: RabbitQueue | None = getattr(self._local, "queue", None)
         if queue is None:
             queue = RabbitQueue(self.url, self.queue)
-            queue.declare()
+            with self._open_lock:
+                self._open.add(queue)
             self._local.queue = queue
+            queue.declare()
         return queue
+
+    def close(self) -> None:
+        """Close every thread's connection (when the box closes: its dispatchers are done)."""
+        with self._open_lock:
+            queues, self._open = list(self._open), set()
+        for queue in queues:
+            queue.close()
+        self._local = threading.local()
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         body = json.dumps(outgoing.payload, separators=(",", ":"), sort_keys=True).encode()
@@ -53,7 +65,9 @@ class RabbitMQProvider:
         except BrokerRefused as exc:
             raise SendRetryable(str(exc)) from None
         except BrokerUnavailable as exc:
-            self._local.queue = None  # the next send connects (and declares) afresh
+            with self._open_lock:  # the next send connects (and declares) afresh
+                self._open.discard(self._local.queue)
+            self._local.queue = None
             if exc.maybe_published:
                 lost = f"{exc} (its confirm was lost: the broker may have taken it)"
                 raise SendAmbiguous(lost) from None
