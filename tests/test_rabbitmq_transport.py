@@ -13,8 +13,8 @@ from datetime import timedelta
 import pytest
 
 from oncebox import Box, ConsumerConfig, JobContext, Permanent, Retry, RetryLater
-from oncebox.brokers.rabbitmq import RabbitQueue
-from oncebox.queue.transport import Settlement
+from oncebox.brokers.rabbitmq import Message, RabbitQueue
+from oncebox.queue.transport import Delivery, Settlement
 from oncebox.transports.rabbitmq import RabbitTransport, task_message
 from support.brokers import AMQP_URL, reachable
 from support.db import create_effects, effects, record_effect
@@ -91,6 +91,7 @@ def test_each_message_runs_once_and_is_acknowledged(store_url, queue_name):
         assert [key for key, _ in effects(box)] == sorted(
             f"weekly-digest/customer-{c}/{PERIOD}" for c in range(10)
         )
+        transport.close()  # anything not acknowledged would be ready again now
         assert transport.queue.depth() == 0
         assert box.store.counter_list()["jobs_completed"] == 10
     finally:
@@ -124,6 +125,7 @@ def test_a_lost_acknowledgement_is_delivered_again_and_absorbed_by_the_claim(sto
         counted = box.store.counter_list()
         assert (counted["jobs_completed"], counted["claim_conflicts"]) == (5, 5)
         assert len(effects(box)) == 5  # each key's effect once
+        second.close()
         assert second.queue.depth() == 0
     finally:
         second.close()
@@ -144,6 +146,7 @@ def test_a_failed_attempt_waits_its_rung_and_a_dead_one_reaches_the_dead_letters
                 break
         assert leased == 3  # 98 twice (a retry), 99 once (dead at once)
         assert effects(box) == [(f"weekly-digest/customer-98/{PERIOD}", "attempt 2")]
+        transport.close()
         assert (transport.queue.depth(), transport.queue.depth("dead")) == (0, 1)
         dead = RabbitQueue(AMQP_URL, f"{queue_name}.dead", wait_s=2.0)
         try:
@@ -159,6 +162,45 @@ def test_a_failed_attempt_waits_its_rung_and_a_dead_one_reaches_the_dead_letters
             1,
             1,
         )
+    finally:
+        transport.close()
+        box.close()
+
+
+def test_a_message_that_is_not_ours_goes_to_the_dead_letters_and_the_rest_run(
+    sqlite_url, queue_name
+):
+    box = broker_box(sqlite_url)
+    transport = transport_for(box, queue_name)
+    try:
+        transport.publish_unrecorded([Message(b"not json", "stray", {})])
+        publish(box, transport, 1)
+        assert drain_broker(box, transport) == 1
+        transport.close()
+        assert (transport.queue.depth(), transport.queue.depth("dead")) == (0, 1)
+        assert len(effects(box)) == 1
+    finally:
+        transport.close()
+        box.close()
+
+
+def test_a_delivery_given_back_with_a_delay_waits_on_the_ladder_its_attempt_unspent(
+    sqlite_url, queue_name
+):
+    box = broker_box(sqlite_url)
+    transport = transport_for(box, queue_name, wait_s=0.5)
+    try:
+        publish(box, transport, 1)
+        [delivery] = transport.fetch(10)
+        transport.release([delivery], timedelta(milliseconds=100))
+        again: list[Delivery] = []
+        for _ in range(10):
+            again = transport.fetch(10)
+            if again:
+                break
+        assert [(d.task, d.attempt) for d in again] == [("weekly_digest", 1)]
+        transport.drop(again)  # back to the queue at once, for whoever takes it next
+        assert drain_broker(box, transport) == 1
     finally:
         transport.close()
         box.close()

@@ -13,17 +13,25 @@ For an oncebox queue Q, all durable, all named `oncebox.Q…` so several apps ca
 Every publish waits for the broker's confirm and is mandatory: a message the broker could not
 route or did not take raises `BrokerRefused`, and nothing is acknowledged before what replaces it
 (a retry, a dead letter) is confirmed. A consumer that dies between the two leaves both copies:
-the broker redelivers the original, and the claim on the business key absorbs the duplicate —
-the key, not the broker, carries the guarantee.
+the broker redelivers the original. A copy of a job that then succeeds is absorbed by the claim
+on its business key — the key, not the broker, carries the guarantee; but failed attempts hold
+no claim, so until one succeeds both copies run (a retry budget spent twice as fast, perhaps two
+dead letters: their readers should recognise the message id).
+
+Connections: no AMQP heartbeat by default (a blocking connection cannot answer one while a
+handler runs; a dead process closes its socket anyway) — a URL may set `heartbeat=` — and a
+channel is checked alive before anything is sent on it. A delivery is settled only on the
+channel it came on: when that channel is gone, the broker delivers the message again.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
@@ -75,6 +83,7 @@ class Received:
     message: Message
     tag: int
     redelivered: bool
+    channel: int = 0  # which of this queue's channels it came on: a tag means nothing elsewhere
 
 
 def retry_delay_ms(wanted_ms: float) -> int:
@@ -95,57 +104,86 @@ class RabbitQueue:
         self.wait_s = wait_s  # how long `receive` waits for a first message
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
+        self._opened = 0  # channels opened so far: the number of the current one
 
     # -- connection ----------------------------------------------------------------------------
 
     def _open(self) -> BlockingChannel:
-        if self._channel is not None and self._channel.is_open:
-            return self._channel
+        """This thread's channel: the open one, checked alive first (a connection idle past the
+        broker's heartbeat, or cut, is found here, before anything is sent on it), or a new
+        connection."""
+        if self._channel is not None and self._channel.is_open and self._connection is not None:
+            try:
+                self._connection.process_data_events(0)
+            except pika.exceptions.AMQPError:
+                self.close()  # dead: nothing was sent on it; open afresh below
+            else:
+                return self._channel
+        self.close()
         try:
-            self._connection = pika.BlockingConnection(pika.URLParameters(self.url))
+            self._connection = pika.BlockingConnection(_parameters(self.url))
             channel = self._connection.channel()
             channel.confirm_delivery()
             channel.basic_qos(prefetch_count=self.prefetch)
         except pika.exceptions.AMQPError as exc:
+            self.close()
             raise BrokerUnavailable(f"RabbitMQ at {_shown(self.url)}: {exc!r}") from None
         self._channel = channel
+        self._opened += 1
         return channel
 
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         if connection is not None and connection.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):  # already going
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError):  # already going
                 connection.close()
 
     # -- topology ------------------------------------------------------------------------------
 
     def declare(self) -> None:
-        """Declare the queue, its dead letters and its retry ladder (idempotent)."""
-        channel = self._open()
-        quorum = {"x-queue-type": "quorum"}
-        channel.queue_declare(self.name, durable=True, arguments=quorum)
-        channel.queue_declare(f"{self.name}.dead", durable=True, arguments=quorum)
-        for delay in RETRY_LADDER_MS:
-            channel.queue_declare(
-                self._retry_queue(delay),
-                durable=True,
-                arguments={
-                    "x-message-ttl": delay,
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": self.name,
-                },
-            )
+        """Declare the queue, its dead letters and its retry ladder (idempotent). A queue of
+        that name declared otherwise (a classic queue, other arguments) is `BrokerRefused`."""
+        with self._wire("declare"):
+            channel = self._open()
+            quorum = {"x-queue-type": "quorum"}
+            channel.queue_declare(self.name, durable=True, arguments=quorum)
+            channel.queue_declare(f"{self.name}.dead", durable=True, arguments=quorum)
+            for delay in RETRY_LADDER_MS:
+                channel.queue_declare(
+                    self._retry_queue(delay),
+                    durable=True,
+                    arguments={
+                        "x-message-ttl": delay,
+                        "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": self.name,
+                    },
+                )
+
+    @contextlib.contextmanager
+    def _wire(self, what: str) -> Iterator[None]:
+        """Broker errors as oncebox's: the broker refusing (a channel it closed) or away."""
+        try:
+            yield
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            self.close()
+            raise BrokerRefused(f"RabbitMQ refused to {what} {self.name!r}: {exc}") from None
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            self.close()
+            raise BrokerUnavailable(f"RabbitMQ at {_shown(self.url)}: {exc!r}") from None
 
     def delete(self) -> None:
         """Remove the queue and its companions (tests, and an app retiring a queue)."""
-        channel = self._open()
-        for name in (self.name, f"{self.name}.dead", *map(self._retry_queue, RETRY_LADDER_MS)):
-            channel.queue_delete(name)
+        with self._wire("delete"):
+            channel = self._open()
+            names = (self.name, f"{self.name}.dead", *map(self._retry_queue, RETRY_LADDER_MS))
+            for name in names:
+                channel.queue_delete(name)
 
     def depth(self, which: str = "") -> int:
         """Messages ready in the queue (`which`: "" or "dead"), not counting unacknowledged."""
         name = self.name if not which else f"{self.name}.{which}"
-        declared = self._open().queue_declare(name, passive=True)
+        with self._wire("read"):
+            declared = self._open().queue_declare(name, passive=True)
         return int(declared.method.message_count or 0)
 
     def _retry_queue(self, delay_ms: int) -> str:
@@ -173,8 +211,10 @@ class RabbitQueue:
             raise BrokerRefused(f"RabbitMQ could not route a message to {queue!r}") from None
         except pika.exceptions.NackError:
             raise BrokerRefused(f"RabbitMQ refused a message for {queue!r}") from None
-        except pika.exceptions.AMQPError as exc:
-            self.close()  # the next call opens a fresh connection
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            # the connection was checked alive just before (`_open`): lost while the publish
+            # waited for its confirm, which the broker may have taken
+            self.close()
             raise BrokerUnavailable(
                 f"RabbitMQ at {_shown(self.url)}: {exc!r}", maybe_published=True
             ) from None
@@ -197,28 +237,52 @@ class RabbitQueue:
                         Message(body, properties.message_id or "", properties.headers or {}),
                         int(method.delivery_tag or 0),
                         bool(method.redelivered),
+                        self._opened,
                     )
                 )
                 if len(found) >= limit or not channel.get_waiting_message_count():
                     break
-        except pika.exceptions.AMQPError as exc:
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            self.close()
             raise BrokerUnavailable(f"RabbitMQ at {_shown(self.url)}: {exc!r}") from None
         return found
 
     def ack(self, received: Sequence[Received]) -> None:
-        channel = self._open()
-        for one in received:
-            channel.basic_ack(one.tag)
+        """Acknowledge on the channel the messages came on. A channel lost meanwhile cannot: the
+        broker delivers them again (`BrokerUnavailable`)."""
+        channel = self._channel_of(received)
+        with self._wire("acknowledge on"):
+            for one in received:
+                if channel is not None:
+                    channel.basic_ack(one.tag)
 
     def give_back(self, received: Sequence[Received]) -> None:
         """Back to the queue at once, for another consumer (a shutdown, a release)."""
-        channel = self._open()
-        for one in received:
-            channel.basic_nack(one.tag, requeue=True)
+        channel = self._channel_of(received)
+        with self._wire("give back to"):
+            for one in received:
+                if channel is not None:
+                    channel.basic_nack(one.tag, requeue=True)
+
+    def _channel_of(self, received: Sequence[Received]) -> BlockingChannel | None:
+        """The channel that delivered `received`, if it is still the open one: a delivery tag
+        means nothing on another channel, and a message whose channel is gone is the broker's
+        to deliver again (`BrokerUnavailable`). None when there is nothing to settle."""
+        if not received:
+            return None
+        channel = self._channel
+        current = channel is not None and channel.is_open
+        if not current or any(one.channel != self._opened for one in received):
+            raise BrokerUnavailable(
+                f"RabbitMQ at {_shown(self.url)}: the channel these came on is closed; the "
+                "broker delivers them again"
+            )
+        return channel
 
     def retry(self, received: Received, delay_ms: float, headers: Mapping[str, Any]) -> int:
         """Publish the message again to wait in the retry queue for at least `delay_ms` (with
         `headers` merged in), then acknowledge the original; the delay it will wait."""
+        self._channel_of([received])  # gone: the broker delivers it again; publish no copy
         delay = retry_delay_ms(delay_ms)
         message = received.message
         again = Message(message.body, message.message_id, {**message.headers, **headers})
@@ -229,10 +293,23 @@ class RabbitQueue:
     def dead(self, received: Received, headers: Mapping[str, Any]) -> None:
         """Move the message to the dead letters with `headers` merged in (the key, the attempt
         history), then acknowledge the original."""
+        self._channel_of([received])  # gone: the broker delivers it again; publish no copy
         message = received.message
         dead = Message(message.body, message.message_id, {**message.headers, **headers})
         self.publish([dead], to=f"{self.name}.dead")
         self.ack([received])
+
+
+def _parameters(url: str) -> pika.URLParameters:
+    """The connection's parameters, as the URL gives them, with two defaults of oncebox's: no
+    heartbeat (a blocking connection cannot answer one while a handler runs, so the broker
+    would cut a lane that runs a long batch; a dead process closes its socket anyway), and a
+    publish blocked by a broker alarm gives up after 30 s instead of hanging."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.setdefault("heartbeat", "0")
+    query.setdefault("blocked_connection_timeout", "30")
+    return pika.URLParameters(urlunsplit(parts._replace(query=urlencode(query))))
 
 
 def _shown(url: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import timedelta
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from oncebox.brokers.rabbitmq import BrokerRefused, BrokerUnavailable, Message, RabbitQueue
 from oncebox.errors import ConfigurationError
@@ -28,13 +28,16 @@ class RabbitMQProvider:
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
-        queues = parse_qs(parts.query).get("queue", [])
+        query = parse_qsl(parts.query)
+        queues = [value for name, value in query if name == "queue"]
         if len(queues) != 1 or not queues[0]:
             raise ConfigurationError(
                 "a RabbitMQ channel names its queue: amqp://HOST:5672/VHOST?queue=NAME"
             )
         self.queue = queues[0]
-        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        # the connection's own options (heartbeat, timeouts, TLS) stay with it
+        rest = urlencode([(name, value) for name, value in query if name != "queue"])
+        self.url = urlunsplit(parts._replace(query=rest))
         self._local = threading.local()  # pika's connections are one thread's each
         self._open: set[RabbitQueue] = set()
         self._open_lock = threading.Lock()
@@ -48,6 +51,14 @@ class RabbitMQProvider:
             self._local.queue = queue
             queue.declare()
         return queue
+
+    def _forget(self) -> None:
+        queue: RabbitQueue | None = getattr(self._local, "queue", None)
+        if queue is not None:
+            queue.close()
+            with self._open_lock:
+                self._open.discard(queue)
+        self._local.queue = None
 
     def close(self) -> None:
         """Close every thread's connection (when the box closes: its dispatchers are done)."""
@@ -63,11 +74,10 @@ class RabbitMQProvider:
         try:
             self._opened().publish([Message(body, outgoing.token, headers)])
         except BrokerRefused as exc:
+            self._forget()  # declared again on the next send (the queue may have gone)
             raise SendRetryable(str(exc)) from None
         except BrokerUnavailable as exc:
-            with self._open_lock:  # the next send connects (and declares) afresh
-                self._open.discard(self._local.queue)
-            self._local.queue = None
+            self._forget()  # the next send connects (and declares) afresh
             if exc.maybe_published:
                 lost = f"{exc} (its confirm was lost: the broker may have taken it)"
                 raise SendAmbiguous(lost) from None

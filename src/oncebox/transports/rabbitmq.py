@@ -24,20 +24,29 @@ transaction and relayed — build on it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebox.brokers.rabbitmq import Message, RabbitQueue, Received
+from oncebox.brokers.rabbitmq import (
+    BrokerRefused,
+    BrokerUnavailable,
+    Message,
+    RabbitQueue,
+    Received,
+)
 from oncebox.counters import settlement_counts
+from oncebox.errors import OnceboxError
 from oncebox.jobs.codec import encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.base import ConsumerTx
 
 ATTEMPT = "x-oncebox-attempt"
+log = logging.getLogger("oncebox.transports.rabbitmq")
 
 
 def task_message(task: Task, args: Mapping[str, Any], max_bytes: int, attempt: int = 1) -> Message:
@@ -75,24 +84,41 @@ class RabbitTransport:
         now = self._now()
         deliveries = []
         for one in received:
-            body = json.loads(one.message.body)
-            task = str(body["task"])
-            attempt = int(one.message.headers.get(ATTEMPT, 1))
-            message_id = f"{one.message.message_id}#{one.tag}"
+            try:
+                body = json.loads(one.message.body)
+                task, args = str(body["task"]), body["args"]
+                attempt = int(one.message.headers.get(ATTEMPT, 1))
+                if not isinstance(args, dict) or attempt < 1:
+                    raise ValueError("args must be an object and the attempt at least 1")
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                # not a message of ours: to the dead letters now, or it would come back first
+                # after every reconnect
+                error = {"x-oncebox-error": f"not an oncebox message: {exc!r}"[:4000]}
+                self._quietly(self.queue.dead, one, error)
+                continue
+            message_id = f"{one.message.message_id}#{one.channel}.{one.tag}"
             with self._lock:
                 self._held[message_id] = one
             deliveries.append(
                 Delivery(
                     message_id=message_id,
                     task=task,
-                    args_json=json.dumps(body["args"], separators=(",", ":")),
+                    args_json=json.dumps(args, separators=(",", ":")),
                     key=None,
                     attempt=attempt,
-                    attempts_left=max(0, self._attempts(task) - attempt),
+                    attempts_left=max(0, self._attempts_of(task) - attempt),
                     leased_at=now,
                 )
             )
         return deliveries
+
+    def _attempts_of(self, task: str) -> int:
+        """The task's attempts; a task this worker does not know gets the consumer's verdict
+        (dead, named) on its first."""
+        try:
+            return self._attempts(task)
+        except OnceboxError:
+            return 1
 
     def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
         """No job rows to settle: the outcomes are counted in the consumer's transaction."""
@@ -100,29 +126,47 @@ class RabbitTransport:
         return {s.delivery.message_id for s in settlements}
 
     def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        """Tell the broker how each ended. Never raises: the transaction committed, and a
+        message the broker could not be told about is delivered again — the claim absorbs it
+        (a retry's or dead letter's copy may be doubled: failed attempts hold no claim)."""
         for settlement in settlements:
             received = self._take(settlement.delivery)
             if received is None:
                 continue
             if settlement.state == "done":
-                self.queue.ack([received])
+                self._quietly(self.queue.ack, [received])
             elif settlement.state == "ready":
                 delay_ms = settlement.delay / timedelta(milliseconds=1)
-                attempt = settlement.delivery.attempt + 1
-                self.queue.retry(received, delay_ms, {ATTEMPT: attempt})
+                headers = {ATTEMPT: settlement.delivery.attempt + 1}
+                self._quietly(self.queue.retry, received, delay_ms, headers)
             else:
-                error = settlement.error or "dead"
-                self.queue.dead(received, {"x-oncebox-error": error[:4000]})
+                error = {"x-oncebox-error": (settlement.error or "dead")[:4000]}
+                self._quietly(self.queue.dead, received, error)
 
     def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
-        """Back to the queue at once (RabbitMQ has no delayed requeue): another lane or worker
-        takes it; the attempt is not spent."""
-        found = [r for r in map(self._take, deliveries) if r is not None]
-        self.queue.give_back(found)
+        """Give deliveries back, the attempt not spent: after `delay` through the retry ladder
+        (its rung at least that long), or at once."""
+        for received in filter(None, map(self._take, deliveries)):
+            if delay > timedelta(0):
+                attempt = int(received.message.headers.get(ATTEMPT, 1))
+                wait_ms = delay / timedelta(milliseconds=1)
+                self._quietly(self.queue.retry, received, wait_ms, {ATTEMPT: attempt})
+            else:
+                self._quietly(self.queue.give_back, [received])
 
     def drop(self, deliveries: Sequence[Delivery]) -> None:
-        for delivery in deliveries:
-            self._take(delivery)
+        """Back to the queue for whoever takes it next (RabbitMQ would otherwise hold them
+        until this connection closes)."""
+        for received in filter(None, map(self._take, deliveries)):
+            self._quietly(self.queue.give_back, [received])
+
+    def _quietly(self, call: Callable[..., object], *args: Any) -> None:
+        """A broker call after the commit: when the broker is away or refuses, the message is
+        left to it (delivered again once the channel closes), and the log says so."""
+        try:
+            call(*args)
+        except (BrokerUnavailable, BrokerRefused) as exc:
+            log.warning("%s: left to the broker, which delivers it again", exc)
 
     def held_tokens(self) -> list[str]:
         """No lease tokens: the broker holds an unacknowledged message while the connection
