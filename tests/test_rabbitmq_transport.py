@@ -12,7 +12,16 @@ from datetime import timedelta
 
 import pytest
 
-from oncebox import Box, ConsumerConfig, JobContext, Permanent, Retry, RetryLater
+from oncebox import (
+    Box,
+    ConfigurationError,
+    ConsumerConfig,
+    JobContext,
+    Permanent,
+    Retry,
+    RetryLater,
+    WorkerConfig,
+)
 from oncebox.brokers.rabbitmq import Message, RabbitQueue
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.transports.rabbitmq import RabbitTransport, task_message
@@ -203,4 +212,43 @@ def test_a_delivery_given_back_with_a_delay_waits_on_the_ladder_its_attempt_unsp
         assert drain_broker(box, transport) == 1
     finally:
         transport.close()
+        box.close()
+
+
+def test_a_worker_consumes_a_queue_its_box_says_a_broker_holds(store_url, queue_name):
+    """`box.queue(name, broker=...)`: the worker's lanes for that queue read RabbitMQ; the
+    table queue's lanes serve the rest."""
+    box = broker_box(store_url)  # weekly_digest: on the default queue, the table's
+
+    @box.task(key="event/{n}", queue=queue_name)
+    def event(ctx: JobContext, n: int) -> None:
+        record_effect(ctx, "from the broker")
+
+    box.queue(queue_name, broker=AMQP_URL)
+    try:
+        for n in range(4):
+            box.publish_unrecorded(event, n=n)
+        box.enqueue("weekly_digest", customer_id=1, period=PERIOD)  # the table queue's
+        result = box.work(config=WorkerConfig(until_idle=True, concurrency=2))
+        assert result.consumed.completed == 5, result
+        assert (
+            sorted(note for _key, note in effects(box)) == ["attempt 1"] + ["from the broker"] * 4
+        )
+        probe = RabbitQueue(AMQP_URL, queue_name)
+        try:
+            assert probe.depth() == 0
+        finally:
+            probe.close()
+    finally:
+        box.close()
+
+
+def test_publishing_unrecorded_needs_a_queue_a_broker_holds(sqlite_url):
+    box = broker_box(sqlite_url)
+    try:
+        with pytest.raises(ConfigurationError, match="its queue 'default' has no broker"):
+            box.publish_unrecorded("weekly_digest", customer_id=1, period=PERIOD)
+        with pytest.raises(ConfigurationError, match="broker must be a RabbitMQ URL"):
+            box.queue("events", broker="redis://127.0.0.1")
+    finally:
         box.close()

@@ -32,7 +32,14 @@ from oncebox.jobs.keyguard import KeyGuard
 from oncebox.jobs.limits import TaskLimit
 from oncebox.jobs.periods import PeriodKind
 from oncebox.jobs.retry import Retry
-from oncebox.jobs.tasks import DEFAULT_QUEUE, DEFAULT_TIMEOUT, Registry, Task, make_task
+from oncebox.jobs.tasks import (
+    DEFAULT_QUEUE,
+    DEFAULT_TIMEOUT,
+    Registry,
+    Task,
+    check_name,
+    make_task,
+)
 from oncebox.lanes.assembly import build_consumer, worker_name
 from oncebox.lanes.worker import Worker, WorkerConfig, WorkerResult
 from oncebox.metrics import Metrics
@@ -284,6 +291,47 @@ class Box(Operations):
         with these Session options (`autoflush`, `info`, `expire_on_commit`, ...). Call once,
         before workers start; needs the `oncebox[sqlalchemy]` extra."""
         self.runtime.orm = ClaimSessions(self.store.dialect, session_options)
+
+    # -- broker-backed queues ------------------------------------------------------------------
+
+    def queue(self, name: str, *, broker: str) -> None:
+        """Declare that the broker at `broker` (``amqp://HOST:5672/VHOST``: RabbitMQ) holds queue
+        `name`: workers serving it consume from the broker (`transports/rabbitmq.py`), claiming
+        each message's key as for any job. Messages reach it through `publish_unrecorded` for
+        now: they have no job record in the store, so `jobs`, `status` and `dlq` do not show
+        them (the broker's dead letters are its own queue)."""
+        check_name("queue", name)
+        if not isinstance(broker, str) or broker.split(":", 1)[0].lower() not in {"amqp", "amqps"}:
+            raise ConfigurationError(
+                f"queue {name!r}: broker must be a RabbitMQ URL, amqp://HOST:5672/VHOST"
+            )
+        known = self.runtime.brokers.get(name)
+        if known is not None and known != broker:
+            raise ConfigurationError(f"queue {name!r} is declared with two brokers")
+        self.runtime.brokers[name] = broker
+
+    def publish_unrecorded(self, task: Task | str | Callable[..., Any], /, **args: Any) -> str:
+        """Publish a job of `task` straight to its queue's broker, confirmed, with no record in
+        the store (no outbox: a crash before the confirm loses it, a lost confirm raises). The
+        arguments are checked as an enqueue checks them. Returns the message id."""
+        resolved = self.registry.resolve(task)
+        broker = self.runtime.brokers.get(resolved.queue)
+        if broker is None:
+            raise ConfigurationError(
+                f"task {resolved.name!r}: its queue {resolved.queue!r} has no broker "
+                "(box.queue(name, broker=...)); enqueue it instead"
+            )
+        from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
+        from oncebox.transports.rabbitmq import task_message  # noqa: PLC0415
+
+        message = task_message(resolved, args, self.runtime.max_payload_bytes)
+        queue = RabbitQueue(broker, resolved.queue)
+        try:
+            queue.declare()
+            queue.publish([message])
+        finally:
+            queue.close()
+        return message.message_id
 
     # -- the outbox ----------------------------------------------------------------------------
 

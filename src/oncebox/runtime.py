@@ -72,6 +72,8 @@ class Runtime:
     retention: Retention = field(default_factory=Retention)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     sweepers: dict[str, Sweeper] = field(default_factory=dict)
+    # queues a broker holds (`box.queue(name, broker=...)`): queue name -> the broker's URL
+    brokers: dict[str, str] = field(default_factory=dict)
     workers: LocalWorkers = field(default_factory=LocalWorkers)
     orm: Orm | None = None  # `box.use_sqlalchemy()`, Django: what handlers write through
     # the caller's transaction an enqueue joins when given no `connection=` (Django's, inside

@@ -90,3 +90,18 @@ def build_consumer(
     if isinstance(transport, TableTransport):
         transport.slots = consumer.slots
     return consumer, transport
+
+
+def broker_transport(runtime: Runtime, queue: str, config: ConsumerConfig) -> Transport:
+    """A consumer lane's transport on the broker that holds `queue` (its own connection,
+    declared), prefetching what one lease takes at most."""
+    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
+    from oncebox.transports.rabbitmq import RabbitTransport  # noqa: PLC0415
+
+    wire = RabbitQueue(runtime.brokers[queue], queue, prefetch=config.batch_size)
+    wire.declare()
+    return RabbitTransport(
+        wire,
+        attempts=lambda task: runtime.registry.get(task).retry.max_attempts,
+        now=runtime.store.clock_now,
+    )

@@ -50,7 +50,7 @@ from oncebox.errors import (
     StoreReplaced,
     StoreUnavailable,
 )
-from oncebox.lanes.assembly import build_consumer, worker_name
+from oncebox.lanes.assembly import broker_transport, build_consumer, worker_name
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
 from oncebox.outbox.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
@@ -214,17 +214,7 @@ class Worker:
     def run(self) -> WorkerResult:
         """Run until stopped (or idle, with `until_idle`)."""
         self._preflight()
-        consumers = [
-            build_consumer(
-                self.runtime,
-                self.config.consumer,
-                self.watch,
-                queues=self.config.queues,
-                name=f"c{i}",
-                rng=random.Random(self.runtime.rng.random()),
-            )
-            for i in range(self.config.concurrency if self.config.consume else 0)
-        ]
+        consumers = self._consumers()
         channels = self.runtime.channels if self.config.dispatch else {}
         sweepers = [
             ExpirySweeper(self.runtime, sweeper, self.config.consumer.lock_timeout)
@@ -270,14 +260,54 @@ class Worker:
             self.runtime.workers.detach(self)
             for thread in threads:
                 thread.join(5)
-            for consumer, _transport in consumers:
+            for consumer, transport in consumers:
                 consumer.session.close()
+                closer = getattr(transport, "close", None)
+                if callable(closer):
+                    closer()  # a broker's connection
             for sweeper in sweepers:
                 sweeper.close()
             restore()
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _consumers(self) -> list[tuple[Consumer, Transport]]:
+        """`concurrency` lanes on the table queue for the queues the store holds, and as many
+        per queue a broker holds (`box.queue(name, broker=...)`), each on its own connection."""
+        if not self.config.consume:
+            return []
+        served = self.config.queues or tuple(
+            sorted({task.queue for task in self.runtime.registry.all()})
+        )
+        brokered = [queue for queue in served if queue in self.runtime.brokers]
+        tabled = tuple(queue for queue in served if queue not in self.runtime.brokers)
+        lanes = range(self.config.concurrency)
+        consumers = [
+            build_consumer(
+                self.runtime,
+                self.config.consumer,
+                self.watch,
+                queues=tabled,
+                name=f"c{i}",
+                rng=random.Random(self.runtime.rng.random()),
+            )
+            for i in (lanes if tabled else ())
+        ]
+        for queue in brokered:
+            for i in lanes:
+                transport = broker_transport(self.runtime, queue, self.config.consumer)
+                consumers.append(
+                    build_consumer(
+                        self.runtime,
+                        self.config.consumer,
+                        self.watch,
+                        name=f"{queue}-c{i}",
+                        rng=random.Random(self.runtime.rng.random()),
+                        transport=transport,
+                    )
+                )
+        return consumers
 
     def _polling_lanes(
         self, consumers: list[Consumer], channels: dict[str, Channel]
@@ -293,6 +323,7 @@ class Worker:
                     self._consumer_round(consumer),
                     functools.partial(self._idle_wait, consumer.transport.next_due_in),
                     consumer.transport.next_due_in if consumer.transport.can_probe() else None,
+                    long_poll=getattr(consumer.transport, "long_polls", False),
                 )
             )
         if channels:
@@ -402,6 +433,8 @@ class Worker:
         round_: Callable[[], int],
         idle_wait: Callable[[int], float],
         probe: Callable[[], float | None] | None = None,
+        *,
+        long_poll: bool = False,
     ) -> threading.Thread:
         index = self._pollers
         self._pollers += 1
@@ -413,7 +446,7 @@ class Worker:
         return threading.Thread(
             target=self._poll,
             args=(index, name, round_, idle_wait, wake),
-            kwargs={"probe": probe},
+            kwargs={"probe": probe, "long_poll": long_poll},
             name=f"oncebox-{name}",
         )
 
@@ -426,17 +459,24 @@ class Worker:
         wake: threading.Event,
         *,
         probe: Callable[[], float | None] | None = None,
+        long_poll: bool = False,
     ) -> None:
         """Run rounds while they find work; when one finds none, wait — for a wake-up (a
         NOTIFY, a commit seen in the files, this process's own enqueue), the next due time, or
         the poll interval. A wait that ran out without a wake-up asks `probe` first (a fresh
         look at what is due: one statement) and only then runs a round (a lease's transaction),
-        so an idle lane's fallback poll costs the server one statement."""
+        so an idle lane's fallback poll costs the server one statement.
+
+        A `long_poll` lane (a broker's: each round itself waits for messages) stays idle from a
+        round that found nothing through the rounds after it until one leases: its rounds run
+        back to back, and an `until_idle` run must still see every lane idle at once."""
         backoff = 0.0
         misses = 0  # idle rounds in a row that found work due but leased none
+        idle = False  # (long_poll) the last round found nothing
         while not self.stop_event.is_set():
             wake.clear()
-            began = self._busy(index)  # busy until a round of its own finds nothing
+            # busy until a round of its own finds nothing
+            began = self._wakeups(index) if long_poll and idle else self._busy(index)
             try:
                 leased = round_()
                 backoff = 0.0
@@ -459,7 +499,11 @@ class Worker:
                 continue
             if leased:
                 misses = 0
+                if long_poll and idle:
+                    idle = False
+                    self._busy(index)
                 continue
+            idle = True
             if self.config.until_idle and self._all_idle(index, began) and self._done():
                 self.stop()
                 return
@@ -520,6 +564,11 @@ class Worker:
             if remaining:
                 self._result.unserved = [name for name, _ in unserved(store)]
         return True
+
+    def _wakeups(self, index: int) -> int:
+        """A lane's wake-ups so far (`_all_idle`), leaving it as idle as it was."""
+        with self._idle_lock:
+            return self._woken[index]
 
     def _busy(self, index: int) -> int:
         """Mark a polling lane busy; returns its wake-ups so far, for `_all_idle`."""

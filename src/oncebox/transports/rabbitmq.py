@@ -46,6 +46,7 @@ from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.base import ConsumerTx
 
 ATTEMPT = "x-oncebox-attempt"
+LOOK_AGAIN_S = 0.001  # an idle lane's wait between fetches: each fetch is itself a long poll
 log = logging.getLogger("oncebox.transports.rabbitmq")
 
 
@@ -60,6 +61,8 @@ def task_message(task: Task, args: Mapping[str, Any], max_bytes: int, attempt: i
 
 class RabbitTransport:
     """One consumer lane's RabbitMQ connection (pika's are one thread's each)."""
+
+    long_polls = True  # a fetch waits for messages itself (the worker's `_poll`)
 
     def __init__(
         self,
@@ -174,7 +177,8 @@ class RabbitTransport:
         return []
 
     def next_due_in(self) -> float | None:
-        return None
+        """Look again at once: the fetch itself waited for messages (`RabbitQueue.wait_s`)."""
+        return LOOK_AGAIN_S
 
     def can_probe(self) -> bool:
         return False
