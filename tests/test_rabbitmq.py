@@ -14,13 +14,12 @@ import pytest
 from oncebox import Box, ConfigurationError, JobContext
 from oncebox.brokers.rabbitmq import (
     RETRY_LADDER_MS,
-    BrokerRefused,
-    BrokerUnavailable,
     Message,
     RabbitQueue,
     Received,
     retry_delay_ms,
 )
+from oncebox.errors import BrokerRefused, BrokerUnavailable
 from oncebox.testing import drain
 from support.brokers import AMQP_URL, reachable
 from support.db import sql

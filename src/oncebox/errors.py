@@ -13,6 +13,8 @@
     ├── ClockHeld                   another process froze or offset the database's clock
     ├── StoreUnavailable            the database cannot be reached (retryable for lanes)
     ├── StoreRefused                the database refused a transaction's writes (a constraint)
+    ├── BrokerUnavailable           a broker cannot be reached (retryable for lanes)
+    ├── BrokerRefused               a broker refused a publish or a declaration
     ├── NotFound                    no job, key or row matches what was asked for
     ├── InvalidState                the row exists but the operation does not apply to its state
     ├── TransactionControlRefused   a handler tried to commit or roll back the claim's transaction
@@ -107,6 +109,20 @@ class StoreRefused(OnceboxError):
     constraint (checked at COMMIT when deferred), a trigger, a value it cannot store. The same
     writes would be refused again, so the consumer finds the job that caused it and spends that
     job's attempt, instead of giving the batch back."""
+
+
+class BrokerUnavailable(OnceboxError):
+    """A broker could not be reached, or the connection to it was lost. `maybe_published`: lost
+    while a publish waited for its confirm — the broker may have taken it."""
+
+    def __init__(self, message: str, *, maybe_published: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_published = maybe_published
+
+
+class BrokerRefused(OnceboxError):
+    """A broker did not take a publish (not routable, or negatively confirmed), or refused to
+    declare a queue (one of that name exists, declared otherwise)."""
 
 
 class NotFound(OnceboxError):

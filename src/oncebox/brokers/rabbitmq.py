@@ -37,7 +37,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from oncebox.errors import OnceboxError
+from oncebox.errors import BrokerRefused, BrokerUnavailable
 
 PREFIX = "oncebox."
 PERSISTENT = 2  # AMQP delivery mode: written to disk (pika.DeliveryMode.Persistent)
@@ -54,19 +54,6 @@ RETRY_LADDER_MS = (
     21_600_000,
     86_400_000,
 )
-
-
-class BrokerUnavailable(OnceboxError):
-    """The broker could not be reached, or the connection to it was lost. `maybe_published`:
-    lost while a publish waited for its confirm — the broker may have taken it."""
-
-    def __init__(self, message: str, *, maybe_published: bool = False) -> None:
-        super().__init__(message)
-        self.maybe_published = maybe_published
-
-
-class BrokerRefused(OnceboxError):
-    """The broker did not take a publish (not routable, or negatively confirmed)."""
 
 
 @dataclass(frozen=True)

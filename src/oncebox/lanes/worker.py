@@ -43,6 +43,7 @@ from types import FrameType
 
 from oncebox import clock, points
 from oncebox.errors import (
+    BrokerUnavailable,
     ClockHeld,
     ConfigurationError,
     OnceboxError,
@@ -480,7 +481,7 @@ class Worker:
             try:
                 leased = round_()
                 backoff = 0.0
-            except StoreUnavailable as exc:
+            except (StoreUnavailable, BrokerUnavailable) as exc:
                 backoff = min(max(backoff * 2, 0.5), 30.0)
                 log.warning("%s: %s; retrying in %.1fs", name, exc, backoff)
                 self.stop_event.wait(backoff)

@@ -16,8 +16,8 @@ import threading
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from oncebox.brokers.rabbitmq import BrokerRefused, BrokerUnavailable, Message, RabbitQueue
-from oncebox.errors import ConfigurationError
+from oncebox.brokers.rabbitmq import Message, RabbitQueue
+from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from oncebox.providers.base import Outgoing, Receipt, SendAmbiguous, SendRetryable
 
 

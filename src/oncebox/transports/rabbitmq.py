@@ -31,15 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebox.brokers.rabbitmq import (
-    BrokerRefused,
-    BrokerUnavailable,
-    Message,
-    RabbitQueue,
-    Received,
-)
+from oncebox.brokers.rabbitmq import Message, RabbitQueue, Received
 from oncebox.counters import settlement_counts
-from oncebox.errors import OnceboxError
+from oncebox.errors import BrokerRefused, BrokerUnavailable, OnceboxError
 from oncebox.jobs.codec import encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.queue.transport import Delivery, Settlement
