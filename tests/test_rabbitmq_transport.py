@@ -252,3 +252,20 @@ def test_publishing_unrecorded_needs_a_queue_a_broker_holds(sqlite_url):
             box.queue("events", broker="redis://127.0.0.1")
     finally:
         box.close()
+
+
+def test_an_ordered_task_on_a_broker_held_queue_is_refused_with_why(sqlite_url):
+    box = broker_box(sqlite_url)
+
+    @box.task(key="leg/{shipment}/{n}", queue="legs", group_by="shipment")
+    def leg(ctx: JobContext, shipment: int, n: int) -> None:
+        pass
+
+    box.queue("legs", broker=AMQP_URL)
+    try:
+        with pytest.raises(ConfigurationError, match="which does not order groups yet"):
+            box.publish_unrecorded(leg, shipment=1, n=1)
+        with pytest.raises(ConfigurationError, match="task 'leg' is ordered by 'shipment'"):
+            box.work(config=WorkerConfig(until_idle=True))
+    finally:
+        box.close()

@@ -40,7 +40,7 @@ from oncebox.jobs.tasks import (
     check_name,
     make_task,
 )
-from oncebox.lanes.assembly import build_consumer, worker_name
+from oncebox.lanes.assembly import build_consumer, refuse_unordered, worker_name
 from oncebox.lanes.worker import Worker, WorkerConfig, WorkerResult
 from oncebox.metrics import Metrics
 from oncebox.operations import Operations
@@ -313,7 +313,8 @@ class Box(Operations):
     def publish_unrecorded(self, task: Task | str | Callable[..., Any], /, **args: Any) -> str:
         """Publish a job of `task` straight to its queue's broker, confirmed, with no record in
         the store (no outbox: a crash before the confirm loses it, a lost confirm raises). The
-        arguments are checked as an enqueue checks them. Returns the message id."""
+        arguments are checked as an enqueue checks them; a task ordered by `group_by` is refused
+        (a broker's queue does not order groups yet). Returns the message id."""
         resolved = self.registry.resolve(task)
         broker = self.runtime.brokers.get(resolved.queue)
         if broker is None:
@@ -321,6 +322,7 @@ class Box(Operations):
                 f"task {resolved.name!r}: its queue {resolved.queue!r} has no broker "
                 "(box.queue(name, broker=...)); enqueue it instead"
             )
+        refuse_unordered(resolved)
         from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
         from oncebox.transports.rabbitmq import task_message  # noqa: PLC0415
 

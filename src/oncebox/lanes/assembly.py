@@ -9,6 +9,7 @@ import random
 import socket
 
 from oncebox.errors import ConfigurationError
+from oncebox.jobs.tasks import Task
 from oncebox.limits.allocation import holds_slot
 from oncebox.queue.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
@@ -98,6 +99,9 @@ def broker_transport(runtime: Runtime, queue: str, config: ConsumerConfig) -> Tr
     from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
     from oncebox.transports.rabbitmq import RabbitTransport  # noqa: PLC0415
 
+    for task in runtime.registry.all():
+        if task.queue == queue:
+            refuse_unordered(task)
     wire = RabbitQueue(runtime.brokers[queue], queue, prefetch=config.batch_size)
     wire.declare()
     return RabbitTransport(
@@ -105,3 +109,14 @@ def broker_transport(runtime: Runtime, queue: str, config: ConsumerConfig) -> Tr
         attempts=lambda task: runtime.registry.get(task).retry.max_attempts,
         now=runtime.store.clock_now,
     )
+
+
+def refuse_unordered(task: Task) -> None:
+    """A task ordered by `group_by` cannot live on a broker-held queue: RabbitMQ's queues do not
+    keep one group's jobs in order across consumers, and a group's order is a promise."""
+    if task.group_by is not None:
+        raise ConfigurationError(
+            f"task {task.name!r} is ordered by {task.group_by!r}, and its queue {task.queue!r} "
+            "is held by a broker, which does not order groups yet; keep the task on a queue the "
+            "store holds"
+        )
