@@ -396,3 +396,30 @@ def test_the_limits_benchmark_reports_each_cost_beside_the_peer(pg_template, tmp
     per_job = figures["per_job"]
     assert all(per_job[k] > 0 for k in ("unlimited", "concurrency", "rate"))
     assert figures["pgqueuer"] is None  # --peers with none named: oncebox alone
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_brokers_benchmark_drains_each_transport_beside_the_table_queue(pg_template, tmp_path):
+    from conftest import PG_URL
+    from support.brokers import AMQP_URL, reachable
+
+    out = tmp_path / "brokers.json"
+    reachable(AMQP_URL)
+    result = run_bench(
+        "brokers.py",
+        "--jobs",
+        "200",
+        "--rounds",
+        "1",
+        "--postgres",
+        PG_URL,
+        "--amqp",
+        AMQP_URL,
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["table"] > 0 and figures["rabbitmq"] > 0
+    assert figures["ratio"] == pytest.approx(figures["rabbitmq"] / figures["table"], rel=0.01)

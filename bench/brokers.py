@@ -1,0 +1,131 @@
+"""The broker transports beside the built-in table queue: keyed no-op jobs/s, end to end with the
+claim, one consumer lane each, in the same run.
+
+    .venv/bin/python bench/brokers.py [--jobs 20000] [--rounds 3] [--postgres URL]
+                                      [--amqp URL] [--json bench/results/brokers.json]
+
+On a fresh PostgreSQL database per system and round: the table queue gets N keyed jobs with
+`enqueue_many` and one lane drains them (`box.consumer()`, default settings); RabbitMQ gets the
+same N published to a quorum queue of its own (`publish_unrecorded`'s message, confirmed, in
+batches), then one lane drains them through `RabbitTransport` — the same claim in the same
+consumer transaction, the acknowledgement after it. Statistics are analysed after the load, as
+autovacuum would. Processing only is timed; the figure is the median of the rounds, the ratio
+is taken within a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from core import analyse, postgres_url
+
+import oncebox
+from oncebox import Box, ConsumerConfig
+from oncebox.brokers.rabbitmq import RabbitQueue
+from oncebox.transports.rabbitmq import RabbitTransport, task_message
+
+PUBLISH_BATCH = 1_000
+
+
+def declare(box: Box, queue: str) -> None:
+    @box.task(key="bench/{n}", queue=queue)
+    def noop(ctx: oncebox.JobContext, n: int) -> None:
+        pass
+
+
+def drain(box: Box, consumer_transport: RabbitTransport | None, jobs: int) -> float:
+    consumer = box.consumer(ConsumerConfig(), transport=consumer_transport)
+    done = 0
+    started = time.perf_counter()
+    try:
+        while done < jobs:
+            result = consumer.run_once()
+            if not result.leased and consumer_transport is None:
+                raise SystemExit(f"the table queue ran dry after {done} of {jobs}")
+            done += result.completed
+    finally:
+        consumer.session.close()
+    return jobs / (time.perf_counter() - started)
+
+
+def table(server: str, jobs: int) -> float:
+    with postgres_url(server)() as url:
+        box = Box(url)
+        try:
+            declare(box, "default")
+            box.enqueue_many("noop", [{"n": n} for n in range(jobs)])
+            analyse(url)
+            return drain(box, None, jobs)
+        finally:
+            box.close()
+
+
+def rabbitmq(server: str, amqp: str, jobs: int) -> float:
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    with postgres_url(server)() as url:
+        box = Box(url)
+        wire = RabbitQueue(amqp, name, prefetch=ConsumerConfig().batch_size * 4, wait_s=2.0)
+        try:
+            declare(box, name)
+            wire.declare()
+            task = box.registry.get("noop")
+            for offset in range(0, jobs, PUBLISH_BATCH):
+                wire.publish(
+                    [
+                        task_message(task, {"n": n}, box.runtime.max_payload_bytes)
+                        for n in range(offset, min(jobs, offset + PUBLISH_BATCH))
+                    ]
+                )
+            analyse(url)
+            transport = RabbitTransport(
+                wire,
+                attempts=lambda _task: 3,
+                now=box.store.clock_now,
+            )
+            return drain(box, transport, jobs)
+        finally:
+            wire.delete()
+            wire.close()
+            box.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    rounds: list[dict[str, float]] = []
+    for _ in range(args.rounds):
+        row = {"table": table(args.postgres, args.jobs)}
+        row["rabbitmq"] = rabbitmq(args.postgres, args.amqp, args.jobs)
+        row["ratio"] = row["rabbitmq"] / row["table"]
+        rounds.append(row)
+    figures: dict[str, Any] = {
+        "jobs": args.jobs,
+        "rounds": args.rounds,
+        **{k: round(statistics.median(r[k] for r in rounds), 4) for k in rounds[0]},
+    }
+    print(
+        f"keyed no-op jobs/s, one lane: table queue {figures['table']:.0f}, "
+        f"RabbitMQ {figures['rabbitmq']:.0f} ({figures['ratio']:.2f}x)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
