@@ -40,7 +40,7 @@ from oncebox.jobs.tasks import (
     check_name,
     make_task,
 )
-from oncebox.lanes.assembly import build_consumer, refuse_unordered, worker_name
+from oncebox.lanes.assembly import build_consumer, worker_name
 from oncebox.lanes.worker import Worker, WorkerConfig, WorkerResult
 from oncebox.metrics import Metrics
 from oncebox.operations import Operations
@@ -49,6 +49,7 @@ from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
 from oncebox.outbox.tokens import SecretSource
 from oncebox.providers import Provider
 from oncebox.queue import enqueue as enqueueing
+from oncebox.queue.brokered import refuse_unbrokerable, relay_channel
 from oncebox.queue.claim_session import ClaimSessions
 from oncebox.queue.consumer import Consumer, ConsumerConfig
 from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
@@ -297,9 +298,11 @@ class Box(Operations):
     def queue(self, name: str, *, broker: str) -> None:
         """Declare that the broker at `broker` (``amqp://HOST:5672/VHOST``: RabbitMQ) holds queue
         `name`: workers serving it consume from the broker (`transports/rabbitmq.py`), claiming
-        each message's key as for any job. Messages reach it through `publish_unrecorded` for
-        now: they have no job record in the store, so `jobs`, `status` and `dlq` do not show
-        them (the broker's dead letters are its own queue)."""
+        each job's key as for any job. On PostgreSQL an enqueue writes the job `relayed`, in the
+        caller's transaction when given one, and the relay — the outbox channel
+        `~broker.<name>` — publishes it, so `jobs`, `status`, `dlq` and `cancel` read it as any
+        job (`queue/brokered.py` says what such a queue refuses). `publish_unrecorded` publishes
+        without a record (SQLite's only way)."""
         check_name("queue", name)
         if not isinstance(broker, str) or broker.split(":", 1)[0].lower() not in {"amqp", "amqps"}:
             raise ConfigurationError(
@@ -309,6 +312,7 @@ class Box(Operations):
         if known is not None and known != broker:
             raise ConfigurationError(f"queue {name!r} is declared with two brokers")
         self.runtime.brokers[name] = broker
+        self.runtime.channel_set.add(relay_channel(name, broker))
 
     def publish_unrecorded(self, task: Task | str | Callable[..., Any], /, **args: Any) -> str:
         """Publish a job of `task` straight to its queue's broker, confirmed, with no record in
@@ -322,7 +326,7 @@ class Box(Operations):
                 f"task {resolved.name!r}: its queue {resolved.queue!r} has no broker "
                 "(box.queue(name, broker=...)); enqueue it instead"
             )
-        refuse_unordered(resolved)
+        refuse_unbrokerable(resolved)
         from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
         from oncebox.transports.rabbitmq import task_message  # noqa: PLC0415
 

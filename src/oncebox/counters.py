@@ -19,6 +19,8 @@ COUNTERS: dict[str, str] = {
     "jobs_completed": "jobs whose handler committed",
     "jobs_retried": "failed attempts with another attempt to come",
     "jobs_dead": "jobs dead-lettered (attempts spent, a permanent error, or a lease rescued last)",
+    "deliveries_stale": "broker deliveries of a relayed job that had moved on (cancelled, or "
+    "past that attempt: a duplicate publish, a lost acknowledgement), acknowledged unrun",
     "leases_expired": "job leases that ran out and were rescued",
     "sends_sent": "messages the provider accepted (settled sent)",
     "sends_retried": "delivery attempts that failed and will be retried",

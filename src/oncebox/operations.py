@@ -112,16 +112,20 @@ class Operations:
             return [job] if job is not None else []
         return self.store.job_find_by_key(validate_key(key_or_id))
 
-    def _target(self, key_or_id: str | int, wanted: str, verb: str, what: str = "job") -> JobRow:
+    def _target(
+        self, key_or_id: str | int, wanted: str | tuple[str, ...], verb: str, what: str = "job"
+    ) -> JobRow:
         jobs = self.find(key_or_id)
         if not jobs:
             raise NotFound(f"no {what} with id or key {key_or_id!r}")
+        states_wanted = (wanted,) if isinstance(wanted, str) else wanted
         for job in jobs:
-            if job.state == wanted:
+            if job.state in states_wanted:
                 return job
         states = ", ".join(f"job {job.id} is {job.state}" for job in jobs)
         raise InvalidState(
-            f"cannot {verb} {key_or_id!r}: {states}; only {wanted} jobs can be {_done(verb)}"
+            f"cannot {verb} {key_or_id!r}: {states}; only {' or '.join(states_wanted)} jobs can "
+            f"be {_done(verb)}"
         )
 
     def replay(
@@ -439,12 +443,16 @@ class Operations:
     def cancel(
         self, key_or_id: str | int, *, reason: str = "cancelled", actor: str = "api"
     ) -> ActionOutcome:
-        """Cancel a ready job (a pending timer, a queued job); audited. Running jobs are not."""
+        """Cancel a ready job (a pending timer, a queued job) or a relayed one (its broker's
+        message is then acknowledged unrun, unless a consumer already runs it: then the run's
+        settlement loses to the cancel); audited. Leased jobs are not."""
         reason = reason_text(reason)
-        job = self._target(key_or_id, "ready", "cancel")
+        job = self._target(key_or_id, ("ready", "relayed"), "cancel")
         result = self.store.job_cancel(OperatorAction(job.id, actor, reason))
         if result is None:
-            raise InvalidState(f"job {job.id} stopped being ready while it was being cancelled")
+            raise InvalidState(
+                f"job {job.id} stopped being {job.state} while it was being cancelled"
+            )
         return ActionOutcome(result.job_id, result.key, result.audit_id)
 
     # -- working -------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from oncebox.retention.held import held
 from oncebox.retention.pruner import plan_for
 from oncebox.schedules.slo import Slo
 
-JOB_STATES = ["ready", "leased", "done", "dead", "cancelled"]
+JOB_STATES = ["ready", "leased", "relayed", "done", "dead", "cancelled"]
 OUTBOX_STATES = ["pending", "leased", "sending", "sent", "dead", "ambiguous", "discarded"]
 
 

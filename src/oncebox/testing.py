@@ -155,9 +155,9 @@ def _describe_failures(
 
 
 def enqueued(box: Box, *, key: str, task: str | None = None) -> JobRow | None:
-    """The ready or leased job with this key (and task), if any."""
+    """The ready, leased or relayed job with this key (and task), if any."""
     for job in box.store.job_find_by_key(key):
-        if job.state in ("ready", "leased") and (task is None or job.task == task):
+        if job.state in ("ready", "leased", "relayed") and (task is None or job.task == task):
             return job
     return None
 

@@ -33,7 +33,7 @@ from oncebox.store.base import (
 )
 
 PAGE_SIZE = 50
-UNDELIVERED_JOBS: tuple[JobState, ...] = ("ready", "leased", "dead", "cancelled")
+UNDELIVERED_JOBS: tuple[JobState, ...] = ("ready", "leased", "relayed", "dead", "cancelled")
 UNDELIVERED_MESSAGES: tuple[OutboxState, ...] = (
     "pending",
     "leased",

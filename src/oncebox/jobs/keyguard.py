@@ -313,7 +313,7 @@ class KeyGuard:
             waiting = [
                 job
                 for queue in queues
-                for state in ("ready", "leased")
+                for state in ("ready", "leased", "relayed")
                 for job in self.store.job_list(
                     JobFilter(state=state, task=stored.name, queue=queue, limit=1)
                 )

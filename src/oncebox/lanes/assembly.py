@@ -9,8 +9,8 @@ import random
 import socket
 
 from oncebox.errors import ConfigurationError
-from oncebox.jobs.tasks import Task
 from oncebox.limits.allocation import holds_slot
+from oncebox.queue.brokered import refuse_unbrokerable
 from oncebox.queue.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
@@ -93,30 +93,24 @@ def build_consumer(
     return consumer, transport
 
 
-def broker_transport(runtime: Runtime, queue: str, config: ConsumerConfig) -> Transport:
+def broker_transport(
+    runtime: Runtime, queue: str, config: ConsumerConfig, name: str = "c0"
+) -> Transport:
     """A consumer lane's transport on the broker that holds `queue` (its own connection,
-    declared), prefetching what one lease takes at most."""
+    declared), prefetching what one lease takes at most; on PostgreSQL it settles the relayed
+    jobs' rows (migration 0016), on SQLite it takes unrecorded messages only."""
     from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
     from oncebox.transports.rabbitmq import RabbitTransport  # noqa: PLC0415
 
     for task in runtime.registry.all():
         if task.queue == queue:
-            refuse_unordered(task)
+            refuse_unbrokerable(task)
     wire = RabbitQueue(runtime.brokers[queue], queue, prefetch=config.batch_size)
     wire.declare()
     return RabbitTransport(
         wire,
         attempts=lambda task: runtime.registry.get(task).retry.max_attempts,
         now=runtime.store.clock_now,
+        store=runtime.store if runtime.store.dialect == "postgres" else None,
+        worker=worker_name(name),
     )
-
-
-def refuse_unordered(task: Task) -> None:
-    """A task ordered by `group_by` cannot live on a broker-held queue: RabbitMQ's queues do not
-    keep one group's jobs in order across consumers, and a group's order is a promise."""
-    if task.group_by is not None:
-        raise ConfigurationError(
-            f"task {task.name!r} is ordered by {task.group_by!r}, and its queue {task.queue!r} "
-            "is held by a broker, which does not order groups yet; keep the task on a queue the "
-            "store holds"
-        )

@@ -273,14 +273,28 @@ class Worker:
             raise self._error
         return self._result
 
+    def _served(self) -> tuple[str, ...]:
+        return self.config.queues or tuple(
+            sorted({task.queue for task in self.runtime.registry.all()})
+        )
+
+    def _brokered(self) -> dict[str, list[str]]:
+        """The broker-held queues this worker consumes, with their tasks."""
+        if not self.config.consume:
+            return {}
+        tasks = self.runtime.registry.all()
+        return {
+            queue: [task.name for task in tasks if task.queue == queue]
+            for queue in self._served()
+            if queue in self.runtime.brokers
+        }
+
     def _consumers(self) -> list[tuple[Consumer, Transport]]:
         """`concurrency` lanes on the table queue for the queues the store holds, and as many
         per queue a broker holds (`box.queue(name, broker=...)`), each on its own connection."""
         if not self.config.consume:
             return []
-        served = self.config.queues or tuple(
-            sorted({task.queue for task in self.runtime.registry.all()})
-        )
+        served = self._served()
         brokered = [queue for queue in served if queue in self.runtime.brokers]
         tabled = tuple(queue for queue in served if queue not in self.runtime.brokers)
         lanes = range(self.config.concurrency)
@@ -297,13 +311,14 @@ class Worker:
         ]
         for queue in brokered:
             for i in lanes:
-                transport = broker_transport(self.runtime, queue, self.config.consumer)
+                name = f"{queue}-c{i}"
+                transport = broker_transport(self.runtime, queue, self.config.consumer, name)
                 consumers.append(
                     build_consumer(
                         self.runtime,
                         self.config.consumer,
                         self.watch,
-                        name=f"{queue}-c{i}",
+                        name=name,
                         rng=random.Random(self.runtime.rng.random()),
                         transport=transport,
                     )
@@ -365,6 +380,7 @@ class Worker:
             metrics,
             DeliveryRescuer(store, channels, metrics),
             unlimited=[t.name for t in self.runtime.registry.all() if t.limits is None],
+            brokered=self._brokered() if store.dialect == "postgres" else None,
         )
         pruner = Pruner.for_runtime(self.runtime, self.config.pruner)
         resolver = AmbiguityResolver(store, channels)

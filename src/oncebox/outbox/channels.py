@@ -142,6 +142,12 @@ class ChannelSet:
         self._declared[name] = channel
         return channel
 
+    def add(self, channel: Channel) -> Channel:
+        """Add a channel oncebox made itself (a relay's `~broker.<queue>`: `~` names are
+        oncebox's, refused to `declare`)."""
+        self._declared[channel.name] = channel
+        return channel
+
     def all(self) -> dict[str, Channel]:
         if "email" not in self._declared:
             self.declare("email", None)

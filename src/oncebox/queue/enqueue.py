@@ -17,9 +17,12 @@ from typing import Any, Literal
 from oncebox.errors import ConfigurationError, InvalidState
 from oncebox.jobs.codec import decode_args, encode_args
 from oncebox.jobs.tasks import Task
+from oncebox.queue.brokered import refuse_unbrokerable, refuse_unrecorded_store
 from oncebox.runtime import Runtime
 from oncebox.store.base import (
+    ACTIVE_STATES,
     JOBS,
+    OUTBOX,
     Collapsing,
     InsertRow,
     JobInsert,
@@ -121,6 +124,7 @@ def _enqueue(
     runtime.key_guard.require_task(
         resolved, may_record=connection is None or store.dialect == "postgres"
     )
+    relayed = relay_check(runtime, resolved)
     collapse = resolved.collapse
     if collapse is not None and (run_at is not None or delay is not None):
         raise ConfigurationError(
@@ -142,6 +146,7 @@ def _enqueue(
         trace_context=current_context(),
         # the debounce key from the arguments as stored, as the key is (`job_row`)
         collapse=None if collapse is None else collapsing(resolved, decode_args(row[1])),
+        relayed=relayed,
     )
     for _ in range(3):
         if job.collapse is not None:
@@ -153,15 +158,17 @@ def _enqueue(
         if created:
             runtime.metrics.count("jobs_enqueued")
             if connection is None:
-                runtime.workers.wake(JOBS)
-            return EnqueueResult(job_id, job.key, True, "ready", "created")
+                runtime.workers.wake(OUTBOX if relayed else JOBS)
+            return EnqueueResult(
+                job_id, job.key, True, "relayed" if relayed else "ready", "created"
+            )
         if job.key is None:  # a pending job of its debounce key was just made: join it
             continue
         conflict = store.job_enqueue_conflict(job.key, connection=connection)
         if conflict.found:
             runtime.metrics.count("enqueue_deduplicated")
             state = conflict.active_state
-            if conflict.active_job_id is not None and state in ("ready", "leased", "dead"):
+            if conflict.active_job_id is not None and state in ACTIVE_STATES:
                 return EnqueueResult(
                     conflict.active_job_id, job.key, False, str(state), "active_job"
                 )
@@ -171,6 +178,16 @@ def _enqueue(
         # pending job of its debounce key was just made: retry
     what = f"key {job.key!r}" if job.key else f"the pending job of task {resolved.name!r}"
     raise InvalidState(f"{what} kept changing state while being enqueued; try again")
+
+
+def relay_check(runtime: Runtime, task: Task) -> bool:
+    """Whether a broker holds the task's queue — its jobs are then written `relayed`, and the
+    relay publishes them — after refusing what such a queue cannot do (`queue/brokered.py`)."""
+    if task.queue not in runtime.brokers:
+        return False
+    refuse_unbrokerable(task)
+    refuse_unrecorded_store(runtime.store.dialect)
+    return True
 
 
 def collapsing(task: Task, args: Mapping[str, Any]) -> Collapsing:
@@ -249,6 +266,7 @@ def _enqueue_many(
     runtime.key_guard.require_task(
         resolved, may_record=connection is None or store.dialect == "postgres"
     )
+    relayed = relay_check(runtime, resolved)
     inserted = store.job_insert_many(
         JobInsertMany(
             task=resolved.name,
@@ -261,6 +279,7 @@ def _enqueue_many(
             max_age=resolved.retry.max_age,
             for_run=schedule_run,
             trace_context=current_context(),
+            relayed=relayed,
         ),
         connection=connection,
     )
@@ -269,7 +288,7 @@ def _enqueue_many(
     runtime.metrics.count("jobs_enqueued", len(created))
     runtime.metrics.count("enqueue_deduplicated", skipped)
     if created and connection is None:
-        runtime.workers.wake(JOBS)
+        runtime.workers.wake(OUTBOX if relayed else JOBS)
     return EnqueueManyResult(len(created), skipped, [c[0] for c in created], inserted.run_held)
 
 

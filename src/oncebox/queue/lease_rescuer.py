@@ -8,14 +8,17 @@ Every worker runs a rescuer; `SKIP LOCKED` keeps them from stepping on each othe
 
 It also hands back to the unlimited lease the ready jobs of tasks declared without limits that
 still carry a partition (enqueued while the task was limited, or by a release that limits it):
-the unlimited lease takes only jobs without one, so they would otherwise wait for ever.
+the unlimited lease takes only jobs without one, so they would otherwise wait for ever. And it
+hands to the relay the ready jobs of the broker-held queues its worker serves (a dead letter
+replayed, a job enqueued by a process that did not know the queue's broker, a queue moved onto
+a broker with work waiting): no table lane serves such a queue, so they too would wait for ever.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -55,13 +58,17 @@ class LeaseRescuer:
         config: LeaseRescuerConfig,
         metrics: Metrics,
         deliveries: DeliveryRescuer | None = None,
+        *,
         unlimited: Sequence[str] = (),
+        brokered: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.metrics = metrics
         self.deliveries = deliveries
         self.unlimited = list(unlimited)  # the tasks this worker knows, declared without limits
+        # the broker-held queues this worker serves, with their tasks (PostgreSQL: 0016)
+        self.brokered = dict(brokered or {})
 
     def run_once(self) -> LeaseRescuerResult:
         if self.deliveries is not None and self.deliveries.channels:
@@ -74,6 +81,13 @@ class LeaseRescuer:
                     "limits for: leased without limits now",
                     freed,
                 )
+        if self.brokered:
+            tasks = sorted({task for names in self.brokered.values() for task in names})
+            adopted = self.store.job_relay_adopt(
+                sorted(self.brokered), tasks, self.config.batch_size
+            )
+            if adopted:
+                log.info("%s ready job(s) of broker-held queues handed to the relay", adopted)
         result = LeaseRescuerResult(self.store.job_rescue_expired(self.config.batch_size))
         for job in result.rescued:
             log.warning(

@@ -25,10 +25,14 @@ from oncebox.limits.plan import LimitedPartition, LimitPlan
 
 T = TypeVar("T")
 
-JobState = Literal["ready", "leased", "done", "dead", "cancelled"]
+JobState = Literal["ready", "leased", "relayed", "done", "dead", "cancelled"]
 FinishState = Literal["done", "ready", "dead"]
 Outcome = Literal["completed", "duplicate"]
-ACTIVE_STATES: tuple[JobState, ...] = ("ready", "leased", "dead")
+RELAY_NEEDS_POSTGRES = (
+    "a queue a broker holds keeps its jobs' records on PostgreSQL: on SQLite, publish to it "
+    "with box.publish_unrecorded, or leave the queue to the table"
+)
+ACTIVE_STATES: tuple[JobState, ...] = ("ready", "leased", "relayed", "dead")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +57,7 @@ class JobInsert:
     trace_context: str | None = None  # the enqueue span's (oncebox.tracing)
     limit_key: str | None = None  # a limited task's partition ('' for none: jobs/limits.py)
     collapse: Collapsing | None = None  # a debounced or throttled task's (jobs/debounce.py)
+    relayed: bool = False  # its queue's broker delivers it (0016; PostgreSQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,7 @@ class JobInsertMany:
     max_age: timedelta | None = None
     for_run: ScheduleRunRef | None = None
     trace_context: str | None = None  # the enqueue span's, for every row (oncebox.tracing)
+    relayed: bool = False  # its queue's broker delivers them (0016; PostgreSQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +175,39 @@ class JobFinish:
     def __post_init__(self) -> None:
         if self.error is not None:
             self.error = storable_text(self.error)
+
+
+@dataclass(slots=True)  # per job: see `LeasedJob`
+class RelayedFinish:
+    """How one attempt of a job a broker delivered ends: `run` is the attempt its message
+    carried; the row settles only while it is still relayed at the attempt before."""
+
+    id: int
+    run: int
+    state: FinishState
+    outcome: Outcome | None
+    delay: timedelta
+    error: str | None
+    worker: str
+    started_at: datetime
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            self.error = storable_text(self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayedRow:
+    """What the broker consumer reads of a delivered job before running it."""
+
+    id: int
+    state: JobState
+    attempt: int
+    attempt_base: int
+    max_attempts: int
+    key: str | None
+    expires_at: datetime | None
+    trace_context: str | None
 
 
 @dataclass(slots=True)  # per job: see `LeasedJob`
@@ -791,6 +830,11 @@ class ConsumerTx(Protocol):
         """Settle jobs leased under `token`, fenced; return the ids settled (and counted)."""
         ...
 
+    def job_settle_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
+        """Settle jobs a broker delivered, each fenced on its attempt; return the ids settled
+        (PostgreSQL: 0016)."""
+        ...
+
     def counter_add(self, deltas: Mapping[str, int]) -> None:
         """Add to durable counters in this transaction: for a transport whose settlements
         write no job rows (`oncebox.counters.settlement_counts`)."""
@@ -901,6 +945,14 @@ class Store(Protocol):
     def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int: ...
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]: ...
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None: ...
+    def job_relay_check(self, ids: Sequence[int]) -> dict[int, RelayedRow]:
+        """The rows of jobs a broker delivered (PostgreSQL: 0016)."""
+        ...
+
+    def job_relay_adopt(self, queues: Sequence[str], tasks: Sequence[str], limit: int) -> int:
+        """Make ready jobs of these broker-held queues relayed, up to `limit` (PostgreSQL)."""
+        ...
+
     def job_replay(self, action: OperatorAction) -> ActionResult | None: ...
     def job_cancel(self, action: OperatorAction) -> ActionResult | None: ...
     def job_discard(self, action: OperatorAction) -> ActionResult | None:

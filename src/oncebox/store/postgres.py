@@ -60,6 +60,7 @@ from oncebox.store.base import (
     OutboxInsert,
     OutboxLeased,
     OutboxLeaseParams,
+    RelayedFinish,
     RescuedJob,
     SchemaStatus,
     T,
@@ -816,6 +817,25 @@ class PostgresConsumerTx:
         cells = ((f.id, f.state, f.outcome, f.delay.total_seconds(), f.error) for f in finishes)
         params = {"token": token, "finishes": _json_rows(cells)}
         return {row[0] for row in self._execute(self._q["job_finish"], params)}
+
+    def job_settle_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
+        if not finishes:
+            return set()
+        cells = (
+            (
+                f.id,
+                f.run,
+                f.state,
+                f.outcome,
+                f.delay.total_seconds(),
+                f.error,
+                f.worker,
+                f.started_at.isoformat(),
+            )
+            for f in finishes
+        )
+        params = {"finishes": _json_rows(cells)}
+        return {row[0] for row in self._execute(self._q["job_settle_relayed"], params)}
 
     def counter_add(self, deltas: Mapping[str, int]) -> None:
         if any(deltas.values()):

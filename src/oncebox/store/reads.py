@@ -36,6 +36,7 @@ from oncebox.store.base import (
     OutboxRow,
     PeriodPace,
     PeriodStats,
+    RelayedRow,
     ScheduleRunRow,
     StateCounts,
     StatusTimes,
@@ -96,6 +97,13 @@ class ReadOperations:
     @operation
     def job_find_by_key(self, key: str) -> list[JobRow]:
         return self._records(JobRow, "job_find_by_key", {"key": key})
+
+    @operation
+    def job_relay_check(self, ids: Sequence[int]) -> dict[int, RelayedRow]:
+        if not ids:
+            return {}
+        rows = self._records(RelayedRow, "job_relay_check", {"ids": self._set(ids)})
+        return {row.id: row for row in rows}
 
     @operation
     def job_attempt_list(self, job_id: int) -> list[AttemptRow]:

@@ -57,6 +57,10 @@ DIALECT_ONLY: dict[str, str] = {
     "clock_write": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "job_lease_settings": "postgres: planner and commit settings for the lease's transaction",
+    "job_relay_check": "postgres: a queue a broker holds records its jobs on PostgreSQL only "
+    "(0016's relayed state and relay trigger); SQLite refuses such a queue's enqueue",
+    "job_settle_relayed": "postgres: see job_relay_check",
+    "job_relay_adopt": "postgres: see job_relay_check",
     "outbox_lease_settings": "postgres: planner settings for the outbox lease's transaction",
     "counter_compact": "postgres: counters are sharded by connection; SQLite has one writer and "
     "one shard",

@@ -42,6 +42,7 @@ from oncebox.store import forks, guard
 from oncebox.store import limited as limited_lease
 from oncebox.store.base import (
     EVERY_KIND,
+    RELAY_NEEDS_POSTGRES,
     ActionResult,
     Audit,
     BucketSpec,
@@ -61,6 +62,8 @@ from oncebox.store.base import (
     OutboxLeased,
     OutboxLeaseParams,
     PruneKind,
+    RelayedFinish,
+    RelayedRow,
     RescuedJob,
     SchemaStatus,
     WorkerBeat,
@@ -183,6 +186,12 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
         # functions): how it opens one, for the consumers' own
         self.consumer_connect: Callable[[], sqlite3.Connection] | None = None
         forks.watch(self)
+
+    def job_relay_check(self, ids: Sequence[int]) -> dict[int, RelayedRow]:
+        raise ConfigurationError(RELAY_NEEDS_POSTGRES)
+
+    def job_relay_adopt(self, queues: Sequence[str], tasks: Sequence[str], limit: int) -> int:
+        raise ConfigurationError(RELAY_NEEDS_POSTGRES)
 
     def forget_inherited(self) -> list[object]:
         """After a fork, in the child: connections of its own, opened when first needed (SQLite
@@ -820,6 +829,9 @@ class SqliteConsumerTx:
                 self._q["job_finish__count"], {"rows": payload, "settled": json.dumps(ids)}
             )
         return set(ids)
+
+    def job_settle_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
+        raise ConfigurationError(RELAY_NEEDS_POSTGRES)
 
     def counter_add(self, deltas: Mapping[str, int]) -> None:
         if any(deltas.values()):

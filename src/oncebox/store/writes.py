@@ -172,6 +172,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     def _insert_params(self, job: JobInsert) -> dict[str, Any]:
         collapse = job.collapse
         return {
+            "state": "relayed" if job.relayed else "ready",
             "key": job.key,
             "task": job.task,
             "queue": job.queue,
@@ -231,6 +232,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             **self._span("delay", jobs.delay),
             **self._span("max_age", jobs.max_age),
             "trace_context": jobs.trace_context,
+            "state": "relayed" if jobs.relayed else "ready",
         }
         offered = 0
 
@@ -274,6 +276,15 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:
         params = {"tokens": self._set(tokens), **self._span("lease", lease_for)}
         return self._apply("job_lease_extend", params).count
+
+    @operation
+    def job_relay_adopt(self, queues: Sequence[str], tasks: Sequence[str], limit: int) -> int:
+        """Ready jobs of `tasks` in `queues` (queues a broker holds) become relayed — each then
+        published by the relay (0016) — up to `limit`."""
+        if not queues or not tasks:
+            return 0
+        params = {"queues": self._set(queues), "tasks": self._set(tasks), "limit": limit}
+        return self._apply("job_relay_adopt", params).count
 
     @operation
     def job_attempt_note(self, job_id: int, attempt: int, worker: str, note: str) -> None:

@@ -1,24 +1,29 @@
 """The consumer's side of a RabbitMQ queue: deliveries in, acknowledgements after the commit.
 
-A message is a task and its arguments (JSON), with its attempt in the header
-`x-oncebox-attempt`. The consumer renders its key from the arguments and claims it in its
-transaction, as for any broker delivery (`queue/transport.py`); only after that transaction
-committed does this transport tell RabbitMQ how each delivery ended:
+Two kinds of message arrive, told apart by their body:
 
-- done (completed, or a duplicate the claim absorbed): acknowledged;
-- retry: published again, attempt + 1, to the rung of the retry ladder its backoff asks for,
-  then acknowledged (`RabbitQueue.retry`);
-- dead: published to the dead letters with the error and the attempt, then acknowledged;
-- given back (shutdown, a claim that waited too long): returned to the queue at once.
+- **a job's publish** (`{"job": id, "run": n, "task": ..., "args": ...}`), written by the relay
+  (migration 0016: the job is `relayed` in the store, and the outbox dispatcher publishes each
+  attempt). Before anything runs, the batch's rows are read in one statement: a message is
+  current when its job is still relayed at attempt n - 1. Any other copy lost a race — a lost
+  acknowledgement, a duplicate publish, a cancel, an earlier attempt already settled — and is
+  acknowledged unrun (a copy of a done job counted as a claim conflict, the rest as
+  `deliveries_stale`). A current one runs with the job's stored key and is settled in the
+  consumer's transaction, fenced on its attempt (`job_settle_relayed`): of two copies running
+  at once only the first to commit settles; the other's transaction is rolled back and its
+  message given back, to be found stale. A retry is the row moved to its next attempt, due
+  later: the relay publishes it then. Nothing but an acknowledgement is sent after the commit.
+- **a message published straight to the broker** (`publish_unrecorded`: `{"task", "args"}`, its
+  attempt in the header `x-oncebox-attempt`), with no job record. The consumer renders its key
+  from the arguments and claims it, and only after the commit tells RabbitMQ how it ended:
+  done (completed, or a duplicate the claim absorbed) acknowledged; retry published again,
+  attempt + 1, to the rung of the retry ladder its backoff asks for, then acknowledged
+  (`RabbitQueue.retry`); dead published to the dead letters with the error, then acknowledged.
 
-A consumer that dies after its commit and before its acknowledgement leaves the message with
-the broker, which delivers it again: the claim absorbs it (counted as a claim conflict) — the
-lost-ack window the key exists for. Settlements are counted in the consumer's transaction, as
-the table queue's are.
-
-This is the transport for messages published straight to the broker (`publish_unrecorded`: no
-job record in the store). Broker-backed jobs with a record — enqueued in the caller's
-transaction and relayed — build on it.
+Either way, a delivery given back (shutdown, a claim that waited too long) returns to the queue,
+and a consumer that dies after its commit and before its acknowledgement leaves the message with
+the broker, which delivers it again: the job's row (recorded) or the claim (unrecorded) absorbs
+it — the lost-ack window the key exists for.
 """
 
 from __future__ import annotations
@@ -28,16 +33,17 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from oncebox.brokers.rabbitmq import Message, RabbitQueue, Received
 from oncebox.counters import settlement_counts
-from oncebox.errors import BrokerRefused, BrokerUnavailable, OnceboxError
+from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError, OnceboxError
 from oncebox.jobs.codec import encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.queue.transport import Delivery, Settlement
-from oncebox.store.base import ConsumerTx
+from oncebox.store.base import ConsumerTx, RelayedFinish, Store
 
 ATTEMPT = "x-oncebox-attempt"
 LOOK_AGAIN_S = 0.001  # an idle lane's wait between fetches: each fetch is itself a long poll
@@ -53,6 +59,35 @@ def task_message(task: Task, args: Mapping[str, Any], max_bytes: int, attempt: i
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Relayed:
+    """A job's publish, as the relay wrote it (0016)."""
+
+    job: int
+    run: int
+    task: str
+    args_json: str
+
+
+def _parse(one: Received) -> _Relayed | tuple[str, str, int]:
+    """A relayed job's publish, or an unrecorded message's (task, args, attempt); raises on
+    anything else."""
+    body = json.loads(one.message.body)
+    task, args = str(body["task"]), body["args"]
+    if not isinstance(args, dict):
+        raise ValueError("args must be an object")
+    args_json = json.dumps(args, separators=(",", ":"))
+    if "job" in body:
+        job, run = body["job"], body["run"]
+        if type(job) is not int or type(run) is not int or run < 1:
+            raise ValueError("job and run must be integers, run at least 1")
+        return _Relayed(job, run, task, args_json)
+    attempt = int(one.message.headers.get(ATTEMPT, 1))
+    if attempt < 1:
+        raise ValueError("the attempt must be at least 1")
+    return task, args_json, attempt
+
+
 class RabbitTransport:
     """One consumer lane's RabbitMQ connection (pika's are one thread's each)."""
 
@@ -64,10 +99,14 @@ class RabbitTransport:
         *,
         attempts: Callable[[str], int],
         now: Callable[[], datetime],
+        store: Store | None = None,
+        worker: str = "",
     ) -> None:
         self.queue = queue
         self._attempts = attempts  # a task's max_attempts
         self._now = now
+        self._store = store  # the job records of relayed messages (None: unrecorded only)
+        self._worker = worker
         self._held: dict[str, Received] = {}
         self._lock = threading.Lock()
 
@@ -79,35 +118,87 @@ class RabbitTransport:
     def fetch(self, limit: int) -> list[Delivery]:
         received = self.queue.receive(limit)
         now = self._now()
-        deliveries = []
+        deliveries: list[Delivery] = []
+        relayed: list[tuple[Received, _Relayed]] = []
         for one in received:
             try:
-                body = json.loads(one.message.body)
-                task, args = str(body["task"]), body["args"]
-                attempt = int(one.message.headers.get(ATTEMPT, 1))
-                if not isinstance(args, dict) or attempt < 1:
-                    raise ValueError("args must be an object and the attempt at least 1")
+                parsed = _parse(one)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 # not a message of ours: to the dead letters now, or it would come back first
                 # after every reconnect
                 error = {"x-oncebox-error": f"not an oncebox message: {exc!r}"[:4000]}
                 self._quietly(self.queue.dead, one, error)
                 continue
-            message_id = f"{one.message.message_id}#{one.channel}.{one.tag}"
-            with self._lock:
-                self._held[message_id] = one
+            if isinstance(parsed, _Relayed):
+                relayed.append((one, parsed))
+                continue
+            task, args_json, attempt = parsed
             deliveries.append(
-                Delivery(
-                    message_id=message_id,
+                self._hold(
+                    one,
                     task=task,
-                    args_json=json.dumps(args, separators=(",", ":")),
+                    args_json=args_json,
                     key=None,
                     attempt=attempt,
                     attempts_left=max(0, self._attempts_of(task) - attempt),
                     leased_at=now,
                 )
             )
+        if relayed:
+            deliveries += self._current(relayed, now)
         return deliveries
+
+    def _current(self, relayed: list[tuple[Received, _Relayed]], now: datetime) -> list[Delivery]:
+        """The relayed messages whose job is still waiting for that attempt, as deliveries; the
+        other copies acknowledged unrun and counted."""
+        if self._store is None:
+            raise ConfigurationError(
+                f"RabbitMQ queue {self.queue.name!r} holds a job's publish, and this consumer has "
+                "no store to settle it in"
+            )
+        rows = self._store.job_relay_check(sorted({message.job for _one, message in relayed}))
+        current: list[Delivery] = []
+        stale: list[Received] = []
+        counts = {"claim_conflicts": 0, "deliveries_stale": 0}
+        for one, message in relayed:
+            row = rows.get(message.job)
+            if row is None or row.state != "relayed" or row.attempt != message.run - 1:
+                stale.append(one)
+                done = row is not None and row.state == "done"
+                counts["claim_conflicts" if done else "deliveries_stale"] += 1
+                continue
+            rows.pop(message.job)  # a second copy in this batch is stale: one runs
+            current.append(
+                self._hold(
+                    one,
+                    task=message.task,
+                    args_json=message.args_json,
+                    key=row.key,
+                    attempt=message.run,
+                    attempts_left=max(0, row.max_attempts - (message.run - row.attempt_base)),
+                    leased_at=now,
+                    expires_at=row.expires_at,
+                    job_id=row.id,
+                    trace_context=row.trace_context,
+                )
+            )
+        if stale:
+            self._store.counter_add(counts)
+            self._quietly(self.queue.ack, stale)
+            log.info(
+                "%s: acknowledged %d stale cop%s of relayed jobs unrun (settled, cancelled or "
+                "already moved on)",
+                self.queue.name,
+                len(stale),
+                "y" if len(stale) == 1 else "ies",
+            )
+        return current
+
+    def _hold(self, one: Received, **fields: Any) -> Delivery:
+        message_id = f"{one.message.message_id}#{one.channel}.{one.tag}"
+        with self._lock:
+            self._held[message_id] = one
+        return Delivery(message_id=message_id, **fields)
 
     def _attempts_of(self, task: str) -> int:
         """The task's attempts; a task this worker does not know gets the consumer's verdict
@@ -118,19 +209,42 @@ class RabbitTransport:
             return 1
 
     def settle_in_transaction(self, tx: ConsumerTx, settlements: Sequence[Settlement]) -> set[str]:
-        """No job rows to settle: the outcomes are counted in the consumer's transaction."""
-        tx.counter_add(settlement_counts((s.state, s.outcome) for s in settlements))
-        return {s.delivery.message_id for s in settlements}
+        """Relayed jobs: their rows, fenced on the attempt delivered. Unrecorded messages have
+        no rows: their outcomes are counted in the consumer's transaction."""
+        recorded = [s for s in settlements if s.delivery.job_id is not None]
+        unrecorded = [s for s in settlements if s.delivery.job_id is None]
+        settled = {s.delivery.message_id for s in unrecorded}
+        tx.counter_add(settlement_counts((s.state, s.outcome) for s in unrecorded))
+        if recorded:
+            ids = tx.job_settle_relayed(
+                [
+                    RelayedFinish(
+                        id=s.delivery.job_id or 0,
+                        run=s.delivery.attempt,
+                        state=s.state,
+                        outcome=s.outcome,
+                        delay=s.delay,
+                        error=s.error,
+                        worker=self._worker,
+                        started_at=s.delivery.leased_at,
+                    )
+                    for s in recorded
+                ]
+            )
+            settled.update(s.delivery.message_id for s in recorded if s.delivery.job_id in ids)
+        return settled
 
     def after_commit(self, settlements: Sequence[Settlement]) -> None:
         """Tell the broker how each ended. Never raises: the transaction committed, and a
-        message the broker could not be told about is delivered again — the claim absorbs it
-        (a retry's or dead letter's copy may be doubled: failed attempts hold no claim)."""
+        message the broker could not be told about is delivered again — a relayed job's row, or
+        an unrecorded message's claim, absorbs it (an unrecorded retry's or dead letter's copy
+        may be doubled: failed attempts hold no claim)."""
         for settlement in settlements:
             received = self._take(settlement.delivery)
             if received is None:
                 continue
-            if settlement.state == "done":
+            if settlement.state == "done" or settlement.delivery.job_id is not None:
+                # a relayed job's retry is its row's next attempt, which the relay publishes
                 self._quietly(self.queue.ack, [received])
             elif settlement.state == "ready":
                 delay_ms = settlement.delay / timedelta(milliseconds=1)

@@ -12,17 +12,18 @@ LISTEN oncebox_jobs; LISTEN oncebox_outbox;
 
 -- name: job_insert
 -- One job, unless its key already has an intent or a job that is not cancelled; then nothing
--- is written and no row is returned. Either way it is counted (counters.sql).
+-- is written and no row is returned. Either way it is counted (counters.sql). %(state)s is
+-- 'ready', or 'relayed' for a queue a broker holds (0016: the trigger writes its publish).
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
         (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
-         created_at, trace_context, limit_key)
+         created_at, trace_context, limit_key, state)
     SELECT %(key)s, %(task)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(group_key)s,
            %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
            clock.now + make_interval(secs => %(max_age_s)s),
-           clock.now, %(trace_context)s, %(limit_key)s
+           clock.now, %(trace_context)s, %(limit_key)s, %(state)s
     FROM clock
     WHERE %(key)s::text IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
@@ -50,11 +51,11 @@ rows AS (
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
         (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at,
-         created_at, schedule, period, trace_context, limit_key)
+         created_at, schedule, period, trace_context, limit_key, state)
     SELECT r.key, %(task)s, %(queue)s, r.args, %(priority)s, r.group_key, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, clock.now + make_interval(secs => %(delay_s)s)),
            clock.now + make_interval(secs => %(max_age_s)s),
-           clock.now, %(schedule)s, %(period)s, %(trace_context)s, r.limit_key
+           clock.now, %(schedule)s, %(period)s, %(trace_context)s, r.limit_key, %(state)s
     FROM rows r, clock
     WHERE r.key IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
@@ -486,6 +487,83 @@ counted AS (  -- what settled, by what it became (counters.sql)
 )
 SELECT id FROM settled;
 
+-- name: job_relay_check
+-- The rows of jobs a broker delivered (0016), read before they run: a delivery is current when
+-- its job is still relayed at the attempt before the one the message carries; anything else is
+-- a copy that lost its race (a lost acknowledgement, a duplicate publish, a cancel).
+SELECT id, state, attempt, attempt_base, max_attempts, key, expires_at, trace_context
+FROM __S__.oncebox_jobs WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: job_settle_relayed
+-- Settle jobs a broker delivered, fenced on their attempt: each row moves only while it is
+-- still relayed at the attempt before the delivered one, so of two copies of one message only
+-- the first to commit settles it. Done (completed | duplicate), relayed again after a delay (a
+-- failed attempt: the trigger writes the next attempt's publish, due then), or dead. Failed
+-- attempts are recorded and outcomes counted, as job_finish does.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+input AS MATERIALIZED (  -- %(finishes)s: [id, run, state, outcome, delay in s, error, worker,
+                         -- started at] per job
+    SELECT (f ->> 0)::bigint AS id, (f ->> 1)::int AS run, f ->> 2 AS state, f ->> 3 AS outcome,
+           (f ->> 4)::float8 AS delay_s, f ->> 5 AS error, f ->> 6 AS worker,
+           (f ->> 7)::timestamptz AS started_at
+    FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
+),
+settled AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = CASE WHEN i.state = 'ready' THEN 'relayed' ELSE i.state END,
+        outcome = i.outcome,
+        attempt = i.run,
+        run_at = CASE WHEN i.state = 'ready'
+                      THEN clock.now + make_interval(secs => i.delay_s) ELSE j.run_at END,
+        finished_at = CASE WHEN i.state IN ('done', 'dead') THEN clock.now END,
+        last_error = COALESCE(i.error, j.last_error),
+        leased_by = i.worker,
+        leased_at = i.started_at
+    FROM input i, clock
+    WHERE j.id = ANY(ARRAY(SELECT id FROM input)) AND j.id = i.id  -- see job_finish
+      AND j.state = 'relayed' AND j.attempt = i.run - 1
+    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, i.state, i.outcome, i.error, clock.now
+),
+recorded AS (
+    INSERT INTO __S__.oncebox_job_attempts
+        (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempt, leased_by, leased_at, now,
+           CASE WHEN state = 'dead' THEN 'dead' ELSE 'failed' END, error
+    FROM settled WHERE state <> 'done'
+    ON CONFLICT (job_id, attempt) DO NOTHING
+),
+counted AS (  -- as job_finish counts
+    INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+    SELECT CASE WHEN state = 'done' AND outcome = 'duplicate' THEN 'claim_conflicts'
+                WHEN state = 'done' THEN 'jobs_completed'
+                WHEN state = 'ready' THEN 'jobs_retried'
+                ELSE 'jobs_dead' END AS name,
+           pg_backend_pid(), count(*)
+    FROM settled
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
+)
+SELECT id FROM settled;
+
+-- name: job_relay_adopt
+-- Ready jobs of queues a broker holds become relayed (the trigger writes their publish), up to
+-- %(limit)s: a dead letter replayed, a job enqueued by a process that did not know the queue's
+-- broker, a queue moved onto a broker with work waiting. Read through the task due index, by
+-- task, as job_next_due does; rows another transaction holds are left for the next pass.
+UPDATE __S__.oncebox_jobs j
+SET state = 'relayed'
+WHERE j.id IN (
+    SELECT r.id
+    FROM unnest(%(tasks)s::text[]) AS t(task),
+         LATERAL (SELECT x.id FROM __S__.oncebox_jobs x
+                  WHERE x.state = 'ready' AND x.task = t.task
+                    AND x.queue = ANY(%(queues)s::text[])
+                  ORDER BY x.task, x.run_at LIMIT %(limit)s
+                  FOR UPDATE SKIP LOCKED) r
+    LIMIT %(limit)s
+);
+
 -- name: job_attempt_note
 -- Record, outside the refused transaction, that a superseded worker tried to commit.
 INSERT INTO __S__.oncebox_job_attempts AS a
@@ -520,13 +598,14 @@ audited AS (
 SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 
 -- name: job_cancel
--- Ready → cancelled (a durable timer withdrawn), audited in the same statement.
+-- Ready (or relayed: its broker's message is then acknowledged unrun) → cancelled (a durable
+-- timer withdrawn), audited in the same statement.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 cancelled AS (
     UPDATE __S__.oncebox_jobs j
     SET state = 'cancelled', finished_at = clock.now
     FROM clock
-    WHERE j.id = %(id)s AND j.state = 'ready'
+    WHERE j.id = %(id)s AND j.state IN ('ready', 'relayed')
     RETURNING j.id, j.key, j.task, clock.now
 ),
 audited AS (

@@ -59,10 +59,10 @@ SELECT
 -- per worker).
 WITH depths AS (
     SELECT kind, name,
-           sum(value) FILTER (WHERE state IN ('ready', 'pending'))::bigint AS waiting,
+           sum(value) FILTER (WHERE state IN ('ready', 'relayed', 'pending'))::bigint AS waiting,
            sum(value) FILTER (WHERE state IN ('leased', 'sending'))::bigint AS held
     FROM __S__.oncebox_depths
-    WHERE state IN ('ready', 'pending', 'leased', 'sending')
+    WHERE state IN ('ready', 'relayed', 'pending', 'leased', 'sending')
     GROUP BY kind, name
     HAVING sum(value) > 0
 )

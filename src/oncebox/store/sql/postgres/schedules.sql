@@ -168,7 +168,8 @@ per_period AS (
            count(*) FILTER (WHERE j.state = 'done') AS done,
            count(*) FILTER (WHERE j.state = 'done' AND COALESCE(m.unsent, 0) = 0) AS covered,
            COALESCE(sum(m.sent), 0) AS sent,
-           count(*) FILTER (WHERE j.state IN ('ready', 'leased')) + COALESCE(sum(m.pending), 0)
+           count(*) FILTER (WHERE j.state IN ('ready', 'leased', 'relayed'))
+               + COALESCE(sum(m.pending), 0)
                AS pending,
            count(*) FILTER (WHERE j.state = 'dead') + COALESCE(sum(m.dead), 0) AS dead,
            COALESCE(sum(m.ambiguous), 0) AS ambiguous,

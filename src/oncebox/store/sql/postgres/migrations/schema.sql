@@ -110,7 +110,7 @@ TABLE oncebox_jobs
   CONSTRAINT CHECK (((state = 'leased'::text) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((max_attempts >= 1))
   CONSTRAINT CHECK ((outcome = ANY (ARRAY['completed'::text, 'duplicate'::text])))
-  CONSTRAINT CHECK ((state = ANY (ARRAY['ready'::text, 'leased'::text, 'done'::text, 'dead'::text, 'cancelled'::text])))
+  CONSTRAINT CHECK ((state = ANY (ARRAY['ready'::text, 'leased'::text, 'relayed'::text, 'done'::text, 'dead'::text, 'cancelled'::text])))
   CONSTRAINT PRIMARY KEY (id)
   WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.05)
 
@@ -374,6 +374,41 @@ BEGIN
     RETURN NULL;
 END
 
+FUNCTION oncebox_jobs_relay
+BEGIN
+    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth)
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO __S__.oncebox_outbox
+            (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
+             trace_context)
+        SELECT '~relay/' || n.id || '/' || (n.attempt + 1), '~relay/' || n.id,
+               '~broker.' || n.queue,
+               jsonb_build_object('job', n.id, 'run', n.attempt + 1, 'task', n.task,
+                                  'args', n.args),
+               'relay-' || n.id || '-' || (n.attempt + 1), n.id, n.run_at,
+               (SELECT __S__.oncebox_now()), n.trace_context
+        FROM relay_new n
+        WHERE n.state = 'relayed'
+        ORDER BY n.id
+        ON CONFLICT (key) DO NOTHING;
+    ELSE
+        INSERT INTO __S__.oncebox_outbox
+            (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
+             trace_context)
+        SELECT '~relay/' || n.id || '/' || (n.attempt + 1), '~relay/' || n.id,
+               '~broker.' || n.queue,
+               jsonb_build_object('job', n.id, 'run', n.attempt + 1, 'task', n.task,
+                                  'args', n.args),
+               'relay-' || n.id || '-' || (n.attempt + 1), n.id, n.run_at,
+               (SELECT __S__.oncebox_now()), n.trace_context
+        FROM relay_new n JOIN relay_old o ON o.id = n.id
+        WHERE n.state = 'relayed' AND (o.state <> 'relayed' OR o.attempt <> n.attempt)
+        ORDER BY n.id
+        ON CONFLICT (key) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+
 FUNCTION oncebox_now
 BEGIN
     RETURN COALESCE(
@@ -446,6 +481,10 @@ CREATE TRIGGER oncebox_jobs_depth_insert AFTER INSERT ON __S__.oncebox_jobs REFE
 CREATE TRIGGER oncebox_jobs_depth_update AFTER UPDATE ON __S__.oncebox_jobs REFERENCING OLD TABLE AS depth_old NEW TABLE AS depth_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth()
 
 CREATE TRIGGER oncebox_jobs_notify AFTER INSERT ON __S__.oncebox_jobs FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_notify()
+
+CREATE TRIGGER oncebox_jobs_relay_insert AFTER INSERT ON __S__.oncebox_jobs REFERENCING NEW TABLE AS relay_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_relay()
+
+CREATE TRIGGER oncebox_jobs_relay_update AFTER UPDATE ON __S__.oncebox_jobs REFERENCING OLD TABLE AS relay_old NEW TABLE AS relay_new FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_relay()
 
 CREATE TRIGGER oncebox_outbox_depth_delete AFTER DELETE ON __S__.oncebox_outbox REFERENCING OLD TABLE AS depth_old FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_outbox_depth()
 

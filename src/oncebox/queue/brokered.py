@@ -1,0 +1,69 @@
+"""What a queue a broker holds cannot promise, refused where a job would be written or consumed.
+
+A broker delivers a queue's messages to whichever consumer asks, in its own order, and knows
+nothing of the store's locks: a task ordered by `group_by` would lose its order, and a limit or
+a debounce — both enforced by the table lease and the pending row — would not be enforced at
+all. Such a task is refused on a broker-held queue, in one line, before anything is written.
+And the job records of a broker-held queue (the `relayed` state, the relay trigger: migration
+0016) live on PostgreSQL only.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from oncebox.errors import ConfigurationError
+from oncebox.jobs.retry import Retry
+from oncebox.jobs.tasks import Task
+from oncebox.outbox.channels import Channel
+from oncebox.providers import from_url
+from oncebox.store.base import RELAY_NEEDS_POSTGRES
+
+RELAY_PREFIX = "~broker."  # the relay channel of queue Q is `~broker.Q` (0016's trigger)
+# A broker away for hours must not dead-letter a publish: retried for about a day, then `dead`
+# (visible; `oncebox outbox replay` sends it again).
+RELAY_RETRY = Retry(
+    max_attempts=300, base_delay=timedelta(seconds=1), max_delay=timedelta(minutes=5)
+)
+
+
+def refuse_unbrokerable(task: Task) -> None:
+    """Raise unless `task` can live on a broker-held queue (see the module docstring)."""
+    held = f"its queue {task.queue!r} is held by a broker"
+    if task.group_by is not None:
+        raise ConfigurationError(
+            f"task {task.name!r} is ordered by {task.group_by!r}, and {held}, which does not "
+            "order groups yet; keep the task on a queue the store holds"
+        )
+    if task.limits is not None:
+        raise ConfigurationError(
+            f"task {task.name!r} has limits, and {held}, whose consumers the store's lease "
+            "does not pace; keep the task on a queue the store holds"
+        )
+    if task.collapse is not None:
+        raise ConfigurationError(
+            f"task {task.name!r} is {task.collapse.mode}d, and {held}: a pending job is joined "
+            "in the store's table; keep the task on a queue the store holds"
+        )
+
+
+def refuse_unrecorded_store(dialect: str) -> None:
+    """Raise when the store cannot record a broker-held queue's jobs (SQLite)."""
+    if dialect != "postgres":
+        raise ConfigurationError(RELAY_NEEDS_POSTGRES)
+
+
+def relay_channel(queue: str, broker: str) -> Channel:
+    """The outbox channel that publishes the jobs of `queue` to its broker: confirmed publishes
+    whose lost confirm is simply resent (`ambiguity="retry"`: a second copy is found stale by the
+    consumer, never run twice)."""
+    parts = urlsplit(broker)
+    query = [(name, value) for name, value in parse_qsl(parts.query) if name != "queue"]
+    url = urlunsplit(parts._replace(query=urlencode([*query, ("queue", queue)])))
+    return Channel(
+        name=f"{RELAY_PREFIX}{queue}",
+        provider=from_url(url),
+        ambiguity="retry",
+        retry=RELAY_RETRY,
+    )
