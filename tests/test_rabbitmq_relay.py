@@ -32,7 +32,7 @@ from oncebox.queue.transport import Settlement
 from oncebox.testing import FrozenClock
 from oncebox.transports.rabbitmq import RabbitTransport
 from support.brokers import AMQP_URL, reachable
-from support.db import create_effects, effects, record_effect
+from support.db import create_effects, effects, record_effect, sql
 
 PERIOD = "2026-W49"
 T0 = datetime(2026, 12, 7, 6, 0, tzinfo=UTC)
@@ -328,3 +328,44 @@ def oncebox_concurrency() -> Any:
     from oncebox import Concurrency
 
     return Concurrency(2)
+
+
+def test_a_groups_jobs_reach_the_broker_one_at_a_time_and_run_in_order_across_consumers(
+    pg_url, queue_name
+):
+    """The relay publishes a group's next job only when the one before it ended (done, dead or
+    cancelled), so two lanes taking from the broker at once keep each shipment's legs in order
+    while shipments run side by side."""
+    box = relay_box(pg_url, queue_name)
+    sql(box, "CREATE TABLE run_order (seq bigserial PRIMARY KEY, leg text)")
+
+    @box.task(key="leg/{shipment}/{n}", queue=queue_name, group_by="shipment")
+    def leg(ctx: JobContext, shipment: int, n: int) -> None:
+        if (shipment, n) == (2, 1):
+            raise Permanent("the depot refused leg 1")
+        record_effect(ctx, f"{shipment}/{n}")
+        ctx.connection.execute("INSERT INTO run_order (leg) VALUES (%s)", (f"{shipment}/{n}",))
+
+    lanes = [transport_for(box, queue_name) for _ in range(2)]
+    try:
+        box.enqueue_many(leg, [{"shipment": s, "n": n} for s in (1, 2) for n in range(4)])
+        published = relay(box)
+        assert published == 2  # each shipment's first leg; the rest wait their turn
+        ran = 0
+        for _ in range(20):  # relay, then both lanes take what the broker holds
+            got = sum(consume(box, lane, rounds=1) for lane in lanes)
+            ran += got
+            if not relay(box) and not got:
+                break
+        order = [row[0] for row in sql(box, "SELECT leg FROM run_order ORDER BY seq")]
+        assert sorted(order) == ["1/0", "1/1", "1/2", "1/3", "2/0", "2/2", "2/3"]
+        for shipment in ("1", "2"):
+            mine = [n for n in order if n.startswith(shipment + "/")]
+            assert mine == sorted(mine)  # each shipment's legs in the order enqueued
+        assert ran == 8
+        counts = box.store.job_count_by_state()
+        assert (counts["done"], counts["dead"]) == (7, 1)
+    finally:
+        for lane in lanes:
+            lane.close()
+        box.close()

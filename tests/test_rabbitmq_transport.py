@@ -263,7 +263,7 @@ def test_an_ordered_task_on_a_broker_held_queue_is_refused_with_why(sqlite_url):
 
     box.queue("legs", broker=AMQP_URL)
     try:
-        with pytest.raises(ConfigurationError, match="which does not order groups yet"):
+        with pytest.raises(ConfigurationError, match="its jobs would reach the broker in no order"):
             box.publish_unrecorded(leg, shipment=1, n=1)
         with pytest.raises(ConfigurationError, match="task 'leg' is ordered by 'shipment'"):
             box.work(config=WorkerConfig(until_idle=True))

@@ -318,7 +318,7 @@ class Box(Operations):
         """Publish a job of `task` straight to its queue's broker, confirmed, with no record in
         the store (no outbox: a crash before the confirm loses it, a lost confirm raises). The
         arguments are checked as an enqueue checks them; a task ordered by `group_by` is refused
-        (a broker's queue does not order groups yet). Returns the message id."""
+        (only the relay keeps a group's order). Returns the message id."""
         resolved = self.registry.resolve(task)
         broker = self.runtime.brokers.get(resolved.queue)
         if broker is None:
@@ -326,7 +326,7 @@ class Box(Operations):
                 f"task {resolved.name!r}: its queue {resolved.queue!r} has no broker "
                 "(box.queue(name, broker=...)); enqueue it instead"
             )
-        refuse_unbrokerable(resolved)
+        refuse_unbrokerable(resolved, recorded=False)
         from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
         from oncebox.transports.rabbitmq import task_message  # noqa: PLC0415
 

@@ -104,7 +104,7 @@ def broker_transport(
 
     for task in runtime.registry.all():
         if task.queue == queue:
-            refuse_unbrokerable(task)
+            refuse_unbrokerable(task, recorded=runtime.store.dialect == "postgres")
     wire = RabbitQueue(runtime.brokers[queue], queue, prefetch=config.batch_size)
     wire.declare()
     return RabbitTransport(

@@ -1,11 +1,12 @@
 """What a queue a broker holds cannot promise, refused where a job would be written or consumed.
 
 A broker delivers a queue's messages to whichever consumer asks, in its own order, and knows
-nothing of the store's locks: a task ordered by `group_by` would lose its order, and a limit or
-a debounce — both enforced by the table lease and the pending row — would not be enforced at
-all. Such a task is refused on a broker-held queue, in one line, before anything is written.
-And the job records of a broker-held queue (the `relayed` state, the relay trigger: migration
-0016) live on PostgreSQL only.
+nothing of the store's locks: a limit or a debounce — both enforced by the table lease and the
+pending row — would not be enforced at all, so a task with either is refused on a broker-held
+queue, in one line, before anything is written. A task ordered by `group_by` keeps its order
+only through the relay, which publishes one job per group at a time; published unrecorded it
+is refused. And the job records of a broker-held queue (the `relayed` state, the relay
+trigger: migration 0016) live on PostgreSQL only.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ RELAY_RETRY = Retry(
 )
 
 
-def refuse_unbrokerable(task: Task) -> None:
-    """Raise unless `task` can live on a broker-held queue (see the module docstring)."""
+def refuse_unbrokerable(task: Task, *, recorded: bool = True) -> None:
+    """Raise unless `task` can live on a broker-held queue (see the module docstring). Its
+    groups keep their order when its jobs are recorded (the relay publishes a group's jobs one
+    at a time: migration 0016), not when published unrecorded."""
     held = f"its queue {task.queue!r} is held by a broker"
-    if task.group_by is not None:
+    if task.group_by is not None and not recorded:
         raise ConfigurationError(
-            f"task {task.name!r} is ordered by {task.group_by!r}, and {held}, which does not "
-            "order groups yet; keep the task on a queue the store holds"
+            f"task {task.name!r} is ordered by {task.group_by!r}: published unrecorded, its "
+            "jobs would reach the broker in no order; enqueue it (on PostgreSQL the relay keeps "
+            "each group in order)"
         )
     if task.limits is not None:
         raise ConfigurationError(

@@ -11,6 +11,11 @@
 --   outbox dispatcher publishes it with the broker's confirms, retried and fenced like any
 --   message. A trigger, so that no path (enqueue, a schedule's fan-out, a retry, a worker
 --   adopting a replayed job) can commit a relayed job without its publish.
+-- * Ordered groups: a job of a group (`group_by`) is published only while no earlier job of its
+--   group is waiting or running, and the job that ends a group's head (done, dead, cancelled)
+--   publishes the next one — so the broker holds at most one job per group, and any number of
+--   consumers keep each group in order while groups run side by side. The group index below
+--   finds a group's relayed jobs as oncebox_jobs_group finds its ready and leased ones.
 ALTER TABLE __S__.oncebox_jobs DROP CONSTRAINT oncebox_jobs_state_check;
 ALTER TABLE __S__.oncebox_jobs ADD CONSTRAINT oncebox_jobs_state_check
     CHECK (state IN ('ready', 'leased', 'relayed', 'done', 'dead', 'cancelled')) NOT VALID;
@@ -18,7 +23,8 @@ ALTER TABLE __S__.oncebox_jobs VALIDATE CONSTRAINT oncebox_jobs_state_check;
 
 CREATE FUNCTION __S__.oncebox_jobs_relay() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth)
+    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
+    -- the jobs table read here already holds the statement's own rows
     IF TG_OP = 'INSERT' THEN
         INSERT INTO __S__.oncebox_outbox
             (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
@@ -31,21 +37,51 @@ BEGIN
                (SELECT __S__.oncebox_now()), n.trace_context
         FROM relay_new n
         WHERE n.state = 'relayed'
+          AND (n.group_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM __S__.oncebox_jobs g
+                WHERE g.queue = n.queue AND g.group_key = n.group_key AND g.id < n.id
+                  AND g.state IN ('ready', 'leased', 'relayed')))
         ORDER BY n.id
         ON CONFLICT (key) DO NOTHING;
-    ELSE
+    ELSIF EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed')
+       OR EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed' OR group_key IS NOT NULL) THEN
+        -- (a table queue's statements, no relayed job or group among them, stop at the test)
+        WITH changed AS (
+            SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
+                   n.attempt <> o.attempt AS next_attempt
+            FROM relay_new n JOIN relay_old o ON o.id = n.id
+        ),
+        due AS (  -- relayed now, or relayed at a new attempt: publish that attempt
+            SELECT id FROM changed
+            WHERE state = 'relayed' AND (was <> 'relayed' OR next_attempt)
+            UNION
+            -- a group's head ended: its next job is the head now
+            SELECT h.id
+            FROM (SELECT DISTINCT queue, group_key FROM changed
+                  WHERE group_key IS NOT NULL AND was IN ('ready', 'leased', 'relayed')
+                    AND state NOT IN ('ready', 'leased', 'relayed')) f,
+                 LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
+                          WHERE g.queue = f.queue AND g.group_key = f.group_key
+                            AND g.state IN ('ready', 'leased', 'relayed')
+                          ORDER BY g.id LIMIT 1) h
+            WHERE h.state = 'relayed'
+        )
         INSERT INTO __S__.oncebox_outbox
             (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
              trace_context)
-        SELECT '~relay/' || n.id || '/' || (n.attempt + 1), '~relay/' || n.id,
-               '~broker.' || n.queue,
-               jsonb_build_object('job', n.id, 'run', n.attempt + 1, 'task', n.task,
-                                  'args', n.args),
-               'relay-' || n.id || '-' || (n.attempt + 1), n.id, n.run_at,
-               (SELECT __S__.oncebox_now()), n.trace_context
-        FROM relay_new n JOIN relay_old o ON o.id = n.id
-        WHERE n.state = 'relayed' AND (o.state <> 'relayed' OR o.attempt <> n.attempt)
-        ORDER BY n.id
+        SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
+               '~broker.' || j.queue,
+               jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task,
+                                  'args', j.args),
+               'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
+               (SELECT __S__.oncebox_now()), j.trace_context
+        FROM __S__.oncebox_jobs j
+        WHERE j.id IN (SELECT id FROM due) AND j.state = 'relayed'
+          AND (j.group_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM __S__.oncebox_jobs g
+                WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
+                  AND g.state IN ('ready', 'leased', 'relayed')))
+        ORDER BY j.id
         ON CONFLICT (key) DO NOTHING;
     END IF;
     RETURN NULL;
@@ -57,3 +93,6 @@ CREATE TRIGGER oncebox_jobs_relay_insert AFTER INSERT ON __S__.oncebox_jobs
 CREATE TRIGGER oncebox_jobs_relay_update AFTER UPDATE ON __S__.oncebox_jobs
     REFERENCING OLD TABLE AS relay_old NEW TABLE AS relay_new
     FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_relay();
+
+CREATE INDEX oncebox_jobs_group_relayed ON __S__.oncebox_jobs (queue, group_key, id)
+    WHERE group_key IS NOT NULL AND state = 'relayed';

@@ -266,6 +266,8 @@ CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs USING btree (task, fini
 
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
 
+CREATE INDEX oncebox_jobs_group_relayed ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = 'relayed'::text))
+
 CREATE INDEX oncebox_jobs_leased ON __S__.oncebox_jobs USING btree (lease_expires_at) WHERE (state = 'leased'::text)
 
 CREATE INDEX oncebox_jobs_limited ON __S__.oncebox_jobs USING btree (task, limit_key, priority DESC, run_at, id) WHERE ((state = 'ready'::text) AND (limit_key IS NOT NULL))
@@ -376,7 +378,8 @@ END
 
 FUNCTION oncebox_jobs_relay
 BEGIN
-    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth)
+    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
+    -- the jobs table read here already holds the statement's own rows
     IF TG_OP = 'INSERT' THEN
         INSERT INTO __S__.oncebox_outbox
             (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
@@ -389,21 +392,51 @@ BEGIN
                (SELECT __S__.oncebox_now()), n.trace_context
         FROM relay_new n
         WHERE n.state = 'relayed'
+          AND (n.group_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM __S__.oncebox_jobs g
+                WHERE g.queue = n.queue AND g.group_key = n.group_key AND g.id < n.id
+                  AND g.state IN ('ready', 'leased', 'relayed')))
         ORDER BY n.id
         ON CONFLICT (key) DO NOTHING;
-    ELSE
+    ELSIF EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed')
+       OR EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed' OR group_key IS NOT NULL) THEN
+        -- (a table queue's statements, no relayed job or group among them, stop at the test)
+        WITH changed AS (
+            SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
+                   n.attempt <> o.attempt AS next_attempt
+            FROM relay_new n JOIN relay_old o ON o.id = n.id
+        ),
+        due AS (  -- relayed now, or relayed at a new attempt: publish that attempt
+            SELECT id FROM changed
+            WHERE state = 'relayed' AND (was <> 'relayed' OR next_attempt)
+            UNION
+            -- a group's head ended: its next job is the head now
+            SELECT h.id
+            FROM (SELECT DISTINCT queue, group_key FROM changed
+                  WHERE group_key IS NOT NULL AND was IN ('ready', 'leased', 'relayed')
+                    AND state NOT IN ('ready', 'leased', 'relayed')) f,
+                 LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
+                          WHERE g.queue = f.queue AND g.group_key = f.group_key
+                            AND g.state IN ('ready', 'leased', 'relayed')
+                          ORDER BY g.id LIMIT 1) h
+            WHERE h.state = 'relayed'
+        )
         INSERT INTO __S__.oncebox_outbox
             (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
              trace_context)
-        SELECT '~relay/' || n.id || '/' || (n.attempt + 1), '~relay/' || n.id,
-               '~broker.' || n.queue,
-               jsonb_build_object('job', n.id, 'run', n.attempt + 1, 'task', n.task,
-                                  'args', n.args),
-               'relay-' || n.id || '-' || (n.attempt + 1), n.id, n.run_at,
-               (SELECT __S__.oncebox_now()), n.trace_context
-        FROM relay_new n JOIN relay_old o ON o.id = n.id
-        WHERE n.state = 'relayed' AND (o.state <> 'relayed' OR o.attempt <> n.attempt)
-        ORDER BY n.id
+        SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
+               '~broker.' || j.queue,
+               jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task,
+                                  'args', j.args),
+               'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
+               (SELECT __S__.oncebox_now()), j.trace_context
+        FROM __S__.oncebox_jobs j
+        WHERE j.id IN (SELECT id FROM due) AND j.state = 'relayed'
+          AND (j.group_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM __S__.oncebox_jobs g
+                WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
+                  AND g.state IN ('ready', 'leased', 'relayed')))
+        ORDER BY j.id
         ON CONFLICT (key) DO NOTHING;
     END IF;
     RETURN NULL;
