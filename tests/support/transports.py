@@ -1,0 +1,144 @@
+"""The transports the contract suite (tests/test_transport_contract.py) runs against, each behind
+one small harness: how a job is published and made deliverable, how a consumer lane is opened,
+kept alive, and lost. The built-in table queue on both stores, and RabbitMQ with its jobs
+recorded on PostgreSQL (the relay: migration 0016) on the machine's real broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from oncebox import Box, ConsumerConfig
+from oncebox.queue.consumer import Consumer
+from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.queue.transport import TableTransport
+from oncebox.testing import FrozenClock
+
+CONFIG = ConsumerConfig(batch_size=10, max_batch_size=10)
+
+
+class TableHarness:
+    """The built-in queue: a job is deliverable once enqueued; a lane's lease is its hold, kept
+    alive by heartbeats, and lost when it runs out (the rescuer ends it)."""
+
+    name = "table"
+    acknowledges_after_commit = False  # the settlement is the acknowledgement, in the commit
+
+    def __init__(self, box: Box, clock: FrozenClock) -> None:
+        self.box = box
+        self.clock = clock
+        self.queue = "default"
+        self._lanes: list[Consumer] = []
+
+    def declare(self) -> None:
+        """Nothing to declare: the table is the queue."""
+
+    def deliver(self) -> int:
+        """Nothing stands between an enqueue and a lease."""
+        return 0
+
+    def lane(self) -> Consumer:
+        consumer = self.box.consumer(CONFIG, name=f"c{len(self._lanes)}")
+        self._lanes.append(consumer)
+        return consumer
+
+    def keep_alive(self, lane: Consumer, hold_for: timedelta) -> None:
+        """A heartbeat (the lease keeper's statement): the lane's leases run `hold_for` more."""
+        self.box.store.job_lease_extend(lane.transport.held_tokens(), hold_for)
+
+    def lose(self, lane: Consumer) -> None:
+        """The lane's process is gone: its leases run out and the rescuer ends them."""
+        assert isinstance(lane.transport, TableTransport)
+        lane.session.close()
+        self.time_passes(timedelta(hours=2))
+
+    def time_passes(self, delta: timedelta) -> None:
+        self.clock.advance(delta)
+        LeaseRescuer(self.box.store, LeaseRescuerConfig(), self.box.metrics).run_once()
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.session.close()
+
+
+class RabbitHarness(TableHarness):
+    """RabbitMQ, jobs recorded on PostgreSQL: a job is deliverable once the relay published it;
+    a lane's hold is its connection (no heartbeat to send), lost when the connection closes."""
+
+    name = "rabbitmq"
+    acknowledges_after_commit = True
+
+    def __init__(self, box: Box, clock: FrozenClock, amqp_url: str) -> None:
+        super().__init__(box, clock)
+        self.amqp_url = amqp_url
+        self.queue = f"contract-{uuid.uuid4().hex[:10]}"
+        box.queue(self.queue, broker=amqp_url)
+
+    def declare(self) -> None:
+        from oncebox.brokers.rabbitmq import RabbitQueue
+
+        setup = RabbitQueue(self.amqp_url, self.queue)
+        try:
+            setup.declare()
+        finally:
+            setup.close()
+
+    def deliver(self) -> int:
+        """The relay's pass: publish every due attempt."""
+        return self.box.dispatcher().run_once().sent
+
+    def lane(self) -> Consumer:
+        from oncebox.brokers.rabbitmq import RabbitQueue
+        from oncebox.transports.rabbitmq import RabbitTransport
+
+        transport = RabbitTransport(
+            RabbitQueue(self.amqp_url, self.queue, prefetch=CONFIG.batch_size, wait_s=0.3),
+            attempts=lambda task: self.box.registry.get(task).retry.max_attempts,
+            now=self.box.store.clock_now,
+            store=self.box.store,
+            worker=f"contract-{len(self._lanes)}",
+        )
+        consumer = self.box.consumer(CONFIG, transport=transport, name=f"c{len(self._lanes)}")
+        self._lanes.append(consumer)
+        return consumer
+
+    def keep_alive(self, lane: Consumer, hold_for: timedelta) -> None:
+        """Nothing to send: RabbitMQ holds an unacknowledged message while its connection
+        lives."""
+        assert lane.transport.held_tokens() == []
+
+    def lose(self, lane: Consumer) -> None:
+        """The lane's connection closes: the broker delivers its unacknowledged messages
+        again."""
+        lane.transport.close()  # type: ignore[attr-defined]
+        lane.session.close()
+
+    def time_passes(self, delta: timedelta) -> None:
+        super().time_passes(delta)
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.transport.close()  # type: ignore[attr-defined]
+        super().close()
+        from oncebox.brokers.rabbitmq import RabbitQueue
+
+        setup = RabbitQueue(self.amqp_url, self.queue)
+        try:
+            setup.delete()
+        finally:
+            setup.close()
+
+
+@contextmanager
+def harness_for(kind: str, box: Box, clock: FrozenClock, amqp_url: str | None) -> Iterator[Any]:
+    harness: TableHarness = (
+        TableHarness(box, clock) if kind == "table" else RabbitHarness(box, clock, amqp_url or "")
+    )
+    harness.declare()
+    try:
+        yield harness
+    finally:
+        harness.close()
