@@ -27,6 +27,9 @@ record before it died (even if the provider had accepted it).
         ambiguous, each with its reason. Counted from the business rows (customers, holds) and
         the provider's log, not from oncebox's intents
     P1  every period label is the ISO week of its fire instant
+    B1  a broker-held queue (its jobs relayed: migration 0016): every publish the relay wrote was
+        sent, and once every worker has exited the broker holds nothing for the run's queue —
+        no message ready, none dead-lettered — read from the broker itself
 Scenarios add their own (S9 superseded leases commit nothing, S10 replays keep the key).
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from oncebox.chaos.broker import left_in_broker
 from oncebox.chaos.history import SendOutcomes, read_history, send_outcomes
 from oncebox.chaos.rows import Job, Message, Rows, read_rows
 from oncebox.chaos.violation import Violation
@@ -114,6 +118,7 @@ def check(context: RunContext) -> tuple[list[Violation], Tally]:
         _dead_letters,
         _periods,
         _from_outside,
+        _broker,
     ):
         invariant(facts)
     tally = _tally(facts)
@@ -215,6 +220,24 @@ def _effects(f: _Facts) -> None:
                 f.violate("S7 retry: duplicates reported", key, f"{taken}, {dups} reported")
 
 
+def _broker(f: _Facts) -> None:
+    """B1: the relay sent every publish, and the broker holds nothing once the run is over."""
+    for relay_id, key, state in f.rows.relays:
+        if state != "sent":
+            f.violate("B1 broker drained", key, f"publish {relay_id} is {state}, not sent")
+    workload = f.context.workload
+    if workload.broker is None:
+        return
+    left = left_in_broker(workload.broker, workload.digest_queue)
+    if any(left.values()):
+        f.violate(
+            "B1 broker drained",
+            f"queue {workload.digest_queue}",
+            f"the broker still holds {left['ready']} ready message(s) and {left['dead']} dead "
+            "letter(s) after every worker exited",
+        )
+
+
 def _dead_letters(f: _Facts) -> None:
     """S8: every dead letter carries its attempts and its last error."""
     for job_id, key, state, _outcome, _attempt, error in f.rows.jobs:
@@ -264,6 +287,18 @@ def _periods(f: _Facts) -> None:
         )
 
 
+def _stale_copies(f: _Facts) -> int:
+    """A broker-held queue's copies acknowledged unrun (a lost acknowledgement, a duplicate
+    publish): counted by the consumer, copies of done jobs as claim conflicts beside the jobs
+    that settled as duplicates."""
+    if f.context.workload.broker is None:
+        return 0
+    counted = f.rows.counters
+    settled_duplicates = sum(1 for j in f.rows.jobs if j[3] == "duplicate")
+    stale_of_done = counted.get("claim_conflicts", 0) - settled_duplicates
+    return max(0, stale_of_done) + counted.get("deliveries_stale", 0)
+
+
 def _tally(f: _Facts) -> Tally:
     rows = f.rows
     delivered = 0
@@ -275,7 +310,8 @@ def _tally(f: _Facts) -> Tally:
         delivered=delivered,
         duplicates_absorbed=f.context.absorbed
         + f.absorbed_elsewhere
-        + sum(1 for j in rows.jobs if j[3] == "duplicate"),
+        + sum(1 for j in rows.jobs if j[3] == "duplicate")
+        + _stale_copies(f),
         possible_duplicates=sum(m[5] for m in rows.outbox),
         actual_duplicates=sum(max(0, f.accepted.get(m[3], 0) - 1) for m in rows.outbox),
         lost=sum(1 for v in f.found if v.invariant.startswith(("S2", "S4"))),

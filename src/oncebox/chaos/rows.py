@@ -13,6 +13,7 @@ from oncebox.examples.logistics.app import DIGEST_KEY, connect
 
 Job = tuple[int, str, str, str | None, int, str | None]  # id, key, state, outcome, attempt, error
 Message = tuple[int, str, str, str, str, int, str | None]  # id, intent key, state, token, key, …
+Relay = tuple[int, str, str]  # id, key, state
 
 
 @dataclass
@@ -20,13 +21,15 @@ class Rows:
     intents: Counter[str]
     jobs: list[Job]
     job_attempts: Counter[int]
-    outbox: list[Message]
+    outbox: list[Message]  # the business's messages (the relay's publishes are `relays`)
     delivery_attempts: Counter[int]
     definite_attempts: Counter[int]  # whose outcome the database recorded as known
     digests: set[tuple[int, str]]
     active: list[int]
     expired_holds: list[int]
     periods: list[str]
+    relays: list[Relay]  # a broker-held queue's publishes (0016): transport, not sends
+    counters: dict[str, int]  # the durable counters (oncebox.counters)
 
 
 def read_rows(box: Box) -> Rows:
@@ -56,9 +59,17 @@ def read_rows(box: Box) -> Rows:
                 (int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), r[6])
                 for r in rows(
                     "SELECT id, intent_key, state, token, key, possible_duplicates, last_error "
-                    "FROM oncebox_outbox"
+                    "FROM oncebox_outbox WHERE channel NOT LIKE '~%'"
                 )
             ],
+            relays=[
+                (int(r[0]), r[1], r[2])
+                for r in rows("SELECT id, key, state FROM oncebox_outbox WHERE channel LIKE '~%'")
+            ],
+            counters={
+                r[0]: int(r[1])
+                for r in rows("SELECT name, sum(value) FROM oncebox_counters GROUP BY name")
+            },
             **_attempt_counts(
                 rows(
                     "SELECT outbox_id, count(*), sum(CASE WHEN outcome IN ('sent', 'failed', "
@@ -98,6 +109,7 @@ def unsettled(rows: Rows, periods: list[str], poison: int) -> list[str]:
     message yet (a fan-out still to finish)."""
     left = [f"job {j[0]} {j[1]} {j[2]}" for j in rows.jobs if j[2] not in _FINAL_JOB]
     left += [f"message {m[0]} {m[1]} {m[2]}" for m in rows.outbox if m[2] not in _FINAL_MESSAGE]
+    left += [f"publish {r[0]} {r[1]} {r[2]}" for r in rows.relays if r[2] not in _FINAL_MESSAGE]
     keyed = {j[1] for j in rows.jobs} | {m[1] for m in rows.outbox}
     for period in sorted(set(periods)):
         for customer in rows.active:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from oncebox import Box, WorkerConfig
 from oncebox.chaos import mutations
+from oncebox.chaos.broker import broker_url, run_queue
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.private_server import PrivateServer
 from oncebox.chaos.rows import read_rows, unsettled
@@ -136,6 +137,7 @@ class RunSettings:
     timing: Timing | None = None  # a run on the real clock (no test clock at all)
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
+    broker: bool = False  # the digests' queue is RabbitMQ's (PostgreSQL: jobs relayed)
 
 
 @dataclass
@@ -399,10 +401,12 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
     """A fresh database with the freight tables and customers, a provider, the clock frozen at
     the week's Monday fire; all removed afterwards."""
     mutations.check(settings.mutations)
+    amqp = broker_url() if settings.broker else None
     with (
         workspace(settings.server) as url,
         provider(settings.provider, settings.window) as fake,
         tempfile.TemporaryDirectory(prefix="oncebox-chaos-history-") as folder,
+        run_queue(amqp) if amqp is not None else contextlib.nullcontext("default") as queue,
     ):
         workload = Workload(
             url=url,
@@ -416,6 +420,8 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
             timing=settings.timing,
             sneak=settings.sneak,
             slots=settings.slots,
+            broker=amqp,
+            digest_queue=queue,
         )
         box = build(workload, "harness")
         try:

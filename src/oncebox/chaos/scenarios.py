@@ -16,6 +16,7 @@ from typing import Literal
 
 import psycopg
 
+from oncebox.chaos.broker import publish_again
 from oncebox.chaos.history import read_history
 from oncebox.chaos.runner import DRAIN, RunContext, RunSettings, monday_fire
 from oncebox.chaos.workload import CHANNEL_RETRY, SNEAKS, Lanes, PointPlan, Timing
@@ -51,6 +52,7 @@ class Scenario:
     timing: Timing | None = None  # on the real clock, with these leases and backoffs
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
+    broker: bool = False  # the digests' queue is RabbitMQ's, its jobs relayed (PostgreSQL)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -66,6 +68,7 @@ class Scenario:
             timing=self.timing,
             sneak=self.sneak,
             slots=self.slots,
+            broker=self.broker,
         )
 
 
@@ -96,6 +99,34 @@ def duplicate_publish(run: RunContext) -> None:
     run.drain()
 
 
+def broker_duplicate_publish(run: RunContext) -> None:
+    """RabbitMQ holds the digests' queue: 40 of the week's publishes are sent a second time
+    before the jobs run, and 10 a third time after they ran. Each copy finds its job moved on
+    and is acknowledged unrun."""
+    run.fan_out()
+    run.work(DISPATCH_ONLY)  # the relay publishes the week's jobs
+    conn = connect(run.box)
+    try:
+        published = [
+            (str(row[0]), str(row[1]))
+            for row in conn.execute(
+                "SELECT payload::text, token FROM oncebox_outbox WHERE channel LIKE '~%' "
+                "ORDER BY id"
+            ).fetchall()
+        ]
+    finally:
+        conn.close()
+    some = run.rng.sample(published, min(40, len(published)))
+    workload = run.workload
+    assert workload.broker is not None
+    publish_again(workload.broker, workload.digest_queue, some)
+    run.fault(f"{len(some)} publishes sent twice before their jobs ran")
+    run.work(CONSUME_ONLY)
+    publish_again(workload.broker, workload.digest_queue, some[:10])
+    run.fault("10 publishes sent a third time after their jobs ran")
+    run.drain()
+
+
 def concurrent_consumers(run: RunContext) -> None:
     """Three processes consume broker deliveries of the same keys while a fourth works the
     table queue: every claim of a key races in the database, one wins."""
@@ -115,11 +146,18 @@ def concurrent_consumers(run: RunContext) -> None:
 # -- crashes ---------------------------------------------------------------------------------
 
 
-def kill_at(point: str, lanes: Lanes) -> Callable[[RunContext], None]:
+def kill_at(point: str, lanes: Lanes, *, broker: bool = False) -> Callable[[RunContext], None]:
+    """SIGKILL a worker at `point`. On a broker-held queue (`broker`) a consumer point is met
+    once the relay has published the week's jobs, and a dispatcher point is the relay's own:
+    between the enqueue's commit and the publish, or between the broker's confirm and its
+    record (then the publish is sent again: a duplicate the consumer finds stale)."""
+
     def script(run: RunContext) -> None:
         run.fan_out()
         if point.startswith("dispatcher."):
-            run.work(CONSUME_ONLY)  # messages waiting for a sender
+            run.work(CONSUME_ONLY)  # messages waiting for a sender (a broker's: its jobs')
+        elif broker:
+            run.work(DISPATCH_ONLY)  # the relay publishes the week's jobs
         nth = run.rng.randint(1, 2)  # batches of 20: a kill in the first or a later batch
         victim = run.spawn(f"victim-{point}", (PointPlan(point, "kill", nth),), lanes=lanes)
         with run.observing():
@@ -669,6 +707,27 @@ def _crash_scenarios() -> list[Scenario]:
             slots=2,
         )
     )
+    broker_plans: tuple[tuple[str, Lanes, str], ...] = (
+        ("consumer.after_handler_before_commit", CONSUME, "before its commit"),
+        ("consumer.committed", CONSUME, "between its commit and the broker's acknowledgement"),
+        ("dispatcher.after_lease", DISPATCH, "the relay, between the enqueue and the publish"),
+        (
+            "dispatcher.after_provider_accept_before_record",
+            DISPATCH,
+            "the relay, after the broker's confirm and before its record: published again",
+        ),
+    )
+    for point, lanes, where in broker_plans:
+        found.append(
+            Scenario(
+                f"broker-kill-{point}",
+                f"RabbitMQ holds the digests' queue: SIGKILL {where}",
+                kill_at(point, lanes, broker=True),
+                "S1-S8, B1",
+                stores=("postgres",),
+                broker=True,
+            )
+        )
     policies: tuple[Literal["hold", "retry"], ...] = ("hold", "retry")
     for policy in policies:
         point = "dispatcher.after_provider_accept_before_record"
@@ -693,6 +752,14 @@ SCENARIOS: dict[str, Scenario] = {
             "duplicate publish and broker redeliveries",
             duplicate_publish,
             "S1-S5",
+        ),
+        Scenario(
+            "broker-duplicate-publish",
+            "RabbitMQ holds the digests' queue: publishes sent twice, and again after the run",
+            broker_duplicate_publish,
+            "S1-S5, B1",
+            stores=("postgres",),
+            broker=True,
         ),
         Scenario(
             "concurrent-consumers",

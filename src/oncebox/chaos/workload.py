@@ -101,6 +101,8 @@ class Workload:
     timing: Timing | None = None  # a run on the real clock; None: the harness's frozen clock
     sneak: int = 0  # a customer whose digest handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
+    broker: str | None = None  # a RabbitMQ URL: the digests' queue is the broker's
+    digest_queue: str = "default"
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,11 @@ def build(workload: Workload, worker: str) -> Box:
         period=period,
         batch_size=workload.batch_size,
         digest_limits=[Concurrency(workload.slots)] if workload.slots else (),
+        digest_queue=workload.digest_queue,
         **_task_timing(timing),
     )
+    if workload.broker is not None:
+        box.queue(workload.digest_queue, broker=workload.broker)
     # The checker reads every key's messages and attempts after the run, which may move the
     # clock by months (dst-change): retention must not take them first. Jobs go as in production
     # (the checker knows a done job may be pruned).

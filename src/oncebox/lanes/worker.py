@@ -56,6 +56,7 @@ from oncebox.outbox.channels import Channel
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
 from oncebox.outbox.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
 from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.queue.brokered import RELAY_PREFIX
 from oncebox.queue.consumer import Consumer, ConsumerConfig, ConsumerResult
 from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperConfig
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
@@ -64,7 +65,15 @@ from oncebox.queue.watch import HandlerWatch
 from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.runtime import Runtime
 from oncebox.schedules.ticker import ScheduleTicker
-from oncebox.store.base import EVERY_KIND, OUTBOX, BacklogRow, Store, WorkerBeat, WorkKind
+from oncebox.store.base import (
+    EVERY_KIND,
+    JOBS,
+    OUTBOX,
+    BacklogRow,
+    Store,
+    WorkerBeat,
+    WorkKind,
+)
 from oncebox.store.migrations import check_runnable
 from oncebox.timers.expiry_sweeper import ExpirySweeper
 
@@ -426,19 +435,31 @@ class Worker:
     # -- polling lanes (consumers, dispatchers) ------------------------------------------------
 
     def _consumer_round(self, consumer: Consumer) -> Callable[[], int]:
+        relayed = getattr(consumer.transport, "long_polls", False)  # a broker's lane
+
         def round_() -> int:
             result = consumer.run_once()
             with self._result_lock:
                 self._result.consumed.add(result)
+            if relayed and result.retried:
+                # a relayed job's retry is a publish the relay writes in the same commit (0016):
+                # the dispatcher looks again, as for a handler's outbox rows
+                self.wake(OUTBOX)
             return result.leased
 
         return round_
 
     def _dispatcher_round(self, dispatcher: OutboxDispatcher) -> Callable[[], int]:
+        relays = any(name.startswith(RELAY_PREFIX) for name in dispatcher.channels)
+
         def round_() -> int:
             result = dispatcher.run_once()
             with self._result_lock:
                 self._result.dispatched.add(result)
+            if relays and result.sent:
+                # a broker-held queue's jobs were published: its consumer lanes look again (a
+                # broker cannot wake them), and none counts as idle until it has
+                self.wake(JOBS)
             return result.leased
 
         return round_

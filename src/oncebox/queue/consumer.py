@@ -425,8 +425,8 @@ class Consumer:
             return self._after_lease_lost(pending, exc.lost, result)
         except _BatchBroken as exc:
             return self._after_broken_batch(pending, exc, result)
+        points.reach("consumer.committed")  # before the transport hears: a broker's lost ack
         self.transport.after_commit(settlements)
-        points.reach("consumer.committed")
         outcome.settled_ids = {s.delivery.message_id for s in settlements}
         if messages:
             self.outbox_written(len(messages))

@@ -99,12 +99,14 @@ def build_box(
     retry: Retry | None = None,
     timeout: timedelta = timedelta(minutes=5),
     digest_limits: Sequence[TaskLimit] = (),
+    digest_queue: str = "default",
 ) -> Box:
     """The freight app's box: the `weekly_digest` task, the `weekly-digest` schedule (Monday
     09:00 in `tz`, over active customers) and the `hold-expiry` sweeper. `period`, `retry` and
     `timeout` are for the chaos harness: it swaps in a wrong period to prove it notices, and
-    short backoffs and timeouts for its runs on the real clock, and `digest_limits` to run the
-    digests under a limit."""
+    short backoffs and timeouts for its runs on the real clock, `digest_limits` to run the
+    digests under a limit, and `digest_queue` to put them on a queue of the run's own (which
+    its broker runs hold)."""
     box = Box(url, secret=secret)
     if email is not None:
         box.channel("email", provider=email, limits=limits, sender=SENDER)
@@ -116,6 +118,7 @@ def build_box(
         retry=retry or Retry(max_attempts=5, base_delay=timedelta(seconds=30)),
         timeout=timeout,
         limits=list(digest_limits) or None,
+        queue=digest_queue,
     )
     def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
         ph = _ph(ctx.dialect)
