@@ -188,13 +188,18 @@ def test_a_scenario_that_restarts_the_server_needs_the_flag():
     outcome = CliRunner().invoke(main, ["chaos", "--scenario", "server-restart", "--db", PG_SERVER])
     assert outcome.exit_code == 2
     assert "restarts the database server: add --allow-server-restart" in outcome.output
+    outcome = CliRunner().invoke(main, ["chaos", "--scenario", "broker-restart", "--db", PG_SERVER])
+    assert outcome.exit_code == 2
+    assert "restarts the broker: add --allow-server-restart" in outcome.output
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("name", ["server-restart", "store-outage-dispatch"])
+@pytest.mark.parametrize("name", ["server-restart", "store-outage-dispatch", "broker-restart"])
 def test_the_scenarios_that_restart_a_server_hold_on_a_private_one(pg_template, name):
-    """They run on a PostgreSQL server the harness starts for the run (never the shared one),
-    so the suite runs them too."""
+    """They run on a PostgreSQL server or a RabbitMQ node the harness starts for the run (never
+    the shared one), so the suite runs them too."""
+    if SCENARIOS[name].broker:
+        reachable(AMQP_URL)  # the machine has RabbitMQ: the private node is its program
     result = run_scenario(SCENARIOS[name], server=PG_SERVER, customers=CUSTOMERS, seed=1)
     assert result.ok, [f"{v.invariant}: {v.key}: {v.evidence}" for v in result.violations]
 

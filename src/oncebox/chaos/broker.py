@@ -8,6 +8,7 @@ message left ready or dead-lettered is a job the checker could not see in the ta
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -16,6 +17,10 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from oncebox.errors import ConfigurationError
+
+# pika logs a connection the broker closed as an error of its own; oncebox reports the outage
+# itself (BrokerUnavailable, the lanes' backoff), and a chaos run causes it on purpose
+logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 AMQP_ENV = "ONCEBOX_CHAOS_AMQP"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"

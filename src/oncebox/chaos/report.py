@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from oncebox.chaos.checker import Tally, check
+from oncebox.chaos.private_broker import private_broker
 from oncebox.chaos.private_server import private_server
 from oncebox.chaos.runner import NotSettled, run_context
 from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
@@ -85,8 +86,12 @@ def run_scenario(
             settings.server = own.url
         else:
             own = None
+        node = stack.enter_context(private_broker()) if scenario.restarts_broker else None
+        if node is not None:  # never the machine's broker: a node of the run's own
+            settings.broker_url = node.url
         run = stack.enter_context(run_context(settings))
         run.server = own
+        run.broker_node = node
         try:
             scenario.script(run)
         except NotSettled as exc:
@@ -105,6 +110,11 @@ def run_scenario(
     return result
 
 
+def _restarts(scenario: Scenario, store: Store) -> bool:
+    """Whether the scenario restarts a server (always a private one) on this store."""
+    return store == "postgres" and (scenario.restarts_server or scenario.restarts_broker)
+
+
 def select(
     name: str, store: Store, *, allow_server_restart: bool, soak: bool = False
 ) -> list[Scenario]:
@@ -115,14 +125,13 @@ def select(
             s
             for s in SCENARIOS.values()
             if (s.ci or (name == "all" and s.name != "soak"))
-            and (allow_server_restart or not (s.restarts_server and store == "postgres"))
+            and (allow_server_restart or not _restarts(s, store))
         ]
     elif name in SCENARIOS:
         chosen = [SCENARIOS[name]]
-        if chosen[0].restarts_server and store == "postgres" and not allow_server_restart:
-            raise ConfigurationError(
-                f"scenario {name} restarts the database server: add --allow-server-restart"
-            )
+        if _restarts(chosen[0], store) and not allow_server_restart:
+            what = "the broker" if chosen[0].restarts_broker else "the database server"
+            raise ConfigurationError(f"scenario {name} restarts {what}: add --allow-server-restart")
     else:
         raise ConfigurationError(
             f"unknown scenario {name!r}; use ci, all, or one of: {', '.join(SCENARIOS)}"

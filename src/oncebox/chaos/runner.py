@@ -26,6 +26,7 @@ from oncebox import Box, WorkerConfig
 from oncebox.chaos import mutations
 from oncebox.chaos.broker import broker_url, run_queue
 from oncebox.chaos.history import HistoryWriter
+from oncebox.chaos.private_broker import PrivateBroker
 from oncebox.chaos.private_server import PrivateServer
 from oncebox.chaos.rows import read_rows, unsettled
 from oncebox.chaos.violation import Violation
@@ -138,6 +139,7 @@ class RunSettings:
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
     broker: bool = False  # the digests' queue is RabbitMQ's (PostgreSQL: jobs relayed)
+    broker_url: str | None = None  # the run's own node (None: the machine's broker)
 
 
 @dataclass
@@ -158,6 +160,7 @@ class RunContext:
     clock: ClockLease | None = None  # the harness's hold on the run's clock (None: real)
     settled_s: float | None = None  # real clock: from the faults' end to every key visible
     server: PrivateServer | None = None  # the run's own PostgreSQL, for scenarios that restart it
+    broker_node: PrivateBroker | None = None  # the run's own RabbitMQ, likewise
     bound_s: float | None = None  # ... and the bound it had to be within
 
     @property
@@ -373,6 +376,12 @@ class RunContext:
             raise RuntimeError("this scenario has no server of its own to restart")
         self.server.restart()
 
+    def restart_broker(self) -> None:
+        """Restart the run's own RabbitMQ node (never the machine's)."""
+        if self.broker_node is None:
+            raise RuntimeError("this scenario has no broker of its own to restart")
+        self.broker_node.restart()
+
     def reconnect(self) -> None:
         """After a server restart the harness's own pooled connections are dead: open a new
         box (workers reconnect by themselves; this is the observer's pool)."""
@@ -401,7 +410,7 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
     """A fresh database with the freight tables and customers, a provider, the clock frozen at
     the week's Monday fire; all removed afterwards."""
     mutations.check(settings.mutations)
-    amqp = broker_url() if settings.broker else None
+    amqp = (settings.broker_url or broker_url()) if settings.broker else None
     with (
         workspace(settings.server) as url,
         provider(settings.provider, settings.window) as fake,

@@ -53,6 +53,7 @@ class Scenario:
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
     broker: bool = False  # the digests' queue is RabbitMQ's, its jobs relayed (PostgreSQL)
+    restarts_broker: bool = False  # on a RabbitMQ node of the run's own (private_broker.py)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -372,6 +373,27 @@ def connection_drops(run: RunContext) -> None:
     if not terminated:
         run.violation("harness", "connection-drops", "no connection of the worker was found")
     run.advance(PAST_ANY_LEASE)
+    run.drain()
+
+
+def broker_restart(run: RunContext) -> None:
+    """RabbitMQ restarts while a worker has committed a batch and not yet acknowledged it: the
+    acknowledgements are lost with the connection, the worker reconnects, the broker delivers
+    the batch again after its restart (its quorum queue kept every message) and each copy finds
+    its job done. The node is the run's own (see private_broker.py)."""
+    run.fan_out()
+    run.work(DISPATCH_ONLY)  # the relay publishes the week's jobs
+    gate = run.gate()
+    victim = run.spawn(
+        "restarted", (PointPlan("consumer.committed", "pause", 1),), gate, lanes=CONSUME
+    )
+    run.wait(gate, "the worker to have committed its first batch")
+    run.restart_broker()
+    gate.release.set()
+    code = run.join(victim)
+    run.fault(
+        f"RabbitMQ restarted between a commit and its acknowledgements (worker exited {code})"
+    )
     run.drain()
 
 
@@ -824,6 +846,16 @@ SCENARIOS: dict[str, Scenario] = {
             connection_drops,
             "S1-S4",
             stores=("postgres",),
+        ),
+        Scenario(
+            "broker-restart",
+            "RabbitMQ restarted between a commit and its acknowledgements",
+            broker_restart,
+            "S1-S8, B1",
+            stores=("postgres",),
+            ci=False,
+            broker=True,
+            restarts_broker=True,
         ),
         Scenario(
             "server-restart",
