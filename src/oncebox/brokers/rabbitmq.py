@@ -91,6 +91,8 @@ class RabbitQueue:
         self.wait_s = wait_s  # how long `receive` waits for a first message
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
+        self._tx_channel: BlockingChannel | None = None  # `publish_batch`'s
+        self._returned: list[str] = []  # message ids it returned (unroutable), this batch
         self._opened = 0  # channels opened so far: the number of the current one
 
     # -- connection ----------------------------------------------------------------------------
@@ -121,6 +123,7 @@ class RabbitQueue:
 
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
+        self._tx_channel = None
         if connection is not None and connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):  # already going
                 connection.close()
@@ -205,6 +208,56 @@ class RabbitQueue:
             raise BrokerUnavailable(
                 f"RabbitMQ at {_shown(self.url)}: {exc!r}", maybe_published=True
             ) from None
+
+    def publish_batch(self, messages: Sequence[Message]) -> set[str]:
+        """Publish many in one AMQP transaction on a channel of their own: the broker takes
+        responsibility for all of them at its commit-ok (RabbitMQ's tx is a batch: durability
+        and routing are settled on commit), one round trip instead of one confirm each. Returns
+        the message ids the broker could not route (mandatory: returned on commit). A lost
+        connection while committing raises `BrokerUnavailable(maybe_published=True)`."""
+        channel = self._batch_channel()
+        self._returned = []
+        with self._wire("publish to"):
+            for message in messages:
+                channel.basic_publish(
+                    "",
+                    self.name,
+                    message.body,
+                    pika.BasicProperties(
+                        message_id=message.message_id,
+                        headers=dict(message.headers),
+                        delivery_mode=PERSISTENT,
+                        content_type="application/json",
+                    ),
+                    mandatory=True,
+                )
+            try:
+                channel.tx_commit()
+                assert self._connection is not None
+                self._connection.process_data_events(0)  # the returns the commit brought
+            except pika.exceptions.ChannelClosedByBroker:
+                raise
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                self.close()
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {_shown(self.url)}: {exc!r}", maybe_published=True
+                ) from None
+        return set(self._returned)
+
+    def _batch_channel(self) -> BlockingChannel:
+        """This connection's transactional channel (a channel in confirm mode cannot be one)."""
+        self._open()
+        if self._tx_channel is None or not self._tx_channel.is_open:
+            assert self._connection is not None
+            with self._wire("open a transaction on"):
+                self._tx_channel = self._connection.channel()
+                self._tx_channel.tx_select()
+                self._tx_channel.add_on_return_callback(self._on_return)
+        return self._tx_channel
+
+    def _on_return(self, *delivered: Any) -> None:
+        """pika's (channel, method, properties, body) of a message the broker returned."""
+        self._returned.append(delivered[2].message_id or "")
 
     # -- consume -------------------------------------------------------------------------------
 

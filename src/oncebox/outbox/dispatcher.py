@@ -41,6 +41,7 @@ from oncebox.outbox.tokens import idempotency_key
 from oncebox.outbox.transitions import past_window
 from oncebox.providers import (
     Outgoing,
+    Receipt,
     SendAmbiguous,
     SendPermanent,
     SendRetryable,
@@ -206,6 +207,13 @@ class OutboxDispatcher:
         granted, waiting = rows[: grant.granted], rows[grant.granted :]
         if waiting:
             self._give_back(token, waiting, grant.retry_in, result)
+        if channel.idempotent and hasattr(channel.provider, "send_batch") and granted:
+            fresh = [row for row in granted if not row.uncertain]
+            if fresh:
+                finishes = self._send_batch(channel, fresh, started, result)
+                self._open.update((finish.id, finish) for finish in finishes)
+                self._record(token, finishes, result)
+            granted = [row for row in granted if row.uncertain]  # one by one, as below
         pending: list[OutboxFinish] = []  # idempotent channels record the batch together
         for index, row in enumerate(granted):
             if clock.monotonic() - started > self.config.lease.total_seconds() * 0.8:
@@ -315,26 +323,67 @@ class OutboxDispatcher:
                 return None
             points.reach("dispatcher.after_sending_marker")
         try:
-            receipt = channel.provider.send(outgoing, idempotency_key(row.token))
-        except SendThrottled as exc:
-            return self._throttled(channel, row, exc)
-        except SendRetryable as exc:
-            return self._failed(channel, row, exc, exc.retry_after)
-        except SendPermanent as exc:
-            if exc.alarm:
+            receipt: Receipt | BaseException = channel.provider.send(
+                outgoing, idempotency_key(row.token)
+            )
+        except Exception as exc:  # classified below
+            receipt = exc
+        return self._finish(channel, row, receipt, started, result)
+
+    def _finish(
+        self,
+        channel: Channel,
+        row: OutboxLeased,
+        outcome: Receipt | BaseException,
+        started: float,
+        result: DispatcherResult,
+    ) -> OutboxFinish:
+        """What one send's outcome makes of its row: the provider's receipt, or the error it
+        raised, classified."""
+        if isinstance(outcome, SendThrottled):
+            return self._throttled(channel, row, outcome)
+        if isinstance(outcome, SendRetryable):
+            return self._failed(channel, row, outcome, outcome.retry_after)
+        if isinstance(outcome, SendPermanent):
+            if outcome.alarm:
                 result.alarms += 1
                 self.metrics.count("delivery_alarms")
-                log.error("ALARM outbox row %s (%s): %s", row.id, row.key, exc.reason)
-            return transitions.dead(row.id, exc.reason[:MAX_ERROR_CHARS])
-        except SendAmbiguous as exc:
-            return self._ambiguous(channel, row, exc.reason, started)
-        except Exception as exc:  # a provider bug: assume the worst about what was sent
-            log.exception(
-                "provider %s failed unexpectedly on outbox row %s", channel.provider.name, row.id
+                log.error("ALARM outbox row %s (%s): %s", row.id, row.key, outcome.reason)
+            return transitions.dead(row.id, outcome.reason[:MAX_ERROR_CHARS])
+        if isinstance(outcome, SendAmbiguous):
+            return self._ambiguous(channel, row, outcome.reason, started)
+        if isinstance(outcome, BaseException):  # a provider bug: assume the worst about a send
+            log.error(
+                "provider %s failed unexpectedly on outbox row %s",
+                channel.provider.name,
+                row.id,
+                exc_info=outcome,
             )
-            return self._ambiguous(channel, row, f"{type(exc).__name__}: {exc}", started)
+            return self._ambiguous(channel, row, f"{type(outcome).__name__}: {outcome}", started)
         points.reach("dispatcher.after_provider_accept_before_record")
-        return transitions.sent(row.id, receipt.provider_id or receipt.detail or None)
+        return transitions.sent(row.id, outcome.provider_id or outcome.detail or None)
+
+    def _send_batch(
+        self,
+        channel: Channel,
+        rows: list[OutboxLeased],
+        started: float,
+        result: DispatcherResult,
+    ) -> list[OutboxFinish]:
+        """A batch through a provider that sends many in one exchange (`send_batch`: a relay's
+        publishes, in one broker transaction) — only on an idempotent channel, where the rows'
+        outcomes are recorded together anyway and none needs a `sending` marker first."""
+        send_batch = channel.provider.send_batch  # type: ignore[attr-defined]
+        try:
+            outcomes: list[Receipt | BaseException] = send_batch(
+                [(outgoing_of(row, row.attempt + 1), idempotency_key(row.token)) for row in rows]
+            )
+        except Exception as exc:  # the whole batch's outcome is unknown
+            outcomes = [exc] * len(rows)
+        return [
+            self._finish(channel, row, outcome, started, result)
+            for row, outcome in zip(rows, outcomes, strict=True)
+        ]
 
     def _now(self, row: OutboxLeased, started: float) -> datetime:
         """The database time now, from the lease's own timestamp and elapsed monotonic time."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -83,3 +84,50 @@ class RabbitMQProvider:
                 raise SendAmbiguous(lost) from None
             raise SendRetryable(str(exc)) from None
         return Receipt(outgoing.token, f"confirmed by RabbitMQ into {self.queue}")
+
+
+class RabbitMQRelay(RabbitMQProvider):
+    """The relay of a broker-held queue (`queue/brokered.py`): it publishes jobs, whose receiver
+    keeps the key — a job's publish carries its job and attempt, and the consumer runs only the
+    copy whose job still waits at that attempt, for as long as the job's row exists. So a lost
+    confirm is simply published again (idempotent, no window), and the dispatcher records a
+    batch of publishes together instead of marking each one `sending` first."""
+
+    name = "rabbitmq-relay"
+    idempotent = True
+    idempotency_window: timedelta | None = None
+
+    def send_batch(
+        self, items: Sequence[tuple[Outgoing, str]]
+    ) -> list[Receipt | SendRetryable | SendAmbiguous]:
+        """Publish a batch in one broker transaction (`RabbitQueue.publish_batch`): each
+        publish's receipt, or why it must be sent again."""
+        messages = [
+            Message(
+                json.dumps(outgoing.payload, separators=(",", ":"), sort_keys=True).encode(),
+                outgoing.token,
+                {"x-oncebox-channel": outgoing.channel, "x-oncebox-attempt": outgoing.attempt},
+            )
+            for outgoing, _key in items
+        ]
+        try:
+            returned = self._opened().publish_batch(messages)
+        except BrokerRefused as exc:
+            self._forget()
+            return [SendRetryable(str(exc))] * len(items)
+        except BrokerUnavailable as exc:
+            self._forget()
+            if exc.maybe_published:
+                lost = f"{exc} (its commit was lost: the broker may have taken them)"
+                return [SendAmbiguous(lost)] * len(items)
+            return [SendRetryable(str(exc))] * len(items)
+        if returned:
+            self._forget()  # the queue went away: declared again on the next send
+        taken = f"committed by RabbitMQ into {self.queue}"
+        unroutable = f"RabbitMQ could not route it to {self.queue!r}"
+        return [
+            SendRetryable(unroutable)
+            if outgoing.token in returned
+            else Receipt(outgoing.token, taken)
+            for outgoing, _key in items
+        ]

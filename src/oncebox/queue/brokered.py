@@ -18,7 +18,6 @@ from oncebox.errors import ConfigurationError
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import Task
 from oncebox.outbox.channels import Channel
-from oncebox.providers import from_url
 from oncebox.store.base import RELAY_NEEDS_POSTGRES
 
 RELAY_PREFIX = "~broker."  # the relay channel of queue Q is `~broker.Q` (0016's trigger)
@@ -60,14 +59,11 @@ def refuse_unrecorded_store(dialect: str) -> None:
 
 def relay_channel(queue: str, broker: str) -> Channel:
     """The outbox channel that publishes the jobs of `queue` to its broker: confirmed publishes
-    whose lost confirm is simply resent (`ambiguity="retry"`: a second copy is found stale by the
-    consumer, never run twice)."""
+    whose lost confirm is simply resent — the consumer finds a second copy stale and never runs
+    it (`RabbitMQRelay`)."""
     parts = urlsplit(broker)
     query = [(name, value) for name, value in parse_qsl(parts.query) if name != "queue"]
     url = urlunsplit(parts._replace(query=urlencode([*query, ("queue", queue)])))
-    return Channel(
-        name=f"{RELAY_PREFIX}{queue}",
-        provider=from_url(url),
-        ambiguity="retry",
-        retry=RELAY_RETRY,
-    )
+    from oncebox.providers.rabbitmq import RabbitMQRelay  # noqa: PLC0415 (pika, an extra)
+
+    return Channel(name=f"{RELAY_PREFIX}{queue}", provider=RabbitMQRelay(url), retry=RELAY_RETRY)

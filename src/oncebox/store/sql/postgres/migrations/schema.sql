@@ -377,36 +377,29 @@ BEGIN
 END
 
 FUNCTION oncebox_jobs_relay
+DECLARE
+    due bigint[];  -- the jobs whose next attempt is to be published now
 BEGIN
     -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
     -- the jobs table read here already holds the statement's own rows
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO __S__.oncebox_outbox
-            (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
-             trace_context)
-        SELECT '~relay/' || n.id || '/' || (n.attempt + 1), '~relay/' || n.id,
-               '~broker.' || n.queue,
-               jsonb_build_object('job', n.id, 'run', n.attempt + 1, 'task', n.task,
-                                  'args', n.args),
-               'relay-' || n.id || '-' || (n.attempt + 1), n.id, n.run_at,
-               (SELECT __S__.oncebox_now()), n.trace_context
-        FROM relay_new n
-        WHERE n.state = 'relayed'
-          AND (n.group_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM __S__.oncebox_jobs g
-                WHERE g.queue = n.queue AND g.group_key = n.group_key AND g.id < n.id
-                  AND g.state IN ('ready', 'leased', 'relayed')))
-        ORDER BY n.id
-        ON CONFLICT (key) DO NOTHING;
-    ELSIF EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed')
-       OR EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed' OR group_key IS NOT NULL) THEN
-        -- (a table queue's statements, no relayed job or group among them, stop at the test)
+        IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed') THEN
+            RETURN NULL;  -- a table queue's insert: no outbox statement (nor its NOTIFY)
+        END IF;
+        SELECT array_agg(n.id) INTO due FROM relay_new n WHERE n.state = 'relayed';
+    ELSE
+        IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed')
+           AND NOT EXISTS (SELECT 1 FROM relay_old
+                           WHERE state = 'relayed' OR group_key IS NOT NULL) THEN
+            RETURN NULL;  -- a table queue's statement, no relayed job or group among them
+        END IF;
         WITH changed AS (
             SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
                    n.attempt <> o.attempt AS next_attempt
             FROM relay_new n JOIN relay_old o ON o.id = n.id
-        ),
-        due AS (  -- relayed now, or relayed at a new attempt: publish that attempt
+        )
+        SELECT array_agg(id) INTO due FROM (
+            -- relayed now, or relayed at a new attempt: publish that attempt
             SELECT id FROM changed
             WHERE state = 'relayed' AND (was <> 'relayed' OR next_attempt)
             UNION
@@ -420,25 +413,31 @@ BEGIN
                             AND g.state IN ('ready', 'leased', 'relayed')
                           ORDER BY g.id LIMIT 1) h
             WHERE h.state = 'relayed'
-        )
-        INSERT INTO __S__.oncebox_outbox
-            (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
-             trace_context)
-        SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
-               '~broker.' || j.queue,
-               jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task,
-                                  'args', j.args),
-               'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
-               (SELECT __S__.oncebox_now()), j.trace_context
-        FROM __S__.oncebox_jobs j
-        WHERE j.id IN (SELECT id FROM due) AND j.state = 'relayed'
-          AND (j.group_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM __S__.oncebox_jobs g
-                WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
-                  AND g.state IN ('ready', 'leased', 'relayed')))
-        ORDER BY j.id
-        ON CONFLICT (key) DO NOTHING;
+        ) d;
     END IF;
+    -- a job of a group waits while an earlier job of its group waits or runs
+    SELECT array_agg(j.id ORDER BY j.id) INTO due
+    FROM __S__.oncebox_jobs j
+    WHERE j.id = ANY(due) AND j.state = 'relayed'
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
+              AND g.state IN ('ready', 'leased', 'relayed')));
+    IF due IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO __S__.oncebox_outbox
+        (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
+         trace_context)
+    SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
+           '~broker.' || j.queue,
+           jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task, 'args', j.args),
+           'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
+           (SELECT __S__.oncebox_now()), j.trace_context
+    FROM __S__.oncebox_jobs j
+    WHERE j.id = ANY(due)
+    ORDER BY j.id
+    ON CONFLICT (key) DO NOTHING;
     RETURN NULL;
 END
 

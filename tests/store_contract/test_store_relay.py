@@ -1,0 +1,161 @@
+"""The job records of a broker-held queue (migration 0016), on every store: on PostgreSQL a job
+written `relayed` gets its publish in the outbox in the same statement, the broker consumer's
+read tells a current delivery from a stale copy, its settlement is fenced on the attempt, a retry
+publishes the next attempt when due, and ready jobs of a broker-held queue are handed to the
+relay; a group's jobs are published one at a time. SQLite refuses each operation in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from oncebox.clock import ClockSetting
+from oncebox.errors import ConfigurationError
+from oncebox.store import open_store
+from oncebox.store.base import OperatorAction, RelayedFinish, Store
+from store_contract.conftest import emptied
+from support.contract import T0, advance, insert, opened_session, row
+from support.depths import depth_drift
+
+
+def publishes(store: Store, job_id: int) -> list[tuple[str, str]]:
+    """The relay's outbox rows of a job: (key, state)."""
+    return [(m.key, m.state) for m in store.outbox_find_by_key(f"~relay/{job_id}")]
+
+
+def settle(store: Store, job_id: int, run: int, state: str = "done", **fields) -> set[int]:
+    finish = RelayedFinish(
+        id=job_id,
+        run=run,
+        state=state,  # type: ignore[arg-type]
+        outcome=fields.get("outcome", "completed" if state == "done" else None),
+        delay=fields.get("delay", timedelta(0)),
+        error=fields.get("error"),
+        worker="w1",
+        started_at=T0,
+    )
+    with opened_session(store) as session, session.transaction() as tx:
+        return tx.job_settle_relayed([finish])
+
+
+def test_sqlite_refuses_the_relay_in_one_line(tmp_path: Path):
+    store = open_store(f"sqlite:///{tmp_path / 'oncebox.db'}")
+    try:
+        with pytest.raises(ConfigurationError, match="keeps its jobs' records on PostgreSQL"):
+            store.job_relay_check([1])
+        with pytest.raises(ConfigurationError, match="on PostgreSQL"):
+            store.job_relay_adopt(["events"], ["t"], 10)
+        with (
+            opened_session(store) as session,
+            session.transaction() as tx,
+            pytest.raises(ConfigurationError, match="on PostgreSQL"),
+        ):
+            tx.job_settle_relayed([])
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def pg(pg_contract_url: str) -> Iterator[Store]:
+    """The contract's PostgreSQL store (the relay is PostgreSQL's: 0016), emptied, its clock
+    frozen at T0; the depths checked against the rows afterwards, as for every contract test."""
+    url = emptied(pg_contract_url)
+    opened = open_store(url)
+    opened.clock_set(ClockSetting(frozen_at=T0))
+    try:
+        yield opened
+        assert depth_drift(url) == {}, "the depths drifted from the rows"
+    finally:
+        opened.close()
+
+
+@pytest.mark.postgres
+def test_a_relayed_job_is_written_with_its_first_publish_due_at_its_run_time(pg: Store):
+    job_id = insert(pg, "k/1", queue="events", relayed=True, delay=timedelta(minutes=5))
+    assert row(pg, job_id).state == "relayed"
+    [publish] = pg.outbox_find_by_key(f"~relay/{job_id}/1")
+    assert (publish.channel, publish.state) == ("~broker.events", "pending")
+    assert publish.next_attempt_at == T0 + timedelta(minutes=5)
+    plain = insert(pg, "k/2", queue="default")
+    assert row(pg, plain).state == "ready" and publishes(pg, plain) == []
+
+
+@pytest.mark.postgres
+def test_the_check_reads_what_tells_a_current_delivery_from_a_stale_copy(pg: Store):
+    job_id = insert(pg, "k/1", queue="events", relayed=True)
+    [checked] = pg.job_relay_check([job_id, 999]).values()
+    assert (checked.id, checked.state, checked.attempt, checked.key) == (
+        job_id,
+        "relayed",
+        0,
+        "k/1",
+    )
+    assert settle(pg, job_id, run=1) == {job_id}
+    assert pg.job_relay_check([job_id])[job_id].state == "done"
+
+
+@pytest.mark.postgres
+def test_a_settlement_is_fenced_on_the_attempt_delivered(pg: Store):
+    job_id = insert(pg, "k/1", queue="events", relayed=True)
+    assert settle(pg, job_id, run=2) == set()  # a copy of an attempt not yet due
+    assert settle(pg, job_id, run=1, outcome="completed") == {job_id}
+    assert settle(pg, job_id, run=1, outcome="duplicate") == set()  # the second copy
+    done = row(pg, job_id)
+    assert (done.state, done.outcome, done.attempt) == ("done", "completed", 1)
+    assert pg.counter_list()["jobs_completed"] == 1
+
+
+@pytest.mark.postgres
+def test_a_failed_attempt_is_recorded_and_its_next_attempt_published_when_due(pg: Store):
+    job_id = insert(pg, "k/1", queue="events", relayed=True)
+    delay = timedelta(seconds=30)
+    assert settle(pg, job_id, run=1, state="ready", delay=delay, error="busy") == {job_id}
+    again = row(pg, job_id)
+    assert (again.state, again.attempt, again.run_at) == ("relayed", 1, T0 + delay)
+    assert [(a.attempt, a.outcome, a.error) for a in pg.job_attempt_list(job_id)] == [
+        (1, "failed", "busy")
+    ]
+    [second] = pg.outbox_find_by_key(f"~relay/{job_id}/2")
+    assert (second.state, second.next_attempt_at) == ("pending", T0 + delay)
+    assert settle(pg, job_id, run=2, state="dead", error="gone") == {job_id}
+    assert row(pg, job_id).state == "dead"
+    assert pg.counter_list()["jobs_retried"] == 1 and pg.counter_list()["jobs_dead"] == 1
+
+
+@pytest.mark.postgres
+def test_ready_jobs_of_a_broker_held_queue_are_handed_to_the_relay(pg: Store):
+    """A replayed dead letter comes back ready; the adopt makes it relayed, which publishes
+    its next attempt. Jobs of other queues, and a table queue's, are left alone."""
+    job_id = insert(pg, "k/1", queue="events", relayed=True)
+    settle(pg, job_id, run=1, state="dead", error="gone")
+    replayed = pg.job_replay(OperatorAction(job_id, "tester", "fixed"))
+    assert replayed is not None and row(pg, job_id).state == "ready"
+    other = insert(pg, "k/2", queue="default")
+    advance(pg, timedelta(seconds=1))
+    assert pg.job_relay_adopt(["events"], ["t"], 10) == 1
+    assert row(pg, job_id).state == "relayed" and row(pg, other).state == "ready"
+    assert ("~relay/" + str(job_id) + "/2", "pending") in publishes(pg, job_id)
+    assert pg.job_relay_adopt(["events"], ["t"], 10) == 0
+
+
+@pytest.mark.postgres
+def test_a_groups_jobs_are_published_one_at_a_time_in_order(pg: Store):
+    first, second, third = (
+        insert(pg, f"k/{n}", queue="events", relayed=True, group_key="shipment-1") for n in range(3)
+    )
+    loner = insert(pg, "k/other", queue="events", relayed=True, group_key="shipment-2")
+    assert [bool(publishes(pg, j)) for j in (first, second, third, loner)] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    settle(pg, first, run=1)
+    assert publishes(pg, second) == [(f"~relay/{second}/1", "pending")]
+    assert publishes(pg, third) == []
+    cancelled = pg.job_cancel(OperatorAction(second, "tester", "not needed"))
+    assert cancelled is not None
+    assert publishes(pg, third) == [(f"~relay/{third}/1", "pending")]
