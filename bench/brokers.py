@@ -5,27 +5,34 @@ claim, one consumer lane each, in the same run.
                                       [--amqp URL] [--json bench/results/brokers.json]
 
 On a fresh PostgreSQL database per system and round: the table queue gets N keyed jobs with
-`enqueue_many` and one lane drains them (`box.consumer()`, default settings); RabbitMQ gets the
-same N published to a quorum queue of its own (`publish_unrecorded`'s message, confirmed, in
-batches), then one lane drains them through `RabbitTransport` — the same claim in the same
-consumer transaction, the acknowledgement after it. Statistics are analysed after the load, as
-autovacuum would. Processing only is timed; the figure is the median of the rounds, the ratio
-is taken within a round.
+`enqueue_many` and one lane drains them (`box.consumer()`, default settings). RabbitMQ twice:
+unrecorded — the same N published to a quorum queue of its own (`publish_unrecorded`'s message,
+confirmed, in batches), then one lane drains them through `RabbitTransport`; and recorded — the
+same N enqueued `relayed` on a queue `box.queue(..., broker=...)` declares (each with its
+publish row), published by the relay (one dispatcher, batches in one AMQP transaction), then
+drained by one lane that checks and settles each job's row. The same claim in the same consumer
+transaction throughout, the acknowledgement after it. Statistics are analysed after the load,
+as autovacuum would. Processing only is timed (for the recorded path: the relay, then the lane;
+its rate is over both); the figure is the median of the rounds, the ratio is taken within a
+round.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import psycopg
 from core import analyse, postgres_url
 
 import oncebox
@@ -57,11 +64,19 @@ def drain(box: Box, consumer_transport: RabbitTransport | None, jobs: int) -> fl
     return jobs / (time.perf_counter() - started)
 
 
-def table(server: str, jobs: int) -> float:
+def table(server: str, jobs: int, *, relay_trigger: bool = True) -> float:
+    """The table queue; without `relay_trigger`, with 0016's relay triggers disabled — what
+    they cost a table queue's statements (each tests its transition tables and returns)."""
     with postgres_url(server)() as url:
         box = Box(url)
         try:
             declare(box, "default")
+            if not relay_trigger:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(
+                        "ALTER TABLE oncebox_jobs DISABLE TRIGGER oncebox_jobs_relay_insert, "
+                        "DISABLE TRIGGER oncebox_jobs_relay_update"
+                    )
             box.enqueue_many("noop", [{"n": n} for n in range(jobs)])
             analyse(url)
             return drain(box, None, jobs)
@@ -110,7 +125,9 @@ def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
             declare(box, name)
             box.queue(name, broker=amqp)
             wire.declare()
+            started = time.perf_counter()
             box.enqueue_many("noop", [{"n": n} for n in range(jobs)])
+            enqueue_rate = jobs / (time.perf_counter() - started)
             analyse(url)
             dispatcher = box.dispatcher()
             started = time.perf_counter()
@@ -132,6 +149,7 @@ def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
             transport.close()
             total_s = relay_s + jobs / consume_rate
             return {
+                "relayed_enqueue": enqueue_rate,
                 "relay": jobs / relay_s,
                 "relayed_consume": consume_rate,
                 "relayed": jobs / total_s,
@@ -140,6 +158,16 @@ def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
             wire.delete()
             wire.close()
             box.close()
+
+
+def reachable(amqp: str) -> bool:
+    """Whether a broker answers at `amqp` (compare.py measures RabbitMQ only then)."""
+    parts = urlsplit(amqp)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), 5).close()
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict[str, float]] = []
     for _ in range(args.rounds):
         row = {"table": table(args.postgres, args.jobs)}
+        row["table_without_relay_trigger"] = table(args.postgres, args.jobs, relay_trigger=False)
+        row["relay_trigger_ratio"] = row["table"] / row["table_without_relay_trigger"]
         row["rabbitmq"] = rabbitmq(args.postgres, args.amqp, args.jobs)
         row["ratio"] = row["rabbitmq"] / row["table"]
         row.update(relayed(args.postgres, args.amqp, args.jobs))
@@ -167,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         f"keyed no-op jobs/s, one lane: table queue {figures['table']:.0f}, "
         f"RabbitMQ unrecorded {figures['rabbitmq']:.0f} ({figures['ratio']:.2f}x), "
         f"RabbitMQ recorded {figures['relayed']:.0f} ({figures['relayed_ratio']:.2f}x: the "
-        f"relay {figures['relay']:.0f}/s, the lane {figures['relayed_consume']:.0f}/s)"
+        f"relay {figures['relay']:.0f}/s, the lane {figures['relayed_consume']:.0f}/s); "
+        f"the table queue with 0016's relay triggers disabled "
+        f"{figures['table_without_relay_trigger']:.0f} ({figures['relay_trigger_ratio']:.2f}x "
+        "with them)"
     )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -10,7 +10,9 @@ rounds: each round runs every system and workload once, so a ratio of two figure
 within a round, and the ratio reported is the median of the rounds' ratios:
 1. bulk enqueue of N jobs, each library's fastest documented API;
 2. processing N no-op jobs with one worker process at its best documented setting (oncebox keyed
-   — the whole guarantee path — and keyless; SQLite too, for its own target), pgqueuer on
+   — the whole guarantee path — and keyless; SQLite too, for its own target; keyed through
+   RabbitMQ, jobs recorded, when a broker answers at --amqp: enqueue is the relayed insert with
+   its publish row, process the relay's publishing plus one lane's draining), pgqueuer on
    uvloop as its own CLI runs it. Every system gets the statistics a production server would
    have by then: an ANALYZE after the load, as autovacuum would (the benchmark server runs with
    autovacuum off). oncebox keyed and pgqueuer run once more without it, as a robustness row:
@@ -52,6 +54,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import backlog
+import brokers
 import fanout
 import floor
 import idle
@@ -103,7 +106,12 @@ def peer_noop(name: str, server: str, jobs: int, stats: str = "fresh") -> dict[s
     return {"enqueue": figures["enqueue_per_s"], "process": figures["process_per_s"]}
 
 
-def throughput(server: str, size: Size, peers: list[str]) -> dict[str, Any]:
+RABBIT = "oncebox keyed via RabbitMQ"  # recorded: relayed, published, drained by one lane
+
+
+def throughput(
+    server: str, size: Size, peers: list[str], amqp: str | None = None
+) -> dict[str, Any]:
     """Workloads 1, 2, 3 and 8, in rounds: each round runs every system and workload once, one
     after the other on fresh databases, so a ratio of two figures is taken within a round —
     the same machine load, the same server state — and the reported ratio is the median of the
@@ -132,6 +140,11 @@ def throughput(server: str, size: Size, peers: list[str]) -> dict[str, Any]:
                 runs.setdefault(f"{peer}, stale statistics", []).append(
                     peer_noop(peer, server, jobs, stats="stale")
                 )
+        if amqp is not None:  # enqueue: relayed (with each publish); process: relay + lane
+            through = brokers.relayed(server, amqp, size.jobs)
+            runs.setdefault(RABBIT, []).append(
+                {"enqueue": through["relayed_enqueue"], "process": through["relayed"]}
+            )
         with postgres_url(server)() as url:
             full.setdefault("oncebox_full_per_s", []).append(full_path(url, size.jobs))
         with postgres_url(server)() as url:
@@ -166,6 +179,11 @@ def throughput(server: str, size: Size, peers: list[str]) -> dict[str, Any]:
         )
         ratios[f"full path ÷ {peer}'s no-op"] = per_round(
             lambda r, t=theirs: ours_full[r], lambda r, t=theirs: t[r]["process"]
+        )
+    if amqp is not None:
+        theirs = runs[RABBIT]
+        ratios["no-op keyed via RabbitMQ ÷ table"] = per_round(
+            lambda r: theirs[r]["process"], lambda r: keyed[r]["process"]
         )
     return {
         "systems": medians(runs),
@@ -399,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, help="default: the size's")
     parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--peers", nargs="*", default=sorted(PEERS))
+    parser.add_argument(
+        "--amqp",
+        default="amqp://guest:guest@127.0.0.1:5672/%2F",
+        help="RabbitMQ for the broker-held row (skipped, saying so, when none answers)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.workloads) - set(range(1, 9)))
@@ -418,8 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "peers": peers,
     }
+    amqp = args.amqp if brokers.reachable(args.amqp) else None
+    if amqp is None:
+        print(f"no RabbitMQ answers at {args.amqp}: the broker-held row is not measured")
     if chosen & {1, 2, 3, 8}:
-        figures["throughput"] = throughput(args.postgres, size, peers)
+        figures["throughput"] = throughput(args.postgres, size, peers, amqp)
     if 4 in chosen:
         figures["latency"] = pick_up(args.postgres, size, peers)
     if 5 in chosen:

@@ -139,10 +139,21 @@ def test_the_comparison_runs_every_workload_at_its_smallest_size_and_checks_ever
     workload produces its figures and every target of the issue is read from them; speed is not
     asserted — a target not met is a figure, not a failure."""
     from conftest import PG_URL
+    from support.brokers import AMQP_URL, reachable
 
     out = tmp_path / "latest.json"
+    amqp = reachable(AMQP_URL)  # the broker-held row: the machine's RabbitMQ
     result = run_bench(
-        "compare.py", "--size", "tiny", "--peers", "--postgres", PG_URL, "--json", str(out)
+        "compare.py",
+        "--size",
+        "tiny",
+        "--peers",
+        "--postgres",
+        PG_URL,
+        "--amqp",
+        amqp,
+        "--json",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
@@ -152,6 +163,7 @@ def test_the_comparison_runs_every_workload_at_its_smallest_size_and_checks_ever
         "oncebox keyless",
         "oncebox keyed, stale statistics",
         "oncebox keyed (SQLite)",
+        "oncebox keyed via RabbitMQ",
     ]
     assert all(row["process"] > 0 and row["enqueue"] > 0 for row in systems.values())
     full = figures["throughput"]["full_path"]
@@ -163,6 +175,7 @@ def test_the_comparison_runs_every_workload_at_its_smallest_size_and_checks_ever
     assert set(figures["throughput"]["ratios"]) == {
         "bulk enqueue ÷ COPY",
         "full path ÷ floor's full path",
+        "no-op keyed via RabbitMQ ÷ table",
     }
     counts = {name: row["count"] for name, row in figures["latency"].items()}
     assert counts == {  # every job of the 1 s window at its rate
@@ -421,5 +434,10 @@ def test_the_brokers_benchmark_drains_each_transport_beside_the_table_queue(pg_t
     )
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
-    assert figures["table"] > 0 and figures["rabbitmq"] > 0
+    assert figures["table"] > 0 and figures["rabbitmq"] > 0 and figures["relayed"] > 0
     assert figures["ratio"] == pytest.approx(figures["rabbitmq"] / figures["table"], rel=0.01)
+    assert figures["relayed_ratio"] == pytest.approx(
+        figures["relayed"] / figures["table"], rel=0.01
+    )
+    # end to end is over the relay and the lane, each slower than the whole
+    assert figures["relayed"] < min(figures["relay"], figures["relayed_consume"])

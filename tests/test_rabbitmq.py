@@ -129,6 +129,16 @@ def test_a_publish_the_broker_cannot_route_raises_and_an_unreachable_broker_says
         gone.declare()
 
 
+def test_a_batch_is_taken_at_its_commit_and_a_message_the_broker_cannot_route_is_named(queue):
+    assert queue.publish_batch([message(n) for n in range(5)]) == set()
+    assert queue.depth() == 5  # every one taken at the commit
+    lost = RabbitQueue(queue.url, f"gone-{uuid.uuid4().hex[:8]}")  # never declared: no route
+    try:
+        assert lost.publish_batch([message(7), message(8)]) == {"job-7", "job-8"}
+    finally:
+        lost.close()
+
+
 def test_retry_delays_round_up_to_the_ladder():
     assert [retry_delay_ms(ms) for ms in (0, 250, 251, 4_000, 10**12)] == [
         250,

@@ -36,6 +36,9 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     ignore-window      the provider's idempotency window is never past: an unknown outcome is
                        resent under the same key however late → `resend-past-window` fails
                        (S5: the provider had forgotten the key and delivers a second copy)
+    stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
+                       instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
+                       the copies a lost acknowledgement left stay in RabbitMQ)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -85,6 +88,12 @@ MUTATIONS = {
         Mutation("clock-never-lapses", "the test clock's lease", "clock-holder-killed"),
         Mutation("greedy-writer", "SQLite write turns", "sqlite-writer-contention", ("sqlite",)),
         Mutation("ignore-window", "the idempotency window", "resend-past-window"),
+        Mutation(
+            "stale-given-back",
+            "acknowledging stale broker copies",
+            "broker-kill-consumer.committed",
+            ("postgres",),
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -174,6 +183,15 @@ def apply(store: Any, names: tuple[str, ...]) -> None:
         if name in _PROCESS_WIDE and name not in _APPLIED:  # once per process
             _APPLIED.add(name)
             _PROCESS_WIDE[name]()
+
+
+def _stale_given_back() -> None:
+    from oncebox.transports.rabbitmq import RabbitTransport  # noqa: PLC0415 (pika, an extra)
+
+    def give_back(self: Any, stale: list[Any]) -> None:
+        self._quietly(self.queue.give_back, stale)
+
+    _patch(RabbitTransport, "_settle_stale", give_back)
 
 
 def _ignore_window() -> None:
@@ -337,6 +355,7 @@ def _install_ack_on_receipt() -> None:
 _PROCESS_WIDE = {
     "ack-before-commit": _install_ack_on_receipt,
     "ignore-window": _ignore_window,
+    "stale-given-back": _stale_given_back,
     "no-lease-rescue": _no_lease_rescue,
     "release-refused-batch": _release_refused_batch,
     "no-guard": _no_guard,

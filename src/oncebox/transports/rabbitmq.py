@@ -184,7 +184,7 @@ class RabbitTransport:
             )
         if stale:
             self._store.counter_add(counts)
-            self._quietly(self.queue.ack, stale)
+            self._settle_stale(stale)
             log.info(
                 "%s: acknowledged %d stale cop%s of relayed jobs unrun (settled, cancelled or "
                 "already moved on)",
@@ -193,6 +193,11 @@ class RabbitTransport:
                 "y" if len(stale) == 1 else "ies",
             )
         return current
+
+    def _settle_stale(self, stale: list[Received]) -> None:
+        """Copies that lost their race are done with: acknowledged, never given back (they
+        would come back first, for ever)."""
+        self._quietly(self.queue.ack, stale)
 
     def _hold(self, one: Received, **fields: Any) -> Delivery:
         message_id = f"{one.message.message_id}#{one.channel}.{one.tag}"
