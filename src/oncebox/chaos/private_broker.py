@@ -19,11 +19,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from oncebox import clock
 from oncebox.errors import ConfigurationError
 
 CLI_PORTS = range(35672, 35683)
@@ -95,7 +95,7 @@ class PrivateBroker:
             capture_output=True,
             timeout=60,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = clock.monotonic() + START_TIMEOUT_S
         while True:  # the node answers only once it booted; until then the CLI says so
             answered = subprocess.run(  # noqa: S603
                 [self.ctl, "-n", self.node, "await_startup", "--timeout", "10"],
@@ -106,12 +106,12 @@ class PrivateBroker:
             )
             if answered.returncode == 0 and self._accepts():
                 return
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise ConfigurationError(
                     f"the private RabbitMQ node {self.node} did not start within "
                     f"{START_TIMEOUT_S} s (its log: {self.folder / 'log'})"
                 )
-            time.sleep(0.5)  # a child process booting: nothing to wait on but its answer
+            clock.sleep(0.5)  # a child process booting: nothing to wait on but its answer
 
     def _accepts(self) -> bool:
         try:
