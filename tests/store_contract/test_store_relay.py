@@ -6,10 +6,13 @@ relay; a group's jobs are published one at a time. SQLite refuses each operation
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from oncebox.clock import ClockSetting
@@ -19,6 +22,7 @@ from oncebox.store.base import OperatorAction, RelayedFinish, Store
 from store_contract.conftest import emptied
 from support.contract import T0, advance, insert, opened_session, row
 from support.depths import depth_drift
+from support.waiting import wait_until
 
 
 def publishes(store: Store, job_id: int) -> list[tuple[str, str]]:
@@ -26,8 +30,8 @@ def publishes(store: Store, job_id: int) -> list[tuple[str, str]]:
     return [(m.key, m.state) for m in store.outbox_find_by_key(f"~relay/{job_id}")]
 
 
-def settle(store: Store, job_id: int, run: int, state: str = "done", **fields) -> set[int]:
-    finish = RelayedFinish(
+def finish(job_id: int, run: int, state: str = "done", **fields: Any) -> RelayedFinish:
+    return RelayedFinish(
         id=job_id,
         run=run,
         state=state,  # type: ignore[arg-type]
@@ -37,8 +41,11 @@ def settle(store: Store, job_id: int, run: int, state: str = "done", **fields) -
         worker="w1",
         started_at=T0,
     )
+
+
+def settle(store: Store, job_id: int, run: int, state: str = "done", **fields: Any) -> set[int]:
     with opened_session(store) as session, session.transaction() as tx:
-        return tx.job_settle_relayed([finish])
+        return tx.job_settle_relayed([finish(job_id, run, state, **fields)])
 
 
 def test_sqlite_refuses_the_relay_in_one_line(tmp_path: Path):
@@ -159,3 +166,37 @@ def test_a_groups_jobs_are_published_one_at_a_time_in_order(pg: Store):
     cancelled = pg.job_cancel(OperatorAction(second, "tester", "not needed"))
     assert cancelled is not None
     assert publishes(pg, third) == [(f"~relay/{third}/1", "pending")]
+
+
+def _waiting_on_a_group_lock(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.postgres
+def test_a_head_settled_while_the_next_job_is_enqueued_still_gets_that_job_published(pg: Store):
+    """Each transaction alone would miss the other's uncommitted row: the settle sees no next
+    job, the enqueue sees the head still relayed. The group's lock makes the second decide after
+    the first committed, so the new head is published."""
+    head = insert(pg, "k/0", queue="events", relayed=True, group_key="shipment-1")
+    enqueued: list[int] = []
+    with opened_session(pg) as session:
+        with session.transaction() as tx:
+            assert tx.job_settle_relayed([finish(head, 1)]) == {head}
+            racer = threading.Thread(
+                target=lambda: enqueued.append(
+                    insert(pg, "k/1", queue="events", relayed=True, group_key="shipment-1")
+                )
+            )
+            racer.start()
+            # the enqueue waits for the group's lock (without it, it commits unpublished)
+            wait_until(
+                lambda: _waiting_on_a_group_lock(pg.url) or not racer.is_alive(),
+                what="the enqueue to wait on the group's lock, or to finish",
+            )
+        racer.join(timeout=30)
+    [second] = enqueued
+    assert publishes(pg, second) == [(f"~relay/{second}/1", "pending")]

@@ -136,7 +136,13 @@ class RabbitQueue:
         with self._wire("declare"):
             channel = self._open()
             quorum = {"x-queue-type": "quorum"}
-            channel.queue_declare(self.name, durable=True, arguments=quorum)
+            # a message the broker itself gives up on (RabbitMQ 4's default delivery limit, 20
+            # deliveries without an acknowledgement) goes to the dead letters, not nowhere
+            dead_letters = {
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": f"{self.name}.dead",
+            }
+            channel.queue_declare(self.name, durable=True, arguments={**quorum, **dead_letters})
             channel.queue_declare(f"{self.name}.dead", durable=True, arguments=quorum)
             for delay in RETRY_LADDER_MS:
                 channel.queue_declare(

@@ -441,9 +441,10 @@ class Worker:
             result = consumer.run_once()
             with self._result_lock:
                 self._result.consumed.add(result)
-            if relayed and result.retried:
-                # a relayed job's retry is a publish the relay writes in the same commit (0016):
-                # the dispatcher looks again, as for a handler's outbox rows
+            if relayed and result.leased:
+                # a relayed job's retry, or a group's next job once its head ended, is a publish
+                # written in the same commit (0016): the dispatcher looks again, as for a
+                # handler's outbox rows
                 self.wake(OUTBOX)
             return result.leased
 

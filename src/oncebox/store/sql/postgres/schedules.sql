@@ -161,6 +161,7 @@ messages AS (
            count(*) FILTER (WHERE o.state <> 'sent') AS unsent
     FROM __S__.oncebox_outbox o
     WHERE o.job_id IN (SELECT id FROM jobs) AND o.discarded_at IS NULL
+      AND o.channel NOT LIKE '~%%'  -- a broker-held queue's publishes are its jobs' transport
     GROUP BY o.job_id
 ),
 per_period AS (

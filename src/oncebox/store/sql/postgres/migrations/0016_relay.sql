@@ -14,8 +14,12 @@
 -- * Ordered groups: a job of a group (`group_by`) is published only while no earlier job of its
 --   group is waiting or running, and the job that ends a group's head (done, dead, cancelled)
 --   publishes the next one — so the broker holds at most one job per group, and any number of
---   consumers keep each group in order while groups run side by side. The group index below
---   finds a group's relayed jobs as oncebox_jobs_group finds its ready and leased ones.
+--   consumers keep each group in order while groups run side by side. Two transactions deciding
+--   for one group at once (a head settled while the next job is enqueued, two enqueues into an
+--   empty group) would each miss the other's uncommitted row: the trigger first takes a
+--   transaction-scoped advisory lock per group it touches, in one order, so the second decides
+--   after the first committed (each statement of a trigger function sees what committed before
+--   it). The index below finds a group's waiting or running jobs for those decisions.
 ALTER TABLE __S__.oncebox_jobs DROP CONSTRAINT oncebox_jobs_state_check;
 ALTER TABLE __S__.oncebox_jobs ADD CONSTRAINT oncebox_jobs_state_check
     CHECK (state IN ('ready', 'leased', 'relayed', 'done', 'dead', 'cancelled')) NOT VALID;
@@ -31,13 +35,23 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed') THEN
             RETURN NULL;  -- a table queue's insert: no outbox statement (nor its NOTIFY)
         END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_new WHERE state = 'relayed' AND group_key IS NOT NULL) g
+        ORDER BY g.lock;
         SELECT array_agg(n.id) INTO due FROM relay_new n WHERE n.state = 'relayed';
     ELSE
-        IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed')
-           AND NOT EXISTS (SELECT 1 FROM relay_old
-                           WHERE state = 'relayed' OR group_key IS NOT NULL) THEN
-            RETURN NULL;  -- a table queue's statement, no relayed job or group among them
+        IF NOT EXISTS (SELECT 1 FROM relay_new
+                       WHERE state = 'relayed' OR (state = 'cancelled' AND group_key IS NOT NULL))
+           AND NOT EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed') THEN
+            -- a table queue's statement: no relayed job among them, and no cancel that could
+            -- free a broker-held group's head (a ready one, not yet handed to the relay)
+            RETURN NULL;
         END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_new WHERE group_key IS NOT NULL) g
+        ORDER BY g.lock;
         WITH changed AS (
             SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
                    n.attempt <> o.attempt AS next_attempt
@@ -93,5 +107,5 @@ CREATE TRIGGER oncebox_jobs_relay_update AFTER UPDATE ON __S__.oncebox_jobs
     REFERENCING OLD TABLE AS relay_old NEW TABLE AS relay_new
     FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_relay();
 
-CREATE INDEX oncebox_jobs_group_relayed ON __S__.oncebox_jobs (queue, group_key, id)
-    WHERE group_key IS NOT NULL AND state = 'relayed';
+CREATE INDEX oncebox_jobs_group_active ON __S__.oncebox_jobs (queue, group_key, id)
+    WHERE group_key IS NOT NULL AND state IN ('ready', 'leased', 'relayed');

@@ -266,7 +266,7 @@ CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs USING btree (task, fini
 
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
 
-CREATE INDEX oncebox_jobs_group_relayed ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = 'relayed'::text))
+CREATE INDEX oncebox_jobs_group_active ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text, 'relayed'::text])))
 
 CREATE INDEX oncebox_jobs_leased ON __S__.oncebox_jobs USING btree (lease_expires_at) WHERE (state = 'leased'::text)
 
@@ -386,13 +386,23 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed') THEN
             RETURN NULL;  -- a table queue's insert: no outbox statement (nor its NOTIFY)
         END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_new WHERE state = 'relayed' AND group_key IS NOT NULL) g
+        ORDER BY g.lock;
         SELECT array_agg(n.id) INTO due FROM relay_new n WHERE n.state = 'relayed';
     ELSE
-        IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed')
-           AND NOT EXISTS (SELECT 1 FROM relay_old
-                           WHERE state = 'relayed' OR group_key IS NOT NULL) THEN
-            RETURN NULL;  -- a table queue's statement, no relayed job or group among them
+        IF NOT EXISTS (SELECT 1 FROM relay_new
+                       WHERE state = 'relayed' OR (state = 'cancelled' AND group_key IS NOT NULL))
+           AND NOT EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed') THEN
+            -- a table queue's statement: no relayed job among them, and no cancel that could
+            -- free a broker-held group's head (a ready one, not yet handed to the relay)
+            RETURN NULL;
         END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_new WHERE group_key IS NOT NULL) g
+        ORDER BY g.lock;
         WITH changed AS (
             SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
                    n.attempt <> o.attempt AS next_attempt
