@@ -19,7 +19,6 @@ import pytest
 from oncebox import (
     Box,
     ConfigurationError,
-    ConsumerConfig,
     EnqueueResult,
     JobContext,
     Permanent,
@@ -33,6 +32,7 @@ from oncebox.testing import FrozenClock
 from oncebox.transports.rabbitmq import RabbitTransport
 from support.brokers import AMQP_URL, reachable
 from support.db import create_effects, effects, record_effect, sql
+from support.transports import consume_rounds
 
 PERIOD = "2026-W49"
 T0 = datetime(2026, 12, 7, 6, 0, tzinfo=UTC)
@@ -89,17 +89,7 @@ def relay(box: Box) -> int:
 
 def consume(box: Box, transport: RabbitTransport, rounds: int = 10) -> int:
     """Consumer rounds until one finds nothing; what they ran."""
-    consumer = box.consumer(ConsumerConfig(batch_size=10), transport=transport)
-    ran = 0
-    try:
-        for _ in range(rounds):
-            got = consumer.run_once().leased
-            ran += got
-            if not got:
-                break
-    finally:
-        consumer.session.close()
-    return ran
+    return consume_rounds(box, transport, rounds)
 
 
 def job_id_of(result: EnqueueResult) -> int:

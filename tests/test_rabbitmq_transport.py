@@ -27,6 +27,7 @@ from oncebox.queue.transport import Delivery, Settlement
 from oncebox.transports.rabbitmq import RabbitTransport, task_message
 from support.brokers import AMQP_URL, reachable
 from support.db import create_effects, effects, record_effect
+from support.transports import consume_rounds
 
 PERIOD = "2026-W33"
 
@@ -78,17 +79,7 @@ def publish(box: Box, transport: RabbitTransport, *customers: int) -> None:
 
 def drain_broker(box: Box, transport: RabbitTransport, rounds: int = 20) -> int:
     """Run consumer rounds until one finds nothing; what they leased."""
-    consumer = box.consumer(ConsumerConfig(batch_size=10), transport=transport)
-    leased = 0
-    try:
-        for _ in range(rounds):
-            got = consumer.run_once().leased
-            leased += got
-            if not got:
-                break
-    finally:
-        consumer.session.close()
-    return leased
+    return consume_rounds(box, transport, rounds)
 
 
 def test_each_message_runs_once_and_is_acknowledged(store_url, queue_name):

@@ -20,6 +20,22 @@ from oncebox.testing import FrozenClock
 CONFIG = ConsumerConfig(batch_size=10, max_batch_size=10)
 
 
+def consume_rounds(box: Box, transport: Any, rounds: int = 10, batch_size: int = 10) -> int:
+    """Consumer rounds on `transport` (a lane of its own) until one finds nothing; how many
+    deliveries they ran."""
+    consumer = box.consumer(ConsumerConfig(batch_size=batch_size), transport=transport)
+    ran = 0
+    try:
+        for _ in range(rounds):
+            got = consumer.run_once().leased
+            ran += got
+            if not got:
+                break
+    finally:
+        consumer.session.close()
+    return ran
+
+
 class TableHarness:
     """The built-in queue: a job is deliverable once enqueued; a lane's lease is its hold, kept
     alive by heartbeats, and lost when it runs out (the rescuer ends it)."""
