@@ -12,13 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from oncebox import Box, ConfigurationError, JobContext
-from oncebox.brokers.rabbitmq import (
-    RETRY_LADDER_MS,
-    Message,
-    RabbitQueue,
-    Received,
-    retry_delay_ms,
-)
+from oncebox.brokers.messages import Message, Received
+from oncebox.brokers.rabbitmq import RETRY_LADDER_MS, RabbitQueue, retry_delay_ms
 from oncebox.errors import BrokerRefused, BrokerUnavailable
 from oncebox.testing import drain
 from support.brokers import AMQP_URL, reachable

@@ -24,7 +24,8 @@ from oncebox import (
     Permanent,
     Retry,
 )
-from oncebox.brokers.rabbitmq import Message, RabbitQueue
+from oncebox.brokers.messages import Message
+from oncebox.brokers.rabbitmq import RabbitQueue
 from oncebox.queue.brokered import RELAY_PREFIX
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import Settlement

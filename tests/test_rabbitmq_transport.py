@@ -22,7 +22,8 @@ from oncebox import (
     RetryLater,
     WorkerConfig,
 )
-from oncebox.brokers.rabbitmq import Message, RabbitQueue
+from oncebox.brokers.messages import Message
+from oncebox.brokers.rabbitmq import RabbitQueue
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.transports.rabbitmq import RabbitTransport, task_message
 from support.brokers import AMQP_URL, reachable

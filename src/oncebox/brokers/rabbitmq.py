@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -37,6 +36,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
+from oncebox.brokers.messages import Message, Received
 from oncebox.errors import BrokerRefused, BrokerUnavailable
 
 PREFIX = "oncebox."
@@ -54,23 +54,6 @@ RETRY_LADDER_MS = (
     21_600_000,
     86_400_000,
 )
-
-
-@dataclass(frozen=True)
-class Message:
-    body: bytes
-    message_id: str
-    headers: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Received:
-    """A message handed to this consumer, unacknowledged until `ack`, `retry` or `dead`."""
-
-    message: Message
-    tag: int
-    redelivered: bool
-    channel: int = 0  # which of this queue's channels it came on: a tag means nothing elsewhere
 
 
 def retry_delay_ms(wanted_ms: float) -> int:
@@ -300,7 +283,7 @@ class RabbitQueue:
         with self._wire("acknowledge on"):
             for one in received:
                 if channel is not None:
-                    channel.basic_ack(one.tag)
+                    channel.basic_ack(int(one.tag))
 
     def give_back(self, received: Sequence[Received]) -> None:
         """Back to the queue at once, for another consumer (a shutdown, a release)."""
@@ -308,7 +291,7 @@ class RabbitQueue:
         with self._wire("give back to"):
             for one in received:
                 if channel is not None:
-                    channel.basic_nack(one.tag, requeue=True)
+                    channel.basic_nack(int(one.tag), requeue=True)
 
     def _channel_of(self, received: Sequence[Received]) -> BlockingChannel | None:
         """The channel that delivered `received`, if it is still the open one: a delivery tag

@@ -73,7 +73,8 @@ def left_in_broker(url: str, queue: str) -> dict[str, int]:
 def publish_again(url: str, queue: str, copies: list[tuple[str, str]]) -> None:
     """Publish (body, message id) pairs to the run's queue as the relay did: a duplicate publish
     made by hand, as a relay whose confirm was lost, or a producer retrying, would make one."""
-    from oncebox.brokers.rabbitmq import Message, RabbitQueue  # noqa: PLC0415
+    from oncebox.brokers.messages import Message  # noqa: PLC0415
+    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415
 
     wire = RabbitQueue(url, queue)
     try:

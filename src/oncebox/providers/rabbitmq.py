@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from oncebox.brokers.rabbitmq import Message, RabbitQueue
+from oncebox.brokers.messages import Message
+from oncebox.brokers.rabbitmq import RabbitQueue
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from oncebox.providers.base import Outgoing, Receipt, SendAmbiguous, SendRetryable
 

@@ -1,0 +1,26 @@
+"""What travels through a broker, whichever it is: a message, and a message handed to a consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Message:
+    body: bytes
+    message_id: str
+    headers: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message handed to this consumer, unacknowledged until `ack`, `retry` or `dead`."""
+
+    message: Message
+    tag: (
+        int | str
+    )  # the broker's handle on this delivery (RabbitMQ: a delivery tag; SQS: a receipt)
+    redelivered: bool
+    channel: int = 0  # which of this queue's channels it came on: a tag means nothing elsewhere
