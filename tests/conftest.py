@@ -146,3 +146,12 @@ def open_box() -> Iterator[Callable[..., Box]]:
     yield make
     for box in built:
         box.close()
+
+
+@pytest.fixture(scope="session")
+def sqs_endpoint() -> Iterator[str]:
+    """The tests' own SQS-compatible server (moto), for the session (support/brokers.py)."""
+    from support.brokers import sqs_server
+
+    with sqs_server() as endpoint:
+        yield endpoint

@@ -1,9 +1,9 @@
 """The transport contract: what every transport promises the consumer, run against each — the
-built-in table queue on SQLite and PostgreSQL, and RabbitMQ with its jobs recorded on PostgreSQL
-(tests/support/transports.py). Publish, receive under a hold no other lane shares, keep the hold
-alive, acknowledge, give back with a delay, dead-letter, survive a lane lost before its commit and
-an acknowledgement lost after it (a broker's redelivery ends as a counted claim conflict), and keep
-a group's jobs in order."""
+built-in table queue on SQLite and PostgreSQL, and RabbitMQ and SQS with their jobs recorded on
+PostgreSQL (tests/support/transports.py). Publish, receive under a hold no other lane shares,
+keep the hold alive, acknowledge, give back with a delay, dead-letter, survive a lane lost before
+its commit and an acknowledgement lost after it (a broker's redelivery ends as a counted claim
+conflict), and keep a group's jobs in order."""
 
 from __future__ import annotations
 
@@ -16,25 +16,31 @@ import pytest
 from oncebox import Box, JobContext, Permanent, Retry, RetryLater
 from oncebox.store.base import JobFilter
 from oncebox.testing import FrozenClock
-from support.brokers import AMQP_URL, reachable
+from support.brokers import AMQP_URL, reachable, sqs_url
 from support.db import create_effects, effects, record_effect, sql
-from support.transports import harness_for
+from support.transports import SQS_VISIBILITY_S, harness_for
 
 T0 = datetime(2026, 12, 7, 6, 0, tzinfo=UTC)
 PERIOD = "2026-W50"
 SECRET = "transport-contract-secret-0123"
 
 
-@pytest.fixture(params=["table-sqlite", "table-postgres", "rabbitmq-postgres"])
+@pytest.fixture(params=["table-sqlite", "table-postgres", "rabbitmq-postgres", "sqs-postgres"])
 def lanes(request: pytest.FixtureRequest) -> Iterator[Any]:
     kind, dialect = request.param.split("-")
     url = request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_url")
-    amqp = reachable(AMQP_URL) if kind == "rabbitmq" else None
+    broker = {
+        "table": lambda: None,
+        "rabbitmq": lambda: reachable(AMQP_URL),
+        "sqs": lambda: sqs_url(
+            request.getfixturevalue("sqs_endpoint"), visibility=SQS_VISIBILITY_S
+        ),
+    }[kind]()
     box = Box(url, secret=SECRET)
     create_effects(box)
     sql(box, "CREATE TABLE run_order (seq INTEGER PRIMARY KEY, leg TEXT)")
     try:
-        with FrozenClock(box, at=T0) as clock, harness_for(kind, box, clock, amqp) as harness:
+        with FrozenClock(box, at=T0) as clock, harness_for(kind, box, clock, broker) as harness:
             define_tasks(box, harness.queue)
             yield harness
     finally:

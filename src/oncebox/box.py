@@ -49,7 +49,7 @@ from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
 from oncebox.outbox.tokens import SecretSource
 from oncebox.providers import Provider
 from oncebox.queue import enqueue as enqueueing
-from oncebox.queue.brokered import refuse_unbrokerable, relay_channel
+from oncebox.queue.brokered import broker_kind, refuse_unbrokerable, relay_channel, wire_for
 from oncebox.queue.claim_session import ClaimSessions
 from oncebox.queue.consumer import Consumer, ConsumerConfig
 from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
@@ -304,10 +304,10 @@ class Box(Operations):
         job (`queue/brokered.py` says what such a queue refuses). `publish_unrecorded` publishes
         without a record (SQLite's only way)."""
         check_name("queue", name)
-        if not isinstance(broker, str) or broker.split(":", 1)[0].lower() not in {"amqp", "amqps"}:
-            raise ConfigurationError(
-                f"queue {name!r}: broker must be a RabbitMQ URL, amqp://HOST:5672/VHOST"
-            )
+        try:
+            broker_kind(broker)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"queue {name!r}: {exc}") from None
         known = self.runtime.brokers.get(name)
         if known is not None and known != broker:
             raise ConfigurationError(f"queue {name!r} is declared with two brokers")
@@ -327,11 +327,10 @@ class Box(Operations):
                 "(box.queue(name, broker=...)); enqueue it instead"
             )
         refuse_unbrokerable(resolved, recorded=False)
-        from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
-        from oncebox.transports.rabbitmq import task_message  # noqa: PLC0415
+        from oncebox.transports.broker import task_message  # noqa: PLC0415
 
         message = task_message(resolved, args, self.runtime.max_payload_bytes)
-        queue = RabbitQueue(broker, resolved.queue)
+        queue = wire_for(broker, resolved.queue)
         try:
             queue.declare()
             queue.publish([message])

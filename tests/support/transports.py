@@ -1,7 +1,8 @@
 """The transports the contract suite (tests/test_transport_contract.py) runs against, each behind
 one small harness: how a job is published and made deliverable, how a consumer lane is opened,
-kept alive, and lost. The built-in table queue on both stores, and RabbitMQ with its jobs
-recorded on PostgreSQL (the relay: migration 0016) on the machine's real broker."""
+kept alive, and lost. The built-in table queue on both stores; RabbitMQ (the machine's real
+broker) and SQS (the tests' own moto server), with their jobs recorded on PostgreSQL (the relay:
+migration 0016)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from oncebox import Box, ConsumerConfig
+from oncebox import Box, ConsumerConfig, clock
+from oncebox.queue.brokered import wire_for
 from oncebox.queue.consumer import Consumer
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import TableTransport
 from oncebox.testing import FrozenClock
+from oncebox.transports.broker import BrokerTransport
 
 CONFIG = ConsumerConfig(batch_size=10, max_batch_size=10)
 
@@ -80,23 +83,24 @@ class TableHarness:
             lane.session.close()
 
 
-class RabbitHarness(TableHarness):
-    """RabbitMQ, jobs recorded on PostgreSQL: a job is deliverable once the relay published it;
-    a lane's hold is its connection (no heartbeat to send), lost when the connection closes."""
+class BrokerHarness(TableHarness):
+    """A broker's queue, jobs recorded on PostgreSQL: a job is deliverable once the relay
+    published it; a lane is a `BrokerTransport` on the broker's wire."""
 
-    name = "rabbitmq"
+    name = "broker"
     acknowledges_after_commit = True
 
-    def __init__(self, box: Box, clock: FrozenClock, amqp_url: str) -> None:
+    def __init__(self, box: Box, clock: FrozenClock, broker: str) -> None:
         super().__init__(box, clock)
-        self.amqp_url = amqp_url
+        self.broker = broker
         self.queue = f"contract-{uuid.uuid4().hex[:10]}"
-        box.queue(self.queue, broker=amqp_url)
+        box.queue(self.queue, broker=broker)
+
+    def _wire(self, **options: Any) -> Any:
+        return wire_for(self.broker, self.queue, **options)
 
     def declare(self) -> None:
-        from oncebox.brokers.rabbitmq import RabbitQueue
-
-        setup = RabbitQueue(self.amqp_url, self.queue)
+        setup = self._wire()
         try:
             setup.declare()
         finally:
@@ -107,11 +111,8 @@ class RabbitHarness(TableHarness):
         return self.box.dispatcher().run_once().sent
 
     def lane(self) -> Consumer:
-        from oncebox.brokers.rabbitmq import RabbitQueue
-        from oncebox.transports.rabbitmq import RabbitTransport
-
-        transport = RabbitTransport(
-            RabbitQueue(self.amqp_url, self.queue, prefetch=CONFIG.batch_size, wait_s=0.3),
+        transport = BrokerTransport(
+            self._wire(prefetch=CONFIG.batch_size, wait_s=0.3),
             attempts=lambda task: self.box.registry.get(task).retry.max_attempts,
             now=self.box.store.clock_now,
             store=self.box.store,
@@ -120,6 +121,23 @@ class RabbitHarness(TableHarness):
         consumer = self.box.consumer(CONFIG, transport=transport, name=f"c{len(self._lanes)}")
         self._lanes.append(consumer)
         return consumer
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.transport.close()  # type: ignore[attr-defined]
+        super().close()
+        setup = self._wire()
+        try:
+            setup.delete()
+        finally:
+            setup.close()
+
+
+class RabbitHarness(BrokerHarness):
+    """RabbitMQ: a lane's hold is its connection (no heartbeat to send), lost when the
+    connection closes."""
+
+    name = "rabbitmq"
 
     def keep_alive(self, lane: Consumer, hold_for: timedelta) -> None:
         """Nothing to send: RabbitMQ holds an unacknowledged message while its connection
@@ -132,26 +150,37 @@ class RabbitHarness(TableHarness):
         lane.transport.close()  # type: ignore[attr-defined]
         lane.session.close()
 
+
+SQS_VISIBILITY_S = 3  # the contract queue's: SQS's hold, on the real clock
+
+
+class SqsHarness(BrokerHarness):
+    """SQS: a lane's hold is each message's visibility timeout, which runs on SQS's own clock —
+    the real one. It is kept alive by extending it (the lease keeper's heartbeat), and lost by
+    letting it run out: time passing here includes that much real time, since nothing moves
+    SQS's clock (a wait for the fault itself, not for a result)."""
+
+    name = "sqs"
+
+    def keep_alive(self, lane: Consumer, hold_for: timedelta) -> None:
+        lane.transport.keep_alive(hold_for)  # type: ignore[attr-defined]
+
+    def lose(self, lane: Consumer) -> None:
+        """The lane's process is gone: what it held becomes visible when its timeout runs out."""
+        lane.transport.close()  # type: ignore[attr-defined]
+        lane.session.close()
+        self.time_passes(timedelta(hours=2))
+
     def time_passes(self, delta: timedelta) -> None:
         super().time_passes(delta)
-
-    def close(self) -> None:
-        for lane in self._lanes:
-            lane.transport.close()  # type: ignore[attr-defined]
-        super().close()
-        from oncebox.brokers.rabbitmq import RabbitQueue
-
-        setup = RabbitQueue(self.amqp_url, self.queue)
-        try:
-            setup.delete()
-        finally:
-            setup.close()
+        clock.sleep(SQS_VISIBILITY_S + 0.5)
 
 
 @contextmanager
-def harness_for(kind: str, box: Box, clock: FrozenClock, amqp_url: str | None) -> Iterator[Any]:
-    harness: TableHarness = (
-        TableHarness(box, clock) if kind == "table" else RabbitHarness(box, clock, amqp_url or "")
+def harness_for(kind: str, box: Box, clock: FrozenClock, broker: str | None) -> Iterator[Any]:
+    harnesses: dict[str, type[BrokerHarness]] = {"rabbitmq": RabbitHarness, "sqs": SqsHarness}
+    harness = (
+        TableHarness(box, clock) if kind == "table" else harnesses[kind](box, clock, broker or "")
     )
     harness.declare()
     try:

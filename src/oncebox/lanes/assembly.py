@@ -10,7 +10,7 @@ import socket
 
 from oncebox.errors import ConfigurationError
 from oncebox.limits.allocation import holds_slot
-from oncebox.queue.brokered import refuse_unbrokerable
+from oncebox.queue.brokered import refuse_unbrokerable, wire_for
 from oncebox.queue.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
@@ -99,15 +99,14 @@ def broker_transport(
     """A consumer lane's transport on the broker that holds `queue` (its own connection,
     declared), prefetching what one lease takes at most; on PostgreSQL it settles the relayed
     jobs' rows (migration 0016), on SQLite it takes unrecorded messages only."""
-    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
-    from oncebox.transports.rabbitmq import RabbitTransport  # noqa: PLC0415
+    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
 
     for task in runtime.registry.all():
         if task.queue == queue:
             refuse_unbrokerable(task, recorded=runtime.store.dialect == "postgres")
-    wire = RabbitQueue(runtime.brokers[queue], queue, prefetch=config.batch_size)
+    wire = wire_for(runtime.brokers[queue], queue, prefetch=config.batch_size)
     wire.declare()
-    return RabbitTransport(
+    return BrokerTransport(
         wire,
         attempts=lambda task: runtime.registry.get(task).retry.max_attempts,
         now=runtime.store.clock_now,

@@ -380,8 +380,15 @@ class Worker:
             return [token for _c, transport in consumers for token in transport.held_tokens()]
 
         store, metrics = self.runtime.store, self.runtime.metrics
+
+        def keep_alive(hold_for: timedelta) -> None:
+            for _c, transport in consumers:
+                holder = getattr(transport, "keep_alive", None)
+                if holder is not None:
+                    holder(hold_for)
+
         keeper = LeaseKeeper(
-            store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens
+            store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens, keep_alive
         )
         rescuer = LeaseRescuer(
             store,

@@ -12,9 +12,10 @@ trigger: migration 0016) live on PostgreSQL only.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from oncebox.errors import ConfigurationError
+from oncebox.errors import ConfigurationError, InvalidArguments
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import Task
 from oncebox.outbox.channels import Channel
@@ -57,13 +58,63 @@ def refuse_unrecorded_store(dialect: str) -> None:
         raise ConfigurationError(RELAY_NEEDS_POSTGRES)
 
 
+BROKER_SCHEMES = {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs"}
+# a relayed job's publish around its arguments: {"args":…,"job":…,"run":…,"task":…} and its
+# attributes (SQS counts them): generous, so the check errs on the side of refusing early
+ENVELOPE_BYTES = 1024
+
+
+def broker_kind(broker: str) -> str:
+    """Which broker a URL names: `rabbitmq` (amqp://, amqps://) or `sqs` (sqs://REGION)."""
+    scheme = broker.split(":", 1)[0].lower() if isinstance(broker, str) else ""
+    if scheme not in BROKER_SCHEMES:
+        raise ConfigurationError(
+            "a broker is a RabbitMQ URL (amqp://HOST:5672/VHOST) or an SQS one (sqs://REGION)"
+        )
+    return BROKER_SCHEMES[scheme]
+
+
+def wire_for(broker: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> Any:
+    """A connection to `queue` on its broker (`brokers/`), imported only when used: each broker's
+    client is an extra."""
+    if broker_kind(broker) == "sqs":
+        from oncebox.brokers.sqs import SqsQueue  # noqa: PLC0415 (boto3, an extra)
+
+        return SqsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
+    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
+
+    return RabbitQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
+
+
+def check_message_size(broker: str, task: Task, args_json: str) -> None:
+    """Refuse, before anything is written, a job its broker would refuse for its size (SQS:
+    256 KiB per message, body and attributes)."""
+    if broker_kind(broker) != "sqs":
+        return
+    from oncebox.brokers.sqs import MAX_MESSAGE_BYTES  # noqa: PLC0415
+
+    size = len(args_json.encode()) + ENVELOPE_BYTES
+    if size > MAX_MESSAGE_BYTES:
+        raise InvalidArguments(
+            f"task {task.name!r}: its arguments ({len(args_json.encode())} bytes) and their "
+            f"envelope exceed the {MAX_MESSAGE_BYTES} bytes SQS takes per message; its queue "
+            f"{task.queue!r} is held by SQS"
+        )
+
+
 def relay_channel(queue: str, broker: str) -> Channel:
-    """The outbox channel that publishes the jobs of `queue` to its broker: confirmed publishes
-    whose lost confirm is simply resent — the consumer finds a second copy stale and never runs
-    it (`RabbitMQRelay`)."""
+    """The outbox channel that publishes the jobs of `queue` to its broker: publishes whose lost
+    answer is simply sent again — the consumer finds a second copy stale and never runs it
+    (`RabbitMQRelay`, `SqsRelay`)."""
     parts = urlsplit(broker)
     query = [(name, value) for name, value in parse_qsl(parts.query) if name != "queue"]
     url = urlunsplit(parts._replace(query=urlencode([*query, ("queue", queue)])))
-    from oncebox.providers.rabbitmq import RabbitMQRelay  # noqa: PLC0415 (pika, an extra)
+    if broker_kind(broker) == "sqs":
+        from oncebox.providers.sqs import SqsRelay  # noqa: PLC0415 (boto3, an extra)
 
-    return Channel(name=f"{RELAY_PREFIX}{queue}", provider=RabbitMQRelay(url), retry=RELAY_RETRY)
+        provider: Any = SqsRelay(url)
+    else:
+        from oncebox.providers.rabbitmq import RabbitMQRelay  # noqa: PLC0415 (pika, an extra)
+
+        provider = RabbitMQRelay(url)
+    return Channel(name=f"{RELAY_PREFIX}{queue}", provider=provider, retry=RELAY_RETRY)

@@ -17,7 +17,11 @@ from typing import Any, Literal
 from oncebox.errors import ConfigurationError, InvalidState
 from oncebox.jobs.codec import decode_args, encode_args
 from oncebox.jobs.tasks import Task
-from oncebox.queue.brokered import refuse_unbrokerable, refuse_unrecorded_store
+from oncebox.queue.brokered import (
+    check_message_size,
+    refuse_unbrokerable,
+    refuse_unrecorded_store,
+)
 from oncebox.runtime import Runtime
 from oncebox.store.base import (
     ACTIVE_STATES,
@@ -299,6 +303,9 @@ def job_row(runtime: Runtime, task: Task, args: Mapping[str, Any]) -> InsertRow:
     "Region.EU", and one operation must never render two keys."""
     task.check_args(args)
     encoded = encode_args(args, task.name, runtime.max_payload_bytes)
+    broker = runtime.brokers.get(task.queue)
+    if broker is not None:
+        check_message_size(broker, task, encoded)
     if task.key is None and task.group_by is None and task.limits is None:
         return None, encoded, None, None
     partition = task.limits.partition if task.limits else None

@@ -41,11 +41,14 @@ class LeaseKeeper:
         config: LeaseKeeperConfig,
         watch: HandlerWatch,
         held_tokens: Callable[[], list[str]],
+        keep_alive: Callable[[timedelta], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.watch = watch
         self.held_tokens = held_tokens
+        # the broker lanes' own holds, for a broker whose hold runs out by itself (SQS)
+        self.keep_alive = keep_alive
 
     def run_once(self) -> LeaseKeeperResult:
         overdue = self.watch.check()
@@ -56,6 +59,8 @@ class LeaseKeeper:
         tokens = [token for token in tokens if token not in overrun]
         if tokens:
             extended = self.store.job_lease_extend(tokens, self.config.lease)
+        if self.keep_alive is not None:
+            self.keep_alive(self.config.lease)
         return LeaseKeeperResult(len(tokens), extended, len(overdue))
 
     def run_forever(self, stop: threading.Event) -> None:

@@ -299,6 +299,18 @@ class BrokerTransport:
         except (BrokerUnavailable, BrokerRefused) as exc:
             log.warning("%s: left to the broker, which delivers it again", exc)
 
+    def keep_alive(self, hold_for: timedelta) -> None:
+        """Keep holding what this lane holds for `hold_for` more, on a broker whose hold runs
+        out by itself (SQS's visibility timeout); nothing to send where the hold lasts while the
+        connection does (RabbitMQ)."""
+        extend = getattr(self.queue, "extend", None)
+        if extend is None:
+            return
+        with self._lock:
+            held = list(self._held.values())
+        if held:
+            self._quietly(extend, held, hold_for.total_seconds())
+
     def held_tokens(self) -> list[str]:
         """No lease tokens in the store: the broker holds an unacknowledged message and
         delivers it again when this consumer is gone."""

@@ -1,0 +1,287 @@
+"""An oncebox queue's Amazon SQS side: its queues, batched sends, visibility as the lease.
+
+`sqs://REGION` (credentials as boto3 finds them: the environment, a profile, a role), with
+`?endpoint=URL` for an SQS-compatible server (the tests start `moto`'s), `fifo=true` for FIFO
+queues, `visibility=SECONDS` (the lease: 30 by default) and `wait=SECONDS` (the long poll: 1).
+For an oncebox queue Q:
+
+- `oncebox-Q` (`oncebox-Q.fifo`): the queue, its visibility timeout the consumers' lease — a
+  message received and neither deleted nor extended in time is received again;
+- `oncebox-Q-dead`: its redrive target. SQS moves a message there after `MAX_RECEIVES` receives
+  (a safety net only: give-backs count as receives) — and oncebox's consumer puts an unrecorded
+  message there itself when it is dead, with its error.
+
+Names keep the letters, digits, `_` and `-` of Q; any other character becomes `-`. A message
+carries oncebox's id and headers as message attributes (SQS mints message ids of its own). An
+unrecorded message's attempt is SQS's receive count, and its retry makes it invisible for its
+delay (at most 12 hours) rather than sending a copy, which FIFO queues could not delay. A FIFO
+message's group is its `x-oncebox-group` header (else its id) and its deduplication id a SHA-256
+of its oncebox id: SQS drops a second copy sent within five minutes.
+
+SQS takes at most 256 KiB per message, body and attributes together: `check_size` says so
+before anything is sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from oncebox.brokers.messages import Message, Received
+from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
+
+MAX_MESSAGE_BYTES = 262_144  # SQS's cap: body and attributes
+BATCH = 10  # SQS's most per batch call
+MAX_RECEIVES = 1000  # the redrive policy's: a safety net (give-backs count as receives)
+MAX_INVISIBLE_S = 43_200  # 12 hours: SQS's longest visibility timeout
+ATTEMPT = "x-oncebox-attempt"
+GROUP = "x-oncebox-group"
+_ID = "oncebox-id"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def check_size(body: bytes, headers: Mapping[str, Any] | None = None) -> None:
+    """Raise `BrokerRefused` for a message SQS would refuse for its size, before sending it."""
+    size = len(body) + sum(len(k) + len(str(v)) for k, v in (headers or {}).items()) + 64
+    if size > MAX_MESSAGE_BYTES:
+        raise BrokerRefused(
+            f"a message of {size} bytes (body and attributes) exceeds SQS's {MAX_MESSAGE_BYTES}"
+        )
+
+
+class SqsQueue:
+    """One oncebox queue on SQS, for one lane or relay (its own boto3 client)."""
+
+    def __init__(self, url: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "sqs" or not parts.netloc:
+            raise ConfigurationError("an SQS broker is sqs://REGION[?endpoint=URL&fifo=true]")
+        options = dict(parse_qsl(parts.query))
+        self.url = url
+        self.region = parts.netloc
+        self.endpoint = options.get("endpoint")
+        self.fifo = options.get("fifo", "false").lower() in ("1", "true", "yes")
+        self.visibility_s = int(options.get("visibility", "30"))
+        self.wait_s = min(20, int(options.get("wait", str(math.ceil(wait_s)))))
+        self.prefetch = prefetch
+        safe = _UNSAFE.sub("-", queue)[:60]
+        suffix = ".fifo" if self.fifo else ""
+        self.name = f"oncebox-{safe}{suffix}"
+        self.dead_name = f"oncebox-{safe}-dead{suffix}"
+        self._client: Any = None
+        self._urls: dict[str, str] = {}
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _sqs(self) -> Any:
+        if self._client is None:
+            self._client = boto3.client(
+                "sqs",
+                region_name=self.region,
+                endpoint_url=self.endpoint,
+                config=Config(retries={"max_attempts": 2, "mode": "standard"}, read_timeout=30),
+            )
+        return self._client
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    @contextmanager
+    def _wire(self, what: str) -> Iterator[None]:
+        """SQS's errors as oncebox's: a refusal (a client error) or the service away."""
+        try:
+            yield
+        except botocore.exceptions.ClientError as exc:
+            raise BrokerRefused(f"SQS refused to {what} {self.name!r}: {exc}") from None
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            self.close()
+            raise BrokerUnavailable(f"SQS at {self._shown()}: {exc!r}") from None
+
+    def _shown(self) -> str:
+        return self.endpoint or self.region
+
+    def _url(self, name: str) -> str:
+        if name not in self._urls:
+            with self._wire("find"):
+                self._urls[name] = self._sqs().get_queue_url(QueueName=name)["QueueUrl"]
+        return self._urls[name]
+
+    # -- topology ------------------------------------------------------------------------------
+
+    def declare(self) -> None:
+        """Create the queue and its dead letters (idempotent; a queue of that name created
+        otherwise is `BrokerRefused`)."""
+        fifo = {"FifoQueue": "true"} if self.fifo else {}
+        with self._wire("declare"):
+            sqs = self._sqs()
+            dead = sqs.create_queue(QueueName=self.dead_name, Attributes=fifo)["QueueUrl"]
+            dead_arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])[
+                "Attributes"
+            ]["QueueArn"]
+            redrive = {"deadLetterTargetArn": dead_arn, "maxReceiveCount": str(MAX_RECEIVES)}
+            main = sqs.create_queue(
+                QueueName=self.name,
+                Attributes={
+                    **fifo,
+                    "VisibilityTimeout": str(self.visibility_s),
+                    "RedrivePolicy": json.dumps(redrive),
+                },
+            )["QueueUrl"]
+        self._urls.update({self.name: main, self.dead_name: dead})
+
+    def delete(self) -> None:
+        """Remove the queue and its dead letters (tests, and an app retiring a queue)."""
+        with self._wire("delete"):
+            for name in (self.name, self.dead_name):
+                self._sqs().delete_queue(QueueUrl=self._url(name))
+        self._urls.clear()
+
+    def depth(self, which: str = "") -> int:
+        """Messages visible in the queue (`which`: "" or "dead"), not counting those in flight."""
+        name = self.dead_name if which == "dead" else self.name
+        with self._wire("read"):
+            found = self._sqs().get_queue_attributes(
+                QueueUrl=self._url(name), AttributeNames=["ApproximateNumberOfMessages"]
+            )
+        return int(found["Attributes"]["ApproximateNumberOfMessages"])
+
+    # -- publish -------------------------------------------------------------------------------
+
+    def _entry(self, index: int, message: Message) -> dict[str, Any]:
+        check_size(message.body, message.headers)
+        attributes = {
+            key: {"DataType": "String", "StringValue": str(value)}
+            for key, value in {**message.headers, _ID: message.message_id}.items()
+        }
+        entry: dict[str, Any] = {
+            "Id": str(index),
+            "MessageBody": message.body.decode(),
+            "MessageAttributes": attributes,
+        }
+        if self.fifo:
+            entry["MessageGroupId"] = str(message.headers.get(GROUP, message.message_id))
+            entry["MessageDeduplicationId"] = hashlib.sha256(
+                message.message_id.encode()
+            ).hexdigest()
+        return entry
+
+    def publish_batch(self, messages: Sequence[Message], *, to: str | None = None) -> set[str]:
+        """Send in batches of ten; the oncebox ids SQS did not take (each batch answers per
+        message). A connection lost while sending raises `BrokerUnavailable(maybe_published=
+        True)`: SQS may have taken some."""
+        failed: set[str] = set()
+        url = self._url(to or self.name)
+        for start in range(0, len(messages), BATCH):
+            chunk = messages[start : start + BATCH]
+            entries = [self._entry(i, m) for i, m in enumerate(chunk)]
+            try:
+                answer = self._sqs().send_message_batch(QueueUrl=url, Entries=entries)
+            except botocore.exceptions.ClientError as exc:
+                raise BrokerRefused(f"SQS refused a batch for {self.name!r}: {exc}") from None
+            except (botocore.exceptions.BotoCoreError, OSError) as exc:
+                self.close()
+                raise BrokerUnavailable(
+                    f"SQS at {self._shown()}: {exc!r}", maybe_published=True
+                ) from None
+            failed.update(chunk[int(f["Id"])].message_id for f in answer.get("Failed", []))
+        return failed
+
+    def publish(self, messages: Sequence[Message], *, to: str | None = None) -> None:
+        """Send, each taken or `BrokerRefused`."""
+        failed = self.publish_batch(messages, to=to)
+        if failed:
+            raise BrokerRefused(f"SQS did not take {len(failed)} message(s) for {self.name!r}")
+
+    # -- consume -------------------------------------------------------------------------------
+
+    def receive(self, limit: int) -> list[Received]:
+        """Up to `limit` messages: the first call waits up to `wait_s` (a long poll), the next
+        take only what is there."""
+        found: list[Received] = []
+        url = self._url(self.name)
+        wait = self.wait_s
+        while len(found) < limit:
+            with self._wire("receive from"):
+                answer = self._sqs().receive_message(
+                    QueueUrl=url,
+                    MaxNumberOfMessages=min(BATCH, limit - len(found)),
+                    WaitTimeSeconds=wait,
+                    MessageAttributeNames=["All"],
+                    AttributeNames=["ApproximateReceiveCount"],
+                )
+            got = answer.get("Messages", [])
+            found += [self._received(m) for m in got]
+            if len(got) < BATCH:
+                break
+            wait = 0
+        return found
+
+    @staticmethod
+    def _received(raw: Mapping[str, Any]) -> Received:
+        attributes = {
+            key: value.get("StringValue") for key, value in raw.get("MessageAttributes", {}).items()
+        }
+        receives = int(raw.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+        message_id = attributes.pop(_ID, None) or raw["MessageId"]
+        attributes.setdefault(ATTEMPT, str(receives))  # an unrecorded message's: SQS's count
+        return Received(
+            Message(raw["Body"].encode(), message_id, attributes),
+            raw["ReceiptHandle"],
+            receives > 1,
+        )
+
+    def _batched(self, call: str, received: Sequence[Received], **fields: Any) -> None:
+        url = self._url(self.name)
+        for start in range(0, len(received), BATCH):
+            chunk = received[start : start + BATCH]
+            entries = [
+                {"Id": str(i), "ReceiptHandle": str(one.tag), **fields}
+                for i, one in enumerate(chunk)
+            ]
+            with self._wire("settle on"):
+                answer = getattr(self._sqs(), call)(QueueUrl=url, Entries=entries)
+            if answer.get("Failed"):
+                # a receipt that ran out (the message was received again): SQS delivers it
+                raise BrokerUnavailable(
+                    f"SQS at {self._shown()}: {len(answer['Failed'])} receipt(s) no longer "
+                    "valid; the messages are delivered again"
+                )
+
+    def ack(self, received: Sequence[Received]) -> None:
+        """Delete what was handled (a receipt that ran out: SQS delivers it again)."""
+        self._batched("delete_message_batch", received)
+
+    def give_back(self, received: Sequence[Received]) -> None:
+        """Visible again at once, for another consumer."""
+        self._batched("change_message_visibility_batch", received, VisibilityTimeout=0)
+
+    def extend(self, received: Sequence[Received], seconds: float) -> None:
+        """Keep holding: invisible for `seconds` more (the lease's heartbeat)."""
+        invisible = max(1, min(MAX_INVISIBLE_S, math.ceil(seconds)))
+        self._batched("change_message_visibility_batch", received, VisibilityTimeout=invisible)
+
+    def retry(self, received: Received, delay_ms: float, headers: Mapping[str, Any]) -> int:
+        """Invisible for at least `delay_ms` (at most 12 hours), then received again — its
+        receive count, which is its attempt, one higher; the delay it will wait, in ms."""
+        delay_s = max(0, min(MAX_INVISIBLE_S, math.ceil(delay_ms / 1000)))
+        self._batched("change_message_visibility_batch", [received], VisibilityTimeout=delay_s)
+        return delay_s * 1000
+
+    def dead(self, received: Received, headers: Mapping[str, Any]) -> None:
+        """Send the message to the dead letters with `headers` merged in, then delete it."""
+        message = received.message
+        dead = Message(message.body, message.message_id, {**message.headers, **headers})
+        self.publish([dead], to=self.dead_name)
+        self.ack([received])
