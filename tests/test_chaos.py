@@ -41,7 +41,7 @@ def test_each_ci_scenario_holds_on_sqlite(name):
 @pytest.mark.postgres
 @pytest.mark.parametrize("name", ci_set("postgres"))
 def test_each_ci_scenario_holds_on_postgres(pg_template, name, monkeypatch):
-    if SCENARIOS[name].broker:  # the machine's RabbitMQ: skipped loudly outside CI, else fails
+    if SCENARIOS[name].broker == "rabbitmq":  # the machine's: skipped loudly outside CI
         monkeypatch.setenv("ONCEBOX_CHAOS_AMQP", reachable(AMQP_URL))
     result = run_scenario(SCENARIOS[name], server=PG_SERVER, customers=CUSTOMERS, seed=7)
     assert result.ok, [f"{v.invariant}: {v.key}: {v.evidence}" for v in result.violations]
@@ -50,7 +50,8 @@ def test_each_ci_scenario_holds_on_postgres(pg_template, name, monkeypatch):
 def test_the_ci_set_is_every_scenario_but_the_soak_and_the_server_restart():
     assert {"connection-drops", "sigstop-past-lease"} <= set(ci_set("postgres"))
     assert "broker-kill-consumer.committed" in ci_set("postgres")
-    assert not any(name.startswith("broker-") for name in ci_set("sqlite"))
+    assert "sqs-kill-consumer.committed" in ci_set("postgres")
+    assert not any(name.startswith(("broker-", "sqs-")) for name in ci_set("sqlite"))
     assert "soak" not in ci_set("sqlite") and "server-restart" not in ci_set("postgres")
 
 
@@ -88,7 +89,7 @@ ON_POSTGRES = [
 @pytest.mark.parametrize("mutation", ON_POSTGRES)
 def test_each_mutation_that_differs_on_postgres_fails_there_too(pg_template, mutation, monkeypatch):
     scenario = SCENARIOS[MUTATIONS[mutation].must_fail]
-    if scenario.broker:
+    if scenario.broker == "rabbitmq":
         monkeypatch.setenv("ONCEBOX_CHAOS_AMQP", reachable(AMQP_URL))
     result = run_scenario(
         scenario, server=PG_SERVER, customers=CUSTOMERS, seed=3, mutations=(mutation,)
@@ -201,7 +202,7 @@ def test_a_scenario_that_restarts_the_server_needs_the_flag():
 def test_the_scenarios_that_restart_a_server_hold_on_a_private_one(pg_template, name):
     """They run on a PostgreSQL server or a RabbitMQ node the harness starts for the run (never
     the shared one), so the suite runs them too."""
-    if SCENARIOS[name].broker:
+    if SCENARIOS[name].broker == "rabbitmq":
         reachable(AMQP_URL)  # the machine has RabbitMQ: the private node is its program
     result = run_scenario(SCENARIOS[name], server=PG_SERVER, customers=CUSTOMERS, seed=1)
     assert result.ok, [f"{v.invariant}: {v.key}: {v.evidence}" for v in result.violations]

@@ -157,6 +157,15 @@ class SqsQueue:
             )
         return int(found["Attributes"]["ApproximateNumberOfMessages"])
 
+    def in_flight(self) -> int:
+        """Messages received and not yet deleted: invisible until their timeout runs out."""
+        with self._wire("read"):
+            found = self._sqs().get_queue_attributes(
+                QueueUrl=self._url(self.name),
+                AttributeNames=["ApproximateNumberOfMessagesNotVisible"],
+            )
+        return int(found["Attributes"]["ApproximateNumberOfMessagesNotVisible"])
+
     # -- publish -------------------------------------------------------------------------------
 
     def _entry(self, index: int, message: Message) -> dict[str, Any]:

@@ -1,9 +1,12 @@
-"""A run's own RabbitMQ queue, for the scenarios whose digests a broker holds.
+"""A run's own broker queue, for the scenarios whose digests a broker holds.
 
-The machine's broker (`ONCEBOX_CHAOS_AMQP`, else the local server's default) is shared: each run
-puts its digests on a queue of its own name and deletes it afterwards, so runs and tests never
-read each other's messages. After the run, what the broker still holds is read from outside: a
-message left ready or dead-lettered is a job the checker could not see in the tables alone.
+RabbitMQ: the machine's broker (`ONCEBOX_CHAOS_AMQP`, else the local server's default) is shared,
+so each run puts its digests on a queue of its own name and deletes it afterwards, and runs and
+tests never read each other's messages. SQS: `ONCEBOX_CHAOS_SQS` (an `sqs://` URL), else an
+SQS-compatible server of the run's own (moto's, when installed: the `dev` extra), on a free port,
+with a 2-second visibility timeout so that a killed consumer's messages come back within the
+run. After the run, what the broker still holds is read from outside: a message left visible or
+dead-lettered is a job the checker could not see in the tables alone.
 """
 
 from __future__ import annotations
@@ -14,21 +17,24 @@ import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
+from oncebox.brokers.messages import Message
 from oncebox.errors import ConfigurationError
+from oncebox.queue.brokered import wire_for
 
 # pika logs a connection the broker closed as an error of its own; oncebox reports the outage
 # itself (BrokerUnavailable, the lanes' backoff), and a chaos run causes it on purpose
 logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 AMQP_ENV = "ONCEBOX_CHAOS_AMQP"
+SQS_ENV = "ONCEBOX_CHAOS_SQS"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
 def broker_url() -> str:
-    """The broker the run uses, checked reachable: a scenario that needs one says so in one
-    line rather than failing in a worker."""
+    """The machine's RabbitMQ, checked reachable: a scenario that needs one says so in one line
+    rather than failing in a worker."""
     url = os.environ.get(AMQP_ENV, DEFAULT_AMQP)
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 5672
@@ -42,12 +48,45 @@ def broker_url() -> str:
 
 
 @contextmanager
+def run_broker(kind: str) -> Iterator[str]:
+    """The broker a run of `kind` ("rabbitmq" or "sqs") uses, for the run."""
+    if kind != "sqs":
+        yield broker_url()
+        return
+    if os.environ.get(SQS_ENV):
+        yield os.environ[SQS_ENV]
+        return
+    try:
+        from moto.server import ThreadedMotoServer  # noqa: PLC0415 (the dev extra)
+    except ImportError:
+        raise ConfigurationError(
+            f"this scenario needs SQS: set {SQS_ENV}=sqs://REGION?endpoint=URL, or install "
+            "oncebox's dev extra (moto) for a server of the run's own"
+        ) from None
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "chaos"),
+        ("AWS_SECRET_ACCESS_KEY", "chaos"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        os.environ.setdefault(name, value)  # read by the run's worker processes too
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        query = urlencode({"endpoint": f"http://127.0.0.1:{port}", "visibility": 2, "wait": 1})
+        yield f"sqs://us-east-1?{query}"
+    finally:
+        server.stop()
+
+
+@contextmanager
 def run_queue(url: str) -> Iterator[str]:
     """A fresh queue name for the run's digests, its broker side declared, deleted afterwards."""
-    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
-
     name = f"chaos-{secrets.token_hex(5)}"
-    wire = RabbitQueue(url, name)
+    wire = wire_for(url, name)
     try:
         wire.declare()
         yield name
@@ -59,13 +98,16 @@ def run_queue(url: str) -> Iterator[str]:
 
 
 def left_in_broker(url: str, queue: str) -> dict[str, int]:
-    """What the broker still holds for the run's queue, read once every worker has exited: ready
-    messages (no consumer holds any now) and dead letters."""
-    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415
-
-    wire = RabbitQueue(url, queue)
+    """What the broker still holds for the run's queue, read once every worker has exited:
+    visible messages (no consumer holds any now) and dead letters."""
+    wire = wire_for(url, queue)
     try:
-        return {"ready": wire.depth(), "dead": wire.depth("dead")}
+        in_flight = getattr(wire, "in_flight", None)  # SQS: held until a timeout runs out
+        return {
+            "ready": wire.depth(),
+            "dead": wire.depth("dead"),
+            "in_flight": in_flight() if in_flight is not None else 0,
+        }
     finally:
         wire.close()
 
@@ -73,10 +115,7 @@ def left_in_broker(url: str, queue: str) -> dict[str, int]:
 def publish_again(url: str, queue: str, copies: list[tuple[str, str]]) -> None:
     """Publish (body, message id) pairs to the run's queue as the relay did: a duplicate publish
     made by hand, as a relay whose confirm was lost, or a producer retrying, would make one."""
-    from oncebox.brokers.messages import Message  # noqa: PLC0415
-    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415
-
-    wire = RabbitQueue(url, queue)
+    wire = wire_for(url, queue)
     try:
         wire.publish([Message(body.encode(), token) for body, token in copies])
     finally:

@@ -233,8 +233,8 @@ def _broker(f: _Facts) -> None:
         f.violate(
             "B1 broker drained",
             f"queue {workload.digest_queue}",
-            f"the broker still holds {left['ready']} ready message(s) and {left['dead']} dead "
-            "letter(s) after every worker exited",
+            f"the broker still holds {left['ready']} ready message(s), {left['in_flight']} in "
+            f"flight and {left['dead']} dead letter(s) after every worker exited",
         )
 
 

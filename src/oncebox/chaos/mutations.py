@@ -186,12 +186,12 @@ def apply(store: Any, names: tuple[str, ...]) -> None:
 
 
 def _stale_given_back() -> None:
-    from oncebox.transports.rabbitmq import RabbitTransport  # noqa: PLC0415 (pika, an extra)
+    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
 
     def give_back(self: Any, stale: list[Any]) -> None:
         self._quietly(self.queue.give_back, stale)
 
-    _patch(RabbitTransport, "_settle_stale", give_back)
+    _patch(BrokerTransport, "_settle_stale", give_back)
 
 
 def _ignore_window() -> None:

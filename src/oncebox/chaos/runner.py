@@ -22,9 +22,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from oncebox import Box, WorkerConfig
+from oncebox import Box, WorkerConfig, clock
 from oncebox.chaos import mutations
-from oncebox.chaos.broker import broker_url, run_queue
+from oncebox.chaos.broker import left_in_broker, run_broker, run_queue
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.private_broker import PrivateBroker
 from oncebox.chaos.private_server import PrivateServer
@@ -54,6 +54,7 @@ from oncebox.schedules.fanout import FanOutResult
 
 SPAWN = multiprocessing.get_context("spawn")
 SETTLE_STEP = timedelta(seconds=15)
+BROKER_ROUNDS = 3  # rounds in a row a drain spends on what only the broker still holds
 
 
 class NotSettled(RuntimeError):
@@ -138,7 +139,7 @@ class RunSettings:
     timing: Timing | None = None  # a run on the real clock (no test clock at all)
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
-    broker: bool = False  # the digests' queue is RabbitMQ's (PostgreSQL: jobs relayed)
+    broker: str = ""  # "rabbitmq" or "sqs": the digests' queue is that broker's (jobs relayed)
     broker_url: str | None = None  # the run's own node (None: the machine's broker)
 
 
@@ -325,11 +326,16 @@ class RunContext:
     def drain(self, rounds: int = 400, on_round: Callable[[], None] | None = None) -> None:
         """Work until nothing is workable, moving the clock to each next event (a retry, a
         channel pause, a lease that must run out): faults have healed, the system settles."""
+        broker_rounds = 0  # rounds in a row for the broker's messages alone
         for _ in range(rounds):
             self.work()
             if on_round is not None:
                 on_round()
             self.observe()
+            if broker_rounds < BROKER_ROUNDS and self._broker_holds():
+                broker_rounds += 1
+                continue  # its messages are workable now (the next round takes them)
+            broker_rounds = 0  # (messages a round cannot take are left to the checker, B1)
             upcoming = self.box.store.status_times().next_event()
             if upcoming is None:
                 return
@@ -338,6 +344,22 @@ class RunContext:
             now = self.now()
             self.set_clock(max(now, upcoming) + max(SETTLE_STEP, (upcoming - now) / 2))
         raise NotSettled(f"the system did not settle within {rounds} rounds of work")
+
+    def _broker_holds(self) -> bool:
+        """Whether the run's broker still holds messages of its queue once the round's workers
+        exited: visible ones the next round takes, and ones a killed consumer received, which
+        SQS makes visible again only when their timeout runs out on its own (real) clock —
+        waited for here, since nothing moves that clock."""
+        workload = self.workload
+        if workload.broker is None:
+            return False
+        left = left_in_broker(workload.broker, workload.digest_queue)
+        if left["in_flight"]:
+            wait_until_visible = monotonic() + 30
+            while left["in_flight"] and not left["ready"] and monotonic() < wait_until_visible:
+                clock.sleep(0.2)
+                left = left_in_broker(workload.broker, workload.digest_queue)
+        return bool(left["ready"] or left["in_flight"])
 
     @contextmanager
     def observing(self, every: float = 0.05) -> Iterator[None]:
@@ -410,7 +432,18 @@ def run_context(settings: RunSettings) -> Iterator[RunContext]:
     """A fresh database with the freight tables and customers, a provider, the clock frozen at
     the week's Monday fire; all removed afterwards."""
     mutations.check(settings.mutations)
-    amqp = (settings.broker_url or broker_url()) if settings.broker else None
+    with contextlib.ExitStack() as brokers:
+        amqp = (
+            settings.broker_url or brokers.enter_context(run_broker(settings.broker))
+            if settings.broker
+            else None
+        )
+        with _run_context(settings, amqp) as context:
+            yield context
+
+
+@contextmanager
+def _run_context(settings: RunSettings, amqp: str | None) -> Iterator[RunContext]:
     with (
         workspace(settings.server) as url,
         provider(settings.provider, settings.window) as fake,

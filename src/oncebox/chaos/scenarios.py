@@ -52,7 +52,7 @@ class Scenario:
     timing: Timing | None = None  # on the real clock, with these leases and backoffs
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
-    broker: bool = False  # the digests' queue is RabbitMQ's, its jobs relayed (PostgreSQL)
+    broker: str = ""  # "rabbitmq" or "sqs": the digests' queue is that broker's (jobs relayed)
     restarts_broker: bool = False  # on a RabbitMQ node of the run's own (private_broker.py)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
@@ -101,7 +101,7 @@ def duplicate_publish(run: RunContext) -> None:
 
 
 def broker_duplicate_publish(run: RunContext) -> None:
-    """RabbitMQ holds the digests' queue: 40 of the week's publishes are sent a second time
+    """A broker holds the digests' queue: 40 of the week's publishes are sent a second time
     before the jobs run, and 10 a third time after they ran. Each copy finds its job moved on
     and is acknowledged unrun."""
     run.fan_out()
@@ -739,17 +739,19 @@ def _crash_scenarios() -> list[Scenario]:
             "the relay, after the broker's confirm and before its record: published again",
         ),
     )
-    for point, lanes, where in broker_plans:
-        found.append(
-            Scenario(
-                f"broker-kill-{point}",
-                f"RabbitMQ holds the digests' queue: SIGKILL {where}",
-                kill_at(point, lanes, broker=True),
-                "S1-S8, B1",
-                stores=("postgres",),
-                broker=True,
+    brokers = (("broker", "rabbitmq", "RabbitMQ"), ("sqs", "sqs", "SQS"))
+    for prefix, kind, shown in brokers:
+        for point, lanes, where in broker_plans:
+            found.append(
+                Scenario(
+                    f"{prefix}-kill-{point}",
+                    f"{shown} holds the digests' queue: SIGKILL {where}",
+                    kill_at(point, lanes, broker=True),
+                    "S1-S8, B1",
+                    stores=("postgres",),
+                    broker=kind,
+                )
             )
-        )
     policies: tuple[Literal["hold", "retry"], ...] = ("hold", "retry")
     for policy in policies:
         point = "dispatcher.after_provider_accept_before_record"
@@ -781,7 +783,15 @@ SCENARIOS: dict[str, Scenario] = {
             broker_duplicate_publish,
             "S1-S5, B1",
             stores=("postgres",),
-            broker=True,
+            broker="rabbitmq",
+        ),
+        Scenario(
+            "sqs-duplicate-publish",
+            "SQS holds the digests' queue: publishes sent twice, and again after the run",
+            broker_duplicate_publish,
+            "S1-S5, B1",
+            stores=("postgres",),
+            broker="sqs",
         ),
         Scenario(
             "concurrent-consumers",
@@ -854,7 +864,7 @@ SCENARIOS: dict[str, Scenario] = {
             "S1-S8, B1",
             stores=("postgres",),
             ci=False,
-            broker=True,
+            broker="rabbitmq",
             restarts_broker=True,
         ),
         Scenario(
