@@ -19,7 +19,7 @@ from oncebox.chaos.report import select
 from oncebox.chaos.runner import SPAWN
 from oncebox.chaos.workload import Gate
 from oncebox.cli.app import main
-from support.brokers import AMQP_URL, reachable
+from support.brokers import AMQP_URL, NATS_URL, reachable
 from support.procs import stop_in_a_lane_thread
 from support.waiting import wait_until
 
@@ -43,6 +43,8 @@ def test_each_ci_scenario_holds_on_sqlite(name):
 def test_each_ci_scenario_holds_on_postgres(pg_template, name, monkeypatch):
     if SCENARIOS[name].broker == "rabbitmq":  # the machine's: skipped loudly outside CI
         monkeypatch.setenv("ONCEBOX_CHAOS_AMQP", reachable(AMQP_URL))
+    if SCENARIOS[name].broker == "nats":
+        monkeypatch.setenv("ONCEBOX_CHAOS_NATS", reachable(NATS_URL))
     result = run_scenario(SCENARIOS[name], server=PG_SERVER, customers=CUSTOMERS, seed=7)
     assert result.ok, [f"{v.invariant}: {v.key}: {v.evidence}" for v in result.violations]
 
@@ -50,8 +52,10 @@ def test_each_ci_scenario_holds_on_postgres(pg_template, name, monkeypatch):
 def test_the_ci_set_is_every_scenario_but_the_soak_and_the_server_restart():
     assert {"connection-drops", "sigstop-past-lease"} <= set(ci_set("postgres"))
     assert "broker-kill-consumer.committed" in ci_set("postgres")
-    assert "sqs-kill-consumer.committed" in ci_set("postgres")
-    assert not any(name.startswith(("broker-", "sqs-")) for name in ci_set("sqlite"))
+    assert {"sqs-kill-consumer.committed", "nats-kill-consumer.committed"} <= set(
+        ci_set("postgres")
+    )
+    assert not any(name.startswith(("broker-", "sqs-", "nats-")) for name in ci_set("sqlite"))
     assert "soak" not in ci_set("sqlite") and "server-restart" not in ci_set("postgres")
 
 

@@ -1,9 +1,9 @@
 """The transport contract: what every transport promises the consumer, run against each — the
-built-in table queue on SQLite and PostgreSQL, and RabbitMQ and SQS with their jobs recorded on
-PostgreSQL (tests/support/transports.py). Publish, receive under a hold no other lane shares,
-keep the hold alive, acknowledge, give back with a delay, dead-letter, survive a lane lost before
-its commit and an acknowledgement lost after it (a broker's redelivery ends as a counted claim
-conflict), and keep a group's jobs in order."""
+built-in table queue on SQLite and PostgreSQL, and RabbitMQ, SQS and NATS JetStream with their
+jobs recorded on PostgreSQL (tests/support/transports.py). Publish, receive under a hold no other
+lane shares, keep the hold alive, acknowledge, give back with a delay, dead-letter, survive a lane
+lost before its commit and an acknowledgement lost after it (a broker's redelivery ends as a
+counted claim conflict), and keep a group's jobs in order."""
 
 from __future__ import annotations
 
@@ -16,16 +16,18 @@ import pytest
 from oncebox import Box, JobContext, Permanent, Retry, RetryLater
 from oncebox.store.base import JobFilter
 from oncebox.testing import FrozenClock
-from support.brokers import AMQP_URL, reachable, sqs_url
+from support.brokers import AMQP_URL, NATS_URL, reachable, sqs_url
 from support.db import create_effects, effects, record_effect, sql
-from support.transports import SQS_VISIBILITY_S, harness_for
+from support.transports import NATS_ACK_WAIT_S, SQS_VISIBILITY_S, harness_for
 
 T0 = datetime(2026, 12, 7, 6, 0, tzinfo=UTC)
 PERIOD = "2026-W50"
 SECRET = "transport-contract-secret-0123"
 
 
-@pytest.fixture(params=["table-sqlite", "table-postgres", "rabbitmq-postgres", "sqs-postgres"])
+@pytest.fixture(
+    params=["table-sqlite", "table-postgres", "rabbitmq-postgres", "sqs-postgres", "nats-postgres"]
+)
 def lanes(request: pytest.FixtureRequest) -> Iterator[Any]:
     kind, dialect = request.param.split("-")
     url = request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_url")
@@ -35,6 +37,7 @@ def lanes(request: pytest.FixtureRequest) -> Iterator[Any]:
         "sqs": lambda: sqs_url(
             request.getfixturevalue("sqs_endpoint"), visibility=SQS_VISIBILITY_S
         ),
+        "nats": lambda: f"{reachable(NATS_URL)}?ack_wait={NATS_ACK_WAIT_S}&wait=0.3",
     }[kind]()
     box = Box(url, secret=SECRET)
     create_effects(box)

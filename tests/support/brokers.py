@@ -13,6 +13,7 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 AMQP_URL = os.environ.get("ONCEBOX_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2F")
+NATS_URL = os.environ.get("ONCEBOX_TEST_NATS", "nats://127.0.0.1:4222")
 
 
 def reachable(url: str) -> str:

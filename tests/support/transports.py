@@ -176,9 +176,40 @@ class SqsHarness(BrokerHarness):
         clock.sleep(SQS_VISIBILITY_S + 0.5)
 
 
+NATS_ACK_WAIT_S = 3  # the contract stream's consumer's: JetStream's hold, on the real clock
+
+
+class NatsHarness(SqsHarness):
+    """NATS JetStream: a lane's hold is the consumer's `ack_wait`, on the server's (real)
+    clock. An in-progress acknowledgement starts that wait again — once: so a lane kept alive
+    is sent one every second while time passes, as the worker's lease keeper does; a hold not
+    kept alive is lost by letting the wait run out."""
+
+    name = "nats"
+
+    def __init__(self, box: Box, clock: FrozenClock, broker: str) -> None:
+        super().__init__(box, clock, broker)
+        self._kept: list[tuple[Consumer, timedelta]] = []
+
+    def keep_alive(self, lane: Consumer, hold_for: timedelta) -> None:
+        super().keep_alive(lane, hold_for)
+        self._kept.append((lane, hold_for))
+
+    def time_passes(self, delta: timedelta) -> None:
+        TableHarness.time_passes(self, delta)
+        for _ in range(NATS_ACK_WAIT_S + 1):  # the keeper's heartbeats, a second apart
+            clock.sleep(1.0)
+            for lane, hold_for in self._kept:
+                lane.transport.keep_alive(hold_for)  # type: ignore[attr-defined]
+
+
 @contextmanager
 def harness_for(kind: str, box: Box, clock: FrozenClock, broker: str | None) -> Iterator[Any]:
-    harnesses: dict[str, type[BrokerHarness]] = {"rabbitmq": RabbitHarness, "sqs": SqsHarness}
+    harnesses: dict[str, type[BrokerHarness]] = {
+        "rabbitmq": RabbitHarness,
+        "sqs": SqsHarness,
+        "nats": NatsHarness,
+    }
     harness = (
         TableHarness(box, clock) if kind == "table" else harnesses[kind](box, clock, broker or "")
     )

@@ -2,7 +2,8 @@
 
 RabbitMQ: the machine's broker (`ONCEBOX_CHAOS_AMQP`, else the local server's default) is shared,
 so each run puts its digests on a queue of its own name and deletes it afterwards, and runs and
-tests never read each other's messages. SQS: `ONCEBOX_CHAOS_SQS` (an `sqs://` URL), else an
+tests never read each other's messages; NATS likewise (`ONCEBOX_CHAOS_NATS`, else the local
+server, its consumers' `ack_wait` 2 seconds). SQS: `ONCEBOX_CHAOS_SQS` (an `sqs://` URL), else an
 SQS-compatible server of the run's own (moto's, when installed: the `dev` extra), on a free port,
 with a 2-second visibility timeout so that a killed consumer's messages come back within the
 run. After the run, what the broker still holds is read from outside: a message left visible or
@@ -29,6 +30,8 @@ logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 AMQP_ENV = "ONCEBOX_CHAOS_AMQP"
 SQS_ENV = "ONCEBOX_CHAOS_SQS"
+NATS_ENV = "ONCEBOX_CHAOS_NATS"
+DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
@@ -47,11 +50,29 @@ def broker_url() -> str:
     return url
 
 
+def nats_url() -> str:
+    """The machine's NATS server (JetStream on), checked reachable; its consumers' `ack_wait` is
+    2 seconds, so that a killed consumer's messages come back within the run."""
+    url = os.environ.get(NATS_ENV, DEFAULT_NATS)
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"this scenario needs NATS at {host}:{port} ({exc}); start it, or set {NATS_ENV}"
+        ) from None
+    return url if parts.query else f"{url}?ack_wait=2&wait=1"
+
+
 @contextmanager
 def run_broker(kind: str) -> Iterator[str]:
-    """The broker a run of `kind` ("rabbitmq" or "sqs") uses, for the run."""
-    if kind != "sqs":
+    """The broker a run of `kind` ("rabbitmq", "sqs" or "nats") uses, for the run."""
+    if kind == "rabbitmq":
         yield broker_url()
+        return
+    if kind == "nats":
+        yield nats_url()
         return
     if os.environ.get(SQS_ENV):
         yield os.environ[SQS_ENV]

@@ -139,7 +139,7 @@ class RunSettings:
     timing: Timing | None = None  # a run on the real clock (no test clock at all)
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
-    broker: str = ""  # "rabbitmq" or "sqs": the digests' queue is that broker's (jobs relayed)
+    broker: str = ""  # "rabbitmq", "sqs", "nats": the digests' queue is that broker's (relayed)
     broker_url: str | None = None  # the run's own node (None: the machine's broker)
 
 
@@ -355,7 +355,7 @@ class RunContext:
             return False
         left = left_in_broker(workload.broker, workload.digest_queue)
         if left["in_flight"]:
-            wait_until_visible = monotonic() + 30
+            wait_until_visible = monotonic() + 10  # a few of SQS's or NATS's timeouts
             while left["in_flight"] and not left["ready"] and monotonic() < wait_until_visible:
                 clock.sleep(0.2)
                 left = left_in_broker(workload.broker, workload.digest_queue)

@@ -52,7 +52,7 @@ class Scenario:
     timing: Timing | None = None  # on the real clock, with these leases and backoffs
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
-    broker: str = ""  # "rabbitmq" or "sqs": the digests' queue is that broker's (jobs relayed)
+    broker: str = ""  # "rabbitmq", "sqs", "nats": the digests' queue is that broker's (relayed)
     restarts_broker: bool = False  # on a RabbitMQ node of the run's own (private_broker.py)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
@@ -739,7 +739,11 @@ def _crash_scenarios() -> list[Scenario]:
             "the relay, after the broker's confirm and before its record: published again",
         ),
     )
-    brokers = (("broker", "rabbitmq", "RabbitMQ"), ("sqs", "sqs", "SQS"))
+    brokers = (
+        ("broker", "rabbitmq", "RabbitMQ"),
+        ("sqs", "sqs", "SQS"),
+        ("nats", "nats", "NATS JetStream"),
+    )
     for prefix, kind, shown in brokers:
         for point, lanes, where in broker_plans:
             found.append(
@@ -784,6 +788,15 @@ SCENARIOS: dict[str, Scenario] = {
             "S1-S5, B1",
             stores=("postgres",),
             broker="rabbitmq",
+        ),
+        Scenario(
+            "nats-duplicate-publish",
+            "NATS JetStream holds the digests' queue: publishes sent twice, and again after the "
+            "run (the stream drops copies within its duplicate window; the rows, the rest)",
+            broker_duplicate_publish,
+            "S1-S5, B1",
+            stores=("postgres",),
+            broker="nats",
         ),
         Scenario(
             "sqs-duplicate-publish",

@@ -58,18 +58,20 @@ def refuse_unrecorded_store(dialect: str) -> None:
         raise ConfigurationError(RELAY_NEEDS_POSTGRES)
 
 
-BROKER_SCHEMES = {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs"}
+BROKER_SCHEMES = {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "nats": "nats"}
 # a relayed job's publish around its arguments: {"args":…,"job":…,"run":…,"task":…} and its
 # attributes (SQS counts them): generous, so the check errs on the side of refusing early
 ENVELOPE_BYTES = 1024
 
 
 def broker_kind(broker: str) -> str:
-    """Which broker a URL names: `rabbitmq` (amqp://, amqps://) or `sqs` (sqs://REGION)."""
+    """Which broker a URL names: `rabbitmq` (amqp://, amqps://), `sqs` (sqs://REGION) or `nats`
+    (nats://HOST:4222, JetStream)."""
     scheme = broker.split(":", 1)[0].lower() if isinstance(broker, str) else ""
     if scheme not in BROKER_SCHEMES:
         raise ConfigurationError(
-            "a broker is a RabbitMQ URL (amqp://HOST:5672/VHOST) or an SQS one (sqs://REGION)"
+            "a broker is a RabbitMQ URL (amqp://HOST:5672/VHOST), an SQS one (sqs://REGION) or a "
+            "NATS JetStream one (nats://HOST:4222)"
         )
     return BROKER_SCHEMES[scheme]
 
@@ -77,10 +79,15 @@ def broker_kind(broker: str) -> str:
 def wire_for(broker: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> Any:
     """A connection to `queue` on its broker (`brokers/`), imported only when used: each broker's
     client is an extra."""
-    if broker_kind(broker) == "sqs":
+    kind = broker_kind(broker)
+    if kind == "sqs":
         from oncebox.brokers.sqs import SqsQueue  # noqa: PLC0415 (boto3, an extra)
 
         return SqsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
+    if kind == "nats":
+        from oncebox.brokers.nats import NatsQueue  # noqa: PLC0415 (nats-py, an extra)
+
+        return NatsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
     from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
 
     return RabbitQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
@@ -105,14 +112,15 @@ def check_message_size(broker: str, task: Task, args_json: str) -> None:
 def relay_channel(queue: str, broker: str) -> Channel:
     """The outbox channel that publishes the jobs of `queue` to its broker: publishes whose lost
     answer is simply sent again — the consumer finds a second copy stale and never runs it
-    (`RabbitMQRelay`, `SqsRelay`)."""
+    (`RabbitMQRelay`, `BrokerRelay`)."""
     parts = urlsplit(broker)
     query = [(name, value) for name, value in parse_qsl(parts.query) if name != "queue"]
     url = urlunsplit(parts._replace(query=urlencode([*query, ("queue", queue)])))
-    if broker_kind(broker) == "sqs":
-        from oncebox.providers.sqs import SqsRelay  # noqa: PLC0415 (boto3, an extra)
+    kind = broker_kind(broker)
+    if kind != "rabbitmq":
+        from oncebox.providers.relay import BrokerRelay  # noqa: PLC0415
 
-        provider: Any = SqsRelay(url)
+        provider: Any = BrokerRelay(url, name=f"{kind}-relay", wire=wire_for)
     else:
         from oncebox.providers.rabbitmq import RabbitMQRelay  # noqa: PLC0415 (pika, an extra)
 

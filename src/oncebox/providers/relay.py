@@ -1,47 +1,53 @@
-"""The relay of a queue SQS holds: a broker-held queue's jobs published to SQS (`brokers/sqs.py`).
+"""The relay of a queue a broker holds through its wire's batch publish (SQS, NATS JetStream).
 
 Like RabbitMQ's relay (`providers/rabbitmq.py`, `RabbitMQRelay`), its receiver keeps the key —
 the consumer runs only the copy whose job still waits at the attempt it carries — so it is
 idempotent with no window: a batch whose answer was lost is sent again, and the dispatcher
-records a batch of publishes together. SQS answers per message: one it did not take is retried.
+records a batch of publishes together. A broker that answers per message (SQS) names the ones it
+did not take: those are retried.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from oncebox.brokers.messages import Message
-from oncebox.brokers.sqs import GROUP, SqsQueue
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from oncebox.providers.base import Outgoing, Receipt, SendAmbiguous, SendRetryable
 
+GROUP = "x-oncebox-group"
 
-class SqsRelay:
-    name = "sqs-relay"
+
+class BrokerRelay:
     idempotent = True
     idempotency_window: timedelta | None = None
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, name: str, wire: Callable[[str, str], Any]) -> None:
+        self.name = name
+        self._wire = wire  # (broker URL, queue) -> a connection to that queue (`brokers/`)
         parts = urlsplit(url)
         query = parse_qsl(parts.query)
         queues = [value for name, value in query if name == "queue"]
         if len(queues) != 1 or not queues[0]:
-            raise ConfigurationError("an SQS relay names its queue: sqs://REGION?queue=NAME")
+            raise ConfigurationError(
+                f"a relay names its queue: {url.split('?', maxsplit=1)[0]}?queue=NAME"
+            )
         self.queue = queues[0]
         rest = urlencode([(name, value) for name, value in query if name != "queue"])
         self.url = urlunsplit(parts._replace(query=rest))
-        self._local = threading.local()  # a boto3 client per dispatcher thread
-        self._open: set[SqsQueue] = set()
+        self._local = threading.local()  # a connection per dispatcher thread
+        self._open: set[Any] = set()
         self._open_lock = threading.Lock()
 
-    def _opened(self) -> SqsQueue:
-        queue: SqsQueue | None = getattr(self._local, "queue", None)
+    def _opened(self) -> Any:
+        queue: Any = getattr(self._local, "queue", None)
         if queue is None:
-            queue = SqsQueue(self.url, self.queue)
+            queue = self._wire(self.url, self.queue)
             with self._open_lock:
                 self._open.add(queue)
             self._local.queue = queue
@@ -49,7 +55,7 @@ class SqsRelay:
         return queue
 
     def _forget(self) -> None:
-        queue: SqsQueue | None = getattr(self._local, "queue", None)
+        queue: Any = getattr(self._local, "queue", None)
         if queue is not None:
             queue.close()
             with self._open_lock:
@@ -82,7 +88,7 @@ class SqsRelay:
     def send_batch(
         self, items: Sequence[tuple[Outgoing, str]]
     ) -> list[Receipt | SendRetryable | SendAmbiguous]:
-        """Send a batch (SQS takes ten per call; it answers per message)."""
+        """Publish a batch through the wire (SQS: ten per call, answered per message)."""
         messages = [self._message(outgoing) for outgoing, _key in items]
         try:
             failed = self._opened().publish_batch(messages)
@@ -92,12 +98,12 @@ class SqsRelay:
         except BrokerUnavailable as exc:
             self._forget()
             if exc.maybe_published:
-                lost = f"{exc} (its answer was lost: SQS may have taken them)"
+                lost = f"{exc} (its answer was lost: the broker may have taken them)"
                 return [SendAmbiguous(lost)] * len(items)
             return [SendRetryable(str(exc))] * len(items)
-        taken = f"sent to SQS queue {self.queue}"
+        taken = f"published to {self.queue} by {self.name}"
         return [
-            SendRetryable(f"SQS did not take it into {self.queue!r}")
+            SendRetryable(f"the broker did not take it into {self.queue!r}")
             if outgoing.token in failed
             else Receipt(outgoing.token, taken)
             for outgoing, _key in items
