@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import re
 import threading
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -233,18 +233,21 @@ class NatsQueue:
         return self._call(fetch(), "receive from")
 
     def _settle(self, received: Sequence[Received], how: str, **options: Any) -> None:
-        async def settle() -> None:
-            calls: list[Awaitable[Any]] = []
+        """`how` (ack, nak, in_progress) on each message, on the connection it came on: one
+        that came on an earlier connection cannot be settled here — JetStream delivers it
+        again when its `ack_wait` runs out (`BrokerUnavailable`, the connection kept)."""
+        msgs = [self._fetched.get(str(one.tag)) for one in received]
+        if any(msg is None for msg in msgs):
+            raise BrokerUnavailable(
+                f"NATS at {self.server}: the connection these came on is closed; JetStream "
+                "delivers them again"
+            )
+        if how != "in_progress":  # settled for good: no longer this connection's to hold
             for one in received:
-                msg = (
-                    self._fetched.pop(str(one.tag), None)
-                    if how != "in_progress"
-                    else (self._fetched.get(str(one.tag)))
-                )
-                if msg is None:
-                    raise nats.errors.Error("a message of an earlier connection")
-                calls.append(getattr(msg, how)(**options))
-            await asyncio.gather(*calls)
+                self._fetched.pop(str(one.tag), None)
+
+        async def settle() -> None:
+            await asyncio.gather(*(getattr(msg, how)(**options) for msg in msgs))
             if self._nc is not None:
                 await self._nc.flush(timeout=10)
 
