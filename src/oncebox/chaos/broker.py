@@ -35,34 +35,32 @@ DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
-def broker_url() -> str:
-    """The machine's RabbitMQ, checked reachable: a scenario that needs one says so in one line
-    rather than failing in a worker."""
-    url = os.environ.get(AMQP_ENV, DEFAULT_AMQP)
+def _machine_broker(env: str, default: str, port: int, what: str) -> str:
+    """The machine's broker named by `env` (else `default`), checked reachable: a scenario that
+    needs one says so in one line rather than failing in a worker."""
+    url = os.environ.get(env, default)
     parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 5672
+    host = parts.hostname or "127.0.0.1"
     try:
-        socket.create_connection((host, port), timeout=5).close()
+        socket.create_connection((host, parts.port or port), timeout=5).close()
     except OSError as exc:
         raise ConfigurationError(
-            f"this scenario needs RabbitMQ at {host}:{port} ({exc}); start it, or set {AMQP_ENV}"
+            f"this scenario needs {what} at {host}:{parts.port or port} ({exc}); start it, or "
+            f"set {env}"
         ) from None
     return url
 
 
+def broker_url() -> str:
+    """The machine's RabbitMQ."""
+    return _machine_broker(AMQP_ENV, DEFAULT_AMQP, 5672, "RabbitMQ")
+
+
 def nats_url() -> str:
-    """The machine's NATS server (JetStream on), checked reachable; its consumers' `ack_wait` is
-    2 seconds, so that a killed consumer's messages come back within the run."""
-    url = os.environ.get(NATS_ENV, DEFAULT_NATS)
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 4222
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except OSError as exc:
-        raise ConfigurationError(
-            f"this scenario needs NATS at {host}:{port} ({exc}); start it, or set {NATS_ENV}"
-        ) from None
-    return url if parts.query else f"{url}?ack_wait=2&wait=1"
+    """The machine's NATS server (JetStream on); its consumers' `ack_wait` is 2 seconds, so
+    that a killed consumer's messages come back within the run."""
+    url = _machine_broker(NATS_ENV, DEFAULT_NATS, 4222, "NATS")
+    return url if urlsplit(url).query else f"{url}?ack_wait=2&wait=1"
 
 
 @contextmanager

@@ -1,6 +1,7 @@
-"""The relay of a queue a broker holds through its wire's batch publish (SQS, NATS JetStream).
+"""The relay of a queue a broker holds, through its wire's batch publish (RabbitMQ: one AMQP
+transaction; SQS: ten per call; NATS JetStream: all at once, each acknowledged by the stream).
 
-Like RabbitMQ's relay (`providers/rabbitmq.py`, `RabbitMQRelay`), its receiver keeps the key —
+Its receiver keeps the key —
 the consumer runs only the copy whose job still waits at the attempt it carries — so it is
 idempotent with no window: a batch whose answer was lost is sent again, and the dispatcher
 records a batch of publishes together. A broker that answers per message (SQS) names the ones it
@@ -27,16 +28,23 @@ class BrokerRelay:
     idempotent = True
     idempotency_window: timedelta | None = None
 
-    def __init__(self, url: str, *, name: str, wire: Callable[[str, str], Any]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str,
+        wire: Callable[[str, str], Any],
+        what: str = "a relay",
+        form: str | None = None,  # the URL's shape, for the error (else the URL given)
+    ) -> None:
         self.name = name
         self._wire = wire  # (broker URL, queue) -> a connection to that queue (`brokers/`)
         parts = urlsplit(url)
         query = parse_qsl(parts.query)
         queues = [value for name, value in query if name == "queue"]
         if len(queues) != 1 or not queues[0]:
-            raise ConfigurationError(
-                f"a relay names its queue: {url.split('?', maxsplit=1)[0]}?queue=NAME"
-            )
+            where = form or url.split("?", maxsplit=1)[0]
+            raise ConfigurationError(f"{what} names its queue: {where}?queue=NAME")
         self.queue = queues[0]
         rest = urlencode([(name, value) for name, value in query if name != "queue"])
         self.url = urlunsplit(parts._replace(query=rest))

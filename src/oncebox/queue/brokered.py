@@ -112,17 +112,11 @@ def check_message_size(broker: str, task: Task, args_json: str) -> None:
 def relay_channel(queue: str, broker: str) -> Channel:
     """The outbox channel that publishes the jobs of `queue` to its broker: publishes whose lost
     answer is simply sent again — the consumer finds a second copy stale and never runs it
-    (`RabbitMQRelay`, `BrokerRelay`)."""
+    (`BrokerRelay`: a batch through the wire's `publish_batch`)."""
     parts = urlsplit(broker)
     query = [(name, value) for name, value in parse_qsl(parts.query) if name != "queue"]
     url = urlunsplit(parts._replace(query=urlencode([*query, ("queue", queue)])))
-    kind = broker_kind(broker)
-    if kind != "rabbitmq":
-        from oncebox.providers.relay import BrokerRelay  # noqa: PLC0415
+    from oncebox.providers.relay import BrokerRelay  # noqa: PLC0415
 
-        provider: Any = BrokerRelay(url, name=f"{kind}-relay", wire=wire_for)
-    else:
-        from oncebox.providers.rabbitmq import RabbitMQRelay  # noqa: PLC0415 (pika, an extra)
-
-        provider = RabbitMQRelay(url)
+    provider = BrokerRelay(url, name=f"{broker_kind(broker)}-relay", wire=wire_for)
     return Channel(name=f"{RELAY_PREFIX}{queue}", provider=provider, retry=RELAY_RETRY)
