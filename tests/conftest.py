@@ -150,8 +150,9 @@ def open_box() -> Iterator[Callable[..., Box]]:
 
 @pytest.fixture(scope="session")
 def sqs_endpoint() -> Iterator[str]:
-    """The tests' own SQS-compatible server (moto), for the session (support/brokers.py)."""
-    from support.brokers import sqs_server
+    """The tests' own SQS-compatible server (moto, FIFO dedupe as AWS's: `oncebox.fakes.sqs`),
+    for the session."""
+    from oncebox.fakes.sqs import sqs_server
 
     with sqs_server() as endpoint:
         yield endpoint

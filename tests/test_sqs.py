@@ -156,3 +156,24 @@ def test_an_enqueue_too_large_for_sqs_is_refused_before_it_is_written(
         assert box.find("blob/1") == []
     finally:
         box.close()
+
+
+@pytest.mark.parametrize("fifo", [True], ids=["fifo"])
+def test_a_fifo_copy_sent_within_five_minutes_is_dropped_even_after_the_first_was_deleted(
+    sqs_endpoint: str, fifo: bool
+):
+    """AWS remembers a deduplication id for five minutes whether or not its message is still in
+    the queue; the tests' server is made to (`oncebox.fakes.sqs`), or the dedupe benchmark would
+    understate what FIFO removes."""
+    wire = SqsQueue(sqs_url(sqs_endpoint, fifo=fifo), f"test-{uuid.uuid4().hex[:8]}", wait_s=1)
+    wire.declare()
+    try:
+        wire.publish([message(1)])
+        [first] = wire.receive(1)
+        wire.ack([first])
+        wire.publish([message(1)])  # the same oncebox id: the same deduplication id
+        wire.publish([message(2)])
+        assert [r.message.message_id for r in wire.receive(10)] == ["m-2"]
+    finally:
+        wire.delete()
+        wire.close()

@@ -18,7 +18,7 @@ import pytest
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError
 from oncebox.store import open_store
-from oncebox.store.base import OperatorAction, RelayedFinish, Store
+from oncebox.store.base import JobFilter, OperatorAction, RelayedFinish, Store
 from store_contract.conftest import emptied
 from support.contract import T0, advance, insert, opened_session, row
 from support.depths import depth_drift
@@ -55,6 +55,8 @@ def test_sqlite_refuses_the_relay_in_one_line(tmp_path: Path):
             store.job_relay_check([1])
         with pytest.raises(ConfigurationError, match="on PostgreSQL"):
             store.job_relay_adopt(["events"], ["t"], 10)
+        with pytest.raises(ConfigurationError, match="on PostgreSQL"):
+            store.job_bury_relayed([finish(1, 1, "dead")])
         with (
             opened_session(store) as session,
             session.transaction() as tx,
@@ -113,6 +115,19 @@ def test_a_settlement_is_fenced_on_the_attempt_delivered(pg: Store):
     done = row(pg, job_id)
     assert (done.state, done.outcome, done.attempt) == ("done", "completed", 1)
     assert pg.counter_list()["jobs_completed"] == 1
+
+
+@pytest.mark.postgres
+def test_a_job_its_broker_gave_up_on_is_buried_dead_fenced_on_its_attempt(pg: Store):
+    job_id = insert(pg, "k/1", queue="events", relayed=True)
+    why = "SQS gave it up after 20 deliveries, none settled"
+    assert pg.job_bury_relayed([finish(job_id, 2, "dead", error=why)]) == set()  # not yet due
+    assert pg.job_bury_relayed([finish(job_id, 1, "dead", error=why)]) == {job_id}
+    assert pg.job_bury_relayed([finish(job_id, 1, "dead", error=why)]) == set()  # swept twice
+    dead = row(pg, job_id)
+    assert (dead.state, dead.attempt, dead.last_error) == ("dead", 1, why)
+    assert pg.counter_list()["jobs_dead"] == 1
+    assert [j.key for j in pg.job_list(JobFilter(state="dead"))] == ["k/1"]
 
 
 @pytest.mark.postgres

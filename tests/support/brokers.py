@@ -3,11 +3,8 @@ test skips loudly when its broker cannot be reached; in CI it fails (`.ci/run` s
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -28,30 +25,6 @@ def reachable(url: str) -> str:
             pytest.fail(message + " (required in CI)")
         pytest.skip(f"!!! SKIPPING: {message} !!!")
     return url
-
-
-@contextmanager
-def sqs_server() -> Iterator[str]:
-    """An SQS-compatible server of the tests' own (`moto`'s, in a thread of this process, on a
-    free port): its endpoint. The real AWS is never needed; boto3 gets test credentials."""
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    for name, value in (
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-    ):
-        os.environ.setdefault(name, value)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
 
 
 def sqs_url(endpoint: str, *, fifo: bool = False, visibility: int = 30) -> str:

@@ -24,3 +24,14 @@ class Received:
     )  # the broker's handle on this delivery (RabbitMQ: a delivery tag; SQS: a receipt)
     redelivered: bool
     channel: int = 0  # which of this queue's channels it came on: a tag means nothing elsewhere
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    """A message its broker stopped delivering: delivered `deliveries` times and never settled
+    (its consumers died, or held it past their lease, every time). It waits where only oncebox's
+    sweep reads it (`handle`: the broker's own, until `Wire.bury`)."""
+
+    message: Message
+    deliveries: int
+    handle: Any

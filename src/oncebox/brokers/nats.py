@@ -1,20 +1,28 @@
 """An oncebox queue's NATS JetStream side: a stream, a durable pull consumer, acks as settlement.
 
-`nats://HOST:4222` (with `?ack_wait=SECONDS`, the lease: 30 by default, and `wait=SECONDS`, the
-pull's wait: 1). For an oncebox queue Q:
+`nats://HOST:4222` (with `?ack_wait=SECONDS`, the lease: 30 by default, `wait=SECONDS`, the
+pull's wait: 1, and `max_deliveries=N`: 20). For an oncebox queue Q:
 
 - the stream `ONCEBOX_Q` on the subject `oncebox.Q`, a work queue (a message is removed when
   acknowledged), its duplicate window (two minutes, JetStream's default) dropping a second
   publish with the same `Nats-Msg-Id` — the message's oncebox id;
 - its durable pull consumer `oncebox`, explicit acks: a message fetched and neither acknowledged
   nor marked in progress within `ack_wait` is delivered again (the lease; `extend` is the
-  heartbeat, an in-progress ack);
+  heartbeat, an in-progress ack), and at most `max_deliveries` times (`MaxDeliver`): a message
+  never settled in that many deliveries — a handler that kills its worker, workers that keep
+  dying — is no longer delivered, and JetStream says so in an advisory;
+- the stream `ONCEBOX_Q_GIVEN_UP`, capturing those advisories
+  (`$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ONCEBOX_Q.oncebox`), so that none is lost while no
+  worker listens: the workers' sweep (`queue/given_up.py`) reads each, fetches the message it
+  names by its stream sequence, makes it an oncebox dead letter (a relayed job's row turns `dead`,
+  an unrecorded message moves to the dead letters with the reason) and deletes it from the queue;
 - the stream `ONCEBOX_Q_DEAD` on `oncebox.Q.dead`: dead letters, each with its headers.
 
 Names keep the letters, digits, `_` and `-` of Q; any other character becomes `_`. JetStream's
 client is asyncio: each `NatsQueue` runs its connection on an event loop of its own, in a thread,
 and its methods wait for the loop's answer — so a lane calls it like the other wires. An
-unrecorded message's attempt is JetStream's delivery count; its retry is a negative
+unrecorded message's attempt is JetStream's delivery count, so an unrecorded task must retry
+fewer times than `max_deliveries` (said when it is published); its retry is a negative
 acknowledgement with a delay.
 """
 
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
@@ -33,13 +42,15 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from oncebox.brokers.messages import Message, Received
+from oncebox.brokers.messages import GivenUp, Message, Received
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
 ATTEMPT = "x-oncebox-attempt"
 _ID = "Nats-Msg-Id"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 CALL_TIMEOUT_S = 60.0
+MAX_DELIVERIES = 20
+ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 T = TypeVar("T")
 
 
@@ -55,17 +66,23 @@ class NatsQueue:
         self.server = urlunsplit(parts._replace(query=""))
         self.ack_wait_s = float(options.get("ack_wait", "30"))
         self.wait_s = float(options.get("wait", str(wait_s)))
+        self.max_deliveries = int(options.get("max_deliveries", str(MAX_DELIVERIES)))
+        if self.max_deliveries < 1:
+            raise ConfigurationError("a NATS broker's max_deliveries is at least 1")
         self.prefetch = prefetch
         safe = _UNSAFE.sub("_", queue)[:100]
         self.name = f"ONCEBOX_{safe}"
         self.dead_name = f"{self.name}_DEAD"
         self.subject = f"oncebox.{safe}"
         self.dead_subject = f"{self.subject}.dead"
+        self.given_up_name = f"{self.name}_GIVEN_UP"
+        self.given_up_subject = f"{ADVISORY}.{self.name}.oncebox"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._nc: Any = None
         self._js: Any = None
         self._sub: Any = None
+        self._advisories: Any = None
         self._fetched: dict[str, Any] = {}  # reply subject -> the message, until settled
 
     # -- the loop ------------------------------------------------------------------------------
@@ -92,12 +109,13 @@ class NatsQueue:
                 self.server, connect_timeout=5, max_reconnect_attempts=0, allow_reconnect=False
             )
             self._js = self._nc.jetstream()
-            self._sub = None
+            self._sub = self._advisories = None
         return self._js
 
     def close(self) -> None:
         loop, thread, nc = self._loop, self._thread, self._nc
-        self._loop, self._thread, self._nc, self._js, self._sub = None, None, None, None, None
+        self._loop, self._thread, self._nc, self._js = None, None, None, None
+        self._sub = self._advisories = None
         self._fetched.clear()
         if loop is None:
             return
@@ -117,7 +135,11 @@ class NatsQueue:
 
         async def declare() -> None:
             js = await self._connected()
-            for name, subject in ((self.name, self.subject), (self.dead_name, self.dead_subject)):
+            for name, subject in (
+                (self.name, self.subject),
+                (self.dead_name, self.dead_subject),
+                (self.given_up_name, self.given_up_subject),
+            ):
                 config = api.StreamConfig(
                     name=name,
                     subjects=[subject],
@@ -128,36 +150,42 @@ class NatsQueue:
                     await js.add_stream(config)
                 except nats.js.errors.BadRequestError:
                     await js.update_stream(config)
-            await js.add_consumer(
-                self.name,
-                api.ConsumerConfig(
-                    durable_name="oncebox",
-                    ack_policy=api.AckPolicy.EXPLICIT,
-                    ack_wait=self.ack_wait_s,
-                    max_ack_pending=-1,
-                    filter_subject=self.subject,
-                ),
-            )
+            for stream, subject, most in (
+                (self.name, self.subject, self.max_deliveries),
+                (self.given_up_name, self.given_up_subject, -1),
+            ):
+                await js.add_consumer(
+                    stream,
+                    api.ConsumerConfig(
+                        durable_name="oncebox",
+                        ack_policy=api.AckPolicy.EXPLICIT,
+                        ack_wait=self.ack_wait_s,
+                        max_ack_pending=-1,
+                        max_deliver=most,
+                        filter_subject=subject,
+                    ),
+                )
 
         self._call(declare(), "declare")
 
     def delete(self) -> None:
         async def delete() -> None:
             js = await self._connected()
-            for name in (self.name, self.dead_name):
+            for name in (self.name, self.dead_name, self.given_up_name):
                 with contextlib.suppress(nats.js.errors.NotFoundError):
                     await js.delete_stream(name)
 
         self._call(delete(), "delete")
 
     def depth(self, which: str = "") -> int:
-        """Messages waiting (`which`: "" — not yet delivered — or "dead")."""
+        """Messages waiting (`which`: "" — not yet delivered —, "dead", or "given_up": given up
+        on and not yet swept)."""
 
         async def depth() -> int:
             js = await self._connected()
-            if which == "dead":
-                info = await js.stream_info(self.dead_name)
-                return int(info.state.messages)
+            if which in ("dead", "given_up"):
+                name = self.dead_name if which == "dead" else self.given_up_name
+                return int((await js.stream_info(name)).state.messages)
             consumer = await js.consumer_info(self.name, "oncebox")
             return int(consumer.num_pending or 0)
 
@@ -277,3 +305,57 @@ class NatsQueue:
         dead = Message(message.body, message.message_id, {**message.headers, **headers})
         self.publish([dead], to=self.dead_subject)
         self.ack([received])
+
+    # -- what JetStream gave up on -------------------------------------------------------------
+
+    def given_up(self, limit: int) -> list[GivenUp]:
+        """Up to `limit` messages JetStream stopped delivering (`MaxDeliver`), from their
+        advisories; an advisory whose message is gone already (settled late) is acknowledged
+        here and not returned."""
+
+        async def read() -> list[GivenUp]:
+            js = await self._connected()
+            if self._advisories is None:
+                self._advisories = await js.pull_subscribe(
+                    self.given_up_subject, durable="oncebox", stream=self.given_up_name
+                )
+            try:
+                advisories = await self._advisories.fetch(batch=max(1, limit), timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                return []
+            found = []
+            for advisory in advisories:
+                said = json.loads(advisory.data)
+                sequence = int(said["stream_seq"])
+                try:
+                    raw = await js.get_msg(self.name, sequence)
+                except nats.js.errors.NotFoundError:
+                    await advisory.ack()
+                    continue
+                headers = dict(raw.headers or {})
+                message_id = headers.pop(_ID, None) or str(sequence)
+                message = Message(raw.data or b"", message_id, headers)
+                found.append(GivenUp(message, int(said["deliveries"]), (advisory, sequence)))
+            return found
+
+        return self._call(read(), "read the advisories of")
+
+    def bury(self, given: GivenUp, headers: Mapping[str, Any] | None) -> None:
+        """Done with a message JetStream gave up on: with `headers`, published to the dead
+        letters with them merged in (an unrecorded message); then deleted from the queue's
+        stream and its advisory acknowledged."""
+        if headers is not None:
+            message = given.message
+            dead = Message(message.body, message.message_id, {**message.headers, **headers})
+            self.publish([dead], to=self.dead_subject)
+        advisory, sequence = given.handle
+
+        async def bury() -> None:
+            js = await self._connected()
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await js.delete_msg(self.name, sequence)
+            await advisory.ack()
+            if self._nc is not None:
+                await self._nc.flush(timeout=10)
+
+        self._call(bury(), "delete from")

@@ -2,21 +2,27 @@
 
 `sqs://REGION` (credentials as boto3 finds them: the environment, a profile, a role), with
 `?endpoint=URL` for an SQS-compatible server (the tests start `moto`'s), `fifo=true` for FIFO
-queues, `visibility=SECONDS` (the lease: 30 by default) and `wait=SECONDS` (the long poll: 1).
-For an oncebox queue Q:
+queues, `visibility=SECONDS` (the lease: 30 by default), `wait=SECONDS` (the long poll: 1) and
+`max_deliveries=N` (20). For an oncebox queue Q:
 
 - `oncebox-Q` (`oncebox-Q.fifo`): the queue, its visibility timeout the consumers' lease — a
   message received and neither deleted nor extended in time is received again;
-- `oncebox-Q-dead`: its redrive target. SQS moves a message there after `MAX_RECEIVES` receives
-  (a safety net only: give-backs count as receives) — and oncebox's consumer puts an unrecorded
-  message there itself when it is dead, with its error.
+- `oncebox-Q-redriven`: its redrive target. SQS moves a message there once it has been received
+  `max_deliveries` times without being deleted — a handler that kills its worker, workers that
+  keep dying or overrunning their lease (give-backs on shutdown count too). Nothing consumes it
+  but the workers' sweep (`queue/given_up.py`), which makes each an oncebox dead letter: a
+  relayed job's row turns `dead` (its key kept: SQS mints new message ids, the job's id travels in
+  the body), an unrecorded message moves to `oncebox-Q-dead` with the reason;
+- `oncebox-Q-dead`: an unrecorded message's dead letters, with their errors.
 
 Names keep the letters, digits, `_` and `-` of Q; any other character becomes `-`. A message
 carries oncebox's id and headers as message attributes (SQS mints message ids of its own). An
 unrecorded message's attempt is SQS's receive count, and its retry makes it invisible for its
 delay (at most 12 hours) rather than sending a copy, which FIFO queues could not delay. A FIFO
 message's group is its `x-oncebox-group` header (else its id) and its deduplication id a SHA-256
-of its oncebox id: SQS drops a second copy sent within five minutes.
+of its oncebox id: SQS drops a second copy sent within five minutes. An unrecorded task must
+retry fewer times than `max_deliveries` (its attempt is SQS's receive count): said when it is
+published.
 
 SQS takes at most 256 KiB per message, body and attributes together: `check_size` says so
 before anything is sent.
@@ -37,12 +43,12 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from oncebox.brokers.messages import Message, Received
+from oncebox.brokers.messages import GivenUp, Message, Received
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
 MAX_MESSAGE_BYTES = 262_144  # SQS's cap: body and attributes
 BATCH = 10  # SQS's most per batch call
-MAX_RECEIVES = 1000  # the redrive policy's: a safety net (give-backs count as receives)
+MAX_DELIVERIES = 20  # the redrive policy's maxReceiveCount unless the URL says otherwise
 MAX_INVISIBLE_S = 43_200  # 12 hours: SQS's longest visibility timeout
 ATTEMPT = "x-oncebox-attempt"
 GROUP = "x-oncebox-group"
@@ -73,11 +79,15 @@ class SqsQueue:
         self.fifo = options.get("fifo", "false").lower() in ("1", "true", "yes")
         self.visibility_s = int(options.get("visibility", "30"))
         self.wait_s = min(20, int(options.get("wait", str(math.ceil(wait_s)))))
+        self.max_deliveries = int(options.get("max_deliveries", str(MAX_DELIVERIES)))
+        if not 1 <= self.max_deliveries <= 1000:
+            raise ConfigurationError("an SQS broker's max_deliveries is 1 to 1000 (SQS's range)")
         self.prefetch = prefetch
-        safe = _UNSAFE.sub("-", queue)[:60]
+        safe = _UNSAFE.sub("-", queue)[:56]  # SQS names: 80 characters at most
         suffix = ".fifo" if self.fifo else ""
         self.name = f"oncebox-{safe}{suffix}"
         self.dead_name = f"oncebox-{safe}-dead{suffix}"
+        self.given_up_name = f"oncebox-{safe}-redriven{suffix}"
         self._client: Any = None
         self._urls: dict[str, str] = {}
 
@@ -121,36 +131,39 @@ class SqsQueue:
     # -- topology ------------------------------------------------------------------------------
 
     def declare(self) -> None:
-        """Create the queue and its dead letters (idempotent; a queue of that name created
-        otherwise is `BrokerRefused`)."""
+        """Create the queues (idempotent); the main queue's lease and redrive set each time, so
+        a changed `visibility` or `max_deliveries` takes effect."""
         fifo = {"FifoQueue": "true"} if self.fifo else {}
         with self._wire("declare"):
             sqs = self._sqs()
-            dead = sqs.create_queue(QueueName=self.dead_name, Attributes=fifo)["QueueUrl"]
-            dead_arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])[
-                "Attributes"
-            ]["QueueArn"]
-            redrive = {"deadLetterTargetArn": dead_arn, "maxReceiveCount": str(MAX_RECEIVES)}
-            main = sqs.create_queue(
-                QueueName=self.name,
+            urls = {
+                name: sqs.create_queue(QueueName=name, Attributes=fifo)["QueueUrl"]
+                for name in (self.dead_name, self.given_up_name, self.name)
+            }
+            target = sqs.get_queue_attributes(
+                QueueUrl=urls[self.given_up_name], AttributeNames=["QueueArn"]
+            )["Attributes"]["QueueArn"]
+            redrive = {"deadLetterTargetArn": target, "maxReceiveCount": self.max_deliveries}
+            sqs.set_queue_attributes(
+                QueueUrl=urls[self.name],
                 Attributes={
-                    **fifo,
                     "VisibilityTimeout": str(self.visibility_s),
                     "RedrivePolicy": json.dumps(redrive),
                 },
-            )["QueueUrl"]
-        self._urls.update({self.name: main, self.dead_name: dead})
+            )
+        self._urls.update(urls)
 
     def delete(self) -> None:
-        """Remove the queue and its dead letters (tests, and an app retiring a queue)."""
+        """Remove the queues (tests, and an app retiring a queue)."""
         with self._wire("delete"):
-            for name in (self.name, self.dead_name):
+            for name in (self.name, self.given_up_name, self.dead_name):
                 self._sqs().delete_queue(QueueUrl=self._url(name))
         self._urls.clear()
 
     def depth(self, which: str = "") -> int:
-        """Messages visible in the queue (`which`: "" or "dead"), not counting those in flight."""
-        name = self.dead_name if which == "dead" else self.name
+        """Messages visible in the queue (`which`: "", "dead" or "given_up": redriven, not yet
+        swept), not counting those in flight."""
+        name = {"dead": self.dead_name, "given_up": self.given_up_name}.get(which, self.name)
         with self._wire("read"):
             found = self._sqs().get_queue_attributes(
                 QueueUrl=self._url(name), AttributeNames=["ApproximateNumberOfMessages"]
@@ -251,8 +264,10 @@ class SqsQueue:
             receives > 1,
         )
 
-    def _batched(self, call: str, received: Sequence[Received], **fields: Any) -> None:
-        url = self._url(self.name)
+    def _batched(
+        self, call: str, received: Sequence[Received], *, name: str = "", **fields: Any
+    ) -> None:
+        url = self._url(name or self.name)
         for start in range(0, len(received), BATCH):
             chunk = received[start : start + BATCH]
             entries = [
@@ -294,3 +309,28 @@ class SqsQueue:
         dead = Message(message.body, message.message_id, {**message.headers, **headers})
         self.publish([dead], to=self.dead_name)
         self.ack([received])
+
+    # -- what SQS gave up on ---------------------------------------------------------------------
+
+    def given_up(self, limit: int) -> list[GivenUp]:
+        """Up to `limit` messages SQS redrove after `max_deliveries` receives, held from other
+        sweeps for this queue's visibility timeout (a short poll: the sweep runs on a timer)."""
+        with self._wire("receive from"):
+            answer = self._sqs().receive_message(
+                QueueUrl=self._url(self.given_up_name),
+                MaxNumberOfMessages=max(1, min(BATCH, limit)),
+                WaitTimeSeconds=0,
+                MessageAttributeNames=["All"],
+            )
+        found = [self._received(raw) for raw in answer.get("Messages", [])]
+        return [GivenUp(one.message, self.max_deliveries, one) for one in found]
+
+    def bury(self, given: GivenUp, headers: Mapping[str, Any] | None) -> None:
+        """Done with a message SQS gave up on: with `headers`, moved to the dead letters with
+        them merged in (an unrecorded message); without, deleted (a relayed job, whose row the
+        sweep made dead first)."""
+        if headers is not None:
+            message = given.message
+            dead = Message(message.body, message.message_id, {**message.headers, **headers})
+            self.publish([dead], to=self.dead_name)
+        self._batched("delete_message_batch", [given.handle], name=self.given_up_name)

@@ -75,30 +75,11 @@ def run_broker(kind: str) -> Iterator[str]:
     if os.environ.get(SQS_ENV):
         yield os.environ[SQS_ENV]
         return
-    try:
-        from moto.server import ThreadedMotoServer  # noqa: PLC0415 (the dev extra)
-    except ImportError:
-        raise ConfigurationError(
-            f"this scenario needs SQS: set {SQS_ENV}=sqs://REGION?endpoint=URL, or install "
-            "oncebox's dev extra (moto) for a server of the run's own"
-        ) from None
-    for name, value in (
-        ("AWS_ACCESS_KEY_ID", "chaos"),
-        ("AWS_SECRET_ACCESS_KEY", "chaos"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-    ):
-        os.environ.setdefault(name, value)  # read by the run's worker processes too
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        query = urlencode({"endpoint": f"http://127.0.0.1:{port}", "visibility": 2, "wait": 1})
+    from oncebox.fakes.sqs import sqs_server  # noqa: PLC0415 (moto: the dev extra)
+
+    with sqs_server(credentials="chaos") as endpoint:
+        query = urlencode({"endpoint": endpoint, "visibility": 2, "wait": 1})
         yield f"sqs://us-east-1?{query}"
-    finally:
-        server.stop()
 
 
 @contextmanager
@@ -118,14 +99,17 @@ def run_queue(url: str) -> Iterator[str]:
 
 def left_in_broker(url: str, queue: str) -> dict[str, int]:
     """What the broker still holds for the run's queue, read once every worker has exited:
-    visible messages (no consumer holds any now) and dead letters."""
+    visible messages (no consumer holds any now), messages in flight, messages it gave up on
+    that no sweep made dead letters (SQS, NATS: `transports/given_up.py`), and dead letters."""
     wire = wire_for(url, queue)
     try:
         in_flight = getattr(wire, "in_flight", None)  # SQS: held until a timeout runs out
+        swept = hasattr(wire, "given_up")
         return {
             "ready": wire.depth(),
             "dead": wire.depth("dead"),
             "in_flight": in_flight() if in_flight is not None else 0,
+            "given_up": wire.depth("given_up") if swept else 0,
         }
     finally:
         wire.close()

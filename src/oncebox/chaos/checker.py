@@ -234,7 +234,8 @@ def _broker(f: _Facts) -> None:
             "B1 broker drained",
             f"queue {workload.digest_queue}",
             f"the broker still holds {left['ready']} ready message(s), {left['in_flight']} in "
-            f"flight and {left['dead']} dead letter(s) after every worker exited",
+            f"flight, {left['given_up']} given up on and not swept, and {left['dead']} dead "
+            "letter(s) after every worker exited",
         )
 
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from oncebox import clock, points
 from oncebox.errors import (
@@ -56,12 +57,15 @@ from oncebox.outbox.channels import Channel
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
 from oncebox.outbox.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
 from oncebox.outbox.resolver import AmbiguityResolver
-from oncebox.queue.brokered import RELAY_PREFIX
+from oncebox.queue.brokered import RELAY_PREFIX, wire_for
 from oncebox.queue.consumer import Consumer, ConsumerConfig, ConsumerResult
 from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperConfig
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
+
+if TYPE_CHECKING:
+    from oncebox.transports.given_up import GivenUpSweep
 from oncebox.retention.pruner import Pruner, PrunerConfig
 from oncebox.runtime import Runtime
 from oncebox.schedules.ticker import ScheduleTicker
@@ -183,6 +187,21 @@ class Worker:
         self._error: Exception | None = None
         self.watch = HandlerWatch(self.config.handler_grace, self.config.exit_on_hung_handler)
         self.name = worker_name(f"w{next(_instances)}")  # its row in oncebox_workers
+        self._given_up: GivenUpSweep | None = None  # its broker-held queues' (`_background_lanes`)
+
+    def _close(
+        self, consumers: list[tuple[Consumer, Transport]], sweepers: list[ExpirySweeper]
+    ) -> None:
+        """What the lanes held open: sessions, broker connections."""
+        for consumer, transport in consumers:
+            consumer.session.close()
+            closer = getattr(transport, "close", None)
+            if callable(closer):
+                closer()  # a broker's connection
+        for sweeper in sweepers:
+            sweeper.close()
+        if self._given_up is not None:
+            self._given_up.close()
 
     @property
     def poll_interval(self) -> float:
@@ -270,13 +289,7 @@ class Worker:
             self.runtime.workers.detach(self)
             for thread in threads:
                 thread.join(5)
-            for consumer, transport in consumers:
-                consumer.session.close()
-                closer = getattr(transport, "close", None)
-                if callable(closer):
-                    closer()  # a broker's connection
-            for sweeper in sweepers:
-                sweeper.close()
+            self._close(consumers, sweepers)
             restore()
         if self._error is not None:
             raise self._error
@@ -390,13 +403,22 @@ class Worker:
         keeper = LeaseKeeper(
             store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens, keep_alive
         )
+        brokered = self._brokered()
+        if brokered:
+            from oncebox.transports.given_up import GivenUpSweep  # noqa: PLC0415
+
+            served = {queue: self.runtime.brokers[queue] for queue in brokered}
+            self._given_up = GivenUpSweep(
+                store, served, wire_for, store.clock_now, worker=self.name
+            )
         rescuer = LeaseRescuer(
             store,
             self.config.rescuer,
             metrics,
             DeliveryRescuer(store, channels, metrics),
             unlimited=[t.name for t in self.runtime.registry.all() if t.limits is None],
-            brokered=self._brokered() if store.dialect == "postgres" else None,
+            brokered=brokered if store.dialect == "postgres" else None,
+            given_up=self._given_up.run_once if self._given_up is not None else None,
         )
         pruner = Pruner.for_runtime(self.runtime, self.config.pruner)
         resolver = AmbiguityResolver(store, channels)

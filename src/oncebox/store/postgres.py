@@ -121,6 +121,23 @@ def _json_rows(rows: Iterable[Iterable[_Cell]]) -> str:
     return "[" + ",".join("[" + ",".join(map(_cell, row)) + "]" for row in rows) + "]"
 
 
+def _relayed_rows(finishes: Sequence[RelayedFinish]) -> str:
+    """`job_settle_relayed`'s input: one row per job a broker delivered (or gave up on)."""
+    return _json_rows(
+        (
+            f.id,
+            f.run,
+            f.state,
+            f.outcome,
+            f.delay.total_seconds(),
+            f.error,
+            f.worker,
+            f.started_at.isoformat(),
+        )
+        for f in finishes
+    )
+
+
 def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
 
@@ -418,6 +435,13 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
             return _written(sql, self._external(connection).execute(sql, params))
         with self._connection() as conn:
             return _written(sql, conn.execute(sql, params))
+
+    @operation
+    def job_bury_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
+        if not finishes:
+            return set()
+        rows = self._apply("job_settle_relayed", {"finishes": _relayed_rows(finishes)}).rows
+        return {row[0] for row in rows}
 
     def _apply(self, name: str, params: dict[str, Any], connection: object | None = None) -> Result:
         return self._fetch(name, params, connection)
@@ -821,20 +845,7 @@ class PostgresConsumerTx:
     def job_settle_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
         if not finishes:
             return set()
-        cells = (
-            (
-                f.id,
-                f.run,
-                f.state,
-                f.outcome,
-                f.delay.total_seconds(),
-                f.error,
-                f.worker,
-                f.started_at.isoformat(),
-            )
-            for f in finishes
-        )
-        params = {"finishes": _json_rows(cells)}
+        params = {"finishes": _relayed_rows(finishes)}
         return {row[0] for row in self._execute(self._q["job_settle_relayed"], params)}
 
     def counter_add(self, deltas: Mapping[str, int]) -> None:

@@ -193,6 +193,9 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
     def job_relay_adopt(self, queues: Sequence[str], tasks: Sequence[str], limit: int) -> int:
         raise ConfigurationError(RELAY_NEEDS_POSTGRES)
 
+    def job_bury_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
+        raise ConfigurationError(RELAY_NEEDS_POSTGRES)
+
     def forget_inherited(self) -> list[object]:
         """After a fork, in the child: connections of its own, opened when first needed (SQLite
         forbids carrying an open connection across a fork; `store/forks.py`)."""

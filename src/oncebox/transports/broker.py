@@ -70,7 +70,7 @@ class _Relayed:
     args_json: str
 
 
-def _parse(one: Received) -> _Relayed | tuple[str, str, int]:
+def parse_message(one: Received) -> _Relayed | tuple[str, str, int]:
     """A relayed job's publish, or an unrecorded message's (task, args, attempt); raises on
     anything else."""
     body = json.loads(one.message.body)
@@ -137,7 +137,7 @@ class BrokerTransport:
         relayed: list[tuple[Received, _Relayed]] = []
         for one in received:
             try:
-                parsed = _parse(one)
+                parsed = parse_message(one)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 # not a message of ours: to the dead letters now, or it would come back first
                 # after every reconnect

@@ -1,0 +1,137 @@
+"""What a broker stops delivering (SQS's redrive, JetStream's `MaxDeliver`) becomes an oncebox
+dead letter: a relayed job's row turns `dead` under its key, with the reason, and is replayable
+like any dead job; an unrecorded message moves to the queue's dead letters with the reason; and
+nothing is left where only the sweep looks. Before, such a job waited `relayed` for ever, its
+message set aside where no one read it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from oncebox import Box, ConfigurationError, JobContext, Retry
+from oncebox.dead_letters import DeadFilter
+from oncebox.queue.brokered import wire_for
+from oncebox.transports.broker import BrokerTransport
+from oncebox.transports.given_up import GivenUpSweep
+from support.brokers import NATS_URL, reachable, sqs_url
+from support.db import create_effects, effects, record_effect
+from support.transports import consume_rounds
+
+PERIOD = "2026-W49"
+MOST = 2  # the brokers' max_deliveries in these tests
+
+
+@dataclass
+class Held:
+    box: Box
+    broker: str
+    queue: str
+    wire: Any  # a raw connection that takes messages and gives them back, as dying workers do
+    sweep: GivenUpSweep
+
+
+@pytest.fixture(params=["sqs", "nats"])
+def held(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Held]:
+    if request.param == "sqs":
+        endpoint = request.getfixturevalue("sqs_endpoint")
+        broker = f"{sqs_url(endpoint, visibility=30)}&max_deliveries={MOST}"
+    else:
+        broker = f"{reachable(NATS_URL)}?ack_wait=30&max_deliveries={MOST}"
+    queue = f"given-up-{uuid.uuid4().hex[:8]}"
+    box = Box(pg_url, secret="given-up-tests-secret-0123456789")
+    create_effects(box)
+
+    # one attempt: an unrecorded task must retry fewer times than its broker delivers
+    @box.task(
+        key="weekly-digest/customer-{customer_id}/{period}",
+        queue=queue,
+        retry=Retry(max_attempts=1),
+    )
+    def weekly_digest(ctx: JobContext, customer_id: int, period: str) -> None:
+        record_effect(ctx, f"attempt {ctx.attempt}")
+
+    box.queue(queue, broker=broker)
+    wire = wire_for(broker, queue, wait_s=1)
+    wire.declare()
+    sweep = GivenUpSweep(box.store, {queue: broker}, wire_for, box.store.clock_now, worker="t")
+    try:
+        yield Held(box, broker, queue, wire, sweep)
+    finally:
+        sweep.close()
+        wire.delete()
+        wire.close()
+        box.close()
+
+
+def die_holding_it(held: Held) -> int:
+    """Take the queue's message and give it back unsettled, `MOST` times (each a worker that
+    died with it), then sweep until the broker has set it aside and the sweep buried it; how
+    many the sweep buried. Each round waits on the broker's own long poll, never a sleep."""
+    for _ in range(MOST):
+        [taken] = held.wire.receive(1)
+        held.wire.give_back([taken])
+    for _ in range(20):
+        assert held.wire.receive(1) == []  # given up on: not delivered again
+        buried = held.sweep.run_once()
+        if buried:
+            return buried
+    raise AssertionError("the broker never set the message aside")
+
+
+@pytest.mark.postgres
+def test_a_relayed_job_its_broker_gave_up_on_is_dead_under_its_key_and_replayable(held: Held):
+    box = held.box
+    key = f"weekly-digest/customer-7/{PERIOD}"
+    box.enqueue("weekly_digest", customer_id=7, period=PERIOD)
+    assert box.dispatcher().run_once().sent == 1
+
+    assert die_holding_it(held) == 1
+
+    [dead] = box.find(key)
+    assert dead.state == "dead" and dead.attempt == 1
+    assert f"gave it up after {MOST} deliveries, none settled" in (dead.last_error or "")
+    assert [d.key for d in box.dead_letters(DeadFilter(limit=10))] == [key]
+    assert held.wire.depth("given_up") == 0 and held.sweep.run_once() == 0
+
+    box.replay(key, reason="the handler's memory leak is fixed")
+    assert box.store.job_relay_adopt([held.queue], ["weekly_digest"], 10) == 1
+    assert box.dispatcher().run_once().sent == 1
+    lane = BrokerTransport(
+        wire_for(held.broker, held.queue, wait_s=1),
+        attempts=lambda task: box.registry.get(task).retry.max_attempts,
+        now=box.store.clock_now,
+        store=box.store,
+        worker="t",
+    )
+    try:
+        assert consume_rounds(box, lane) == 1
+    finally:
+        lane.close()
+    assert effects(box) == [(key, "attempt 2")]
+    assert box.find(key)[0].state == "done"
+
+
+@pytest.mark.postgres
+def test_an_unrecorded_message_its_broker_gave_up_on_moves_to_the_dead_letters(held: Held):
+    held.box.publish_unrecorded("weekly_digest", customer_id=8, period=PERIOD)
+
+    assert die_holding_it(held) == 1
+
+    assert held.wire.depth("dead") == 1 and held.wire.depth("given_up") == 0
+    assert held.box.find("weekly-digest/customer-8/" + PERIOD) == []
+
+
+@pytest.mark.postgres
+def test_an_unrecorded_task_retrying_past_its_brokers_deliveries_is_refused(held: Held):
+    @held.box.task(key="stubborn/{n}", queue=held.queue, retry=Retry(max_attempts=MOST))
+    def stubborn(ctx: JobContext, n: int) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match=f"gives a message up after {MOST} deliveries"):
+        held.box.publish_unrecorded("stubborn", n=1)
+    assert held.wire.depth() == 0
