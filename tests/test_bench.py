@@ -441,3 +441,32 @@ def test_the_brokers_benchmark_drains_each_transport_beside_the_table_queue(pg_t
     )
     # end to end is over the relay and the lane, each slower than the whole
     assert figures["relayed"] < min(figures["relay"], figures["relayed_consume"])
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_dedupe_benchmark_splits_each_second_copy_between_broker_and_key(pg_template, tmp_path):
+    """Within JetStream's window (made 3 s here) and SQS FIFO's five minutes the broker drops
+    the copy; past it, and on brokers without dedupe, the key absorbs it; no job ran twice."""
+    from conftest import PG_URL
+    from support.brokers import AMQP_URL, NATS_URL, reachable
+
+    out = tmp_path / "dedupe.json"
+    nats = f"{reachable(NATS_URL)}?duplicates=3"
+    result = run_bench(
+        "dedupe.py",
+        *("--jobs", "3", "--gaps", "0.2,4", "--postgres", PG_URL),
+        *("--amqp", reachable(AMQP_URL), "--nats", nats, "--json", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    removed = {
+        (r["broker"], r["gap"]): r["removed_share"] for r in json.loads(out.read_text())["rows"]
+    }
+    assert removed == {
+        **{("rabbitmq", gap): 0.0 for gap in ("0.2", "4", "redrive")},
+        **{("sqs-standard", gap): 0.0 for gap in ("0.2", "4", "redrive")},
+        **{("sqs-fifo", gap): 1.0 for gap in ("0.2", "4", "redrive")},
+        ("nats", "0.2"): 1.0,
+        ("nats", "4"): 0.0,
+        ("nats", "redrive"): 0.0,
+    }

@@ -76,15 +76,26 @@ def test_a_held_message_extended_is_not_received_by_another_consumer(wire: SqsQu
     wire.ack([held])
 
 
+def test_large_messages_are_sent_in_batches_sqs_takes(wire: SqsQueue):
+    """Ten messages of 400 KB are 4 MB: one batch call SQS would refuse whole (1 MiB a call)."""
+    big = [Message(b"x" * 400_000, f"m-big-{n}") for n in range(10)]
+    assert wire.publish_batch(big) == set()
+    got = []
+    while len(got) < 10 and (more := wire.receive(10)):
+        got += more
+    assert sorted(r.message.message_id for r in got) == sorted(m.message_id for m in big)
+    wire.ack(got)
+
+
 def test_a_message_over_sqs_s_cap_is_refused_before_it_is_sent(wire: SqsQueue):
     big = Message(b"x" * MAX_MESSAGE_BYTES, "m-big")
-    with pytest.raises(BrokerRefused, match=r"exceeds SQS's 262144"):
+    with pytest.raises(BrokerRefused, match=r"exceeds SQS's 1048576"):
         wire.publish([big])
     assert wire.depth() == 0
 
 
 def sqs_box(pg_url: str, broker: str, queue: str) -> Box:
-    box = Box(pg_url, secret="sqs-tests-secret-0123456789")
+    box = Box(pg_url, secret="sqs-tests-secret-0123456789", max_payload_bytes=4 * 1_048_576)
     create_effects(box)
 
     @box.task(key="weekly-digest/customer-{customer_id}/{period}", queue=queue)
@@ -151,8 +162,8 @@ def test_an_enqueue_too_large_for_sqs_is_refused_before_it_is_written(
     queue = f"blobs-{uuid.uuid4().hex[:8]}"
     box = sqs_box(pg_url, sqs_url(sqs_endpoint), queue)
     try:
-        with pytest.raises(InvalidArguments, match="exceed the 262144 bytes SQS takes"):
-            box.enqueue("blob", n=1, data="x" * 262_000)
+        with pytest.raises(InvalidArguments, match="exceed the 1048576 bytes SQS takes"):
+            box.enqueue("blob", n=1, data="x" * 1_048_000)
         assert box.find("blob/1") == []
     finally:
         box.close()

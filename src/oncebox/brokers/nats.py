@@ -1,11 +1,12 @@
 """An oncebox queue's NATS JetStream side: a stream, a durable pull consumer, acks as settlement.
 
 `nats://HOST:4222` (with `?ack_wait=SECONDS`, the lease: 30 by default, `wait=SECONDS`, the
-pull's wait: 1, and `max_deliveries=N`: 20). For an oncebox queue Q:
+pull's wait: 1, `max_deliveries=N`: 20, and `duplicates=SECONDS`, the duplicate window: 120,
+JetStream's default). For an oncebox queue Q:
 
 - the stream `ONCEBOX_Q` on the subject `oncebox.Q`, a work queue (a message is removed when
-  acknowledged), its duplicate window (two minutes, JetStream's default) dropping a second
-  publish with the same `Nats-Msg-Id` — the message's oncebox id;
+  acknowledged), its duplicate window dropping a second publish with the same `Nats-Msg-Id` —
+  the message's oncebox id — whether or not the first is still there;
 - its durable pull consumer `oncebox`, explicit acks: a message fetched and neither acknowledged
   nor marked in progress within `ack_wait` is delivered again (the lease; `extend` is the
   heartbeat, an in-progress ack), and at most `max_deliveries` times (`MaxDeliver`): a message
@@ -50,6 +51,7 @@ _ID = "Nats-Msg-Id"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 CALL_TIMEOUT_S = 60.0
 MAX_DELIVERIES = 20
+DUPLICATES_S = 120.0  # JetStream's default duplicate window
 ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 T = TypeVar("T")
 
@@ -67,6 +69,7 @@ class NatsQueue:
         self.ack_wait_s = float(options.get("ack_wait", "30"))
         self.wait_s = float(options.get("wait", str(wait_s)))
         self.max_deliveries = int(options.get("max_deliveries", str(MAX_DELIVERIES)))
+        self.duplicates_s = float(options.get("duplicates", str(DUPLICATES_S)))
         if self.max_deliveries < 1:
             raise ConfigurationError("a NATS broker's max_deliveries is at least 1")
         self.prefetch = prefetch
@@ -145,6 +148,7 @@ class NatsQueue:
                     subjects=[subject],
                     retention=api.RetentionPolicy.WORK_QUEUE,
                     storage=api.StorageType.FILE,
+                    duplicate_window=self.duplicates_s,
                 )
                 try:
                     await js.add_stream(config)

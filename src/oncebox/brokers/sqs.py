@@ -24,8 +24,9 @@ of its oncebox id: SQS drops a second copy sent within five minutes. An unrecord
 retry fewer times than `max_deliveries` (its attempt is SQS's receive count): said when it is
 published.
 
-SQS takes at most 256 KiB per message, body and attributes together: `check_size` says so
-before anything is sent.
+SQS takes at most 1 MiB per message, body and attributes together (256 KiB until August 2025;
+the queues are declared with the 1 MiB maximum), and 1 MiB per batch call: `check_size` says a
+message is too large before anything is sent, and batches are cut by size as well as by count.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from botocore.config import Config
 from oncebox.brokers.messages import GivenUp, Message, Received
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
-MAX_MESSAGE_BYTES = 262_144  # SQS's cap: body and attributes
+MAX_MESSAGE_BYTES = 1_048_576  # SQS's cap per message (body and attributes), and per batch
 BATCH = 10  # SQS's most per batch call
 MAX_DELIVERIES = 20  # the redrive policy's maxReceiveCount unless the URL says otherwise
 MAX_INVISIBLE_S = 43_200  # 12 hours: SQS's longest visibility timeout
@@ -56,13 +57,32 @@ _ID = "oncebox-id"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def message_size(body: bytes, headers: Mapping[str, Any] | None = None) -> int:
+    """What SQS counts of a message: its body and its attributes' names, types and values."""
+    return len(body) + sum(len(k) + len(str(v)) + 8 for k, v in (headers or {}).items()) + 64
+
+
 def check_size(body: bytes, headers: Mapping[str, Any] | None = None) -> None:
     """Raise `BrokerRefused` for a message SQS would refuse for its size, before sending it."""
-    size = len(body) + sum(len(k) + len(str(v)) for k, v in (headers or {}).items()) + 64
+    size = message_size(body, headers)
     if size > MAX_MESSAGE_BYTES:
         raise BrokerRefused(
             f"a message of {size} bytes (body and attributes) exceeds SQS's {MAX_MESSAGE_BYTES}"
         )
+
+
+def _batches(messages: Sequence[Message]) -> Iterator[Sequence[Message]]:
+    """Consecutive runs of at most `BATCH` messages and `MAX_MESSAGE_BYTES` together: SQS
+    refuses a longer batch call whole."""
+    start, size = 0, 0
+    for end, message in enumerate(messages):
+        grows = message_size(message.body, {**message.headers, _ID: message.message_id})
+        if end > start and (end - start == BATCH or size + grows > MAX_MESSAGE_BYTES):
+            yield messages[start:end]
+            start, size = end, 0
+        size += grows
+    if start < len(messages):
+        yield messages[start:]
 
 
 class SqsQueue:
@@ -149,6 +169,7 @@ class SqsQueue:
                 Attributes={
                     "VisibilityTimeout": str(self.visibility_s),
                     "RedrivePolicy": json.dumps(redrive),
+                    "MaximumMessageSize": str(MAX_MESSAGE_BYTES),
                 },
             )
         self._urls.update(urls)
@@ -205,8 +226,7 @@ class SqsQueue:
         True)`: SQS may have taken some."""
         failed: set[str] = set()
         url = self._url(to or self.name)
-        for start in range(0, len(messages), BATCH):
-            chunk = messages[start : start + BATCH]
+        for chunk in _batches(messages):
             entries = [self._entry(i, m) for i, m in enumerate(chunk)]
             try:
                 answer = self._sqs().send_message_batch(QueueUrl=url, Entries=entries)

@@ -95,7 +95,7 @@ def wire_for(broker: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.
 
 def check_message_size(broker: str, task: Task, args_json: str) -> None:
     """Refuse, before anything is written, a job its broker would refuse for its size (SQS:
-    256 KiB per message, body and attributes)."""
+    1 MiB per message, body and attributes)."""
     if broker_kind(broker) != "sqs":
         return
     from oncebox.brokers.sqs import MAX_MESSAGE_BYTES  # noqa: PLC0415
