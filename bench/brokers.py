@@ -2,7 +2,8 @@
 claim, one consumer lane each, in the same run.
 
     .venv/bin/python bench/brokers.py [--jobs 20000] [--rounds 3] [--postgres URL]
-                                      [--amqp URL] [--json bench/results/brokers.json]
+                                      [--amqp URL] [--nats URL]
+                                      [--json bench/results/brokers.json]
 
 On a fresh PostgreSQL database per system and round: the table queue gets N keyed jobs with
 `enqueue_many` and one lane drains them (`box.consumer()`, default settings). RabbitMQ twice:
@@ -10,7 +11,9 @@ unrecorded — the same N published to a quorum queue of its own (`publish_unrec
 confirmed, in batches), then one lane drains them through `RabbitTransport`; and recorded — the
 same N enqueued `relayed` on a queue `box.queue(..., broker=...)` declares (each with its
 publish row), published by the relay (one dispatcher, batches in one AMQP transaction), then
-drained by one lane that checks and settles each job's row. The same claim in the same consumer
+drained by one lane that checks and settles each job's row; NATS JetStream recorded the same way
+(`--nats ''` leaves it out). SQS is not measured: the local server is moto's, whose speed says
+nothing of AWS's. The same claim in the same consumer
 transaction throughout, the acknowledgement after it. Statistics are analysed after the load,
 as autovacuum would. Processing only is timed (for the recorded path: the relay, then the lane;
 its rate is over both); the figure is the median of the rounds, the ratio is taken within a
@@ -38,6 +41,8 @@ from core import analyse, postgres_url
 import oncebox
 from oncebox import Box, ConsumerConfig
 from oncebox.brokers.rabbitmq import RabbitQueue
+from oncebox.queue.brokered import wire_for
+from oncebox.transports.broker import BrokerTransport
 from oncebox.transports.rabbitmq import RabbitTransport, task_message
 
 PUBLISH_BATCH = 1_000
@@ -49,7 +54,7 @@ def declare(box: Box, queue: str) -> None:
         pass
 
 
-def drain(box: Box, consumer_transport: RabbitTransport | None, jobs: int) -> float:
+def drain(box: Box, consumer_transport: BrokerTransport | None, jobs: int) -> float:
     consumer = box.consumer(ConsumerConfig(), transport=consumer_transport)
     done = 0
     started = time.perf_counter()
@@ -113,17 +118,17 @@ def rabbitmq(server: str, amqp: str, jobs: int) -> float:
             box.close()
 
 
-def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
-    """RabbitMQ with the jobs recorded: enqueued `relayed` (as `enqueue_many` does), published
-    by the relay (the outbox dispatcher, one lane), drained by one lane. Timed: the relay, then
-    the lane; the end-to-end rate is over both."""
+def relayed(server: str, broker: str, jobs: int, prefix: str = "") -> dict[str, float]:
+    """A broker (RabbitMQ, NATS JetStream) with the jobs recorded: enqueued `relayed` (as
+    `enqueue_many` does), published by the relay (the outbox dispatcher, one lane), drained by
+    one lane. Timed: the relay, then the lane; the end-to-end rate is over both."""
     name = f"bench-{uuid.uuid4().hex[:8]}"
     with postgres_url(server)() as url:
         box = Box(url)
-        wire = RabbitQueue(amqp, name)
+        wire = wire_for(broker, name)
         try:
             declare(box, name)
-            box.queue(name, broker=amqp)
+            box.queue(name, broker=broker)
             wire.declare()
             started = time.perf_counter()
             box.enqueue_many("noop", [{"n": n} for n in range(jobs)])
@@ -138,8 +143,8 @@ def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
                     raise SystemExit(f"the relay ran dry after {published} of {jobs}")
                 published += sent
             relay_s = time.perf_counter() - started
-            transport = RabbitTransport(
-                RabbitQueue(amqp, name, prefetch=ConsumerConfig().batch_size * 4, wait_s=2.0),
+            transport = BrokerTransport(
+                wire_for(broker, name, prefetch=ConsumerConfig().batch_size * 4, wait_s=2.0),
                 attempts=lambda _task: 3,
                 now=box.store.clock_now,
                 store=box.store,
@@ -149,10 +154,10 @@ def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
             transport.close()
             total_s = relay_s + jobs / consume_rate
             return {
-                "relayed_enqueue": enqueue_rate,
-                "relay": jobs / relay_s,
-                "relayed_consume": consume_rate,
-                "relayed": jobs / total_s,
+                f"{prefix}relayed_enqueue": enqueue_rate,
+                f"{prefix}relay": jobs / relay_s,
+                f"{prefix}relayed_consume": consume_rate,
+                f"{prefix}relayed": jobs / total_s,
             }
         finally:
             wire.delete()
@@ -160,11 +165,12 @@ def relayed(server: str, amqp: str, jobs: int) -> dict[str, float]:
             box.close()
 
 
-def reachable(amqp: str) -> bool:
-    """Whether a broker answers at `amqp` (compare.py measures RabbitMQ only then)."""
-    parts = urlsplit(amqp)
+def reachable(broker: str) -> bool:
+    """Whether a broker answers at `broker` (compare.py measures RabbitMQ only then)."""
+    parts = urlsplit(broker)
+    port = parts.port or (4222 if parts.scheme == "nats" else 5672)
     try:
-        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), 5).close()
+        socket.create_connection((parts.hostname or "127.0.0.1", port), 5).close()
     except OSError:
         return False
     return True
@@ -176,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    parser.add_argument("--nats", default="nats://127.0.0.1:4222", help="'' to leave out")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rounds: list[dict[str, float]] = []
@@ -187,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         row["ratio"] = row["rabbitmq"] / row["table"]
         row.update(relayed(args.postgres, args.amqp, args.jobs))
         row["relayed_ratio"] = row["relayed"] / row["table"]
+        if args.nats:
+            row.update(relayed(args.postgres, args.nats, args.jobs, prefix="nats_"))
+            row["nats_relayed_ratio"] = row["nats_relayed"] / row["table"]
         rounds.append(row)
     figures: dict[str, Any] = {
         "jobs": args.jobs,
@@ -201,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         f"the table queue with 0016's relay triggers disabled "
         f"{figures['table_without_relay_trigger']:.0f} ({figures['relay_trigger_ratio']:.2f}x "
         "with them)"
+        + (
+            f"; NATS JetStream recorded {figures['nats_relayed']:.0f} "
+            f"({figures['nats_relayed_ratio']:.2f}x: the relay {figures['nats_relay']:.0f}/s, "
+            f"the lane {figures['nats_relayed_consume']:.0f}/s)"
+            if args.nats
+            else ""
+        )
     )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -154,6 +154,22 @@ def first_copies(box: Box, lanes: list[Lane], jobs: int) -> None:
         for job in box.store.job_list(JobFilter(queue=lane.queue, limit=jobs)):
             [publish] = box.store.outbox_find_by_key(f"~relay/{job.id}/1")
             lane.copies.append(Message(publish.payload_json.encode(), publish.token))
+        if lane.due_after < DRAIN_FIRST_S:  # a short gap: sent again before the next lane
+            send_again(lane)
+
+
+def send_again(lane: Lane) -> None:
+    """The lane's publishes again, once its gap has passed since its first."""
+    wait = lane.first_at + lane.due_after - time.monotonic()
+    if wait > 0:
+        if wait >= 1:
+            print(f"  waiting {wait:.0f} s for the {lane.gap} copies", file=sys.stderr)
+        time.sleep(wait)
+    lane.again_at = time.monotonic()
+    if lane.gap == "redrive":
+        redriven(lane)
+    else:
+        lane.wire.publish(lane.copies)
 
 
 def redriven(lane: Lane) -> None:
@@ -172,24 +188,14 @@ def count(box: Box, lane: Lane) -> None:
 
 
 def second_copies(box: Box, lanes: list[Lane]) -> None:
-    """Each lane's publishes again once its gap has passed since its first: the short gaps
-    before any consumer ran (a relay resending at once races its first copy), the long ones
-    after the first copies ran (their first copies drained while the short ones wait)."""
-    for lane in sorted(lanes, key=lambda lane: lane.first_at + lane.due_after):
-        if lane.due_after >= DRAIN_FIRST_S:
-            for early in lanes:  # the first copies, drained while there is time
-                if early.due_after >= DRAIN_FIRST_S and not early.ran:
-                    count(box, early)
-        wait = lane.first_at + lane.due_after - time.monotonic()
-        if wait > 0:
-            if wait >= 1:
-                print(f"  waiting {wait:.0f} s for the {lane.gap} copies", file=sys.stderr)
-            time.sleep(wait)
-        lane.again_at = time.monotonic()
-        if lane.gap == "redrive":
-            redriven(lane)
-        else:
-            lane.wire.publish(lane.copies)
+    """The long gaps' publishes again, after their first copies ran (drained while the gaps
+    run); then every lane drained. The short gaps' were sent before any consumer ran (a relay
+    resending at once races its first copy)."""
+    later = [lane for lane in lanes if lane.due_after >= DRAIN_FIRST_S]
+    for lane in later:
+        count(box, lane)
+    for lane in sorted(later, key=lambda lane: lane.first_at + lane.due_after):
+        send_again(lane)
     for lane in lanes:
         count(box, lane)
 
