@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from oncebox import Box, ConfigurationError, JobContext, Retry
+from oncebox import Box, ConfigurationError, JobContext, Retry, WorkerConfig
 from oncebox.dead_letters import DeadFilter
 from oncebox.queue.brokered import wire_for
 from oncebox.transports.broker import BrokerTransport
@@ -68,16 +68,18 @@ def held(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Held]:
         box.close()
 
 
-def die_holding_it(held: Held) -> int:
+def die_holding_it(held: Held, sweep: bool = True) -> int:
     """Take the queue's message and give it back unsettled, `MOST` times (each a worker that
-    died with it), then sweep until the broker has set it aside and the sweep buried it; how
-    many the sweep buried. Each round waits on the broker's own long poll, never a sleep."""
+    died with it), then until the broker has set it aside, sweep (or, without `sweep`, look);
+    how many the sweep buried. Each round waits on the broker's own long poll, never a sleep."""
     for _ in range(MOST):
         [taken] = held.wire.receive(1)
         held.wire.give_back([taken])
     for _ in range(20):
         assert held.wire.receive(1) == []  # given up on: not delivered again
-        buried = held.sweep.run_once()
+        if not sweep and held.wire.depth("given_up"):
+            return 0
+        buried = held.sweep.run_once() if sweep else 0
         if buried:
             return buried
     raise AssertionError("the broker never set the message aside")
@@ -114,6 +116,20 @@ def test_a_relayed_job_its_broker_gave_up_on_is_dead_under_its_key_and_replayabl
         lane.close()
     assert effects(box) == [(key, "attempt 2")]
     assert box.find(key)[0].state == "done"
+
+
+@pytest.mark.postgres
+def test_a_worker_serving_the_queue_sweeps_what_its_broker_gave_up_on(held: Held):
+    key = f"weekly-digest/customer-9/{PERIOD}"
+    held.box.enqueue("weekly_digest", customer_id=9, period=PERIOD)
+    assert held.box.dispatcher().run_once().sent == 1
+    die_holding_it(held, sweep=False)
+
+    held.box.work(config=WorkerConfig(until_idle=True))
+
+    [dead] = held.box.find(key)
+    assert dead.state == "dead" and "none settled" in (dead.last_error or "")
+    assert held.wire.depth("given_up") == 0
 
 
 @pytest.mark.postgres
