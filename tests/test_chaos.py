@@ -19,7 +19,7 @@ from oncebox.chaos.report import select
 from oncebox.chaos.runner import SPAWN
 from oncebox.chaos.workload import Gate
 from oncebox.cli.app import main
-from support.brokers import AMQP_URL, NATS_URL, reachable
+from support.brokers import AMQP_URL, NATS_URL, nats_server_installed, reachable
 from support.procs import stop_in_a_lane_thread
 from support.waiting import wait_until
 
@@ -196,18 +196,23 @@ def test_a_scenario_that_restarts_the_server_needs_the_flag():
     outcome = CliRunner().invoke(main, ["chaos", "--scenario", "server-restart", "--db", PG_SERVER])
     assert outcome.exit_code == 2
     assert "restarts the database server: add --allow-server-restart" in outcome.output
-    outcome = CliRunner().invoke(main, ["chaos", "--scenario", "broker-restart", "--db", PG_SERVER])
-    assert outcome.exit_code == 2
-    assert "restarts the broker: add --allow-server-restart" in outcome.output
+    for broker in ("broker-restart", "nats-restart"):
+        outcome = CliRunner().invoke(main, ["chaos", "--scenario", broker, "--db", PG_SERVER])
+        assert outcome.exit_code == 2
+        assert "restarts the broker: add --allow-server-restart" in outcome.output
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("name", ["server-restart", "store-outage-dispatch", "broker-restart"])
+@pytest.mark.parametrize(
+    "name", ["server-restart", "store-outage-dispatch", "broker-restart", "nats-restart"]
+)
 def test_the_scenarios_that_restart_a_server_hold_on_a_private_one(pg_template, name):
-    """They run on a PostgreSQL server or a RabbitMQ node the harness starts for the run (never
-    the shared one), so the suite runs them too."""
+    """They run on a PostgreSQL server, a RabbitMQ node or a NATS server the harness starts for
+    the run (never the shared one), so the suite runs them too."""
     if SCENARIOS[name].broker == "rabbitmq":
         reachable(AMQP_URL)  # the machine has RabbitMQ: the private node is its program
+    if SCENARIOS[name].broker == "nats":
+        nats_server_installed()
     result = run_scenario(SCENARIOS[name], server=PG_SERVER, customers=CUSTOMERS, seed=1)
     assert result.ok, [f"{v.invariant}: {v.key}: {v.evidence}" for v in result.violations]
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from oncebox import Box, InvalidArguments, JobContext
-from oncebox.brokers.messages import Message
+from oncebox.brokers.messages import Message, Received
 from oncebox.brokers.sqs import MAX_MESSAGE_BYTES, SqsQueue
 from oncebox.errors import BrokerRefused
 from oncebox.transports.broker import BrokerTransport
@@ -80,7 +80,7 @@ def test_large_messages_are_sent_in_batches_sqs_takes(wire: SqsQueue):
     """Ten messages of 400 KB are 4 MB: one batch call SQS would refuse whole (1 MiB a call)."""
     big = [Message(b"x" * 400_000, f"m-big-{n}") for n in range(10)]
     assert wire.publish_batch(big) == set()
-    got = []
+    got: list[Received] = []
     while len(got) < 10 and (more := wire.receive(10)):
         got += more
     assert sorted(r.message.message_id for r in got) == sorted(m.message_id for m in big)

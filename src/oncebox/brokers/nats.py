@@ -56,6 +56,11 @@ ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 T = TypeVar("T")
 
 
+async def _reported_by_the_wire(exc: Exception) -> None:
+    """nats-py's error callback: its default logs each lost connection with a traceback; the
+    wire reports it once, as `BrokerUnavailable`, to a caller that backs off."""
+
+
 class NatsQueue:
     """One oncebox queue on JetStream, for one lane or relay (a connection of its own)."""
 
@@ -103,16 +108,26 @@ class NatsQueue:
         except nats.js.errors.APIError as exc:
             raise BrokerRefused(f"NATS refused to {what} {self.name!r}: {exc}") from None
         except (nats.errors.Error, OSError, TimeoutError) as exc:
+            future.cancel()
             self.close()
             raise BrokerUnavailable(f"NATS at {self.server}: {exc!r}") from None
 
     async def _connected(self) -> Any:
         if self._nc is None or not self._nc.is_connected:
+            # one try, no reconnects: a server that is away is BrokerUnavailable at once (with
+            # max_reconnect_attempts=0 nats-py keeps retrying the first connect until the call
+            # times out), and the lanes' backoff, not the client, decides when to look again
             self._nc = await nats.connect(
-                self.server, connect_timeout=5, max_reconnect_attempts=0, allow_reconnect=False
+                self.server,
+                connect_timeout=5,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
+                allow_reconnect=False,
+                error_cb=_reported_by_the_wire,
             )
             self._js = self._nc.jetstream()
             self._sub = self._advisories = None
+            self._fetched.clear()  # an earlier connection's messages: JetStream's again
         return self._js
 
     def close(self) -> None:

@@ -7,19 +7,26 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from oncebox.chaos.checker import Tally, check
 from oncebox.chaos.private_broker import private_broker
+from oncebox.chaos.private_nats import private_nats
 from oncebox.chaos.private_server import private_server
-from oncebox.chaos.runner import NotSettled, run_context
+from oncebox.chaos.runner import NotSettled, OwnBroker, run_context
 from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
 from oncebox.chaos.violation import Violation
 from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError
 from oncebox.inert import redact
 
+# the broker a scenario that restarts one gets, by the kind it runs on: never the machine's
+PRIVATE_BROKERS: dict[str, Callable[[], contextlib.AbstractContextManager[OwnBroker]]] = {
+    "rabbitmq": private_broker,
+    "nats": private_nats,
+}
 PER_INVARIANT = 5  # violations printed per invariant; --json lists them all
 COLUMNS = (
     ("eligible", "eligible"),
@@ -86,8 +93,9 @@ def run_scenario(
             settings.server = own.url
         else:
             own = None
-        node = stack.enter_context(private_broker()) if scenario.restarts_broker else None
-        if node is not None:  # never the machine's broker: a node of the run's own
+        node = None
+        if scenario.restarts_broker:  # never the machine's broker: one of the run's own
+            node = stack.enter_context(PRIVATE_BROKERS[scenario.broker]())
             settings.broker_url = node.url
         run = stack.enter_context(run_context(settings))
         run.server = own

@@ -20,13 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from oncebox import Box, WorkerConfig, clock
 from oncebox.chaos import mutations
 from oncebox.chaos.broker import left_in_broker, run_broker, run_queue
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.private_broker import PrivateBroker
+from oncebox.chaos.private_nats import PrivateNats
 from oncebox.chaos.private_server import PrivateServer
 from oncebox.chaos.rows import read_rows, unsettled
 from oncebox.chaos.violation import Violation
@@ -55,6 +56,7 @@ from oncebox.schedules.fanout import FanOutResult
 SPAWN = multiprocessing.get_context("spawn")
 SETTLE_STEP = timedelta(seconds=15)
 BROKER_ROUNDS = 3  # rounds in a row a drain spends on what only the broker still holds
+OwnBroker: TypeAlias = PrivateBroker | PrivateNats  # a broker of the run's own, to restart
 
 
 class NotSettled(RuntimeError):
@@ -161,7 +163,7 @@ class RunContext:
     clock: ClockLease | None = None  # the harness's hold on the run's clock (None: real)
     settled_s: float | None = None  # real clock: from the faults' end to every key visible
     server: PrivateServer | None = None  # the run's own PostgreSQL, for scenarios that restart it
-    broker_node: PrivateBroker | None = None  # the run's own RabbitMQ, likewise
+    broker_node: OwnBroker | None = None  # the run's own broker, likewise
     bound_s: float | None = None  # ... and the bound it had to be within
 
     @property
@@ -399,7 +401,8 @@ class RunContext:
         self.server.restart()
 
     def restart_broker(self) -> None:
-        """Restart the run's own RabbitMQ node (never the machine's)."""
+        """Restart the run's own broker, a RabbitMQ node or a NATS server (never the machine's);
+        it answers again when this returns."""
         if self.broker_node is None:
             raise RuntimeError("this scenario has no broker of its own to restart")
         self.broker_node.restart()

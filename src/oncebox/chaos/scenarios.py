@@ -33,6 +33,7 @@ DISPATCH = Lanes(consume=False, schedule=False, sweep=False)
 CONSUME_ONLY = replace(DRAIN, dispatch=False, schedule=False, sweep=False)  # messages then wait
 DISPATCH_ONLY = replace(DRAIN, consume=False, schedule=False, sweep=False)
 PAST_ANY_LEASE = timedelta(hours=1)  # SQLite consumer leases outlast a transaction (~5 min)
+BROKER_NAMES = {"rabbitmq": "RabbitMQ", "nats": "NATS JetStream", "sqs": "SQS"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Scenario:
     sneak: int = 0  # a customer whose handler tries to end the claim's transaction
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
     broker: str = ""  # "rabbitmq", "sqs", "nats": the digests' queue is that broker's (relayed)
-    restarts_broker: bool = False  # on a RabbitMQ node of the run's own (private_broker.py)
+    restarts_broker: bool = False  # a private broker of `broker`'s kind (report.PRIVATE_BROKERS)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -377,10 +378,11 @@ def connection_drops(run: RunContext) -> None:
 
 
 def broker_restart(run: RunContext) -> None:
-    """RabbitMQ restarts while a worker has committed a batch and not yet acknowledged it: the
+    """The broker restarts while a worker has committed a batch and not yet acknowledged it: the
     acknowledgements are lost with the connection, the worker reconnects, the broker delivers
-    the batch again after its restart (its quorum queue kept every message) and each copy finds
-    its job done. The node is the run's own (see private_broker.py)."""
+    the batch again after its restart (RabbitMQ's quorum queue, JetStream's file-stored stream
+    and durable consumer kept every message and what was unacknowledged) and each copy finds its
+    job done. The broker is the run's own (private_broker.py, private_nats.py)."""
     run.fan_out()
     run.work(DISPATCH_ONLY)  # the relay publishes the week's jobs
     gate = run.gate()
@@ -391,8 +393,9 @@ def broker_restart(run: RunContext) -> None:
     run.restart_broker()
     gate.release.set()
     code = run.join(victim)
+    broker = BROKER_NAMES[run.settings.broker]
     run.fault(
-        f"RabbitMQ restarted between a commit and its acknowledgements (worker exited {code})"
+        f"{broker} restarted between a commit and its acknowledgements (worker exited {code})"
     )
     run.drain()
 
@@ -739,17 +742,12 @@ def _crash_scenarios() -> list[Scenario]:
             "the relay, after the broker's confirm and before its record: published again",
         ),
     )
-    brokers = (
-        ("broker", "rabbitmq", "RabbitMQ"),
-        ("sqs", "sqs", "SQS"),
-        ("nats", "nats", "NATS JetStream"),
-    )
-    for prefix, kind, shown in brokers:
+    for prefix, kind in (("broker", "rabbitmq"), ("sqs", "sqs"), ("nats", "nats")):
         for point, lanes, where in broker_plans:
             found.append(
                 Scenario(
                     f"{prefix}-kill-{point}",
-                    f"{shown} holds the digests' queue: SIGKILL {where}",
+                    f"{BROKER_NAMES[kind]} holds the digests' queue: SIGKILL {where}",
                     kill_at(point, lanes, broker=True),
                     "S1-S8, B1",
                     stores=("postgres",),
@@ -878,6 +876,16 @@ SCENARIOS: dict[str, Scenario] = {
             stores=("postgres",),
             ci=False,
             broker="rabbitmq",
+            restarts_broker=True,
+        ),
+        Scenario(
+            "nats-restart",
+            "NATS JetStream restarted between a commit and its acknowledgements",
+            broker_restart,
+            "S1-S8, B1",
+            stores=("postgres",),
+            ci=False,
+            broker="nats",
             restarts_broker=True,
         ),
         Scenario(
