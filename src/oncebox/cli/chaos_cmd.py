@@ -45,8 +45,9 @@ def _scenario_names() -> list[str]:
 @click.option(
     "--allow-server-restart",
     is_flag=True,
-    help="Allow the scenarios that restart a PostgreSQL server: always a private one the "
-    "harness starts for the run on a free port (initdb, pg_ctl), never the --db server.",
+    help="Allow the scenarios that restart a server (PostgreSQL, RabbitMQ, NATS): always a "
+    "private one the harness starts for the run on free ports, never the --db server or the "
+    "machine's brokers.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option(
