@@ -209,6 +209,9 @@ def report(lanes: list[Lane], jobs: int) -> list[dict[str, Any]]:
     for lane in lanes:
         if lane.ran != jobs:
             raise SystemExit(f"{lane.queue}: {lane.ran} runs of {jobs} jobs (each once)")
+        in_flight = getattr(lane.wire, "in_flight", lambda: 0)
+        if lane.wire.depth() or in_flight():  # "removed" must not count what was not delivered
+            raise SystemExit(f"{lane.queue}: copies still waiting in the broker after the drain")
         removed = jobs - lane.absorbed
         rows.append(
             {

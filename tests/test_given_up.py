@@ -7,23 +7,26 @@ message set aside where no one read it."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 from oncebox import Box, ConfigurationError, JobContext, Retry, WorkerConfig
 from oncebox.dead_letters import DeadFilter
+from oncebox.errors import StoreUnavailable
 from oncebox.queue.brokered import wire_for
 from oncebox.transports.broker import BrokerTransport
-from oncebox.transports.given_up import GivenUpSweep
+from oncebox.transports.given_up import GivenUpSweep, GivenUpSweepResult
 from support.brokers import NATS_URL, reachable, sqs_url
 from support.db import create_effects, effects, record_effect
 from support.transports import consume_rounds
 
 PERIOD = "2026-W49"
 MOST = 2  # the brokers' max_deliveries in these tests
+HOLD_S = 2  # their holds (visibility, ack_wait): a message received and left comes back soon
 
 
 @dataclass
@@ -39,9 +42,9 @@ class Held:
 def held(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Held]:
     if request.param == "sqs":
         endpoint = request.getfixturevalue("sqs_endpoint")
-        broker = f"{sqs_url(endpoint, visibility=30)}&max_deliveries={MOST}"
+        broker = f"{sqs_url(endpoint, visibility=HOLD_S)}&max_deliveries={MOST}"
     else:
-        broker = f"{reachable(NATS_URL)}?ack_wait=30&max_deliveries={MOST}"
+        broker = f"{reachable(NATS_URL)}?ack_wait={HOLD_S}&max_deliveries={MOST}"
     queue = f"given-up-{uuid.uuid4().hex[:8]}"
     box = Box(pg_url, secret="given-up-tests-secret-0123456789")
     create_effects(box)
@@ -58,7 +61,7 @@ def held(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Held]:
     box.queue(queue, broker=broker)
     wire = wire_for(broker, queue, wait_s=1)
     wire.declare()
-    sweep = GivenUpSweep(box.store, {queue: broker}, wire_for, box.store.clock_now, worker="t")
+    sweep = GivenUpSweep(box.store, {queue: broker}, wire_for, worker="t")
     try:
         yield Held(box, broker, queue, wire, sweep)
     finally:
@@ -79,8 +82,8 @@ def die_holding_it(held: Held, sweep: bool = True) -> int:
         assert held.wire.receive(1) == []  # given up on: not delivered again
         if not sweep and held.wire.depth("given_up"):
             return 0
-        buried = held.sweep.run_once() if sweep else 0
-        if buried:
+        swept = held.sweep.run_once() if sweep else GivenUpSweepResult()
+        if buried := swept.dead_jobs + swept.dead_letters:
             return buried
     raise AssertionError("the broker never set the message aside")
 
@@ -98,22 +101,16 @@ def test_a_relayed_job_its_broker_gave_up_on_is_dead_under_its_key_and_replayabl
     assert dead.state == "dead" and dead.attempt == 1
     assert f"gave it up after {MOST} deliveries, none settled" in (dead.last_error or "")
     assert [d.key for d in box.dead_letters(DeadFilter(limit=10))] == [key]
-    assert held.wire.depth("given_up") == 0 and held.sweep.run_once() == 0
+    assert held.wire.depth("given_up") == 0 and held.sweep.run_once() == GivenUpSweepResult()
 
     box.replay(key, reason="the handler's memory leak is fixed")
     assert box.store.job_relay_adopt([held.queue], ["weekly_digest"], 10) == 1
     assert box.dispatcher().run_once().sent == 1
-    lane = BrokerTransport(
-        wire_for(held.broker, held.queue, wait_s=1),
-        attempts=lambda task: box.registry.get(task).retry.max_attempts,
-        now=box.store.clock_now,
-        store=box.store,
-        worker="t",
-    )
+    consumer = lane(held)
     try:
-        assert consume_rounds(box, lane) == 1
+        assert consume_rounds(box, consumer) == 1
     finally:
-        lane.close()
+        consumer.close()
     assert effects(box) == [(key, "attempt 2")]
     assert box.find(key)[0].state == "done"
 
@@ -132,6 +129,45 @@ def test_a_worker_serving_the_queue_sweeps_what_its_broker_gave_up_on(held: Held
     assert held.wire.depth("given_up") == 0
 
 
+def lane(held: Held, now: Callable[[], datetime] | None = None) -> BrokerTransport:
+    box = held.box
+    return BrokerTransport(
+        wire_for(held.broker, held.queue, wait_s=1),
+        attempts=lambda task: box.registry.get(task).retry.max_attempts,
+        now=now or box.store.clock_now,
+        store=box.store,
+        worker="t",
+    )
+
+
+@pytest.mark.postgres
+def test_a_store_outage_spends_none_of_a_messages_deliveries(held: Held):
+    """A lane retrying through a store outage used to receive each time (then fail on the
+    store), so the broker counted a delivery every hold: a healthy job was given up on."""
+    box = held.box
+    box.enqueue("weekly_digest", customer_id=10, period=PERIOD)
+    assert box.dispatcher().run_once().sent == 1
+    away = True
+
+    def now() -> datetime:
+        if away:
+            raise StoreUnavailable("the store is away (the test's outage)")
+        return box.store.clock_now()
+
+    consumer = lane(held, now)
+    try:
+        # each fetch long-polls a second when it receives nothing: without the store's clock
+        # read first, these six would have received the message every HOLD_S seconds
+        for _ in range(3 * HOLD_S):
+            with pytest.raises(StoreUnavailable):
+                consumer.fetch(10)
+        away = False
+        assert consume_rounds(box, consumer) == 1  # never received: delivered now, and run
+    finally:
+        consumer.close()
+    assert effects(box) == [(f"weekly-digest/customer-10/{PERIOD}", "attempt 1")]
+
+
 @pytest.mark.postgres
 def test_an_unrecorded_message_its_broker_gave_up_on_moves_to_the_dead_letters(held: Held):
     held.box.publish_unrecorded("weekly_digest", customer_id=8, period=PERIOD)
@@ -144,7 +180,7 @@ def test_an_unrecorded_message_its_broker_gave_up_on_moves_to_the_dead_letters(h
 
 @pytest.mark.postgres
 def test_an_unrecorded_task_retrying_past_its_brokers_deliveries_is_refused(held: Held):
-    @held.box.task(key="stubborn/{n}", queue=held.queue, retry=Retry(max_attempts=MOST))
+    @held.box.task(key="stubborn/{n}", queue=held.queue, retry=Retry(max_attempts=MOST + 1))
     def stubborn(ctx: JobContext, n: int) -> None:
         pass
 

@@ -332,11 +332,11 @@ class Box(Operations):
         message = task_message(resolved, args, self.runtime.max_payload_bytes)
         queue = wire_for(broker, resolved.queue)
         most = getattr(queue, "max_deliveries", None)  # SQS, NATS: the attempt is the count
-        if most is not None and resolved.retry.max_attempts >= most:
+        if most is not None and resolved.retry.max_attempts > most:
             raise ConfigurationError(
                 f"task {resolved.name!r} makes up to {resolved.retry.max_attempts} attempts, and "
                 f"its broker gives a message up after {most} deliveries: raise max_deliveries "
-                "in the broker's URL above the task's attempts"
+                "in the broker's URL to at least the task's attempts"
             )
         try:
             queue.declare()

@@ -1,7 +1,7 @@
 """An oncebox queue's NATS JetStream side: a stream, a durable pull consumer, acks as settlement.
 
 `nats://HOST:4222` (with `?ack_wait=SECONDS`, the lease: 30 by default, `wait=SECONDS`, the
-pull's wait: 1, `max_deliveries=N`: 20, and `duplicates=SECONDS`, the duplicate window: 120,
+pull's wait: 1, `max_deliveries=N`: 50, and `duplicates=SECONDS`, the duplicate window: 120,
 JetStream's default). For an oncebox queue Q:
 
 - the stream `ONCEBOX_Q` on the subject `oncebox.Q`, a work queue (a message is removed when
@@ -14,7 +14,7 @@ JetStream's default). For an oncebox queue Q:
   dying — is no longer delivered, and JetStream says so in an advisory;
 - the stream `ONCEBOX_Q_GIVEN_UP`, capturing those advisories
   (`$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ONCEBOX_Q.oncebox`), so that none is lost while no
-  worker listens: the workers' sweep (`queue/given_up.py`) reads each, fetches the message it
+  worker listens: the workers' sweep (`transports/given_up.py`) reads each, fetches the message it
   names by its stream sequence, makes it an oncebox dead letter (a relayed job's row turns `dead`,
   an unrecorded message moves to the dead letters with the reason) and deletes it from the queue;
 - the stream `ONCEBOX_Q_DEAD` on `oncebox.Q.dead`: dead letters, each with its headers.
@@ -22,8 +22,8 @@ JetStream's default). For an oncebox queue Q:
 Names keep the letters, digits, `_` and `-` of Q; any other character becomes `_`. JetStream's
 client is asyncio: each `NatsQueue` runs its connection on an event loop of its own, in a thread,
 and its methods wait for the loop's answer — so a lane calls it like the other wires. An
-unrecorded message's attempt is JetStream's delivery count, so an unrecorded task must retry
-fewer times than `max_deliveries` (said when it is published); its retry is a negative
+unrecorded message's attempt is JetStream's delivery count, so an unrecorded task must make no
+more attempts than `max_deliveries` (said when it is published); its retry is a negative
 acknowledgement with a delay.
 """
 
@@ -50,7 +50,7 @@ ATTEMPT = "x-oncebox-attempt"
 _ID = "Nats-Msg-Id"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 CALL_TIMEOUT_S = 60.0
-MAX_DELIVERIES = 20
+MAX_DELIVERIES = 50
 DUPLICATES_S = 120.0  # JetStream's default duplicate window
 ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 T = TypeVar("T")
@@ -114,9 +114,9 @@ class NatsQueue:
 
     async def _connected(self) -> Any:
         if self._nc is None or not self._nc.is_connected:
-            # one try, no reconnects: a server that is away is BrokerUnavailable at once (with
-            # max_reconnect_attempts=0 nats-py keeps retrying the first connect until the call
-            # times out), and the lanes' backoff, not the client, decides when to look again
+            # no reconnect loop: a server that is away is BrokerUnavailable within two connect
+            # attempts (with max_reconnect_attempts=0 nats-py keeps retrying the first connect
+            # until the call times out), and the lanes' backoff decides when to look again
             self._nc = await nats.connect(
                 self.server,
                 connect_timeout=5,
@@ -344,8 +344,12 @@ class NatsQueue:
                 return []
             found = []
             for advisory in advisories:
-                said = json.loads(advisory.data)
-                sequence = int(said["stream_seq"])
+                try:
+                    said = json.loads(advisory.data)
+                    sequence, deliveries = int(said["stream_seq"]), int(said["deliveries"])
+                except (ValueError, TypeError, KeyError):  # not an advisory: nothing to sweep
+                    await advisory.ack()
+                    continue
                 try:
                     raw = await js.get_msg(self.name, sequence)
                 except nats.js.errors.NotFoundError:
@@ -354,7 +358,7 @@ class NatsQueue:
                 headers = dict(raw.headers or {})
                 message_id = headers.pop(_ID, None) or str(sequence)
                 message = Message(raw.data or b"", message_id, headers)
-                found.append(GivenUp(message, int(said["deliveries"]), (advisory, sequence)))
+                found.append(GivenUp(message, deliveries, (advisory, sequence)))
             return found
 
         return self._call(read(), "read the advisories of")

@@ -3,14 +3,15 @@
 `sqs://REGION` (credentials as boto3 finds them: the environment, a profile, a role), with
 `?endpoint=URL` for an SQS-compatible server (the tests start `moto`'s), `fifo=true` for FIFO
 queues, `visibility=SECONDS` (the lease: 30 by default), `wait=SECONDS` (the long poll: 1) and
-`max_deliveries=N` (20). For an oncebox queue Q:
+`max_deliveries=N` (50). For an oncebox queue Q:
 
 - `oncebox-Q` (`oncebox-Q.fifo`): the queue, its visibility timeout the consumers' lease — a
   message received and neither deleted nor extended in time is received again;
 - `oncebox-Q-redriven`: its redrive target. SQS moves a message there once it has been received
   `max_deliveries` times without being deleted — a handler that kills its worker, workers that
-  keep dying or overrunning their lease (give-backs on shutdown count too). Nothing consumes it
-  but the workers' sweep (`queue/given_up.py`), which makes each an oncebox dead letter: a
+  keep dying or overrunning their lease (every receive counts: a give-back on shutdown, a claim
+  that waited too long, a batch received while the store was away). Nothing consumes it but the
+  workers' sweep (`transports/given_up.py`), which makes each an oncebox dead letter: a
   relayed job's row turns `dead` (its key kept: SQS mints new message ids, the job's id travels in
   the body), an unrecorded message moves to `oncebox-Q-dead` with the reason;
 - `oncebox-Q-dead`: an unrecorded message's dead letters, with their errors.
@@ -21,8 +22,8 @@ unrecorded message's attempt is SQS's receive count, and its retry makes it invi
 delay (at most 12 hours) rather than sending a copy, which FIFO queues could not delay. A FIFO
 message's group is its `x-oncebox-group` header (else its id) and its deduplication id a SHA-256
 of its oncebox id: SQS drops a second copy sent within five minutes. An unrecorded task must
-retry fewer times than `max_deliveries` (its attempt is SQS's receive count): said when it is
-published.
+make no more attempts than `max_deliveries` (its attempt is SQS's receive count): said when it
+is published.
 
 SQS takes at most 1 MiB per message, body and attributes together (256 KiB until August 2025;
 the queues are declared with the 1 MiB maximum), and 1 MiB per batch call: `check_size` says a
@@ -49,10 +50,11 @@ from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
 MAX_MESSAGE_BYTES = 1_048_576  # SQS's cap per message (body and attributes), and per batch
 BATCH = 10  # SQS's most per batch call
-MAX_DELIVERIES = 20  # the redrive policy's maxReceiveCount unless the URL says otherwise
+MAX_DELIVERIES = 50  # the redrive policy's maxReceiveCount unless the URL says otherwise
 MAX_INVISIBLE_S = 43_200  # 12 hours: SQS's longest visibility timeout
 ATTEMPT = "x-oncebox-attempt"
 GROUP = "x-oncebox-group"
+ERROR = "x-oncebox-error"
 _ID = "oncebox-id"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -69,6 +71,17 @@ def check_size(body: bytes, headers: Mapping[str, Any] | None = None) -> None:
         raise BrokerRefused(
             f"a message of {size} bytes (body and attributes) exceeds SQS's {MAX_MESSAGE_BYTES}"
         )
+
+
+def _dead_copy(message: Message, headers: Mapping[str, Any]) -> Message:
+    """`message` with `headers` merged in, its error cut short enough that SQS takes it: a
+    message near the cap would otherwise never reach the dead letters."""
+    merged = {**message.headers, **headers}
+    error = str(merged.get(ERROR, ""))
+    room = MAX_MESSAGE_BYTES - message_size(message.body, {**merged, ERROR: "", _ID: "x" * 64})
+    if ERROR in merged and len(error.encode()) > room:
+        merged[ERROR] = error.encode()[: max(0, room - 3)].decode(errors="ignore") + "…"
+    return Message(message.body, message.message_id, merged)
 
 
 def _batches(messages: Sequence[Message]) -> Iterator[Sequence[Message]]:
@@ -160,6 +173,10 @@ class SqsQueue:
                 name: sqs.create_queue(QueueName=name, Attributes=fifo)["QueueUrl"]
                 for name in (self.dead_name, self.given_up_name, self.name)
             }
+            for url in urls.values():  # a queue made before August 2025 took 256 KiB
+                sqs.set_queue_attributes(
+                    QueueUrl=url, Attributes={"MaximumMessageSize": str(MAX_MESSAGE_BYTES)}
+                )
             target = sqs.get_queue_attributes(
                 QueueUrl=urls[self.given_up_name], AttributeNames=["QueueArn"]
             )["Attributes"]["QueueArn"]
@@ -169,7 +186,6 @@ class SqsQueue:
                 Attributes={
                     "VisibilityTimeout": str(self.visibility_s),
                     "RedrivePolicy": json.dumps(redrive),
-                    "MaximumMessageSize": str(MAX_MESSAGE_BYTES),
                 },
             )
         self._urls.update(urls)
@@ -325,24 +341,31 @@ class SqsQueue:
 
     def dead(self, received: Received, headers: Mapping[str, Any]) -> None:
         """Send the message to the dead letters with `headers` merged in, then delete it."""
-        message = received.message
-        dead = Message(message.body, message.message_id, {**message.headers, **headers})
-        self.publish([dead], to=self.dead_name)
+        self.publish([_dead_copy(received.message, headers)], to=self.dead_name)
         self.ack([received])
 
     # -- what SQS gave up on ---------------------------------------------------------------------
 
     def given_up(self, limit: int) -> list[GivenUp]:
         """Up to `limit` messages SQS redrove after `max_deliveries` receives, held from other
-        sweeps for this queue's visibility timeout (a short poll: the sweep runs on a timer)."""
-        with self._wire("receive from"):
-            answer = self._sqs().receive_message(
-                QueueUrl=self._url(self.given_up_name),
-                MaxNumberOfMessages=max(1, min(BATCH, limit)),
-                WaitTimeSeconds=0,
-                MessageAttributeNames=["All"],
-            )
-        found = [self._received(raw) for raw in answer.get("Messages", [])]
+        sweeps for `visibility`. The first receive waits up to a second (a long poll asks every
+        SQS server; a short one may answer empty while messages wait)."""
+        found: list[Received] = []
+        wait = 1
+        while len(found) < limit:
+            with self._wire("receive from"):
+                answer = self._sqs().receive_message(
+                    QueueUrl=self._url(self.given_up_name),
+                    MaxNumberOfMessages=min(BATCH, limit - len(found)),
+                    WaitTimeSeconds=wait,
+                    VisibilityTimeout=self.visibility_s,
+                    MessageAttributeNames=["All"],
+                )
+            got = answer.get("Messages", [])
+            found += [self._received(raw) for raw in got]
+            if len(got) < BATCH:
+                break
+            wait = 0
         return [GivenUp(one.message, self.max_deliveries, one) for one in found]
 
     def bury(self, given: GivenUp, headers: Mapping[str, Any] | None) -> None:
@@ -350,7 +373,5 @@ class SqsQueue:
         them merged in (an unrecorded message); without, deleted (a relayed job, whose row the
         sweep made dead first)."""
         if headers is not None:
-            message = given.message
-            dead = Message(message.body, message.message_id, {**message.headers, **headers})
-            self.publish([dead], to=self.dead_name)
+            self.publish([_dead_copy(given.message, headers)], to=self.dead_name)
         self._batched("delete_message_batch", [given.handle], name=self.given_up_name)

@@ -404,13 +404,6 @@ class Worker:
             store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens, keep_alive
         )
         brokered = self._brokered()
-        if brokered:
-            from oncebox.transports.given_up import GivenUpSweep  # noqa: PLC0415
-
-            served = {queue: self.runtime.brokers[queue] for queue in brokered}
-            self._given_up = GivenUpSweep(
-                store, served, wire_for, store.clock_now, worker=self.name
-            )
         rescuer = LeaseRescuer(
             store,
             self.config.rescuer,
@@ -418,7 +411,6 @@ class Worker:
             DeliveryRescuer(store, channels, metrics),
             unlimited=[t.name for t in self.runtime.registry.all() if t.limits is None],
             brokered=brokered if store.dialect == "postgres" else None,
-            given_up=self._given_up.run_once if self._given_up is not None else None,
         )
         pruner = Pruner.for_runtime(self.runtime, self.config.pruner)
         resolver = AmbiguityResolver(store, channels)
@@ -428,6 +420,13 @@ class Worker:
             ("rescuer", rescuer.run_forever),
             ("pruner", pruner.run_forever),
         ]
+        if brokered:  # what their brokers gave up on: a lane of its own (a broker may be slow)
+            from oncebox.transports.given_up import GivenUpSweep  # noqa: PLC0415
+
+            served = {queue: self.runtime.brokers[queue] for queue in brokered}
+            self._given_up = GivenUpSweep(store, served, wire_for, worker=self.name)
+            self._given_up.run_once()  # an until-idle run included
+            lanes.append(("given-up", self._given_up.run_forever))
         if resolver.active:
             lanes.append(("resolver", resolver.run_forever))
         lanes.append(("presence", self._presence))

@@ -12,15 +12,13 @@ the unlimited lease takes only jobs without one, so they would otherwise wait fo
 hands to the relay the ready jobs of the broker-held queues its worker serves (a dead letter
 replayed, a job enqueued by a process that did not know the queue's broker, a queue moved onto
 a broker with work waiting): no table lane serves such a queue, so they too would wait for ever.
-With `given_up`, it sweeps what those queues' brokers stopped delivering into the dead letters
-(`transports/given_up.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -63,7 +61,6 @@ class LeaseRescuer:
         *,
         unlimited: Sequence[str] = (),
         brokered: Mapping[str, Sequence[str]] | None = None,
-        given_up: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -72,7 +69,6 @@ class LeaseRescuer:
         self.unlimited = list(unlimited)  # the tasks this worker knows, declared without limits
         # the broker-held queues this worker serves, with their tasks (PostgreSQL: 0016)
         self.brokered = dict(brokered or {})
-        self.given_up = given_up  # the sweep of their brokers' given-up messages
 
     def run_once(self) -> LeaseRescuerResult:
         if self.deliveries is not None and self.deliveries.channels:
@@ -92,8 +88,6 @@ class LeaseRescuer:
             )
             if adopted:
                 log.info("%s ready job(s) of broker-held queues handed to the relay", adopted)
-        if self.given_up is not None:
-            self.given_up()
         result = LeaseRescuerResult(self.store.job_rescue_expired(self.config.batch_size))
         for job in result.rescued:
             log.warning(

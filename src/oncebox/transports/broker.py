@@ -40,7 +40,13 @@ from typing import Any, Protocol
 
 from oncebox.brokers.messages import Message, Received
 from oncebox.counters import settlement_counts
-from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError, OnceboxError
+from oncebox.errors import (
+    BrokerRefused,
+    BrokerUnavailable,
+    ConfigurationError,
+    OnceboxError,
+    StoreUnavailable,
+)
 from oncebox.jobs.codec import encode_args
 from oncebox.jobs.tasks import Task
 from oncebox.queue.transport import Delivery, Settlement
@@ -131,8 +137,11 @@ class BrokerTransport:
         self.queue.publish(messages)
 
     def fetch(self, limit: int) -> list[Delivery]:
-        received = self.queue.receive(limit)
+        # the store's clock first: while the store is away nothing is received — each receive
+        # spends one of a message's deliveries (SQS's and JetStream's `max_deliveries`), and a
+        # lane retrying through an outage would otherwise spend them all
         now = self._now()
+        received = self.queue.receive(limit)
         deliveries: list[Delivery] = []
         relayed: list[tuple[Received, _Relayed]] = []
         for one in received:
@@ -160,7 +169,12 @@ class BrokerTransport:
                 )
             )
         if relayed:
-            deliveries += self._current(relayed, now)
+            try:
+                deliveries += self._current(relayed, now)
+            except StoreUnavailable:
+                for delivery in deliveries:  # left to the broker, whose hold runs out
+                    self._take(delivery)
+                raise
         return deliveries
 
     def _current(self, relayed: list[tuple[Received, _Relayed]], now: datetime) -> list[Delivery]:

@@ -6,42 +6,69 @@ memory or crashes the interpreter) would be delivered for ever, a worker lost ea
 its job waited `relayed` and looked merely slow. So the broker stops after `max_deliveries`
 (SQS's redrive policy, JetStream's `MaxDeliver`) and sets the message aside where nothing but
 this sweep reads it (SQS: `oncebox-Q-redriven`; JetStream: the `MAX_DELIVERIES` advisories its
-`_GIVEN_UP` stream keeps). Each worker sweeps the broker-held queues it serves on its rescuer's
-pass:
+`_GIVEN_UP` stream keeps). Each worker sweeps the broker-held queues it serves, on a lane of its
+own (a slow broker delays nothing else):
 
 - a relayed job's message: the job's row turns `dead`, fenced on the attempt the message
   carried, with the reason — in `dlq list` under its key (SQS mints message ids of its own; the
   job's id travels in the body), replayable like any dead job. A copy that lost its race (the
-  job moved on) buries nothing;
-- an unrecorded message (no row): moved to the queue's dead letters with the reason;
+  job moved on) buries nothing; a consumer still running it, past its lease, finds its own
+  settlement fenced off and rolled back;
+- an unrecorded message (no row), or any message on a store that keeps no rows (SQLite): moved
+  to the queue's dead letters with the reason;
 - then the message is removed from the broker. A sweep killed in between finds it again next
-  pass: the row's fence makes the second burial a no-op.
+  pass: the row's fence makes the second burial a no-op (an unrecorded message may then reach
+  the dead letters twice).
 
-RabbitMQ's quorum queues dead-letter by themselves at their own delivery limit (`.dead`); its
-wire has no set-aside place to sweep, and is skipped.
+RabbitMQ's quorum queues dead-letter by themselves at their own delivery limit (`.dead`): no
+set-aside place to sweep, and no connection opened for them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from oncebox.brokers.messages import GivenUp, Received
-from oncebox.errors import BrokerRefused, BrokerUnavailable
+from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError, StoreUnavailable
+from oncebox.lane import run_forever
+from oncebox.queue.brokered import broker_kind
 from oncebox.store.base import RelayedFinish, Store
 from oncebox.transports.broker import parse_message
 
 log = logging.getLogger("oncebox.transports")
 ERROR = "x-oncebox-error"
+SWEPT = ("sqs", "nats")  # the brokers that set a message aside for a sweep
+SHOWN = {"sqs": "SQS", "nats": "JetStream"}
 
 
-def reason(given: GivenUp, broker: str) -> str:
+def reason(given: GivenUp, kind: str) -> str:
     return (
-        f"{broker} gave it up after {given.deliveries} deliveries, none settled: a handler "
-        "that takes its worker down, or workers that keep dying or outrunning their lease"
+        f"{SHOWN.get(kind, kind)} gave it up after {given.deliveries} deliveries, none "
+        "settled: a handler that takes its worker down, or workers that keep dying or "
+        "outrunning their lease"
     )
+
+
+@dataclass(frozen=True)
+class GivenUpSweepConfig:
+    interval: timedelta = timedelta(seconds=15)
+    batch_size: int = 100  # per queue and pass
+
+    def __post_init__(self) -> None:
+        if self.interval <= timedelta(0) or self.batch_size < 1:
+            raise ConfigurationError("the given-up sweep needs a positive interval and batch")
+
+
+@dataclass(frozen=True)
+class GivenUpSweepResult:
+    dead_jobs: int = 0  # relayed jobs made dead
+    dead_letters: int = 0  # unrecorded messages moved to the dead letters
+    unswept: tuple[str, ...] = ()  # queues whose broker or store could not be reached
 
 
 class GivenUpSweep:
@@ -52,53 +79,68 @@ class GivenUpSweep:
         store: Store,
         brokers: Mapping[str, str],
         wire_for: Callable[[str, str], Any],
-        now: Callable[[], datetime],
+        config: GivenUpSweepConfig | None = None,
         *,
         worker: str = "",
-        batch: int = 100,
     ) -> None:
         self.store = store
-        self.brokers = dict(brokers)
+        self.brokers = {q: url for q, url in brokers.items() if broker_kind(url) in SWEPT}
+        self.config = config or GivenUpSweepConfig()
         self._wire_for = wire_for
-        self._now = now
         self._worker = worker
-        self._batch = batch
         self._wires: dict[str, Any] = {}
 
-    def run_once(self) -> int:
-        """Sweep every queue once; how many messages were made dead letters. A broker away or
-        refusing is logged and left for the next pass."""
-        buried = 0
+    def run_once(self) -> GivenUpSweepResult:
+        """Sweep every queue once. A broker or store away, or a queue that fails otherwise, is
+        logged and left for the next pass; the others are swept regardless."""
+        dead_jobs = dead_letters = 0
+        unswept: list[str] = []
         for queue, url in self.brokers.items():
             try:
-                buried += self._sweep(queue, url)
-            except (BrokerUnavailable, BrokerRefused) as exc:
+                jobs, letters = self._sweep(queue, url)
+            except (BrokerUnavailable, BrokerRefused, StoreUnavailable) as exc:
                 log.warning("%s: what its broker gave up on is swept next pass (%s)", queue, exc)
-        return buried
+                unswept.append(queue)
+                continue
+            except Exception:  # a bug must not stop the other queues' sweep
+                log.exception("%s: the given-up sweep failed; trying again next pass", queue)
+                unswept.append(queue)
+                continue
+            dead_jobs += jobs
+            dead_letters += letters
+        return GivenUpSweepResult(dead_jobs, dead_letters, tuple(unswept))
+
+    def run_forever(self, stop: threading.Event) -> None:
+        def once() -> bool:
+            result = self.run_once()
+            return result.dead_jobs + result.dead_letters >= self.config.batch_size
+
+        run_forever("given-up sweep", once, stop, self.config.interval.total_seconds())
 
     def _wire(self, queue: str, url: str) -> Any:
         if queue not in self._wires:
             wire = self._wire_for(url, queue)
-            wire.declare()
+            try:
+                wire.declare()
+            except BaseException:
+                wire.close()
+                raise
             self._wires[queue] = wire
         return self._wires[queue]
 
-    def _sweep(self, queue: str, url: str) -> int:
+    def _sweep(self, queue: str, url: str) -> tuple[int, int]:
         wire = self._wire(queue, url)
-        if not hasattr(wire, "given_up"):
-            return 0
-        given = wire.given_up(self._batch)
-        kind = url.split(":", 1)[0].upper()
+        kind = broker_kind(url)
         relayed: list[tuple[GivenUp, RelayedFinish]] = []
         unrecorded: list[tuple[GivenUp, str]] = []
-        for one in given:
+        for one in wire.given_up(self.config.batch_size):
             try:
                 parsed = parse_message(Received(one.message, "", True))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 unrecorded.append((one, f"not an oncebox message: {exc!r}"))
                 continue
             why = reason(one, kind)
-            if isinstance(parsed, tuple):
+            if isinstance(parsed, tuple) or self.store.dialect != "postgres":
                 unrecorded.append((one, why))
                 continue
             finish = RelayedFinish(
@@ -109,7 +151,7 @@ class GivenUpSweep:
                 delay=timedelta(0),
                 error=why,
                 worker=self._worker,
-                started_at=self._now(),
+                started_at=self.store.clock_now(),
             )
             relayed.append((one, finish))
         dead = self.store.job_bury_relayed([f for _g, f in relayed]) if relayed else set()
@@ -121,7 +163,7 @@ class GivenUpSweep:
             wire.bury(one, {ERROR: why[:4000]})
             message_id = one.message.message_id
             log.warning("%s: message %s to the dead letters: %s", queue, message_id, why)
-        return len(dead) + len(unrecorded)
+        return len(dead), len(unrecorded)
 
     def close(self) -> None:
         wires, self._wires = self._wires, {}
