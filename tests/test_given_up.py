@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from oncebox import Box, ConfigurationError, JobContext, Retry, WorkerConfig
+from oncebox.brokers.messages import Message
+from oncebox.brokers.sqs import ERROR, MAX_MESSAGE_BYTES, dead_copy, message_size
 from oncebox.dead_letters import DeadFilter
 from oncebox.errors import StoreUnavailable
 from oncebox.queue.brokered import wire_for
@@ -187,3 +189,21 @@ def test_an_unrecorded_task_retrying_past_its_brokers_deliveries_is_refused(held
     with pytest.raises(ConfigurationError, match=f"gives a message up after {MOST} deliveries"):
         held.box.publish_unrecorded("stubborn", n=1)
     assert held.wire.depth() == 0
+
+
+@pytest.mark.postgres
+def test_a_foreign_message_its_broker_gave_up_on_moves_to_the_dead_letters_named(held: Held):
+    held.wire.publish([Message(b"not json at all", "foreign-1")])
+
+    assert die_holding_it(held) == 1
+
+    assert held.wire.depth("dead") == 1 and held.wire.depth("given_up") == 0
+
+
+def test_a_dead_letter_near_sqs_s_cap_keeps_room_for_its_error():
+    """A message near 1 MiB with a 4 000-character error would be refused by the dead letters,
+    and wait set aside for ever: the error is cut to fit."""
+    body = b"x" * (MAX_MESSAGE_BYTES - 2_000)
+    copy = dead_copy(Message(body, "m-1", {"x-oncebox-channel": "c"}), {ERROR: "e" * 4_000})
+    assert message_size(copy.body, {**copy.headers, "oncebox-id": "x" * 64}) <= MAX_MESSAGE_BYTES
+    assert str(copy.headers[ERROR]).startswith("eee") and str(copy.headers[ERROR]).endswith("…")

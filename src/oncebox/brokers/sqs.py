@@ -73,7 +73,7 @@ def check_size(body: bytes, headers: Mapping[str, Any] | None = None) -> None:
         )
 
 
-def _dead_copy(message: Message, headers: Mapping[str, Any]) -> Message:
+def dead_copy(message: Message, headers: Mapping[str, Any]) -> Message:
     """`message` with `headers` merged in, its error cut short enough that SQS takes it: a
     message near the cap would otherwise never reach the dead letters."""
     merged = {**message.headers, **headers}
@@ -341,7 +341,7 @@ class SqsQueue:
 
     def dead(self, received: Received, headers: Mapping[str, Any]) -> None:
         """Send the message to the dead letters with `headers` merged in, then delete it."""
-        self.publish([_dead_copy(received.message, headers)], to=self.dead_name)
+        self.publish([dead_copy(received.message, headers)], to=self.dead_name)
         self.ack([received])
 
     # -- what SQS gave up on ---------------------------------------------------------------------
@@ -373,5 +373,5 @@ class SqsQueue:
         them merged in (an unrecorded message); without, deleted (a relayed job, whose row the
         sweep made dead first)."""
         if headers is not None:
-            self.publish([_dead_copy(given.message, headers)], to=self.dead_name)
+            self.publish([dead_copy(given.message, headers)], to=self.dead_name)
         self._batched("delete_message_batch", [given.handle], name=self.given_up_name)
