@@ -137,7 +137,9 @@ def lanes_for(box: Box, urls: dict[str, str], gaps: list[float]) -> list[Lane]:
 def first_copies(box: Box, lanes: list[Lane], jobs: int) -> None:
     """Each lane's jobs enqueued and published by the relay (a dispatcher on its channel only),
     the longest gaps first, so that the shortest are due after the last publish; each publish
-    remembered, to be sent again."""
+    remembered, to be sent again. A short gap's copies go as soon as they are due — between
+    the next lanes' relays, and after the last."""
+    short = [lane for lane in lanes if lane.due_after < DRAIN_FIRST_S]
     for lane in sorted(lanes, key=lambda lane: -lane.due_after):
         box.enqueue_many(lane.task, [{"n": n} for n in range(jobs)])
         channel = f"{RELAY_PREFIX}{lane.queue}"
@@ -154,13 +156,22 @@ def first_copies(box: Box, lanes: list[Lane], jobs: int) -> None:
         for job in box.store.job_list(JobFilter(queue=lane.queue, limit=jobs)):
             [publish] = box.store.outbox_find_by_key(f"~relay/{job.id}/1")
             lane.copies.append(Message(publish.payload_json.encode(), publish.token))
-        if lane.due_after < DRAIN_FIRST_S:  # a short gap: sent again before the next lane
-            send_again(lane)
+        for due in short:
+            if due.first_at and not due.again_at and due_in(due) <= 0:
+                send_again(due)
+    for due in sorted(short, key=due_in):
+        send_again(due)
+
+
+def due_in(lane: Lane) -> float:
+    return lane.first_at + lane.due_after - time.monotonic()
 
 
 def send_again(lane: Lane) -> None:
     """The lane's publishes again, once its gap has passed since its first."""
-    wait = lane.first_at + lane.due_after - time.monotonic()
+    if lane.again_at:
+        return
+    wait = due_in(lane)
     if wait > 0:
         if wait >= 1:
             print(f"  waiting {wait:.0f} s for the {lane.gap} copies", file=sys.stderr)
