@@ -1,7 +1,8 @@
 """What a broker's own deduplication is worth: each job published twice, and who removed the copy.
 
     .venv/bin/python bench/dedupe.py [--jobs 200] [--gaps 1,60,600] [--postgres URL]
-                                     [--amqp URL] [--nats URL] [--json bench/results/dedupe.json]
+                                     [--amqp URL] [--nats URL] [--poll 1]
+                                     [--json bench/results/dedupe.json]
 
 A relay whose answer is lost publishes a job's attempt again; a producer retries; an operator
 redrives yesterday's dead letters. Each broker-held queue here gets N jobs, enqueued `relayed` on
@@ -92,9 +93,9 @@ def drain(box: Box, lane: Lane) -> tuple[int, int]:
         consumer.session.close()
 
 
-def brokers(amqp: str | None, nats: str | None, sqs_endpoint: str) -> dict[str, str]:
+def brokers(amqp: str | None, nats: str | None, sqs_endpoint: str, poll: float) -> dict[str, str]:
     """The brokers measured, by row name: their URLs."""
-    sqs = {"endpoint": sqs_endpoint, "visibility": 30, "wait": 1}
+    sqs = {"endpoint": sqs_endpoint, "visibility": 30, "wait": round(poll)}
     found = {
         "sqs-standard": f"sqs://us-east-1?{urlencode(sqs)}",
         "sqs-fifo": f"sqs://us-east-1?{urlencode({**sqs, 'fifo': 'true'})}",
@@ -106,7 +107,7 @@ def brokers(amqp: str | None, nats: str | None, sqs_endpoint: str) -> dict[str, 
     return dict(sorted(found.items()))
 
 
-def lanes_for(box: Box, urls: dict[str, str], gaps: list[float]) -> list[Lane]:
+def lanes_for(box: Box, urls: dict[str, str], gaps: list[float], poll: float) -> list[Lane]:
     """A lane per broker and gap, and per broker a `redrive` lane due after the longest gap."""
     lanes = []
     named = [(_name(g), g) for g in gaps] + [("redrive", max(gaps))]
@@ -123,7 +124,7 @@ def lanes_for(box: Box, urls: dict[str, str], gaps: list[float]) -> list[Lane]:
             wire = wire_for(url, queue)
             wire.declare()
             transport = BrokerTransport(
-                wire_for(url, queue, prefetch=100),
+                wire_for(url, queue, prefetch=100, wait_s=poll),
                 attempts=lambda name: box.registry.get(name).retry.max_attempts,
                 now=box.store.clock_now,
                 store=box.store,
@@ -261,15 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/postgres")
     parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2F")
     parser.add_argument("--nats", default="nats://127.0.0.1:4222")
+    parser.add_argument(
+        "--poll", type=float, default=1.0, help="a lane's long poll, s (SQS: whole seconds)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     gaps = sorted(float(g) for g in args.gaps.split(","))
     started_run = time.monotonic()
-    with measured(args.postgres, lambda e: brokers(args.amqp or None, args.nats or None, e)) as (
-        box,
-        urls,
-    ):
-        lanes = lanes_for(box, urls, gaps)
+
+    def urls_for(endpoint: str) -> dict[str, str]:
+        return brokers(args.amqp or None, args.nats or None, endpoint, args.poll)
+
+    with measured(args.postgres, urls_for) as (box, urls):
+        lanes = lanes_for(box, urls, gaps, args.poll)
         try:
             first_copies(box, lanes, args.jobs)
             second_copies(box, lanes)

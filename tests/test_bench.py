@@ -448,7 +448,7 @@ def test_the_dedupe_benchmark_splits_each_second_copy_between_broker_and_key(pg_
     nats = f"{reachable(NATS_URL)}?duplicates=2"
     result = run_bench(
         "dedupe.py",
-        *("--jobs", "3", "--gaps", "0.2,3", "--postgres", PG_URL),
+        *("--jobs", "3", "--gaps", "0.2,3", "--poll", "0.2", "--postgres", PG_URL),
         *("--amqp", reachable(AMQP_URL), "--nats", nats, "--json", str(out)),
     )
     assert result.returncode == 0, result.stderr
