@@ -81,7 +81,7 @@ class Task:
             if expected is not None and not expected(value):
                 raise InvalidArguments(
                     f"argument {name!r} of task {self.name!r} must be "
-                    f"{_annotation_text(self.signature, name)}, not {type(value).__name__} "
+                    f"{annotation_text(self.signature, name)}, not {type(value).__name__} "
                     f"{_preview(value)}"
                 )
 
@@ -153,7 +153,7 @@ class _Shape:
         checks = {
             p.name: check
             for p in by_name
-            if (check := _SCALARS.get(_annotation_text(signature, p.name))) is not None
+            if (check := _SCALARS.get(annotation_text(signature, p.name))) is not None
         }
         return cls(
             names=frozenset(p.name for p in by_name),
@@ -171,7 +171,7 @@ class _Shape:
         return self.simple and self.required <= given and (self.open or given <= self.names)
 
 
-def _annotation_text(signature: inspect.Signature, name: str) -> str:
+def annotation_text(signature: inspect.Signature, name: str) -> str:
     """The annotation as text, whether written under `from __future__ import annotations`
     (already text) or not; only the scalar forms above are checked, anything else is not."""
     parameter = signature.parameters.get(name)
