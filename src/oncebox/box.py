@@ -61,6 +61,7 @@ from oncebox.schedules.fanout import FanOutResult, run_schedule
 from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
 from oncebox.schedules.slo import Slo
 from oncebox.schedules.ticker import ScheduleTicker
+from oncebox.schedules.trigger import TOLERANCE, Fired, ScheduleTrigger
 from oncebox.store import open_store
 from oncebox.store.base import Audit, ScheduleRunRef, Store, reason_text
 from oncebox.timers.expiry_sweeper import ExpirySweeper
@@ -461,6 +462,13 @@ class Box(Operations):
         schedule.period.check(period)  # before anything is written
         self.store.schedule_state(schedule.name, schedule.grace)  # known to status from now on
         return run_schedule(self.runtime, schedule, period, worker_name("manual"))
+
+    def fire_schedule(self, name: str, *, tolerance: timedelta = TOLERANCE) -> Fired:
+        """Fire `name` as an external cron's trigger would: the period of its latest fire at or
+        before the store's clock (or due within `tolerance`), fanned out once however often it
+        is fired (`schedules/trigger.py`)."""
+        schedule = self._schedule(name)
+        return ScheduleTrigger(self.runtime, worker_name("trigger"), tolerance).fire(schedule)
 
     def pause_schedule(self, name: str, *, reason: str | None = None, actor: str = "api") -> None:
         """Stop fanning out; audited when a reason is given."""

@@ -106,6 +106,11 @@ class Schedule:
         start = aware(after, _TIMES).astimezone(zone(self.tz))
         return next(iter(CronSim(self.cron, start))).astimezone(UTC)
 
+    def latest_fire(self, until: datetime) -> datetime:
+        """The last fire time at or before `until` (timezone-aware), in UTC."""
+        start = aware(until, _TIMES).astimezone(zone(self.tz)) + timedelta(seconds=1)
+        return next(iter(CronSim(self.cron, start, reverse=True))).astimezone(UTC)
+
     def period_of(self, fire: datetime) -> str:
         """The period of a (timezone-aware) fire time, in the schedule's timezone."""
         return self.period(aware(fire).astimezone(zone(self.tz)))
