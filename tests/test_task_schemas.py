@@ -16,9 +16,9 @@ from oncebox.jobs.schemas import task_schema
 from oncebox.jobs.tasks import Task
 
 
-@pytest.fixture
-def box(tmp_path: Any) -> Box:
-    made = Box(f"sqlite:///{tmp_path / 'schemas.db'}")
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Box:
+    made = Box(f"sqlite:///{tmp_path_factory.mktemp('schemas') / 'oncebox.db'}")
 
     @made.task(key="weekly-digest/customer-{customer_id}/{period}", queue="digests")
     def weekly_digest(
@@ -115,20 +115,8 @@ JSON_VALUES = st.recursive(
 
 
 @pytest.fixture(scope="module")
-def digest(tmp_path_factory: pytest.TempPathFactory) -> Task:
-    made = Box(f"sqlite:///{tmp_path_factory.mktemp('schemas') / 'oncebox.db'}")
-
-    @made.task(key="weekly-digest/customer-{customer_id}/{period}")
-    def weekly_digest(
-        ctx: JobContext,
-        customer_id: int,
-        period: str,
-        weight_kg: float | None = None,
-        urgent: bool = False,
-    ) -> None:
-        pass
-
-    return made.registry.get("weekly_digest")
+def digest(box: Box) -> Task:
+    return box.registry.get("weekly_digest")
 
 
 @settings(max_examples=300, deadline=None)

@@ -30,7 +30,8 @@ CLI_PORTS = range(35672, 35683)
 START_TIMEOUT_S = 90
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free loopback port (outside RabbitMQ's command-line range: see the module docstring)."""
     while True:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -39,15 +40,31 @@ def _free_port() -> int:
             return port
 
 
-def _program(name: str) -> str:
-    sbin = Path("/usr/sbin") / name  # Debian's, off a user's PATH
+def port_answers(port: int) -> bool:
+    """Whether a server accepts connections on the loopback `port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def machine_program(name: str, missing: str) -> str:
+    """The machine's `name` (Debian puts servers in /usr/sbin, off a user's PATH); else a
+    one-line `ConfigurationError`: `missing` says what cannot be done and what installs it."""
+    sbin = Path("/usr/sbin") / name
     found = shutil.which(name) or (str(sbin) if sbin.exists() else None)
     if found is None:
-        raise ConfigurationError(
-            f"no {name} on this machine: a private RabbitMQ node for the broker-restart scenario "
-            "cannot be started (make system-packages installs rabbitmq-server)"
-        )
+        raise ConfigurationError(f"no {name} on this machine: {missing}")
     return found
+
+
+def _program(name: str) -> str:
+    return machine_program(
+        name,
+        "a private RabbitMQ node for the broker-restart scenario cannot be started (make "
+        "system-packages installs rabbitmq-server)",
+    )
 
 
 class PrivateBroker:
@@ -58,8 +75,8 @@ class PrivateBroker:
         self.ctl = _program("rabbitmqctl")
         self.folder = Path(tempfile.mkdtemp(prefix="oncebox-chaos-broker-"))
         self.node = f"oncebox-chaos-{secrets.token_hex(4)}@localhost"
-        self.port = _free_port()
-        self.dist_port = _free_port()
+        self.port = free_port()
+        self.dist_port = free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
         # the server may run as the rabbitmq user (Debian's wrapper switches to it as root)
         self.folder.chmod(0o777)
@@ -104,7 +121,7 @@ class PrivateBroker:
                 timeout=60,
                 check=False,
             )
-            if answered.returncode == 0 and self._accepts():
+            if answered.returncode == 0 and port_answers(self.port):
                 return
             if clock.monotonic() > deadline:
                 raise ConfigurationError(
@@ -112,13 +129,6 @@ class PrivateBroker:
                     f"{START_TIMEOUT_S} s (its log: {self.folder / 'log'})"
                 )
             clock.sleep(0.5)  # a child process booting: nothing to wait on but its answer
-
-    def _accepts(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
-        except OSError:
-            return False
-        return True
 
     def stop(self) -> None:
         subprocess.run(  # noqa: S603

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from oncebox import clock
+from oncebox.chaos.private_broker import free_port, machine_program, port_answers
 from oncebox.errors import ConfigurationError
 
 START_TIMEOUT_S = 60  # a loaded 2-core machine restoring a store: seconds, not minutes
@@ -27,23 +27,14 @@ STOP_TIMEOUT_S = 30
 URL_OPTIONS = "ack_wait=2&wait=1"  # as the run's queue on the machine's server (chaos/broker.py)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def program() -> str:
     """The machine's nats-server; a machine without one is told so in one line, before a run
     or a test has started anything it would have to undo."""
-    sbin = Path("/usr/sbin/nats-server")  # Debian's, off a user's PATH
-    found = shutil.which("nats-server") or (str(sbin) if sbin.exists() else None)
-    if found is None:
-        raise ConfigurationError(
-            "no nats-server on this machine: a private NATS server to restart cannot be started "
-            "(Debian's nats-server package installs it)"
-        )
-    return found
+    return machine_program(
+        "nats-server",
+        "a private NATS server to restart cannot be started (Debian's nats-server package "
+        "installs it)",
+    )
 
 
 class PrivateNats:
@@ -54,7 +45,7 @@ class PrivateNats:
     def __init__(self) -> None:
         self.program = program()
         self.folder = Path(tempfile.mkdtemp(prefix="oncebox-chaos-nats-"))
-        self.port = _free_port()
+        self.port = free_port()
         self.server = f"nats://127.0.0.1:{self.port}"
         self.url = f"{self.server}?{URL_OPTIONS}"
         self.log = self.folder / "nats-server.log"
@@ -74,7 +65,7 @@ class PrivateNats:
             cwd=self.folder,
         )  # fmt: skip
         deadline = clock.monotonic() + START_TIMEOUT_S
-        while not self._accepts():
+        while not port_answers(self.port):
             exited = self.process.poll()
             if exited is not None or clock.monotonic() > deadline:
                 self.stop()
@@ -84,13 +75,6 @@ class PrivateNats:
                     f"{START_TIMEOUT_S} s: {self._log_tail()}"
                 )
             clock.sleep(0.05)  # a child process booting: nothing to wait on but its answer
-
-    def _accepts(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
-        except OSError:
-            return False
-        return True
 
     def _log_tail(self) -> str:
         try:
