@@ -133,14 +133,16 @@ class GivenUpSweep:
         kind = broker_kind(url)
         relayed: list[tuple[GivenUp, RelayedFinish]] = []
         unrecorded: list[tuple[GivenUp, str]] = []
-        for one in wire.given_up(self.config.batch_size):
+        given = wire.given_up(self.config.batch_size)
+        now = self.store.clock_now() if given and self.store.dialect == "postgres" else None
+        for one in given:
             try:
                 parsed = parse_message(Received(one.message, "", True))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 unrecorded.append((one, f"not an oncebox message: {exc!r}"))
                 continue
             why = reason(one, kind)
-            if isinstance(parsed, tuple) or self.store.dialect != "postgres":
+            if isinstance(parsed, tuple) or now is None:
                 unrecorded.append((one, why))
                 continue
             finish = RelayedFinish(
@@ -151,7 +153,7 @@ class GivenUpSweep:
                 delay=timedelta(0),
                 error=why,
                 worker=self._worker,
-                started_at=self.store.clock_now(),
+                started_at=now,
             )
             relayed.append((one, finish))
         dead = self.store.job_bury_relayed([f for _g, f in relayed]) if relayed else set()
