@@ -317,6 +317,48 @@ class BucketState:
         return min(self.capacity, self.tokens + elapsed * self.refill_per_s)
 
 
+@dataclass(frozen=True, slots=True)
+class ApiKeyRow:
+    """An HTTP API key as the store keeps it: its secret's digest only (api/keys.py)."""
+
+    id: int
+    name: str
+    scopes: str  # space-separated: enqueue, read, operate
+    secret_sha256: str
+    rate: str  # the key's request budget, e.g. "20/s"
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequestRow:
+    """An Idempotency-Key record: the request holding it (`claim`) while `status` is None, then
+    the first answer, replayed until `expires_at` (api/idempotency.py)."""
+
+    api_key_id: int
+    idempotency_key: str
+    fingerprint: str
+    claim: str
+    status: int | None
+    response: str | None
+    started_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequestClaim:
+    """Hold `idempotency_key` for a request: kept `retain` after it starts; taken over from an
+    in-flight holder of the same body that has not finished within `stale`."""
+
+    api_key_id: int
+    idempotency_key: str
+    fingerprint: str
+    claim: str
+    retain: timedelta
+    stale: timedelta
+
+
 # ---------------------------------------------------------------------------------------------
 # Results
 # ---------------------------------------------------------------------------------------------
@@ -1131,6 +1173,42 @@ class Store(Protocol):
     def setting_get(self, name: str) -> str | None: ...
     def setting_put_if_absent(self, name: str, value: str) -> str:
         """Store `value` unless a value exists; return the value in effect."""
+        ...
+
+    # the HTTP API (api/)
+    def api_key_insert(
+        self, name: str, scopes: str, secret_sha256: str, rate: str, created_by: str
+    ) -> ApiKeyRow | None:
+        """A new key; None when the name is taken (a revoked key keeps its name)."""
+        ...
+
+    def api_key_get(self, key_id: int) -> ApiKeyRow | None: ...
+    def api_key_list(self) -> list[ApiKeyRow]: ...
+    def api_key_revoke(self, name: str) -> ApiKeyRow | None:
+        """Revoke the named key (again: no change); None when no key has the name."""
+        ...
+
+    def api_request_claim(self, claim: ApiRequestClaim) -> ApiRequestRow | None:
+        """Hold the key for this request; None when another holds it, answered it, or used it
+        with another body (`api_request_get` says which)."""
+        ...
+
+    def api_request_get(self, api_key_id: int, idempotency_key: str) -> ApiRequestRow | None:
+        """The key's record, unless expired."""
+        ...
+
+    def api_request_finish(
+        self, api_key_id: int, idempotency_key: str, claim: str, status: int, response: str
+    ) -> bool:
+        """Record the first answer; False when `claim` no longer holds the key."""
+        ...
+
+    def api_request_release(self, api_key_id: int, idempotency_key: str, claim: str) -> bool:
+        """Forget an in-flight record `claim` holds (its request failed), so a retry runs."""
+        ...
+
+    def api_request_prune(self, limit: int) -> int:
+        """Delete up to `limit` expired records; how many."""
         ...
 
     # lanes

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 from oncebox.limits.plan import LimitedPartition
 from oncebox.metrics import Metrics, operation
 from oncebox.store.base import (
+    ApiKeyRow,
+    ApiRequestRow,
     AttemptRow,
     AuditFilter,
     AuditRow,
@@ -225,6 +227,21 @@ class ReadOperations:
     def setting_get(self, name: str) -> str | None:
         value = self._fetch("setting_get", {"name": name}).first("value")
         return None if value is None else str(value)
+
+    # -- the HTTP API --------------------------------------------------------------------------
+
+    @operation
+    def api_key_get(self, key_id: int) -> ApiKeyRow | None:
+        return self._record(ApiKeyRow, "api_key_get", {"id": key_id})
+
+    @operation
+    def api_key_list(self) -> list[ApiKeyRow]:
+        return self._records(ApiKeyRow, "api_key_list", {})
+
+    @operation
+    def api_request_get(self, api_key_id: int, idempotency_key: str) -> ApiRequestRow | None:
+        params = {"api_key_id": api_key_id, "idempotency_key": idempotency_key}
+        return self._record(ApiRequestRow, "api_request_get", params)
 
     # -- schedules ---------------------------------------------------------------------------
 

@@ -31,6 +31,9 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from oncebox.metrics import operation
 from oncebox.store.base import (
     ActionResult,
+    ApiKeyRow,
+    ApiRequestClaim,
+    ApiRequestRow,
     Audit,
     BucketDecision,
     BucketState,
@@ -431,6 +434,59 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         stored = self.setting_get(name)
         assert stored is not None  # put unless present: present either way
         return stored
+
+    # -- the HTTP API --------------------------------------------------------------------------
+
+    @operation
+    def api_key_insert(
+        self, name: str, scopes: str, secret_sha256: str, rate: str, created_by: str
+    ) -> ApiKeyRow | None:
+        params = {
+            "name": name,
+            "scopes": scopes,
+            "secret_sha256": secret_sha256,
+            "rate": rate,
+            "created_by": created_by,
+        }
+        return self._apply("api_key_insert", params).record(ApiKeyRow, self._instant)
+
+    @operation
+    def api_key_revoke(self, name: str) -> ApiKeyRow | None:
+        return self._apply("api_key_revoke", {"name": name}).record(ApiKeyRow, self._instant)
+
+    @operation
+    def api_request_claim(self, claim: ApiRequestClaim) -> ApiRequestRow | None:
+        params = {
+            "api_key_id": claim.api_key_id,
+            "idempotency_key": claim.idempotency_key,
+            "fingerprint": claim.fingerprint,
+            "claim": claim.claim,
+            **self._span("retain", claim.retain),
+            **self._span("stale", claim.stale),
+        }
+        return self._apply("api_request_claim", params).record(ApiRequestRow, self._instant)
+
+    @operation
+    def api_request_finish(
+        self, api_key_id: int, idempotency_key: str, claim: str, status: int, response: str
+    ) -> bool:
+        params = {
+            "api_key_id": api_key_id,
+            "idempotency_key": idempotency_key,
+            "claim": claim,
+            "status": status,
+            "response": response,
+        }
+        return bool(self._apply("api_request_finish", params).rows)
+
+    @operation
+    def api_request_release(self, api_key_id: int, idempotency_key: str, claim: str) -> bool:
+        params = {"api_key_id": api_key_id, "idempotency_key": idempotency_key, "claim": claim}
+        return bool(self._apply("api_request_release", params).rows)
+
+    @operation
+    def api_request_prune(self, limit: int) -> int:
+        return len(self._apply("api_request_prune", {"limit": limit}).rows)
 
     # -- the key-drift guard -------------------------------------------------------------------
 

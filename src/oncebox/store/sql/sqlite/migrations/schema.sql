@@ -69,6 +69,31 @@ BEGIN
     DO UPDATE SET value = value + excluded.value;
 END;
 
+-- table oncebox_api_keys
+CREATE TABLE oncebox_api_keys (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: buckets and records name it
+    name TEXT NOT NULL UNIQUE,
+    scopes TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL,
+    rate TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    created_by TEXT NOT NULL,
+    revoked_at INTEGER
+) STRICT;
+
+-- table oncebox_api_requests
+CREATE TABLE oncebox_api_requests (
+    api_key_id INTEGER NOT NULL REFERENCES oncebox_api_keys (id),
+    idempotency_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    claim TEXT NOT NULL,
+    status INTEGER,
+    response TEXT,
+    started_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (api_key_id, idempotency_key)
+) STRICT, WITHOUT ROWID;
+
 -- table oncebox_audit
 CREATE TABLE oncebox_audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -281,6 +306,9 @@ CREATE TABLE oncebox_workers (
     seen_at INTEGER NOT NULL,
     stopped_at INTEGER
 );
+
+-- index oncebox_api_requests_expiry
+CREATE INDEX oncebox_api_requests_expiry ON oncebox_api_requests (expires_at);
 
 -- index oncebox_audit_at
 CREATE INDEX oncebox_audit_at ON oncebox_audit (at, id);

@@ -1,0 +1,62 @@
+-- The HTTP API's keys and Idempotency-Key records (api/, migration 0016).
+-- SQLite; this folder's conventions are in store/sqlfiles.py.
+
+-- name: api_key_insert
+INSERT INTO oncebox_api_keys (name, scopes, secret_sha256, rate, created_at, created_by)
+VALUES (:name, :scopes, :secret_sha256, :rate, :now, :created_by)
+ON CONFLICT (name) DO NOTHING
+RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at;
+
+-- name: api_key_get
+SELECT id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at
+FROM oncebox_api_keys WHERE id = :id;
+
+-- name: api_key_list
+SELECT id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at
+FROM oncebox_api_keys ORDER BY name;
+
+-- name: api_key_revoke
+UPDATE oncebox_api_keys SET revoked_at = coalesce(revoked_at, :now)
+WHERE name = :name
+RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at;
+
+-- name: api_request_claim
+-- See the PostgreSQL statement.
+INSERT INTO oncebox_api_requests AS r
+    (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at)
+VALUES (:api_key_id, :idempotency_key, :fingerprint, :claim, NULL, NULL, :now,
+        :now + :retain_us)
+ON CONFLICT (api_key_id, idempotency_key) DO UPDATE
+SET fingerprint = excluded.fingerprint, claim = excluded.claim, status = NULL, response = NULL,
+    started_at = excluded.started_at, expires_at = excluded.expires_at
+WHERE r.expires_at <= excluded.started_at
+   OR (r.status IS NULL AND r.fingerprint = excluded.fingerprint
+       AND r.started_at <= excluded.started_at - :stale_us)
+RETURNING api_key_id, idempotency_key, fingerprint, claim, status, response, started_at,
+          expires_at;
+
+-- name: api_request_get
+SELECT api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at
+FROM oncebox_api_requests
+WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key AND expires_at > :now;
+
+-- name: api_request_finish
+UPDATE oncebox_api_requests SET status = :status, response = :response
+WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key
+  AND claim = :claim AND status IS NULL
+RETURNING claim;
+
+-- name: api_request_release
+DELETE FROM oncebox_api_requests
+WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key
+  AND claim = :claim AND status IS NULL
+RETURNING claim;
+
+-- name: api_request_prune
+DELETE FROM oncebox_api_requests
+WHERE (api_key_id, idempotency_key) IN (
+    SELECT api_key_id, idempotency_key FROM oncebox_api_requests
+    WHERE expires_at <= :now
+    ORDER BY expires_at
+    LIMIT :limit)
+RETURNING api_key_id;
