@@ -29,6 +29,7 @@ class FanOutResult:
     eligible: int = 0
     enqueued: int = 0
     late: bool = False
+    fire_at: datetime | None = None  # the fire the run answers (None: a manual re-run)
 
 
 def _batches(rows: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
@@ -54,13 +55,31 @@ class FanOut:
         late: bool = False,
         rescan: bool = False,
     ) -> FanOutResult:
-        result = FanOutResult(schedule.name, period, False, late=late)
+        return self.fan(schedule, self.claim(schedule, period, fire_at, late=late, rescan=rescan))
+
+    def claim(
+        self,
+        schedule: Schedule,
+        period: str,
+        fire_at: datetime | None,
+        *,
+        late: bool = False,
+        rescan: bool = False,
+    ) -> FanOutResult:
+        """Claim the period's run (`claimed` False: another owner has it); `fan` continues."""
+        result = FanOutResult(schedule.name, period, False, late=late, fire_at=fire_at)
         claim = ScheduleRunClaim(
             schedule.name, period, fire_at, self.owner, schedule.lease, late, rescan
         )
-        if not self.store.schedule_run_claim(claim):
+        result.claimed = self.store.schedule_run_claim(claim)
+        return result
+
+    def fan(self, schedule: Schedule, result: FanOutResult) -> FanOutResult:
+        """Enqueue the claimed run's eligible set, batch by batch, and finish the run (a result
+        not claimed: nothing to do)."""
+        if not result.claimed:
             return result
-        result.claimed = True
+        period, late, fire_at = result.period, result.late, result.fire_at
         connection = self._reader()
         try:
             ctx = ScheduleContext(schedule.name, period, fire_at, connection, self.store.dialect)

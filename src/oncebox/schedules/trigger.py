@@ -12,7 +12,9 @@ fire, so a ticker running beside the trigger does not try that fire again.
 Refused, before anything is written: an unknown schedule (`NotFound`), a paused one
 (`InvalidState`), one whose previous period is still fanning out unless its overlap is
 `parallel` (`InvalidState`: the caller tries again, as the ticker would wait), a drifted key
-template or period function (`KeyDrift`). The fan-out runs in the call, as `run_schedule`'s does.
+template or period function (`KeyDrift`). `fire` runs the fan-out in the call, as `run_schedule`
+does; an HTTP trigger answers once the run is claimed (`claim`) and fans out after (`proceed`):
+a server that dies midway leaves a run whose lease runs out, and the ticker resumes it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class ScheduleTrigger:
         self.tolerance = tolerance
 
     def fire(self, schedule: Schedule) -> Fired:
+        """Claim the period's run and fan it out, in the call."""
+        return self.proceed(schedule, self.claim(schedule))
+
+    def claim(self, schedule: Schedule) -> Fired:
+        """Choose the period and claim its run (`claimed` False: already claimed); the
+        schedule's state is advanced to the fire either way. Nothing is enqueued yet."""
         store = self.runtime.store
         state = store.schedule_state(schedule.name, schedule.grace)
         if state.paused:
@@ -74,6 +82,11 @@ class ScheduleTrigger:
                     f"(overlap={schedule.overlap!r}); {period} was not fired — try again later"
                 )
         late = state.now - fire_at > schedule.grace
-        outcome = self.fan_out.run(schedule, period, fire_at, late=late)
+        outcome = self.fan_out.claim(schedule, period, fire_at, late=late)
         store.schedule_state_advance(schedule.name, fire_at)
         return Fired(schedule.name, period, fire_at, state.now, outcome)
+
+    def proceed(self, schedule: Schedule, fired: Fired) -> Fired:
+        """Fan out a claimed run (one not claimed: nothing to do)."""
+        self.fan_out.fan(schedule, fired.fan_out)
+        return fired
