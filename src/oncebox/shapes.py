@@ -27,8 +27,9 @@ from oncebox.store.base import (
     PeriodStats,
 )
 
-if TYPE_CHECKING:  # a shape of it; the module stays importable without the operations layer
+if TYPE_CHECKING:  # shapes of them; the module stays importable without the operations layer
     from oncebox.operations import ActionOutcome
+    from oncebox.receipts import ReceiptChain
 
 
 def instant(value: datetime | None) -> str | None:
@@ -159,6 +160,26 @@ def limits_shown(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             parts.sort(key=lambda e: (-(e["oldest_wait_s"] or 0.0), -e["waiting"], e["partition"]))
             shown += parts[:PARTITIONS_SHOWN]
     return shown
+
+
+def receipts(chain: ReceiptChain) -> dict[str, Any]:
+    """A key's receipt chain (`oncebox.receipts`): the intent, its jobs and messages with their
+    attempts, and the audit entries about them, newest first."""
+    intent = chain.intent
+    return {
+        "key": chain.key,
+        "intent": None
+        if intent is None
+        else {
+            "key": intent.key,
+            "task": intent.task,
+            "job_id": intent.job_id,
+            "claimed_at": instant(intent.claimed_at),
+        },
+        "jobs": [job(j.job, j.attempts) for j in chain.jobs],
+        "messages": [message(m.message, m.attempts) for m in chain.messages],
+        "audit": [audit(a) for a in chain.audit],
+    }
 
 
 def audit(row: AuditRow) -> dict[str, Any]:

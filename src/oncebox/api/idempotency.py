@@ -1,0 +1,107 @@
+"""`Idempotency-Key` as the IETF draft (draft-ietf-httpapi-idempotency-key-header) has it, per
+API key: the first request with a key is answered and its answer kept for `RETAIN`; a retry with
+the same key and the same request gets that answer again (`Idempotent-Replayed: true`), whether
+or not the first one's answer reached the caller; the same key with another request is refused
+(422), and so is a retry while the first is still being answered (409, `Retry-After`).
+
+The request is its method, path and body bytes (the fingerprint); the key is the caller's
+(1-255 printable characters; a structured-field string's quotes are taken off). An answer of 5xx
+is not kept — the server failed, nothing was decided — so a retry runs again. A holder that dies
+mid-request leaves its record in flight; a retry of the same request takes it over after
+`STALE`. Running a request again is safe however it happens: what it writes is keyed (a job's
+business key, a period's run), so the Idempotency-Key saves a second answer, never a second job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from oncebox.api.problems import Problem
+from oncebox.store.base import ApiRequestClaim, Store
+
+RETAIN = timedelta(hours=24)
+STALE = timedelta(seconds=60)
+HEADER = "idempotency-key"
+_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Held:
+    """This request holds the key: answer, then `finish` (or `release` on a 5xx)."""
+
+    key_id: int
+    idempotency_key: str
+    claim: str
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The first answer to this request, to send again."""
+
+    status: int
+    body: str
+
+
+def header_value(raw: str | None) -> str | None:
+    """The key from the header (None: no header); a malformed one is a 400 problem."""
+    if raw is None:
+        return None
+    value = raw.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    if not 1 <= len(value) <= 255 or not all(" " <= ch <= "~" for ch in value):
+        raise Problem(
+            400,
+            "malformed-request",
+            "the Idempotency-Key header must be 1-255 printable ASCII characters",
+        )
+    return value
+
+
+def fingerprint(method: str, path: str, body: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in (method.encode(), path.encode(), body):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held | Replay:
+    """Hold `idempotency_key` for this request, or say what to answer instead."""
+    claim = secrets.token_hex(16)
+    for _ in range(_TRIES):
+        held = store.api_request_claim(
+            ApiRequestClaim(key_id, idempotency_key, request, claim, RETAIN, STALE)
+        )
+        if held is not None:
+            return Held(key_id, idempotency_key, claim)
+        found = store.api_request_get(key_id, idempotency_key)
+        if found is None:  # released or expired since the claim was refused: claim again
+            continue
+        if found.fingerprint != request:
+            raise Problem(
+                422,
+                "idempotency-key-reused",
+                "this Idempotency-Key was first used with another method, path or body; "
+                "use a new key for a new request",
+            )
+        if found.status is None or found.response is None:
+            break
+        return Replay(found.status, found.response)
+    raise Problem(
+        409,
+        "idempotency-key-in-flight",
+        "a request with this Idempotency-Key is still being answered; retry after it",
+        headers={"Retry-After": "1"},
+    )
+
+
+def finish(store: Store, held: Held, status: int, body: str) -> None:
+    """Keep the answer for a retry (a 5xx: let the key go, so a retry runs)."""
+    if status >= 500:
+        store.api_request_release(held.key_id, held.idempotency_key, held.claim)
+    else:
+        store.api_request_finish(held.key_id, held.idempotency_key, held.claim, status, body)

@@ -1,0 +1,63 @@
+"""What an operator's key may do: replay a dead letter (a reason required, audited under the
+key's name) and fire a schedule as an external cron would (`schedules/trigger.py`)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from oncebox import shapes
+from oncebox.api.guard import Answer, Call
+from oncebox.api.jobs import key_path
+from oncebox.api.problems import Problem
+from oncebox.errors import NotFound
+from oncebox.schedules.trigger import ScheduleTrigger
+
+
+def actor(call: Call) -> str:
+    return f"api:{call.key.name}"
+
+
+def replay(call: Call) -> Answer:
+    body = call.body
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if not isinstance(reason, str) or not reason.strip():
+        raise Problem(
+            422, "invalid-arguments", 'a replay needs {"reason": "why"}, for the audit log'
+        )
+    if set(body) - {"reason"}:
+        raise Problem(422, "invalid-arguments", "a replay's body holds its reason only")
+    outcome = call.box.replay(call.params["key"], reason=reason, actor=actor(call))
+    shape: dict[str, Any] = {
+        "replayed": outcome.kind,
+        "id": outcome.id,
+        "key": outcome.key,
+        "audit_id": outcome.audit_id,
+        "links": {} if outcome.key is None else {"key": key_path(outcome.key)},
+    }
+    return Answer(200, shape)
+
+
+def fire(call: Call) -> Answer:
+    """202 once this trigger claimed the period's run (the fan-out runs on after the answer);
+    200 with `claimed: false` when the run was claimed before — by the ticker or an earlier
+    trigger: nothing more is enqueued."""
+    name = call.params["name"]
+    schedule = call.box.schedules.get(name)
+    if schedule is None:
+        raise NotFound(f"no schedule named {name[:100]!r}")
+    trigger: ScheduleTrigger = call.trigger
+    fired = trigger.claim(schedule)
+    shape = {
+        "schedule": fired.schedule,
+        "period": fired.period,
+        "fire_at": shapes.instant(fired.fire_at),
+        "now": shapes.instant(fired.now),
+        "claimed": fired.claimed,
+        "late": fired.fan_out.late,
+        "links": {"period": f"/v1/periods/{quote(name, safe='')}/{quote(fired.period, safe='')}"},
+    }
+    if not fired.claimed:
+        return Answer(200, shape)
+    call.defer(lambda: trigger.proceed(schedule, fired))
+    return Answer(202, shape)
