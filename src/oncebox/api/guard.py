@@ -186,16 +186,17 @@ async def _handle(endpoint: Endpoint, request: Request) -> Response:
         if idem is not None and endpoint.method == "POST":
             begun = idempotency.begin(box.store, key.id, idem, request_print)
             if isinstance(begun, idempotency.Replay):
-                return json_response(begun.status, begun.body, {"Idempotent-Replayed": "true"})
+                replayed = {**begun.headers, "Idempotent-Replayed": "true"}
+                return json_response(begun.status, begun.body, replayed)
             held = begun
         try:
             status, text, headers = _answer(endpoint, call, request.url.path)
         except BaseException:  # a bug: nothing decided, so the key is let go for a retry
             if held is not None:
-                idempotency.finish(box.store, held, 500, "")
+                idempotency.finish(box.store, held, 500, "", {})
             raise
         if held is not None:
-            idempotency.finish(box.store, held, status, text)
+            idempotency.finish(box.store, held, status, text, headers)
         return json_response(status, text, headers)
 
     return await run_in_threadpool(run)

@@ -15,6 +15,7 @@ business key, a period's run), so the Idempotency-Key saves a second answer, nev
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,10 +40,11 @@ class Held:
 
 @dataclass(frozen=True)
 class Replay:
-    """The first answer to this request, to send again."""
+    """The first answer to this request, to send again: its status, body and headers."""
 
     status: int
     body: str
+    headers: dict[str, str]
 
 
 def header_value(raw: str | None) -> str | None:
@@ -90,7 +92,8 @@ def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held
             )
         if found.status is None or found.response is None:
             break
-        return Replay(found.status, found.response)
+        kept = json.loads(found.response)
+        return Replay(found.status, kept["body"], kept["headers"])
     raise Problem(
         409,
         "idempotency-key-in-flight",
@@ -99,9 +102,10 @@ def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held
     )
 
 
-def finish(store: Store, held: Held, status: int, body: str) -> None:
+def finish(store: Store, held: Held, status: int, body: str, headers: dict[str, str]) -> None:
     """Keep the answer for a retry (a 5xx: let the key go, so a retry runs)."""
     if status >= 500:
         store.api_request_release(held.key_id, held.idempotency_key, held.claim)
-    else:
-        store.api_request_finish(held.key_id, held.idempotency_key, held.claim, status, body)
+        return
+    kept = json.dumps({"body": body, "headers": headers})
+    store.api_request_finish(held.key_id, held.idempotency_key, held.claim, status, kept)

@@ -8,7 +8,7 @@ from typing import Any
 from oncebox import shapes
 from oncebox.api.guard import Answer, Call
 from oncebox.api.problems import Problem
-from oncebox.errors import ConfigurationError
+from oncebox.errors import ConfigurationError, EnqueueError
 from oncebox.receipts import receipt_chain
 from oncebox.schedules.slo import Slo
 
@@ -20,7 +20,7 @@ def receipts(call: Call) -> Answer:
     key = call.params["key"]
     try:
         chain = receipt_chain(call.box.store, key)
-    except ConfigurationError as exc:
+    except (ConfigurationError, EnqueueError) as exc:  # not a key at all: InvalidKey
         raise Problem(400, "malformed-request", str(exc)) from None
     if chain.empty:
         raise Problem(404, "not-found", f"nothing is recorded under key {key[:200]!r}")

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from oncebox.cli.api_key_cmds import api_keys
 from oncebox.cli.chaos_cmd import chaos
 from oncebox.cli.clock_cmds import clock
 from oncebox.cli.common import InertFormatter, fail
@@ -23,6 +24,7 @@ from oncebox.cli.plan_cmd import plan_command
 from oncebox.cli.prune_cmd import prune_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
+from oncebox.cli.serve_cmd import serve
 from oncebox.inert import printable
 from oncebox.logs import JsonLines
 
@@ -98,6 +100,8 @@ for command in (
     keys,
     clock,
     console,
+    serve,
+    api_keys,
     metrics,
     report_duplicate,
     plan_command,

@@ -17,7 +17,7 @@ from oncebox.errors import ConfigurationError
 USERS_ENV = "ONCEBOX_CONSOLE_USERS"
 
 
-def _bind(value: str) -> tuple[str, int]:
+def bind_address(value: str) -> tuple[str, int]:
     host, colon, port = value.rpartition(":")
     if (
         not colon
@@ -29,7 +29,7 @@ def _bind(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _users(users_file: Path | None) -> tuple[dict[str, Any], str]:
+def console_users(users_file: Path | None) -> tuple[dict[str, Any], str]:
     try:
         if users_file is not None:
             try:
@@ -82,10 +82,10 @@ def console(
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the console needs its extra: pip install 'oncebox[console]' ({exc})", 1)
-    host, port = _bind(bind)
+    host, port = bind_address(bind)
     if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
         fail(f"--root-path {root_path!r}: a path such as /oncebox (a leading /, no trailing /)", 2)
-    users, source = _users(users_file)
+    users, source = console_users(users_file)
     with reported():
         box = box_for_admin(app, db)
     web = create_app(box, ConsoleSettings(users=users))
