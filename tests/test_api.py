@@ -369,6 +369,9 @@ def test_periods_read_back_per_schedule_and_per_period(api):
     is_problem(api.get("/v1/periods/weekly-digest/2026-W01"), 404, "not-found")
     is_problem(api.get("/v1/periods/nope"), 404, "not-found")
     is_problem(api.get("/v1/periods?periods=0"), 400, "malformed-request")
+    typo = is_problem(api.get("/v1/periods?period=3"), 400, "malformed-request")
+    assert "'period'" in typo["detail"] and "periods" in typo["detail"]
+    is_problem(api.get("/v1/jobs/1?verbose=1"), 400, "malformed-request")
 
 
 # -- operate ---------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ def endpoints() -> list[Endpoint]:
             "read",
             "Every schedule's latest periods: coverage and SLO",
             reads.periods,
+            query=("periods",),
         ),
         Endpoint(
             "get-schedule-periods",
@@ -76,6 +77,7 @@ def endpoints() -> list[Endpoint]:
             "read",
             "One schedule's latest periods",
             reads.schedule_periods,
+            query=("periods",),
         ),
         Endpoint(
             "get-period",

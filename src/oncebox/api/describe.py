@@ -249,7 +249,7 @@ def _operation(
                 "description": "the same key and body answer the first response again",
             }
         )
-    if endpoint.operation in {"list-periods", "get-schedule-periods"}:
+    if "periods" in endpoint.query:
         described["parameters"].append(
             {
                 "name": "periods",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,9 @@ class Answer:
 @dataclass(frozen=True)
 class Endpoint:
     """One route: its OpenAPI operation (`operation`, `summary`, `method`, `path`), who may
-    call it (`scope`; None: any key) and whether it takes a body and an Idempotency-Key."""
+    call it (`scope`; None: any key), whether it takes a body (every POST honours an
+    Idempotency-Key) and the query parameters it reads (any other is refused: a typo is said,
+    not ignored)."""
 
     operation: str
     method: str
@@ -73,6 +75,7 @@ class Endpoint:
     summary: str
     handler: Callable[[Call], Answer]
     takes_body: bool = False
+    query: tuple[str, ...] = ()  # the query parameters it reads; any other is refused
 
 
 def json_response(status: int, body: str | dict[str, Any], headers: Mapping[str, str]) -> Response:
@@ -134,34 +137,45 @@ def _problem_response(problem: Problem, instance: str) -> Response:
     return response
 
 
+def admit(box: Box, budgets: Budgets, endpoint: Endpoint, authorization: str | None) -> ApiKey:
+    """The caller's live key, if it holds the endpoint's scope and has budget left."""
+    key = authenticate(box.store, authorization)
+    if key is None:
+        raise Problem(
+            401,
+            "unauthorized",
+            "send `Authorization: Bearer obx_…` with a live API key (oncebox api-keys create)",
+            headers={"WWW-Authenticate": 'Bearer realm="oncebox"'},
+        )
+    if endpoint.scope is not None and not key.may(endpoint.scope):
+        raise Problem(403, "forbidden", f"API key {key.name!r} lacks the scope {endpoint.scope!r}")
+    wait = budgets.spend(key)
+    if wait is not None:
+        raise Problem(
+            429,
+            "rate-limited",
+            f"API key {key.name!r} may make {key.rate.name} requests; retry in {wait} s",
+            headers={"Retry-After": str(wait)},
+        )
+    return key
+
+
+def _check_query(endpoint: Endpoint, names: Iterable[str]) -> None:
+    unknown = sorted(set(names) - set(endpoint.query))
+    if unknown:
+        raise Problem(
+            400,
+            "malformed-request",
+            f"unknown query parameter(s) {', '.join(map(repr, unknown[:5]))}; "
+            f"this route reads {', '.join(endpoint.query) or 'none'}",
+        )
+
+
 async def _handle(endpoint: Endpoint, request: Request) -> Response:
     box: Box = request.app.state.box
-    budgets: Budgets = request.app.state.budgets
-
-    def admit() -> ApiKey:
-        key = authenticate(box.store, request.headers.get("authorization"))
-        if key is None:
-            raise Problem(
-                401,
-                "unauthorized",
-                "send `Authorization: Bearer obx_…` with a live API key (oncebox api-keys create)",
-                headers={"WWW-Authenticate": 'Bearer realm="oncebox"'},
-            )
-        if endpoint.scope is not None and not key.may(endpoint.scope):
-            raise Problem(
-                403, "forbidden", f"API key {key.name!r} lacks the scope {endpoint.scope!r}"
-            )
-        wait = budgets.spend(key)
-        if wait is not None:
-            raise Problem(
-                429,
-                "rate-limited",
-                f"API key {key.name!r} may make {key.rate.name} requests; retry in {wait} s",
-                headers={"Retry-After": str(wait)},
-            )
-        return key
-
-    key = await run_in_threadpool(admit)
+    authorization = request.headers.get("authorization")
+    key = await run_in_threadpool(admit, box, request.app.state.budgets, endpoint, authorization)
+    _check_query(endpoint, request.query_params)
     raw = b""
     body: Any = None
     if endpoint.takes_body:
