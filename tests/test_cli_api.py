@@ -1,0 +1,158 @@
+"""`oncebox api-keys` and `oncebox serve`, as a user runs them: a key's secret shown once and
+never stored or listed, mistakes as one line and exit 2, and a real server whose API and console
+answer side by side."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from oncebox.api.keys import authenticate, digest
+from oncebox.store import open_store
+from support.console_browser import free_port
+from support.waiting import wait_until
+from test_cli import CODE, TESTS, assert_one_line_error, oncebox
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'api.db'}"
+    assert oncebox("migrate", "--db", url).returncode == 0
+    return url
+
+
+def test_a_key_is_shown_once_stored_as_its_digest_and_listed_without_it(db):
+    made = oncebox(
+        "api-keys",
+        "create",
+        "billing",
+        "--scope",
+        "enqueue",
+        "--scope",
+        "read",
+        "--rate",
+        "10/s",
+        "--db",
+        db,
+        "--actor",
+        "olga",
+    )
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip().splitlines()[-1]
+    assert token.startswith("obx_") and "shown once" in made.stderr
+    store = open_store(db)
+    try:
+        row = store.api_key_list()[0]
+        assert (row.name, row.scopes, row.rate, row.created_by) == (
+            "billing",
+            "enqueue read",
+            "10/s",
+            "olga",
+        )
+        assert row.secret_sha256 == digest(token.split("_", 2)[2])
+        assert token.split("_", 2)[2] not in Path(db.removeprefix("sqlite:///")).read_text(
+            errors="replace"
+        )
+        key = authenticate(store, f"Bearer {token}")
+        assert key is not None and key.may("enqueue") and not key.may("operate")
+    finally:
+        store.close()
+    listed = oncebox("api-keys", "list", "--db", db, "--json")
+    shapes = json.loads(listed.stdout)
+    assert [k["name"] for k in shapes] == ["billing"] and "token" not in shapes[0]
+    assert (
+        token not in listed.stdout and token not in oncebox("api-keys", "list", "--db", db).stdout
+    )
+    revoked = oncebox("api-keys", "revoke", "billing", "--db", db)
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout
+    store = open_store(db)
+    try:
+        assert authenticate(store, f"Bearer {token}") is None
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["create", "Billing", "--scope", "read"], "must be 1-64 of a-z"),
+        (["create", "b", "--scope", "read", "--rate", "lots"], "COUNT/PERIOD"),
+        (["create", "b", "--scope", "admin"], "'admin' is not one of"),
+        (["create", "b"], "Missing option '--scope'"),
+        (["revoke", "nobody"], "no API key named 'nobody'"),
+    ],
+)
+def test_api_key_mistakes_are_one_line_and_exit_2(db, args, said):
+    assert_one_line_error(oncebox("api-keys", *args, "--db", db), 2, said)
+
+
+def test_a_key_name_is_taken_for_good(db):
+    assert oncebox("api-keys", "create", "ci", "--scope", "read", "--db", db).returncode == 0
+    assert oncebox("api-keys", "revoke", "ci", "--db", db).returncode == 0
+    again = oncebox("api-keys", "create", "ci", "--scope", "read", "--db", db)
+    assert_one_line_error(again, 2, "an API key named 'ci' exists")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([], "--app MODULE is required"),
+        (["--app", "support.cli_freight", "--bind", "8080"], "HOST:PORT"),
+        (["--app", "support.cli_freight", "--root-path", "api/"], "--root-path"),
+        (["--app", "support.cli_freight", "--users-file", "users"], "add --console"),
+    ],
+)
+def test_serve_mistakes_are_one_line_and_exit_2(db, args, said):
+    assert_one_line_error(oncebox("serve", "--db", db, *args), 2, said)
+
+
+def test_serve_answers_the_api_and_the_console_side_by_side(db, tmp_path):
+    made = oncebox("api-keys", "create", "ci", "--scope", "read", "--db", db)
+    token = made.stdout.strip().splitlines()[-1]
+    port = free_port()
+    command = [sys.executable, "-m", "oncebox.cli", "serve", "--app", "support.cli_freight"]
+    env = {
+        "PYTHONPATH": f"{TESTS}:{CODE}",
+        "ONCEBOX_DB": db,
+        "PATH": "/usr/bin:/bin",
+        "ONCEBOX_EMAIL": f"file://{tmp_path / 'sent'}",
+    }
+    with subprocess.Popen(
+        [*command, "--console", "--bind", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as process:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+        reader.start()
+        base = f"http://127.0.0.1:{port}"
+        try:
+
+            def up() -> bool:
+                try:
+                    return httpx.get(f"{base}/openapi.json", timeout=2).status_code == 401
+                except httpx.TransportError:
+                    return False
+
+            wait_until(up, what="the API to answer", timeout=60)
+            auth = {"Authorization": f"Bearer {token}"}
+            document = httpx.get(f"{base}/openapi.json", headers=auth, timeout=10).json()
+            assert "/v1/tasks/weekly_digest/jobs" in document["paths"]
+            assert httpx.get(f"{base}/v1/periods", headers=auth, timeout=10).status_code == 200
+            login = httpx.get(f"{base}/console/login", timeout=10)
+            assert login.status_code == 200 and "oncebox" in login.text
+            assert httpx.get(f"{base}/console/", timeout=10).status_code == 303  # a login first
+        finally:
+            process.terminate()
+            process.wait(30)
+            reader.join(30)
+    said = "".join(lines)
+    assert "oncebox API for" in said and f"{base}/console/login?token=" in said
