@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples console-screenshots
+.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ test: $(STAMP) system-packages lint typecheck pytest
 # as root.
 system-packages:
 	@.ci/system-packages prometheus:promtool chromium:chromium chromium-driver:chromedriver \
-		pgbouncer:pgbouncer
+		pgbouncer:pgbouncer curl:curl jq:jq
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
@@ -60,6 +60,11 @@ schema-snapshot: $(STAMP)
 # story in tests/support/doc_story.py; tests/test_doc_samples.py checks they still match.
 doc-samples: $(STAMP)
 	$(BIN)/python tests/support/doc_story.py
+
+# The curl samples of docs/api.md, from a real run (tests/support/api_samples.py);
+# tests/test_api_doc_samples.py checks they still match.
+api-samples: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python tests/support/api_samples.py
 
 # The console's screenshots in docs/img/, from the demo served and photographed in headless
 # Chromium (tests/support/console_screenshots.py).

@@ -413,7 +413,6 @@ def _curl(method: str, path: str, body: Any, base_url: str) -> str:
     lines.append('  -H "Authorization: Bearer $ONCEBOX_API_KEY"')
     if body is not None:
         lines.append('  -H "Content-Type: application/json"')
-        lines.append('  -H "Idempotency-Key: $(uuidgen)"')
         lines.append("  -d '" + json.dumps(body).replace("'", "'\\''") + "'")
     return " \\\n".join(lines)
 
