@@ -13,8 +13,8 @@ import oncebox
 PACKAGE = Path(oncebox.__file__).parent
 # The façade's own users: they sit above `Box` and build on it. `chaos/` is a harness that
 # drives whole boxes in worker processes, as `testing` does in one. `status.py` is what the CLI,
-# the exporter and the console show of a box; `console/` and `api/` serve it; `contrib/` makes a framework's
-# project its box.
+# the exporter and the console show of a box; `console/` and `api/` serve it; `contrib/` makes a
+# framework's project its box.
 FACADE_USERS = (
     "cli/",
     "console/",
