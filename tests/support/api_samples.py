@@ -122,7 +122,7 @@ SAMPLES: Sequence[Sample] = (
     ),
     Sample(
         "api-replay",
-        'curl -sS -i -X POST \\\n'
+        "curl -sS -i -X POST \\\n"
         '  "$ONCEBOX_API/v1/dead-letters/weekly-digest/customer-30/2026-W50/replay" \\\n'
         f"  {CRON} {JSON} \\\n"
         """  -d '{"reason": "the address is fixed in the CRM"}'""",

@@ -6,6 +6,9 @@
   response per key and replays it, answers 409 while a key is in flight or reused with another
   body, and can be scripted to throttle (429 + Retry-After), fail (5xx), or accept and then time
   out or reset the connection.
+- `WebhookReceiver`: a webhook endpoint that checks each request's signature with
+  `verify_webhook`, records what it received, and answers as scripted (statuses, Retry-After,
+  redirects, accept-then-time-out); with `dedupe=True` it processes each webhook-id once.
 
 They are real parts — a real socket, a real protocol — so the providers' own code paths (smtplib,
 httpx2) are what the tests exercise. aiosmtpd is needed for `SmtpSink` (`pip install aiosmtpd`).

@@ -5,6 +5,9 @@ console:              print each message (development)
 null:                 accept everything (benchmarks)
 smtp://host:port      SMTP, optional STARTTLS and auth; smtps:// for implicit TLS
 resend://             an HTTP email API with idempotency keys (resend+http://host for others)
+webhook+https://host/path
+                      each message's JSON payload POSTed, signed (webhook+http:// for an
+                      allow-listed target)
 """
 
 from __future__ import annotations
@@ -73,11 +76,15 @@ def from_url(url: str) -> Provider:
             from oncebox.providers.http import HttpEmailProvider  # noqa: PLC0415 (httpx2 lazily)
 
             return HttpEmailProvider(url)
+        if scheme in {"webhook+https", "webhook+http"}:
+            from oncebox.providers.webhook import WebhookProvider  # noqa: PLC0415 (httpx2 lazily)
+
+            return WebhookProvider(url)
     except ValueError as exc:  # an unclosed '[', a port out of range: urlsplit's own errors
         raise ConfigurationError(f"email URL {redact(url)!r} is malformed: {exc}") from None
     raise ConfigurationError(
         f"email URL scheme {scheme!r} is not supported: use file://, console:, null:, smtp://, "
-        "smtps://, resend:// or amqp://"
+        "smtps://, resend://, webhook+https:// or amqp://"
     )
 
 
