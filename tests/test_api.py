@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -423,3 +423,74 @@ def test_a_paused_or_unknown_schedule_is_not_fired(api):
     is_problem(api.post("/v1/schedules/weekly-digest/fire", "ops"), 409, "invalid-state")
     is_problem(api.post("/v1/schedules/nope/fire", "ops"), 404, "not-found")
     assert api.jobs() == 0
+
+
+# -- what the review found -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "authorization"),
+    [
+        ("/v1/periods", "Bearer obx_\u00b2_secret"),
+        ("/v1/jobs/%C2%B2", None),
+        ("/v1/periods?periods=%C2%B2", None),
+    ],
+)
+def test_digits_that_are_not_ascii_are_refused_not_a_server_error(api, path, authorization):
+    headers = api.headers("app") if authorization is None else {"Authorization": authorization}
+    answer = api.client.get(path, headers=[(k, v.encode()) for k, v in headers.items()])
+    assert 400 <= answer.status_code < 500, answer.text
+    assert answer.headers["content-type"] == MEDIA_TYPE
+
+
+def test_control_and_bidi_characters_come_back_escaped(api):
+    name = "x\u0085\u202e\x7f"
+    answer = api.post(f"/v1/tasks/{quote(name, safe='')}/jobs", "app", digest())
+    is_problem(answer, 404, "unknown-task")
+    assert answer.text.isascii() and "\\u202e" in answer.text
+
+
+@pytest.mark.parametrize("run_at", ["2026-12-07 06:00:00+00:00", "20261207T060000Z"])
+def test_run_at_is_rfc_3339_not_any_iso_8601(api, run_at):
+    is_problem(api.post(DIGEST, "app", {**digest(), "run_at": run_at}), 422, "invalid-arguments")
+
+
+def test_a_not_now_answer_is_not_replayed_to_a_retry(api):
+    api.box.pause_schedule("weekly-digest", reason="holiday")
+    fire = "/v1/schedules/weekly-digest/fire"
+    is_problem(api.post(fire, "ops", **{"Idempotency-Key": "cron-1"}), 409, "invalid-state")
+    api.box.resume_schedule("weekly-digest", reason="back")
+    again = api.post(fire, "ops", **{"Idempotency-Key": "cron-1"})
+    assert again.status_code == 202 and "idempotent-replayed" not in again.headers
+    replayed = api.post(fire, "ops", **{"Idempotency-Key": "cron-1"})
+    assert replayed.status_code == 202 and replayed.headers["idempotent-replayed"] == "true"
+
+
+def test_apps_served_beside_each_other_each_run_their_lifespan():
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from oncebox.api.mounts import beside
+
+    running: list[str] = []
+
+    def app(name: str) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            running.append(name)
+            yield
+            running.remove(name)
+
+        async def hello(_request: Any) -> PlainTextResponse:
+            return PlainTextResponse(name)
+
+        return Starlette(routes=[Route("/hello", hello)], lifespan=lifespan)
+
+    with TestClient(beside(app("api"), {"/console": app("console")})) as client:
+        assert sorted(running) == ["api", "console"]
+        assert client.get("/hello").text == "api"
+        assert client.get("/console/hello").text == "console"
+    assert running == []

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,8 +24,6 @@ from oncebox.api.guard import BODY_OVERHEAD, HEADERS, Answer, Call, Endpoint, se
 from oncebox.api.problems import Problem
 from oncebox.api.settings import ApiSettings
 from oncebox.box import Box
-from oncebox.lanes.assembly import worker_name
-from oncebox.schedules.trigger import ScheduleTrigger
 
 log = logging.getLogger("oncebox.api")
 PRUNE_EVERY = timedelta(minutes=5)
@@ -158,8 +157,10 @@ async def _http_problem(request: Request, exc: Exception) -> Response:
 
 async def _internal(request: Request, exc: Exception) -> Response:
     log.exception("API %s %s failed", request.method, request.url.path, exc_info=exc)
-    problem = Problem(500, "internal", "the server failed; nothing it failed at was kept")
-    return problem.response(request.url.path)
+    problem = Problem(500, "internal", "the server failed (its log has the error); retry")
+    response = problem.response(request.url.path)
+    response.headers.update(HEADERS)
+    return response
 
 
 def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
@@ -175,7 +176,10 @@ def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
             except Exception:  # the run's lease runs out and the ticker resumes it
                 log.exception("a fired schedule's fan-out failed; the ticker will resume it")
 
-        executor.submit(run)
+        try:
+            executor.submit(run)
+        except RuntimeError:  # shutting down: the claimed run is fanned out here, not dropped
+            run()
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -186,8 +190,9 @@ def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
             yield
         finally:
             stop.set()
-            executor.shutdown(wait=True)
-            pruner.join(10)
+            # the fan-outs already answered for finish first, off the event loop
+            await anyio.to_thread.run_sync(executor.shutdown)
+            await anyio.to_thread.run_sync(pruner.join, 10)
 
     app = Starlette(
         routes=routes,
@@ -198,7 +203,6 @@ def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
     app.state.settings = settings
     app.state.budgets = Budgets(box.store)
     app.state.body_cap = box.max_payload_bytes + BODY_OVERHEAD
-    app.state.trigger = ScheduleTrigger(box.runtime, worker_name("api"), settings.fire_tolerance)
     app.state.defer = defer
     return app
 

@@ -27,7 +27,6 @@ from oncebox.api.problems import MEDIA_TYPE, Problem, problem_of
 from oncebox.api.settings import ApiSettings
 from oncebox.box import Box
 from oncebox.errors import OnceboxError
-from oncebox.schedules.trigger import ScheduleTrigger
 
 log = logging.getLogger("oncebox.api")
 JSON_MEDIA = "application/json"
@@ -46,7 +45,6 @@ class Call:
     query: Mapping[str, str]
     body: Any
     base: str
-    trigger: ScheduleTrigger
     defer: Callable[[Callable[[], object]], None]
     settings: ApiSettings
 
@@ -86,7 +84,9 @@ def json_response(status: int, body: str | dict[str, Any], headers: Mapping[str,
 
 
 def encode(body: dict[str, Any]) -> str:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    """ASCII JSON: every control character — C0, DEL, C1 — and bidirectional override a caller
+    or provider wrote arrives escaped, inert wherever the answer is shown."""
+    return json.dumps(body, ensure_ascii=True, separators=(",", ":"))
 
 
 async def _body(request: Request, cap: int) -> bytes:
@@ -189,7 +189,6 @@ async def _handle(endpoint: Endpoint, request: Request) -> Response:
         dict(request.query_params),
         body,
         request.scope.get("root_path", ""),
-        request.app.state.trigger,
         request.app.state.defer,
         request.app.state.settings,
     )

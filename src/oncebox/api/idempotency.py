@@ -2,7 +2,8 @@
 API key: the first request with a key is answered and its answer kept for `RETAIN`; a retry with
 the same key and the same request gets that answer again (`Idempotent-Replayed: true`), whether
 or not the first one's answer reached the caller; the same key with another request is refused
-(422), and so is a retry while the first is still being answered (409, `Retry-After`).
+(422), and so is a retry while the first is still being answered (409, `Retry-After`). An answer
+a retry may change — a 404 or a 409, "not yet" or "not now" — is not kept either.
 
 The request is its method, path and body bytes (the fingerprint); the key is the caller's
 (1-255 printable characters; a structured-field string's quotes are taken off). An answer of 5xx
@@ -26,6 +27,7 @@ from oncebox.store.base import ApiRequestClaim, Store
 RETAIN = timedelta(hours=24)
 STALE = timedelta(seconds=60)
 HEADER = "idempotency-key"
+UNSETTLED = frozenset({404, 409})  # answers a retry may change: never replayed
 _TRIES = 3
 
 
@@ -103,8 +105,10 @@ def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held
 
 
 def finish(store: Store, held: Held, status: int, body: str, headers: dict[str, str]) -> None:
-    """Keep the answer for a retry (a 5xx: let the key go, so a retry runs)."""
-    if status >= 500:
+    """Keep the answer for a retry — unless it is one a retry may change: a 5xx (the server
+    failed), a 409 (a paused schedule, a period still fanning out, a row not dead yet) or a 404
+    (a task or schedule a deploy is about to bring): the key is let go and a retry runs."""
+    if status >= 500 or status in UNSETTLED:
         store.api_request_release(held.key_id, held.idempotency_key, held.claim)
         return
     kept = json.dumps({"body": body, "headers": headers})

@@ -4,6 +4,7 @@ claimed is answered, not written twice (`created: false` and why, with status 20
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -14,6 +15,9 @@ from oncebox.api.problems import Problem
 from oncebox.queue.enqueue import EnqueueResult
 
 MAX_DELAY = timedelta(days=366)
+DIGITS = re.compile(r"[0-9]{1,18}")  # an id: ASCII digits (str.isdigit() admits '²')
+# RFC 3339's date-time: datetime.fromisoformat alone also takes ISO 8601's other forms
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})")
 MAX_BATCH = 1000
 _OPTIONS = ("run_at", "delay", "priority")
 
@@ -44,7 +48,8 @@ def _when(body: dict[str, Any]) -> dict[str, Any]:
     run_at = body.get("run_at")
     if run_at is not None:
         try:
-            parsed = datetime.fromisoformat(run_at) if isinstance(run_at, str) else None
+            valid = isinstance(run_at, str) and RFC3339.fullmatch(run_at)
+            parsed = datetime.fromisoformat(run_at) if valid else None
         except ValueError:
             parsed = None
         if parsed is None or parsed.tzinfo is None:
@@ -116,7 +121,7 @@ def enqueue_batch(call: Call) -> Answer:
 
 def job(call: Call) -> Answer:
     text = call.params["id"]
-    row = call.box.store.job_get(int(text)) if text.isdigit() and len(text) <= 18 else None
+    row = call.box.store.job_get(int(text)) if DIGITS.fullmatch(text) else None
     if row is None:
         raise Problem(404, "not-found", f"no job {text[:40]!r}")
     shape = shapes.job(row, call.box.store.job_attempt_list(row.id))

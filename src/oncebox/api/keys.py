@@ -32,6 +32,7 @@ IMPLIED: dict[Scope, frozenset[Scope]] = {"operate": frozenset({"read"})}
 DEFAULT_RATE = "50/s"
 PREFIX = "obx"
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_ID_RE = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() admits '²', int() not
 _DUMMY = hashlib.sha256(b"oncebox-api-no-such-key").hexdigest()
 
 
@@ -111,9 +112,9 @@ def authenticate(store: Store, authorization: str | None) -> ApiKey | None:
     scheme, _, token = authorization.strip().partition(" ")
     prefix, _, rest = token.strip().partition("_")
     key_id, _, secret = rest.partition("_")
-    if scheme.lower() != "bearer" or prefix != PREFIX or not key_id.isdigit() or not secret:
+    if scheme.lower() != "bearer" or prefix != PREFIX or not _ID_RE.fullmatch(key_id) or not secret:
         return None
-    row = store.api_key_get(int(key_id[:19])) if len(key_id) <= 18 else None
+    row = store.api_key_get(int(key_id))
     expected = _DUMMY if row is None else row.secret_sha256
     matches = hmac.compare_digest(digest(secret).encode(), expected.encode())
     if row is None or not matches or row.revoked_at is not None:

@@ -3,6 +3,7 @@ key's name) and fire a schedule as an external cron would (`schedules/trigger.py
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 from urllib.parse import quote
 
@@ -11,6 +12,7 @@ from oncebox.api.guard import Answer, Call
 from oncebox.api.jobs import key_path
 from oncebox.api.problems import Problem
 from oncebox.errors import NotFound
+from oncebox.lanes.assembly import worker_name
 from oncebox.schedules.trigger import ScheduleTrigger
 
 
@@ -41,12 +43,15 @@ def replay(call: Call) -> Answer:
 def fire(call: Call) -> Answer:
     """202 once this trigger claimed the period's run (the fan-out runs on after the answer);
     200 with `claimed: false` when the run was claimed before — by the ticker or an earlier
-    trigger: nothing more is enqueued."""
+    trigger: nothing more is enqueued. A fan-out that fails or dies with its server keeps the
+    run until its lease runs out; then the next trigger, or a ticker, claims and resumes it."""
     name = call.params["name"]
     schedule = call.box.schedules.get(name)
     if schedule is None:
         raise NotFound(f"no schedule named {name[:100]!r}")
-    trigger: ScheduleTrigger = call.trigger
+    # an owner per trigger: two fan-outs of one server never pass for each other's lease
+    owner = worker_name(f"api-fire-{secrets.token_hex(4)}")
+    trigger = ScheduleTrigger(call.box.runtime, owner, call.settings.fire_tolerance)
     fired = trigger.claim(schedule)
     shape = {
         "schedule": fired.schedule,

@@ -45,7 +45,6 @@ TITLES: dict[str, str] = {
     "payload-too-large": "The job's arguments are larger than the job limit",
     "invalid-state": "The resource's state does not allow that",
     "key-drift": "The code's keys differ from what the store recorded",
-    "idempotency-key-missing": "The route requires an Idempotency-Key",
     "idempotency-key-reused": "The Idempotency-Key was used with another request",
     "idempotency-key-in-flight": "A request with that Idempotency-Key is still being answered",
     "unavailable": "A service the server needs cannot be reached",

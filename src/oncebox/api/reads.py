@@ -7,6 +7,7 @@ from typing import Any
 
 from oncebox import shapes
 from oncebox.api.guard import Answer, Call
+from oncebox.api.jobs import DIGITS
 from oncebox.api.problems import Problem
 from oncebox.errors import ConfigurationError, EnqueueError
 from oncebox.receipts import receipt_chain
@@ -29,7 +30,7 @@ def receipts(call: Call) -> Answer:
 
 def _count(call: Call) -> int:
     text = call.query.get("periods", str(PERIODS_SHOWN))
-    if not text.isdigit() or not 1 <= int(text) <= PERIODS_MAX:
+    if not DIGITS.fullmatch(text) or not 1 <= int(text) <= PERIODS_MAX:
         raise Problem(400, "malformed-request", f"periods is a count from 1 to {PERIODS_MAX}")
     return int(text)
 

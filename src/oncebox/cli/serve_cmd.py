@@ -68,13 +68,12 @@ def serve(
     if not keys:
         say("no live API key: every request is refused until `oncebox api-keys create`")
     if with_console:
-        from starlette.routing import Mount  # noqa: PLC0415
-
+        from oncebox.api.mounts import beside  # noqa: PLC0415
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
 
         users, source = console_users(users_file)
         console = create_app(box, ConsoleSettings(users=users))
-        web.router.routes.insert(0, Mount("/console", console))
+        web = beside(web, {"/console": console})
         if users:
             say(f"console at {base}/console/, {len(users)} user(s) from {source}")
         else:

@@ -14,7 +14,8 @@ Refused, before anything is written: an unknown schedule (`NotFound`), a paused 
 `parallel` (`InvalidState`: the caller tries again, as the ticker would wait), a drifted key
 template or period function (`KeyDrift`). `fire` runs the fan-out in the call, as `run_schedule`
 does; an HTTP trigger answers once the run is claimed (`claim`) and fans out after (`proceed`):
-a server that dies midway leaves a run whose lease runs out, and the ticker resumes it.
+a server that dies midway leaves a run whose lease runs out; the next trigger, or a ticker,
+claims it then and resumes it.
 """
 
 from __future__ import annotations
