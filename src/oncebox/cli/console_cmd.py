@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -14,6 +15,7 @@ from oncebox.cli.common import app_option, box_for_admin, db_option, fail, repor
 from oncebox.console.users import hash_password, parse_users
 from oncebox.errors import ConfigurationError
 
+F = TypeVar("F", bound=Callable[..., Any])
 USERS_ENV = "ONCEBOX_CONSOLE_USERS"
 
 
@@ -44,18 +46,61 @@ def console_users(users_file: Path | None) -> tuple[dict[str, Any], str]:
     return {}, ""
 
 
+def web_options(func: F) -> F:
+    """What `console` and `serve` share: where to listen, and how a reverse proxy fronts it."""
+    for option in reversed(
+        [
+            click.option(
+                "--bind", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve on."
+            ),
+            click.option(
+                "--root-path", default="", help="The path prefix a reverse proxy serves it under."
+            ),
+            click.option(
+                "--forwarded-allow-ips",
+                default=None,
+                help="Trust X-Forwarded-* headers from these proxy addresses only "
+                "(comma-separated).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def checked_web_options(bind: str, root_path: str) -> tuple[str, int]:
+    """The host and port to listen on; a bad `--bind` or `--root-path` exits 2."""
+    host, port = bind_address(bind)
+    if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
+        fail(f"--root-path {root_path!r}: a path such as /oncebox (a leading /, no trailing /)", 2)
+    return host, port
+
+
+def run_web(
+    web: Any, host: str, port: int, root_path: str, forwarded_allow_ips: str | None
+) -> None:
+    """Serve `web` with uvicorn until interrupted (imported by the caller's extra check)."""
+    import uvicorn  # noqa: PLC0415
+
+    sys.stdout.flush()  # what was said at start, before the server runs (a log or a pipe reads it)
+    uvicorn.run(
+        web,
+        host=host,
+        port=port,
+        root_path=root_path,
+        proxy_headers=forwarded_allow_ips is not None,
+        forwarded_allow_ips=forwarded_allow_ips or "",
+        server_header=False,
+        log_level="warning",
+    )
+
+
 @click.group(invoke_without_command=True)
-@click.option("--bind", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve on.")
+@web_options
 @click.option(
     "--users-file",
     type=click.Path(path_type=Path, dir_okay=False),
     help=f"Users, one `name role hash` per line (or set {USERS_ENV}); none: a login token.",
-)
-@click.option("--root-path", default="", help="The path prefix a reverse proxy serves it under.")
-@click.option(
-    "--forwarded-allow-ips",
-    default=None,
-    help="Trust X-Forwarded-* headers from these proxy addresses only (comma-separated).",
 )
 @app_option
 @db_option
@@ -77,14 +122,12 @@ def console(
         return
     try:
         # the console's extra (Starlette, uvicorn) may not be installed
-        import uvicorn  # noqa: PLC0415
+        import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the console needs its extra: pip install 'oncebox[console]' ({exc})", 1)
-    host, port = bind_address(bind)
-    if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
-        fail(f"--root-path {root_path!r}: a path such as /oncebox (a leading /, no trailing /)", 2)
+    host, port = checked_web_options(bind, root_path)
     users, source = console_users(users_file)
     with reported():
         box = box_for_admin(app, db)
@@ -96,17 +139,7 @@ def console(
         say(f"{len(users)} user(s) from {source}")
     else:
         say(f"no users configured: log in at {base}/login?token={web.state.token}")
-    sys.stdout.flush()  # the login line, before the server starts (a log or a pipe reads it)
-    uvicorn.run(
-        web,
-        host=host,
-        port=port,
-        root_path=root_path,
-        proxy_headers=forwarded_allow_ips is not None,
-        forwarded_allow_ips=forwarded_allow_ips or "",
-        server_header=False,
-        log_level="warning",
-    )
+    run_web(web, host, port, root_path, forwarded_allow_ips)
 
 
 @console.command("hash-password")

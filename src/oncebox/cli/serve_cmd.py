@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from oncebox.cli.common import app_option, db_option, fail, load_app, reported, say
-from oncebox.cli.console_cmd import USERS_ENV, bind_address, console_users
+from oncebox.cli.console_cmd import (
+    USERS_ENV,
+    checked_web_options,
+    console_users,
+    run_web,
+    web_options,
+)
 from oncebox.store.migrations import check_runnable
 
 
 @click.command()
-@click.option("--bind", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve on.")
+@web_options
 @click.option(
     "--console",
     "with_console",
@@ -24,12 +29,6 @@ from oncebox.store.migrations import check_runnable
     "--users-file",
     type=click.Path(path_type=Path, dir_okay=False),
     help=f"The console's users (or set {USERS_ENV}); with --console.",
-)
-@click.option("--root-path", default="", help="The path prefix a reverse proxy serves it under.")
-@click.option(
-    "--forwarded-allow-ips",
-    default=None,
-    help="Trust X-Forwarded-* headers from these proxy addresses only (comma-separated).",
 )
 @app_option
 @db_option
@@ -47,14 +46,12 @@ def serve(
     receipts and the periods, replay a dead letter, fire a schedule from an outside cron.
     Every route needs an API key (oncebox api-keys create); GET /openapi.json describes it."""
     try:
-        import uvicorn  # noqa: PLC0415
+        import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.api import ApiSettings, create_api  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the API needs the console's extra: pip install 'oncebox[console]' ({exc})", 1)
-    host, port = bind_address(bind)
-    if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
-        fail(f"--root-path {root_path!r}: a path such as /oncebox (a leading /, no trailing /)", 2)
+    host, port = checked_web_options(bind, root_path)
     if users_file is not None and not with_console:
         fail("--users-file is the console's: add --console", 2)
     with reported():
@@ -79,14 +76,4 @@ def serve(
         else:
             token = console.state.token
             say(f"console at {base}/console/; log in at {base}/console/login?token={token}")
-    sys.stdout.flush()
-    uvicorn.run(
-        web,
-        host=host,
-        port=port,
-        root_path=root_path,
-        proxy_headers=forwarded_allow_ips is not None,
-        forwarded_allow_ips=forwarded_allow_ips or "",
-        server_header=False,
-        log_level="warning",
-    )
+    run_web(web, host, port, root_path, forwarded_allow_ips)
