@@ -7,6 +7,8 @@ mode, the same ones every run)."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 from functools import cache
 from pathlib import Path
 from tempfile import mkdtemp
@@ -46,6 +48,7 @@ def served() -> tuple[Any, dict[str, str]]:
     """The served document as schemathesis loads it, calling the app in process, and the
     headers of a key with every scope (its budget out of the way)."""
     folder = Path(mkdtemp(prefix="oncebox-schemathesis-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     box = build_box(f"sqlite:///{folder / 'api.db'}", email=f"file://{folder / 'sent'}")
     create_tables(box)
     token = issue_key(

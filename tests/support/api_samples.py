@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,7 @@ def record() -> dict[str, str]:
                 recorded[sample.name] = f"$ {sample.command}\n{shown}"
     finally:
         box.close()
+        shutil.rmtree(folder, ignore_errors=True)
     return recorded
 
 
