@@ -318,6 +318,59 @@ class BucketState:
 
 
 @dataclass(frozen=True, slots=True)
+class ProviderEvent:
+    """One verified delivery event from a provider (deliveries/events.py): `event_id` is the
+    provider's id of the event (the same on its retries), `stage` where it puts its message
+    (None: a kind oncebox does not track, recorded for the dedupe only), `below` the stages it
+    goes further than, and `counts` the counters it adds if it is new."""
+
+    channel: str
+    event_id: str
+    kind: str
+    token: str | None
+    provider_id: str | None
+    occurred_at: datetime | None
+    stage: str | None
+    below: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEventRecorded:
+    """What recording an event did: `duplicate` (seen before), `unmatched` (no message of this
+    database), or `recorded` against `outbox_id`, whose state it found and whether the event
+    moved its stage (`advanced`)."""
+
+    outcome: Literal["recorded", "duplicate", "unmatched"]
+    outbox_id: int | None = None
+    state: str | None = None
+    advanced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedHold:
+    """A held message and the first event that says its provider took it."""
+
+    id: int
+    channel: str
+    kind: str
+    provider_id: str | None
+    event_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEventRow:
+    id: int
+    channel: str
+    event_id: str
+    kind: str
+    token: str | None
+    provider_id: str | None
+    outbox_id: int | None
+    occurred_at: datetime | None
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKeyRow:
     """An HTTP API key as the store keeps it: its secret's digest only (api/keys.py)."""
 
@@ -558,8 +611,11 @@ class OutboxRow:
     rescues: int = 0  # leases that ran out on it with no outcome recorded (read by the rescue)
     # when retention dropped its payload (kept as {}); None: the payload is held
     payload_dropped_at: datetime | None = None
-    # when its last delivery attempt ended (a dead row: when it died); read by the listing
-    # (`outbox_list`) only, None from every other read
+    # the furthest stage its provider's reports reached (deliveries/events.py), and when
+    reported: str | None = None
+    reported_at: datetime | None = None
+    # when its last delivery attempt ended (a dead row: when it died; a held one: when it was
+    # held); read by the listing (`outbox_list`) and `outbox_ambiguous_list` only
     last_attempt_at: datetime | None = None
 
 
@@ -1099,7 +1155,32 @@ class Store(Protocol):
         """Rows whose key, or whose intent's key, is `key`."""
         ...
 
-    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]: ...
+    def outbox_ambiguous_list(
+        self, channels: Sequence[str], limit: int, after: int = 0
+    ) -> list[OutboxRow]:
+        """Held messages of `channels` with ids above `after`, by id, each with when it was
+        held (`last_attempt_at`)."""
+        ...
+
+    # what providers report (deliveries/)
+    def provider_event_record(self, event: ProviderEvent) -> ProviderEventRecorded:
+        """Record one verified provider event in one transaction: the event (deduplicated on
+        its channel and id), its outbox row's furthest stage, and the counters."""
+        ...
+
+    def outbox_reported_list(
+        self,
+        channels: Sequence[str],
+        accepted: Sequence[str],
+        limit: int,
+        after: int = 0,
+        only: int | None = None,
+    ) -> list[ReportedHold]:
+        """Held messages an event of a kind in `accepted` says the provider took."""
+        ...
+
+    def provider_event_list(self, outbox_id: int) -> list[ProviderEventRow]: ...
+    def provider_event_prune(self, older_than: timedelta, limit: int) -> int: ...
     def outbox_count_by_state(self) -> StateCounts: ...
     def delivery_attempt_list(self, outbox_id: int) -> list[DeliveryAttemptRow]: ...
 

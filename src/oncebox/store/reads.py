@@ -38,7 +38,9 @@ from oncebox.store.base import (
     OutboxRow,
     PeriodPace,
     PeriodStats,
+    ProviderEventRow,
     RelayedRow,
+    ReportedHold,
     ScheduleRunRow,
     StateCounts,
     StatusTimes,
@@ -208,9 +210,33 @@ class ReadOperations:
         return self._records(OutboxRow, "outbox_find_by_key", {"key": key})
 
     @operation
-    def outbox_ambiguous_list(self, channels: Sequence[str], limit: int) -> list[OutboxRow]:
-        params = {"channels": self._set(channels), "limit": limit}
+    def outbox_ambiguous_list(
+        self, channels: Sequence[str], limit: int, after: int = 0
+    ) -> list[OutboxRow]:
+        params = {"channels": self._set(channels), "limit": limit, "after": after}
         return self._records(OutboxRow, "outbox_ambiguous_list", params)
+
+    @operation
+    def outbox_reported_list(
+        self,
+        channels: Sequence[str],
+        accepted: Sequence[str],
+        limit: int,
+        after: int = 0,
+        only: int | None = None,
+    ) -> list[ReportedHold]:
+        params = {
+            "channels": self._set(channels),
+            "accepted": self._set(accepted),
+            "limit": limit,
+            "after": after,
+            "only": only,
+        }
+        return self._records(ReportedHold, "outbox_reported_list", params)
+
+    @operation
+    def provider_event_list(self, outbox_id: int) -> list[ProviderEventRow]:
+        return self._records(ProviderEventRow, "provider_event_list", {"id": outbox_id})
 
     @operation
     def outbox_count_by_state(self) -> StateCounts:

@@ -46,6 +46,8 @@ from oncebox.store.base import (
     OperatorAction,
     OutboxFinish,
     OutboxRow,
+    ProviderEvent,
+    ProviderEventRecorded,
     RescueDecision,
     ScheduleRunClaim,
     ScheduleState,
@@ -400,6 +402,45 @@ class WriteOperations(ReadOperations, Generic[Tx]):
                 if token is not None and self._outbox_finish_in(tx, token, [finish]):
                     applied.append(finish)
         return applied
+
+    # -- what providers report (deliveries/) --------------------------------------------------
+
+    @operation
+    def provider_event_record(self, event: ProviderEvent) -> ProviderEventRecorded:
+        params = {
+            "channel": event.channel,
+            "event_id": event.event_id,
+            "kind": event.kind,
+            "token": event.token,
+            "provider_id": event.provider_id,
+            "occurred_at": self._at(event.occurred_at),
+        }
+        with self._transaction() as tx:
+            inserted = tx.fetch("provider_event_insert", params)
+            if not inserted.rows:
+                tx.fetch("counter_add", {"deltas": json.dumps({"provider_events_duplicate": 1})})
+                return ProviderEventRecorded("duplicate")
+            outbox_id = inserted.first("outbox_id")
+            if outbox_id is None:
+                tx.fetch("counter_add", {"deltas": json.dumps({"provider_events_unmatched": 1})})
+                return ProviderEventRecorded("unmatched")
+            found = tx.fetch("outbox_report_lock", {"id": outbox_id})
+            row = dict(zip(found.columns(), found.rows[0], strict=True))
+            was = row["reported"]
+            advanced = event.stage is not None and (was is None or was in event.below)
+            deltas = {"provider_events": 1}
+            if advanced:
+                tx.fetch("outbox_report", {"id": outbox_id, "stage": event.stage})
+                deltas[f"reports:{event.channel}:{event.stage}"] = 1
+                if was is None:
+                    deltas[f"reports:{event.channel}:reported"] = 1
+            tx.fetch("counter_add", {"deltas": json.dumps(deltas)})
+        return ProviderEventRecorded("recorded", int(outbox_id), str(row["state"]), advanced)
+
+    @operation
+    def provider_event_prune(self, older_than: timedelta, limit: int) -> int:
+        params = {**self._span("older_than", older_than), "limit": limit}
+        return len(self._apply("provider_event_prune", params).rows)
 
     # -- rate limits and channel pauses --------------------------------------------------------
 

@@ -277,7 +277,7 @@ SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_i
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues, payload_dropped_at
+       uncertain, rescues, payload_dropped_at, reported, reported_at
 FROM __S__.oncebox_outbox WHERE id = %(id)s;
 
 -- name: outbox_find_by_key
@@ -285,7 +285,7 @@ SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_i
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues, payload_dropped_at
+       uncertain, rescues, payload_dropped_at, reported, reported_at
 FROM __S__.oncebox_outbox
 WHERE key = %(key)s OR intent_key = %(key)s
    -- a discarded row, by the key it had (outbox_discard renames it)
@@ -294,13 +294,18 @@ WHERE key = %(key)s OR intent_key = %(key)s
 ORDER BY id;
 
 -- name: outbox_ambiguous_list
-SELECT id, key, intent_key, channel, payload::text AS payload_json, token, job_id, state, attempt,
-       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token::text, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
-FROM __S__.oncebox_outbox
-WHERE state = 'ambiguous' AND channel = ANY(%(channels)s::text[])
-ORDER BY id LIMIT %(limit)s;
+-- Held messages of `channels` after `after` by id (the resolver pages through them all), with
+-- when each was held (its last delivery attempt's end) and the stage its provider reports reached.
+SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token, o.job_id,
+       o.state, o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at,
+       o.created_at, o.first_leased_at, o.leased_by, o.lease_token::text, o.lease_expires_at,
+       o.sent_at, o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
+       o.reported, o.reported_at,
+       COALESCE((SELECT max(a.finished_at) FROM __S__.oncebox_delivery_attempts a
+                 WHERE a.outbox_id = o.id), o.created_at) AS last_attempt_at
+FROM __S__.oncebox_outbox o
+WHERE o.state = 'ambiguous' AND o.channel = ANY(%(channels)s::text[]) AND o.id > %(after)s
+ORDER BY o.id LIMIT %(limit)s;
 
 -- name: outbox_count_by_state
 -- From the depths the triggers keep (0010); a discarded message counts as 'discarded'.
@@ -325,6 +330,7 @@ SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.
        o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
        o.first_leased_at, o.leased_by, o.lease_token::text, o.lease_expires_at, o.sent_at,
        o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
+       o.reported, o.reported_at,
        last.finished_at AS last_attempt_at
 FROM __S__.oncebox_outbox o
 LEFT JOIN LATERAL (  -- a sent row whose attempts retention pruned: when it was sent

@@ -181,7 +181,7 @@ SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues, payload_dropped_at
+       uncertain, rescues, payload_dropped_at, reported, reported_at
 FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_find_by_key
@@ -189,7 +189,7 @@ SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id,
        CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END AS state, attempt,
        attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
        leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues, payload_dropped_at
+       uncertain, rescues, payload_dropped_at, reported, reported_at
 FROM oncebox_outbox
 WHERE key = :key OR intent_key = :key
    -- a discarded row, by the key it had (outbox_discard renames it)
@@ -198,13 +198,18 @@ WHERE key = :key OR intent_key = :key
 ORDER BY id;
 
 -- name: outbox_ambiguous_list
-SELECT id, key, intent_key, channel, payload AS payload_json, token, job_id, state, attempt,
-       attempt_base, possible_duplicates, next_attempt_at, created_at, first_leased_at,
-       leased_by, lease_token, lease_expires_at, sent_at, receipt, last_error,
-       uncertain, rescues
-FROM oncebox_outbox
-WHERE state = 'ambiguous' AND channel IN (SELECT value FROM json_each(:channels))
-ORDER BY id LIMIT :limit;
+-- See the PostgreSQL statement.
+SELECT o.id, o.key, o.intent_key, o.channel, o.payload AS payload_json, o.token, o.job_id,
+       o.state, o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at,
+       o.created_at, o.first_leased_at, o.leased_by, o.lease_token, o.lease_expires_at,
+       o.sent_at, o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
+       o.reported, o.reported_at,
+       COALESCE((SELECT max(a.finished_at) FROM oncebox_delivery_attempts a
+                 WHERE a.outbox_id = o.id), o.created_at) AS last_attempt_at
+FROM oncebox_outbox o
+WHERE o.state = 'ambiguous' AND o.channel IN (SELECT value FROM json_each(:channels))
+  AND o.id > :after
+ORDER BY o.id LIMIT :limit;
 
 -- name: outbox_count_by_state
 -- From the depths the triggers keep (0010); a discarded message counts as 'discarded'.
@@ -225,6 +230,7 @@ SELECT * FROM (
            o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at, o.created_at,
            o.first_leased_at, o.leased_by, o.lease_token, o.lease_expires_at, o.sent_at,
            o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
+       o.reported, o.reported_at,
            COALESCE((SELECT d.finished_at FROM oncebox_delivery_attempts d
                      WHERE d.outbox_id = o.id ORDER BY d.id DESC LIMIT 1),
                     o.sent_at) AS last_attempt_at

@@ -189,11 +189,26 @@ TABLE oncebox_outbox
   discarded_at timestamp with time zone
   trace_context text
   payload_dropped_at timestamp with time zone
+  reported text
+  reported_at timestamp with time zone
   CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
   CONSTRAINT PRIMARY KEY (id)
   CONSTRAINT UNIQUE (key)
   WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=1000)
+
+TABLE oncebox_provider_events
+  id bigint NOT NULL
+  channel text NOT NULL
+  event_id text NOT NULL
+  kind text NOT NULL
+  token text
+  provider_id text
+  outbox_id bigint
+  occurred_at timestamp with time zone
+  received_at timestamp with time zone NOT NULL
+  CONSTRAINT PRIMARY KEY (id)
+  CONSTRAINT UNIQUE (channel, event_id)
 
 TABLE oncebox_rate_buckets
   channel text NOT NULL
@@ -338,7 +353,17 @@ CREATE UNIQUE INDEX oncebox_outbox_pkey ON __S__.oncebox_outbox USING btree (id)
 
 CREATE INDEX oncebox_outbox_sent ON __S__.oncebox_outbox USING btree (channel, sent_at, id) WHERE (state = 'sent'::text)
 
+CREATE INDEX oncebox_outbox_token ON __S__.oncebox_outbox USING btree (token)
+
 CREATE INDEX oncebox_outbox_waiting ON __S__.oncebox_outbox USING btree (created_at) WHERE (state = 'pending'::text)
+
+CREATE UNIQUE INDEX oncebox_provider_events_channel_event_id_key ON __S__.oncebox_provider_events USING btree (channel, event_id)
+
+CREATE UNIQUE INDEX oncebox_provider_events_pkey ON __S__.oncebox_provider_events USING btree (id)
+
+CREATE INDEX oncebox_provider_events_received ON __S__.oncebox_provider_events USING btree (received_at)
+
+CREATE INDEX oncebox_provider_events_row ON __S__.oncebox_provider_events USING btree (outbox_id) WHERE (outbox_id IS NOT NULL)
 
 CREATE UNIQUE INDEX oncebox_rate_buckets_pkey ON __S__.oncebox_rate_buckets USING btree (channel, name)
 

@@ -248,8 +248,22 @@ CREATE TABLE oncebox_outbox (
     lease_expires_at INTEGER,
     sent_at INTEGER,
     receipt TEXT,
-    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT, payload_dropped_at INTEGER,
+    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT, payload_dropped_at INTEGER, reported TEXT, reported_at INTEGER,
     CHECK ((state IN ('leased', 'sending')) = (lease_token IS NOT NULL))
+) STRICT;
+
+-- table oncebox_provider_events
+CREATE TABLE oncebox_provider_events (
+    id INTEGER PRIMARY KEY,
+    channel TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    token TEXT,
+    provider_id TEXT,
+    outbox_id INTEGER,
+    occurred_at INTEGER,
+    received_at INTEGER NOT NULL,
+    UNIQUE (channel, event_id)
 ) STRICT;
 
 -- table oncebox_rate_buckets
@@ -394,8 +408,18 @@ CREATE INDEX oncebox_outbox_payload_held ON oncebox_outbox (channel, sent_at, id
 CREATE INDEX oncebox_outbox_sent ON oncebox_outbox (channel, sent_at, id)
     WHERE state = 'sent';
 
+-- index oncebox_outbox_token
+CREATE INDEX oncebox_outbox_token ON oncebox_outbox (token);
+
 -- index oncebox_outbox_waiting
 CREATE INDEX oncebox_outbox_waiting ON oncebox_outbox (created_at) WHERE state = 'pending';
+
+-- index oncebox_provider_events_received
+CREATE INDEX oncebox_provider_events_received ON oncebox_provider_events (received_at);
+
+-- index oncebox_provider_events_row
+CREATE INDEX oncebox_provider_events_row ON oncebox_provider_events (outbox_id)
+    WHERE outbox_id IS NOT NULL;
 
 -- index oncebox_schedule_runs_running
 CREATE INDEX oncebox_schedule_runs_running ON oncebox_schedule_runs (schedule)

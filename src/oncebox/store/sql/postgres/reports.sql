@@ -1,0 +1,61 @@
+-- What providers report about the messages they took: delivery events and what they settle
+-- (deliveries/, migration 0018). PostgreSQL; this folder's conventions are in store/sqlfiles.py.
+
+-- name: provider_event_insert
+-- One verified event, matched to its outbox row by token on its channel (a discarded row's
+-- replacement carries the same token: the newest row not discarded is taken). No row back: the
+-- event was recorded before (a provider's retry, a duplicate).
+INSERT INTO __S__.oncebox_provider_events
+    (channel, event_id, kind, token, provider_id, outbox_id, occurred_at, received_at)
+SELECT %(channel)s, %(event_id)s, %(kind)s, %(token)s::text, %(provider_id)s::text,
+       (SELECT o.id FROM __S__.oncebox_outbox o
+        WHERE o.token = %(token)s::text AND o.channel = %(channel)s
+        ORDER BY (o.discarded_at IS NULL) DESC, o.id DESC
+        LIMIT 1),
+       %(occurred_at)s::timestamptz, __S__.oncebox_now()
+ON CONFLICT (channel, event_id) DO NOTHING
+RETURNING id, outbox_id;
+
+-- name: outbox_report_lock
+-- The stage an outbox row's events reached so far, locked for the event's transaction (two
+-- events of one message recorded at once: one waits, then reads the other's stage).
+SELECT id, channel, state, reported FROM __S__.oncebox_outbox WHERE id = %(id)s FOR UPDATE;
+
+-- name: outbox_report
+UPDATE __S__.oncebox_outbox
+SET reported = %(stage)s, reported_at = __S__.oncebox_now()
+WHERE id = %(id)s
+RETURNING id;
+
+-- name: outbox_reported_list
+-- Held (ambiguous) messages of `channels` a provider event says it took, with the first such
+-- event (its id is the provider's receipt), after `after` by id; `only` limits it to one row.
+SELECT o.id, o.channel, e.kind, e.provider_id, e.event_id
+FROM __S__.oncebox_outbox o
+JOIN LATERAL (
+    SELECT x.kind, x.provider_id, x.event_id
+    FROM __S__.oncebox_provider_events x
+    WHERE x.outbox_id = o.id AND x.kind = ANY(%(accepted)s::text[])
+    ORDER BY x.id
+    LIMIT 1
+) e ON true
+WHERE o.state = 'ambiguous' AND o.channel = ANY(%(channels)s::text[])
+  AND o.id > %(after)s AND (%(only)s::bigint IS NULL OR o.id = %(only)s::bigint)
+ORDER BY o.id
+LIMIT %(limit)s;
+
+-- name: provider_event_list
+SELECT id, channel, event_id, kind, token, provider_id, outbox_id, occurred_at, received_at
+FROM __S__.oncebox_provider_events
+WHERE outbox_id = %(id)s
+ORDER BY id;
+
+-- name: provider_event_prune
+-- Events received longer ago than `older_than` (their dedupe is long past any provider's
+-- retries); the oldest first, a batch at a time.
+DELETE FROM __S__.oncebox_provider_events
+WHERE id IN (SELECT id FROM __S__.oncebox_provider_events
+             WHERE received_at < __S__.oncebox_now() - make_interval(secs => %(older_than_s)s)
+             ORDER BY received_at
+             LIMIT %(limit)s)
+RETURNING id;

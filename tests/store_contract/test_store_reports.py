@@ -1,0 +1,146 @@
+"""Provider reports, on every store: an event recorded once per id, matched to its message by
+token on its channel, the message's stage moved only forward, what it counted; the held messages
+an event says the provider took; events pruned by age."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from oncebox.deliveries.events import TOOK_IT_KINDS, below
+from oncebox.store.base import OperatorAction, ProviderEvent, Store
+from support.contract import T0, advance, ambiguous, message, outbox_insert, write_outbox
+
+
+def event(
+    event_id: str,
+    kind: str,
+    stage: str | None,
+    token: str | None = "token-of-k/1",
+    channel: str = "email",
+    provider_id: str | None = "re_1",
+) -> ProviderEvent:
+    return ProviderEvent(
+        channel=channel,
+        event_id=event_id,
+        kind=kind,
+        token=token,
+        provider_id=provider_id,
+        occurred_at=T0,
+        stage=stage,
+        below=below(stage) if stage else (),
+    )
+
+
+def reports(store: Store) -> dict[str, int]:
+    return {k: v for k, v in store.counter_list().items() if k.startswith(("reports:", "prov"))}
+
+
+def test_an_event_is_recorded_once_and_moves_its_message_forward_only(store: Store):
+    [outbox_id] = write_outbox(store, outbox_insert("k/1"))
+    delivered = store.provider_event_record(event("msg_2", "email.delivered", "delivered"))
+    assert (delivered.outcome, delivered.outbox_id, delivered.state, delivered.advanced) == (
+        "recorded",
+        outbox_id,
+        "pending",
+        True,
+    )
+    assert store.provider_event_record(event("msg_2", "email.delivered", "delivered")).outcome == (
+        "duplicate"
+    )
+    # the earlier stage arrives late: recorded, the message stays delivered
+    late = store.provider_event_record(event("msg_1", "email.sent", "accepted"))
+    assert (late.outcome, late.advanced) == ("recorded", False)
+    row = message(store, outbox_id)
+    assert (row.reported, row.reported_at) == ("delivered", T0)
+    advance(store, timedelta(minutes=1))
+    assert store.provider_event_record(event("msg_3", "email.complained", "complained")).advanced
+    assert message(store, outbox_id).reported == "complained"
+    # a kind oncebox does not track is recorded for the dedupe and moves nothing
+    untracked = store.provider_event_record(event("msg_4", "email.scheduled", None))
+    assert (untracked.outcome, untracked.advanced) == ("recorded", False)
+    assert [e.event_id for e in store.provider_event_list(outbox_id)] == [
+        "msg_2",
+        "msg_1",
+        "msg_3",
+        "msg_4",
+    ]
+    assert reports(store) == {
+        "provider_events": 4,
+        "provider_events_duplicate": 1,
+        "reports:email:reported": 1,
+        "reports:email:delivered": 1,
+        "reports:email:complained": 1,
+    }
+
+
+def test_an_event_for_no_message_of_its_channel_is_unmatched(store: Store):
+    write_outbox(store, outbox_insert("k/1", channel="sms"))
+    assert store.provider_event_record(event("msg_1", "email.sent", "accepted")).outcome == (
+        "unmatched"
+    )
+    foreign = event("msg_2", "email.sent", "accepted", token=None)
+    assert store.provider_event_record(foreign).outcome == "unmatched"
+    # the same event id on another channel is another event
+    other = event("msg_1", "email.sent", "accepted", channel="sms")
+    assert store.provider_event_record(other).outcome == "recorded"
+    assert reports(store) == {
+        "provider_events": 1,
+        "provider_events_unmatched": 2,
+        "reports:sms:reported": 1,
+        "reports:sms:accepted": 1,
+    }
+
+
+def test_held_messages_an_event_says_were_taken_are_listed_with_the_first_such_event(
+    store: Store,
+):
+    first = ambiguous(store, "k/1")
+    second = ambiguous(store, "k/2")
+    third = ambiguous(store, "k/3")
+    store.provider_event_record(event("msg_f", "email.failed", "failed"))  # k/1: not taken
+    store.provider_event_record(event("msg_a", "email.sent", "accepted", token="token-of-k/2"))
+    store.provider_event_record(
+        event("msg_b", "email.delivered", "delivered", token="token-of-k/2", provider_id="re_9")
+    )
+    store.provider_event_record(event("msg_c", "email.bounced", "bounced", token="token-of-k/3"))
+    listed = store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10)
+    assert [(h.id, h.kind, h.provider_id, h.event_id) for h in listed] == [
+        (second, "email.sent", "re_1", "msg_a"),
+        (third, "email.bounced", "re_1", "msg_c"),
+    ]
+    assert [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 1)] == [second]
+    assert [
+        h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10, after=second)
+    ] == [third]
+    assert [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10, only=third)] == [
+        third
+    ]
+    assert store.outbox_reported_list(["sms"], TOOK_IT_KINDS, 10) == []
+    store.outbox_resolve(OperatorAction(second, "provider", "reported"), "sent", "re_1")
+    assert [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10)] == [third]
+    assert first not in [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10)]
+
+
+def test_held_messages_are_listed_by_id_after_a_cursor_with_when_they_were_held(store: Store):
+    first = ambiguous(store, "k/1")
+    advance(store, timedelta(minutes=3))
+    second = ambiguous(store, "k/2")
+    write_outbox(store, outbox_insert("k/pending"))
+    listed = store.outbox_ambiguous_list(["email"], 10)
+    assert [(r.id, r.last_attempt_at) for r in listed] == [
+        (first, T0),
+        (second, T0 + timedelta(minutes=3)),
+    ]
+    assert [r.id for r in store.outbox_ambiguous_list(["email"], 10, after=first)] == [second]
+
+
+def test_events_are_pruned_by_the_age_they_were_received_at(store: Store):
+    write_outbox(store, outbox_insert("k/1"))
+    store.provider_event_record(event("msg_1", "email.sent", "accepted"))
+    advance(store, timedelta(days=2))
+    store.provider_event_record(event("msg_2", "email.delivered", "delivered"))
+    assert store.provider_event_prune(timedelta(days=1), 10) == 1
+    assert store.provider_event_prune(timedelta(days=1), 10) == 0
+    # pruned, an event's id is forgotten: a copy arriving now is recorded again
+    again = store.provider_event_record(event("msg_1", "email.sent", "accepted"))
+    assert (again.outcome, again.advanced) == ("recorded", False)
