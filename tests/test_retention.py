@@ -212,6 +212,7 @@ def test_prune_dry_run_says_what_prune_then_takes(sqlite_url: str):
         "payloads": 4,
         "messages": 0,
         "delivery_attempts": 0,
+        "provider_events": 0,
         "audit": 0,
     }
     text = oncebox("prune", "--dry-run", "--simulated-time", "--app", app, db=sqlite_url)

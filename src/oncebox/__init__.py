@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from oncebox.box import Box, EnqueueManyResult, EnqueueResult
 from oncebox.clock import ClockSetting
+from oncebox.deliveries.reports import Reports
 from oncebox.errors import (
     ClockHeld,
     ConfigurationError,
@@ -72,6 +73,7 @@ __all__ = [
     "PayloadTooLarge",
     "Permanent",
     "Rate",
+    "Reports",
     "Retention",
     "Retry",
     "RetryLater",

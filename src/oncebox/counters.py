@@ -34,11 +34,19 @@ COUNTERS: dict[str, str] = {
     "sends_possible_duplicate": "resends that may have delivered a second copy",
     "sends_lease_expired": "dispatcher leases rescued after they ran out",
     "duplicates_reported": "sent messages a recipient reported receiving twice (audited)",
+    "provider_events": "verified provider delivery events recorded against a message of theirs "
+    "(per channel and stage: reports:<channel>:<stage>)",
+    "provider_events_duplicate": "provider delivery events received again (a provider's retry): "
+    "changed nothing",
+    "provider_events_unmatched": "verified provider delivery events about no message of this "
+    "database (another system's on the account, or pruned): acknowledged, not acted on",
     "pruned_jobs": "finished jobs deleted by retention, with their attempts",
     "pruned_intents": "intents deleted under their task's keep_intents",
     "payloads_dropped": "sent messages whose payload (recipients, bodies) retention dropped",
     "pruned_messages": "sent messages deleted by retention, with their delivery attempts",
     "pruned_delivery_attempts": "delivery attempts of sent messages deleted by retention",
+    "pruned_provider_events": "provider delivery events deleted by retention (a message keeps "
+    "its furthest stage)",
     "pruned_audit_entries": "audit entries deleted by retention",
     "pruned_schedule_runs": "finished schedule runs (period summaries) deleted by retention",
 }

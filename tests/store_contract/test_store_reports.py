@@ -10,12 +10,15 @@ from oncebox.deliveries.events import TOOK_IT_KINDS, below
 from oncebox.store.base import OperatorAction, ProviderEvent, Store
 from support.contract import T0, advance, ambiguous, message, outbox_insert, write_outbox
 
+FIRST = "token-of-k/1"
+
 
 def event(
     event_id: str,
     kind: str,
     stage: str | None,
-    token: str | None = "token-of-k/1",
+    *,
+    token: str | None = FIRST,
     channel: str = "email",
     provider_id: str | None = "re_1",
 ) -> ProviderEvent:
@@ -139,8 +142,11 @@ def test_events_are_pruned_by_the_age_they_were_received_at(store: Store):
     store.provider_event_record(event("msg_1", "email.sent", "accepted"))
     advance(store, timedelta(days=2))
     store.provider_event_record(event("msg_2", "email.delivered", "delivered"))
-    assert store.provider_event_prune(timedelta(days=1), 10) == 1
-    assert store.provider_event_prune(timedelta(days=1), 10) == 0
+    held = store.prunable("provider_events", "", timedelta(days=1), 10)
+    assert (held.oldest, held.waiting) == (T0, 1)
+    assert store.prune("provider_events", "", timedelta(days=1), 10) == 1
+    assert store.prune("provider_events", "", timedelta(days=1), 10) == 0
+    assert store.counter_list()["pruned_provider_events"] == 1
     # pruned, an event's id is forgotten: a copy arriving now is recorded again
     again = store.provider_event_record(event("msg_1", "email.sent", "accepted"))
     assert (again.outcome, again.advanced) == ("recorded", False)

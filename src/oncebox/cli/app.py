@@ -24,7 +24,7 @@ from oncebox.cli.plan_cmd import plan_command
 from oncebox.cli.prune_cmd import prune_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
-from oncebox.cli.serve_cmd import serve
+from oncebox.cli.serve_cmd import receive, serve
 from oncebox.inert import printable
 from oncebox.logs import JsonLines
 
@@ -101,6 +101,7 @@ for command in (
     clock,
     console,
     serve,
+    receive,
     api_keys,
     metrics,
     report_duplicate,

@@ -1,8 +1,11 @@
-"""`oncebox serve`: the HTTP API (and, with --console, the console beside it)."""
+"""`oncebox serve`: the HTTP API (and, with --console, the console beside it; the providers'
+delivery webhooks under /deliveries when a channel takes them). `oncebox receive`: the delivery
+webhooks' receiver alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +18,9 @@ from oncebox.cli.console_cmd import (
     web_options,
 )
 from oncebox.store.migrations import check_runnable
+
+if TYPE_CHECKING:
+    from oncebox.box import Box
 
 
 @click.command()
@@ -64,16 +70,79 @@ def serve(
     say(f"oncebox API for {box.where} at {base}/ ({len(box.registry.all())} task(s))")
     if not keys:
         say("no live API key: every request is refused until `oncebox api-keys create`")
+    others: dict[str, Any] = {}
+    receiver = _receiver(box, base)
+    if receiver is not None:
+        others["/deliveries"] = receiver
     if with_console:
-        from oncebox.api.mounts import beside  # noqa: PLC0415
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
 
         users, source = console_users(users_file)
         console = create_app(box, ConsoleSettings(users=users))
-        web = beside(web, {"/console": console})
+        others["/console"] = console
         if users:
             say(f"console at {base}/console/, {len(users)} user(s) from {source}")
         else:
             token = console.state.token
             say(f"console at {base}/console/; log in at {base}/console/login?token={token}")
+    if others:
+        from oncebox.api.mounts import beside  # noqa: PLC0415
+
+        web = beside(web, others)
+    run_web(web, host, port, root_path, forwarded_allow_ips)
+
+
+def _receiver(box: Box, base: str) -> Any | None:
+    """The delivery webhooks' receiver when a channel takes reports (None otherwise), its
+    addresses said; a channel whose secret is not set stops the start with one line."""
+    from oncebox.api.deliveries import create_receiver, reporting_channels  # noqa: PLC0415
+
+    channels = reporting_channels(box)
+    if not channels:
+        return None
+    with reported():
+        receiver = create_receiver(box)
+    for name in channels:
+        say(f"provider reports for channel {name!r}: POST {base}/deliveries/{name}")
+    return receiver
+
+
+@click.command()
+@web_options
+@app_option
+@db_option
+def receive(
+    *,
+    bind: str,
+    root_path: str,
+    forwarded_allow_ips: str | None,
+    app: str | None,
+    db: str | None,
+) -> None:
+    """Receive the providers' signed delivery webhooks alone (no API, no console): each event is
+    recorded against its message, and a held send the provider says it took is settled. Point
+    the provider's webhook at /CHANNEL for each channel declared with reports=."""
+    try:
+        import uvicorn  # noqa: F401, PLC0415
+    except ImportError as exc:
+        fail(f"the receiver needs the console's extra: pip install 'oncebox[console]' ({exc})", 1)
+    host, port = checked_web_options(bind, root_path)
+    with reported():
+        box = load_app(app, db)
+        check_runnable(box.store.schema_status(), box.where)
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}{root_path}"
+    from oncebox.api.deliveries import create_receiver, reporting_channels  # noqa: PLC0415
+
+    channels = reporting_channels(box)
+    if not channels:
+        fail(
+            "no channel takes provider reports: declare one with "
+            "box.channel(..., reports=oncebox.Reports(secret_env=...))",
+            2,
+        )
+    with reported():
+        web = create_receiver(box)
+    for name in channels:
+        say(f"provider reports for channel {name!r}: POST {base}/{name}")
     run_web(web, host, port, root_path, forwarded_allow_ips)

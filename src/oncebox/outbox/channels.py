@@ -20,6 +20,8 @@
   (no send was attempted) or `ambiguous` (a send may have happened), with a reason saying so.
 - `keep_payloads` / `keep_messages`: how long this channel's sent messages keep their payload,
   and their rows, instead of the box's `Retention` (`retention/policy.py`).
+- `reports`: the provider's signed delivery webhooks (`deliveries/reports.py`): held sends it
+  says it took are settled, and none is resent before their grace has passed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from oncebox.deliveries.reports import Reports
 from oncebox.durations import check_keep
 from oncebox.errors import ConfigurationError
 from oncebox.jobs.retry import Retry
@@ -61,6 +64,7 @@ class Channel:
     # None: the box's Retention.payloads / .messages (retention/policy.py)
     keep_payloads: timedelta | None = None
     keep_messages: timedelta | None = None
+    reports: Reports | None = None
 
     @property
     def idempotent(self) -> bool:
@@ -89,6 +93,7 @@ def make_channel(
     max_rescues: int = 5,
     keep_payloads: timedelta | None = None,
     keep_messages: timedelta | None = None,
+    reports: Reports | None = None,
 ) -> Channel:
     check_name("channel", name)
     if ambiguity not in ("hold", "retry"):
@@ -104,6 +109,8 @@ def make_channel(
     ):
         if value <= timedelta(0):
             raise ConfigurationError(f"channel {name!r}: {label} must be positive")
+    if reports is not None and not isinstance(reports, Reports):
+        raise ConfigurationError(f"channel {name!r}: reports must be oncebox.Reports(...)")
     check_keep(f"channel {name!r}", "keep_payloads", keep_payloads)
     check_keep(f"channel {name!r}", "keep_messages", keep_messages)
     parsed = tuple(Limit.parse(text) for text in limits)
@@ -123,6 +130,7 @@ def make_channel(
         max_rescues=max_rescues,
         keep_payloads=keep_payloads,
         keep_messages=keep_messages,
+        reports=reports,
     )
 
 

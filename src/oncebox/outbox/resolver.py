@@ -1,9 +1,18 @@
-"""`AmbiguityResolver`: settle ambiguous outbox rows by asking the provider.
+"""`AmbiguityResolver`: settle held (`ambiguous`) outbox rows from the provider's own record.
 
-For channels whose provider can look a message up (`status(outgoing, idempotency_key)`), each
-ambiguous row is asked about: "sent" → `sent`, with the provider's receipt; "not_found" (it never
-arrived) → resent; "unknown" → left for an operator (`box.resolve`). Each settlement is audited
-under the actor `resolver`.
+Each round, for the channels whose provider reports (signed delivery webhooks, `reports=`) or
+can be asked (`status(outgoing, idempotency_key)`: the file sink, an API with a lookup):
+
+1. held rows an event says the provider took become `sent`, with its id as the receipt
+   (`deliveries/settle.py`, actor `provider`);
+2. every other held row, oldest first, all of them page by page:
+   - a provider that can be asked is asked: "sent" → `sent`; "not_found" → resent, but only
+     once the channel's grace has passed since the row was held (a report may still come);
+     "unknown" → left held;
+   - a reporting channel with `unreported="resend"` resends a row no event named within the
+     grace; with `hold` (the default) the row stays for a person (`oncebox outbox resolve`).
+
+Every settlement is audited (actors `provider` and `resolver`).
 """
 
 from __future__ import annotations
@@ -12,23 +21,30 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
+from oncebox.deliveries.events import TOOK_IT
+from oncebox.deliveries.settle import settle_reported
 from oncebox.lane import run_forever
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.dispatcher import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
 from oncebox.providers import StatusLookup
-from oncebox.store.base import OperatorAction, Store
+from oncebox.store.base import OperatorAction, OutboxRow, Store
 
 log = logging.getLogger("oncebox.resolver")
+ZERO = timedelta(0)
+ACTOR = "resolver"
 
 
 @dataclass(frozen=True)
 class ResolverResult:
-    sent: int = 0
+    sent: int = 0  # a lookup found it
     resent: int = 0
-    unknown: int = 0
+    unknown: int = 0  # left held for a person
+    reported: int = 0  # settled by a provider's event
+    waiting: int = 0  # not found, or unreported, within the grace
 
 
 class AmbiguityResolver:
@@ -44,12 +60,16 @@ class AmbiguityResolver:
         self.channels = {
             name: channel
             for name, channel in channels.items()
-            if isinstance(channel.provider, StatusLookup)
+            if isinstance(channel.provider, StatusLookup) or channel.reports is not None
         }
         self.batch_size = batch_size
 
     def run_forever(self, stop: threading.Event) -> None:
-        run_forever("resolver", lambda: self.run_once().sent > 0, stop, self.interval)
+        def once() -> bool:
+            result = self.run_once()
+            return result.sent + result.reported > 0
+
+        run_forever("resolver", once, stop, self.interval)
 
     @property
     def active(self) -> bool:
@@ -58,32 +78,56 @@ class AmbiguityResolver:
     def run_once(self) -> ResolverResult:
         if not self.channels:
             return ResolverResult()
-        sent = resent = unknown = 0
-        for row in self.store.outbox_ambiguous_list(sorted(self.channels), self.batch_size):
-            provider = self.channels[row.channel].provider
-            assert isinstance(provider, StatusLookup)
-            outgoing = outgoing_of(row, row.attempt)
+        counts = {"sent": 0, "resent": 0, "unknown": 0, "waiting": 0}
+        reported = settle_reported(self.store, sorted(self.channels), batch=self.batch_size)
+        now = self.store.clock_now()
+        after = 0
+        while True:
+            page = self.store.outbox_ambiguous_list(sorted(self.channels), self.batch_size, after)
+            for row in page:
+                counts[self._settle(row, now)] += 1
+            if len(page) < self.batch_size:
+                break
+            after = page[-1].id
+        return ResolverResult(reported=reported, **counts)
+
+    def _settle(self, row: OutboxRow, now: datetime) -> str:
+        """One held row: what was done with it (a key of `ResolverResult`)."""
+        channel = self.channels[row.channel]
+        if row.reported in TOOK_IT:  # reported after this round's settlement: the next one
+            return "waiting"
+        grace = channel.reports.grace if channel.reports else ZERO
+        waited = row.last_attempt_at is None or now - row.last_attempt_at >= grace
+        provider = channel.provider
+        if isinstance(provider, StatusLookup):
             try:
-                answer, receipt = provider.status(outgoing, idempotency_key(row.token))
+                answer, receipt = provider.status(
+                    outgoing_of(row, row.attempt), idempotency_key(row.token)
+                )
             except Exception:
                 log.exception("status lookup failed for outbox row %s", row.id)
-                unknown += 1
-                continue
-            if answer == "unknown":
-                unknown += 1
-                continue
-            resolution: Literal["sent", "resend"] = "sent" if answer == "sent" else "resend"
-            reason = (
-                "the provider's status says it was received"
-                if answer == "sent"
-                else "the provider's status says it never arrived"
-            )
-            done = self.store.outbox_resolve(
-                OperatorAction(row.id, "resolver", reason),
-                resolution,
-                receipt.provider_id if receipt else None,
-            )
-            if done is not None:
-                sent += answer == "sent"
-                resent += answer != "sent"
-        return ResolverResult(sent, resent, unknown)
+                return "unknown"
+            if answer == "sent":
+                reason = "the provider's status says it was received"
+                done = self._resolve(row, "sent", reason, receipt.provider_id if receipt else None)
+                return "sent" if done else "unknown"
+            if answer == "not_found" and waited:
+                reason = "the provider's status says it never arrived"
+                return "resent" if self._resolve(row, "resend", reason, None) else "unknown"
+            return "waiting" if answer == "not_found" else "unknown"
+        if channel.reports is not None and channel.reports.unreported == "resend":
+            if not waited:
+                return "waiting"
+            reason = f"no provider report named it within the grace of {grace}"
+            return "resent" if self._resolve(row, "resend", reason, None) else "unknown"
+        return "unknown"
+
+    def _resolve(
+        self,
+        row: OutboxRow,
+        resolution: Literal["sent", "resend"],
+        reason: str,
+        receipt: str | None,
+    ) -> bool:
+        action = OperatorAction(row.id, ACTOR, reason)
+        return self.store.outbox_resolve(action, resolution, receipt) is not None

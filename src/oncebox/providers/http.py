@@ -133,6 +133,8 @@ class HttpEmailProvider:
                 "Message-ID": outgoing.message_id,
                 "X-Oncebox-Token": outgoing.token,
             },
+            # what the provider's delivery webhooks name the message by (deliveries/events.py)
+            "tags": [{"name": "oncebox", "value": outgoing.token}],
         }
         for field in ("text", "html", "reply_to"):
             if payload.get(field) is not None:

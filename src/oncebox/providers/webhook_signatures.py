@@ -8,6 +8,9 @@ Standard Webhooks' scheme (https://www.standardwebhooks.com): three headers,
     webhook-signature   `v1,<base64 of HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, several
                         space-separated while a secret rotates
 
+(Svix, which Resend and others send their webhooks with, names them `svix-id`, `svix-timestamp`
+and `svix-signature`: `verify_webhook` reads either set)
+
 and a secret that is either `whsec_<base64>` (the key is the decoded bytes, as the scheme's
 libraries make them) or any other text of 16 or more bytes (the key is its UTF-8 bytes). This
 module needs no HTTP client: a receiver imports `verify_webhook` from here (or from
@@ -76,10 +79,7 @@ def verify_webhook(
     (the host's clock); else `WebhookRefused`. Header names in any case; `body` is the raw bytes
     received. Receivers that dedupe do it on `webhook-id`, after this check."""
     key = signing_key(secret)
-    found = {name.lower(): value for name, value in headers.items()}
-    webhook_id = found.get("webhook-id", "")
-    stamp = found.get("webhook-timestamp", "")
-    signatures = found.get("webhook-signature", "")
+    webhook_id, stamp, signatures = webhook_headers(headers)
     if not (webhook_id and stamp and signatures):
         raise WebhookRefused("missing webhook-id, webhook-timestamp or webhook-signature")
     if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
@@ -102,6 +102,18 @@ def verify_webhook(
     if not isinstance(payload, dict):
         raise WebhookRefused("the body is not a JSON object")
     return payload
+
+
+def webhook_headers(headers: Mapping[str, str]) -> tuple[str, str, str]:
+    """The id, timestamp and signatures of a request, from the `webhook-*` headers or Svix's
+    `svix-*` ones (the same scheme, as Resend and other Svix users send it)."""
+    found = {name.lower(): value for name, value in headers.items()}
+    prefix = "webhook-" if "webhook-id" in found else "svix-"
+    return (
+        found.get(f"{prefix}id", ""),
+        found.get(f"{prefix}timestamp", ""),
+        found.get(f"{prefix}signature", ""),
+    )
 
 
 def webhook_body(payload: Mapping[str, Any]) -> bytes:

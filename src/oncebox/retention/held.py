@@ -22,6 +22,7 @@ KIND_LABELS = {
     "payloads": "message payloads",
     "messages": "sent messages",
     "delivery_attempts": "delivery attempts",
+    "provider_events": "provider events",
     "audit": "audit entries",
     "schedule_runs": "schedule runs",
 }

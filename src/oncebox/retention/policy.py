@@ -14,6 +14,8 @@ that short, whatever the setting:
   retention in force);
 - a delivery attempt of a sent message is diagnosis; `delivery_attempts` deletes it earlier;
   a pending, dead or ambiguous message keeps every attempt;
+- a provider's delivery event (deliveries/) serves its dedupe while the provider may retry it;
+  `provider_events` deletes it (its message keeps the furthest stage it reached);
 - the audit log is the operators' record: kept longest (`audit`), and never the entries about a
   dead letter;
 - a schedule run is its period's summary, the history: kept for ever by default
@@ -50,6 +52,7 @@ class Retention:
     payloads: timedelta | None = timedelta(days=7)
     messages: timedelta | None = timedelta(days=90)
     delivery_attempts: timedelta | None = timedelta(days=30)
+    provider_events: timedelta | None = timedelta(days=30)
     audit: timedelta | None = timedelta(days=730)
     schedule_runs: timedelta | None = None
 
@@ -87,6 +90,8 @@ class Plan:
             return None if keep is None else max(keep, self._longest_jobs())
         if kind == "delivery_attempts":
             return r.delivery_attempts
+        if kind == "provider_events":
+            return r.provider_events
         if kind == "audit":
             return r.audit
         if r.schedule_runs is None:

@@ -35,6 +35,7 @@ ORDER: tuple[PruneKind, ...] = (
     "messages",
     "payloads",
     "delivery_attempts",
+    "provider_events",
     "audit",
     "schedule_runs",
 )

@@ -964,7 +964,14 @@ class ConsumerSession(Protocol):
 #: The kinds of rows retention acts on (`retention/policy.py`): `payloads` thins sent messages
 #: (their payload dropped, the row kept); every other kind deletes rows.
 PruneKind = Literal[
-    "jobs", "intents", "payloads", "messages", "delivery_attempts", "audit", "schedule_runs"
+    "jobs",
+    "intents",
+    "payloads",
+    "messages",
+    "delivery_attempts",
+    "provider_events",
+    "audit",
+    "schedule_runs",
 ]
 PRUNE_KINDS: tuple[PruneKind, ...] = (
     "jobs",
@@ -972,6 +979,7 @@ PRUNE_KINDS: tuple[PruneKind, ...] = (
     "payloads",
     "messages",
     "delivery_attempts",
+    "provider_events",
     "audit",
     "schedule_runs",
 )
@@ -1180,7 +1188,6 @@ class Store(Protocol):
         ...
 
     def provider_event_list(self, outbox_id: int) -> list[ProviderEventRow]: ...
-    def provider_event_prune(self, older_than: timedelta, limit: int) -> int: ...
     def outbox_count_by_state(self) -> StateCounts: ...
     def delivery_attempt_list(self, outbox_id: int) -> list[DeliveryAttemptRow]: ...
 

@@ -33,6 +33,12 @@ STATEMENTS: dict[PruneKind, tuple[str, str, str | None, str]] = {
         None,
         "pruned_delivery_attempts",
     ),
+    "provider_events": (
+        "provider_event_prune",
+        "provider_event_prunable",
+        None,
+        "pruned_provider_events",
+    ),
     "audit": ("audit_prune", "audit_prunable", None, "pruned_audit_entries"),
     "schedule_runs": (
         "schedule_run_prune",

@@ -437,11 +437,6 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             tx.fetch("counter_add", {"deltas": json.dumps(deltas)})
         return ProviderEventRecorded("recorded", int(outbox_id), str(row["state"]), advanced)
 
-    @operation
-    def provider_event_prune(self, older_than: timedelta, limit: int) -> int:
-        params = {**self._span("older_than", older_than), "limit": limit}
-        return len(self._apply("provider_event_prune", params).rows)
-
     # -- rate limits and channel pauses --------------------------------------------------------
 
     @operation

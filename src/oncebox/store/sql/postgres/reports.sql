@@ -51,11 +51,25 @@ WHERE outbox_id = %(id)s
 ORDER BY id;
 
 -- name: provider_event_prune
--- Events received longer ago than `older_than` (their dedupe is long past any provider's
--- retries); the oldest first, a batch at a time.
+-- A batch of events received before the cutoff (their dedupe long past any provider's
+-- retries), oldest first (oncebox_provider_events_received); retention (store/pruning.py).
 DELETE FROM __S__.oncebox_provider_events
-WHERE id IN (SELECT id FROM __S__.oncebox_provider_events
-             WHERE received_at < __S__.oncebox_now() - make_interval(secs => %(older_than_s)s)
-             ORDER BY received_at
-             LIMIT %(limit)s)
+WHERE id = ANY(ARRAY(
+    SELECT id FROM __S__.oncebox_provider_events
+    WHERE received_at < __S__.oncebox_now() - make_interval(secs => %(older_than_s)s)
+    ORDER BY received_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
 RETURNING id;
+
+-- name: provider_event_prunable
+-- What retention holds of provider events: the oldest received, and how many
+-- provider_event_prune would delete now (up to %(limit)s).
+SELECT (SELECT received_at FROM __S__.oncebox_provider_events
+        ORDER BY received_at, id LIMIT 1) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM __S__.oncebox_provider_events
+            WHERE %(older_than_s)s::float8 IS NOT NULL
+              AND received_at < __S__.oncebox_now()
+                                - make_interval(secs => %(older_than_s)s::float8)
+            LIMIT %(limit)s) w) AS waiting;

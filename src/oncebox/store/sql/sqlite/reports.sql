@@ -48,6 +48,15 @@ ORDER BY id;
 DELETE FROM oncebox_provider_events
 WHERE id IN (SELECT id FROM oncebox_provider_events
              WHERE received_at < :now - :older_than_us
-             ORDER BY received_at
+             ORDER BY received_at, id
              LIMIT :limit)
 RETURNING id;
+
+-- name: provider_event_prunable
+-- See the PostgreSQL query.
+SELECT (SELECT received_at FROM oncebox_provider_events
+        ORDER BY received_at, id LIMIT 1) AS oldest,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM oncebox_provider_events
+            WHERE :older_than_us IS NOT NULL AND received_at < :now - :older_than_us
+            LIMIT :limit)) AS waiting;

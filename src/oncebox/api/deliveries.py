@@ -1,0 +1,111 @@
+"""The receiver of providers' delivery webhooks (`deliveries/` reads and records them): an ASGI
+app, `POST /{channel}` per channel whose `reports=` names its signing secret — mounted by
+`oncebox serve` under `/deliveries`, or served alone by `oncebox receive`.
+
+Each request is answered so that the provider does the right thing next: a signature or a
+timestamp that does not verify is refused (`401`, nothing read further, nothing written); a
+verified event is recorded and acknowledged (`200`) — also when it is about a message oncebox
+does not hold or of a kind it does not track (counted, and acknowledged so it is not sent again);
+the store away is `503` with `Retry-After`, so the provider retries it later. The body is read
+up to 256 KiB and no further (`413`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from oncebox.box import Box
+from oncebox.deliveries.events import TOOK_IT, provider_event, read_event
+from oncebox.deliveries.reports import Reports
+from oncebox.deliveries.settle import settle_reported
+from oncebox.errors import InvalidArguments, StoreUnavailable
+from oncebox.inert import printable
+from oncebox.providers.webhook_signatures import (
+    MAX_WEBHOOK_BYTES,
+    WebhookRefused,
+    verify_webhook,
+    webhook_headers,
+)
+
+log = logging.getLogger("oncebox.deliveries")
+RETRY_UNAVAILABLE_S = 30
+
+
+def reporting_channels(box: Box) -> dict[str, Reports]:
+    """The box's channels whose providers report, and their settings."""
+    return {
+        name: channel.reports
+        for name, channel in sorted(box.channels.items())
+        if channel.reports is not None
+    }
+
+
+def create_receiver(box: Box) -> Starlette:
+    """The receiver for every reporting channel of `box`; a `ConfigurationError` naming the
+    first whose secret is not set (at start, not at the first event)."""
+    secrets = {name: reports.secret(name) for name, reports in reporting_channels(box).items()}
+    channels = reporting_channels(box)
+
+    async def receive(request: Request) -> Response:
+        name = request.path_params["channel"]
+        if name not in channels:
+            return _answer(404, f"no channel {printable(name)!r} takes provider reports here")
+        body = await _capped(request)
+        if body is None:
+            return _answer(413, f"a delivery event is at most {MAX_WEBHOOK_BYTES} bytes")
+        try:
+            payload = verify_webhook(
+                secrets[name], request.headers, body, tolerance=channels[name].tolerance
+            )
+        except WebhookRefused as refused:
+            log.warning("channel %s: a delivery webhook refused: %s", name, refused.reason)
+            return _answer(401, refused.reason)
+        try:
+            return await run_in_threadpool(_record, box, name, request.headers, payload)
+        except InvalidArguments as exc:
+            return _answer(400, f"a signed request that is not a delivery event: {exc}")
+        except StoreUnavailable as exc:
+            headers = {"Retry-After": str(RETRY_UNAVAILABLE_S)}
+            return _answer(503, f"the store is away: {exc}", headers)
+
+    return Starlette(routes=[Route("/{channel}", receive, methods=["POST"])])
+
+
+def _record(
+    box: Box, channel: str, headers: Mapping[str, str], payload: Mapping[str, Any]
+) -> Response:
+    read = read_event(payload)
+    event_id, _stamp, _signature = webhook_headers(headers)
+    recorded = box.store.provider_event_record(provider_event(channel, event_id, read))
+    settled = 0
+    if recorded.outcome == "recorded" and read.stage in TOOK_IT and recorded.state == "ambiguous":
+        settled = settle_reported(box.store, [channel], only=recorded.outbox_id)
+    return JSONResponse(
+        {"outcome": recorded.outcome, "stage": read.stage, "settled": bool(settled)}
+    )
+
+
+async def _capped(request: Request) -> bytes | None:
+    """The body, or None once it passes the cap (the rest is not read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_WEBHOOK_BYTES:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_WEBHOOK_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _answer(status: int, detail: str, headers: Mapping[str, str] | None = None) -> Response:
+    return JSONResponse({"status": status, "detail": detail}, status, headers=dict(headers or {}))
