@@ -17,6 +17,7 @@ from oncebox import shapes
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.counters import complete
+from oncebox.deliveries.events import report_figures
 from oncebox.errors import OnceboxError
 from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.limits.waiting import held_back
@@ -61,7 +62,8 @@ def status_data(
     store = box.store
     times = store.status_times()
     jobs, outbox = store.job_count_by_state(), store.outbox_count_by_state()
-    counters = complete(store.counter_list())
+    every = complete(store.counter_list())
+    counters = {name: value for name, value in every.items() if ":" not in name}
     schema = store.schema_status()
     now = times.now
     backlog, workers = store.backlog_list(), store.worker_list(LIVE_WITHIN)
@@ -98,6 +100,7 @@ def status_data(
         "past_lease": {"jobs": times.jobs_past_lease, "messages": times.messages_past_lease},
         "dead": jobs["dead"] + outbox["dead"],
         "ambiguous": outbox["ambiguous"],
+        "reports": report_figures(every),
         "backlog": [shapes.backlog(row) for row in backlog],
         "unserved_tasks": unserved_tasks,
         "workers_live": sum(1 for worker in workers if worker.live),

@@ -132,6 +132,8 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
     if data["ambiguous"]:
         attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
     say("attention  " + ("; ".join(attention) if attention else "none"))
+    for channel, figures in data["reports"].items():
+        say(report_line(channel, figures))
     if data["limits"]:
         say("\nlimits (jobs held back by a task's limits; the longest-waiting partitions first)")
         print_table(LIMIT_HEADERS, limits_table(data["limits"], now), "")
@@ -163,6 +165,25 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
         if entry["slo"] is not None:
             judged = [p for p in entry["periods"] if p["slo"] is not None]
             say(slo_line(entry["slo"], judged[:1]))  # the latest period that fired
+
+
+def report_line(channel: str, figures: dict[str, Any]) -> str:
+    """What a channel's provider reported, and its bounce and complaint rates."""
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f} %"
+
+    stages = ", ".join(
+        f"{stage} {figures[stage]}"
+        for stage in ("delivered", "delayed", "failed", "bounced", "complained")
+        if figures[stage]
+    )
+    return (
+        f"reports    {channel}: {figures['reported']} message(s) reported on"
+        + (f" ({stages})" if stages else "")
+        + f"; bounce rate {rate(figures['bounce_rate'])}, "
+        f"complaint rate {rate(figures['complaint_rate'])}"
+    )
 
 
 def hours(seconds: float) -> str:

@@ -28,6 +28,7 @@ from oncebox import shapes
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.counters import COUNTERS
+from oncebox.deliveries.events import STAGES
 from oncebox.metrics import Metrics
 from oncebox.status import PERIODS, PeriodFigures, status_data
 
@@ -45,6 +46,7 @@ class StoreCollector(Collector):
         latest = None if self.figures is None else self.figures.latest()
         data = status_data(self.box, PERIODS, None if latest is None else latest.schedules)
         yield from counters(data)
+        yield from reports(data)
         yield from gauges(data)
         yield from periods(data)
         yield from retention(data)
@@ -64,6 +66,35 @@ class StoreCollector(Collector):
 def counters(data: dict[str, Any]) -> Iterator[Metric]:
     for name, value in data["counters"].items():
         yield CounterMetricFamily(f"oncebox_{name}", COUNTERS.get(name, name), value=value)
+
+
+def reports(data: dict[str, Any]) -> Iterator[Metric]:
+    """What each channel's provider reported (deliveries/): messages per stage, and the rates."""
+    stages = CounterMetricFamily(
+        "oncebox_provider_reports",
+        "Messages a provider's delivery events moved to a stage (reported: any event), per "
+        "channel; each message counted once per stage.",
+        labels=["channel", "stage"],
+    )
+    bounce = GaugeMetricFamily(
+        "oncebox_bounce_ratio",
+        "Bounced among the messages a channel's provider reported on.",
+        labels=["channel"],
+    )
+    complaint = GaugeMetricFamily(
+        "oncebox_complaint_ratio",
+        "Complained among the messages a channel's provider reported on.",
+        labels=["channel"],
+    )
+    for channel, figures in data["reports"].items():
+        for stage in ("reported", *STAGES):
+            stages.add_metric([channel, stage], figures[stage])
+        if figures["bounce_rate"] is not None:
+            bounce.add_metric([channel], figures["bounce_rate"])
+            complaint.add_metric([channel], figures["complaint_rate"])
+    yield stages
+    yield bounce
+    yield complaint
 
 
 def gauges(data: dict[str, Any]) -> Iterator[Metric]:

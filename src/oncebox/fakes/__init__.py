@@ -5,7 +5,9 @@
 - `FakeEmailApi`: an HTTP email API with idempotency keys, modelled on Resend: it stores the first
   response per key and replays it, answers 409 while a key is in flight or reused with another
   body, and can be scripted to throttle (429 + Retry-After), fail (5xx), or accept and then time
-  out or reset the connection.
+  out or reset the connection. It answers lookups (`GET /emails/{id}`, `GET
+  /emails?message_id=`) and, with `send_webhooks(url, secret)`, emits Resend's delivery webhooks
+  (Svix-signed; duplicated, reordered, forged or stale on request) from `provider_webhooks`.
 - `WebhookReceiver`: a webhook endpoint that checks each request's signature with
   `verify_webhook`, records what it received, and answers as scripted (statuses, Retry-After,
   redirects, accept-then-time-out); with `dedupe=True` it processes each webhook-id once.

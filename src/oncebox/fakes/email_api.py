@@ -18,6 +18,23 @@ flight gets `409 concurrent_idempotent_requests`; a key reused with a different 
                                         client cannot tell)
     "409-in-progress" / "409-mismatch"  answer as if the key were in flight / reused with
                                         another body (for deterministic classification tests)
+    "lookup-500", "lookup-404", …       a lookup (GET) answers that status
+    "lookup-reset"                      a lookup's connection is closed without an answer
+
+`lookup-` actions are taken by lookups only and the others by sends only, each kind the first
+of its kind in the script (a send never eats a lookup's action, nor a lookup a send's).
+
+Lookups, as Resend's retrieve-email: `GET /emails/{id}` answers 200 `{"object": "email", "id",
+"to", "from", "subject", "created_at", "last_event", "tags", …}` for a delivered id, else 404
+`{"name": "not_found"}`. `GET /emails?message_id=<Message-ID>` answers 200 `{"object": "list",
+"data": [...]}` with the messages sent with that `Message-ID` header (angle brackets optional) —
+the search by our own id that some providers offer (Mailgun's events, Postmark's outbound
+search), so a client that lost an answer can find what it sent. `last_event` is the latest
+webhook event to have happened (`provider_webhooks`), "delivered" without webhooks.
+
+Webhooks: `send_webhooks(url, secret, ...)` makes every later delivered message (not a replay)
+emit Resend's delivery events to `url`, Svix-signed; see `oncebox.fakes.provider_webhooks`.
+`wait_webhooks(timeout)` waits for them to settle, `webhook_log` lists every attempt.
 """
 
 from __future__ import annotations
@@ -29,12 +46,21 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from oncebox import clock
+from oncebox.fakes.provider_webhooks import (
+    Outcomes,
+    WebhookAttempt,
+    WebhookEmitter,
+    email_object,
+    header_value,
+    tag_list,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,7 @@ class Delivered:
     body: dict[str, Any]
     message_id: str
     at: float = 0.0  # when it arrived, on the real monotonic clock (rate checks)
+    created_at: datetime | None = None  # when it arrived, on the wall clock (lookups, webhooks)
 
 
 @dataclass
@@ -71,6 +98,7 @@ class FakeEmailApi:
         self._keys: dict[str, _Stored] = {}
         self._lock = threading.Lock()
         self._release = threading.Event()
+        self._emitter: WebhookEmitter | None = None
         handler = type("Handler", (_Handler,), {"api": self})
         self._server = _QuietServer((host, 0), handler)
         self._server.daemon_threads = True
@@ -88,10 +116,130 @@ class FakeEmailApi:
         with self._lock:
             self._script.extend(actions)
 
-    def next_action(self) -> str:
+    def next_action(self, *, lookup: bool = False) -> str:
+        """The first scripted action of this kind of request (`lookup-` ones for a GET, the
+        others for a POST), or "ok". Only sends count in `requests`."""
         with self._lock:
-            self.requests += 1
-            return self._script.popleft() if self._script else "ok"
+            if not lookup:
+                self.requests += 1
+            for index, action in enumerate(self._script):
+                if action.startswith("lookup-") == lookup:
+                    del self._script[index]
+                    return action
+            return "ok"
+
+    def send_webhooks(
+        self,
+        url: str,
+        secret: str,
+        *,
+        delay: float = 0.0,
+        duplicates: int = 0,
+        reorder: bool = False,
+        bad_signature_every: int = 0,
+        outcomes: Outcomes | None = None,
+        timeout: float = 3.0,
+        attempts: int = 8,
+        backoff: float = 0.05,
+    ) -> WebhookEmitter:
+        """From now on, send each delivered message's events to `url` (replacing, and stopping,
+        any earlier emitter); the options are `WebhookEmitter`'s."""
+        emitter = WebhookEmitter(
+            url,
+            secret,
+            delay=delay,
+            duplicates=duplicates,
+            reorder=reorder,
+            bad_signature_every=bad_signature_every,
+            outcomes=outcomes,
+            timeout=timeout,
+            attempts=attempts,
+            backoff=backoff,
+        )
+        with self._lock:
+            earlier, self._emitter = self._emitter, emitter
+        if earlier is not None:
+            earlier.stop()
+        return emitter
+
+    def emit_raw(
+        self,
+        event_type: str,
+        data: dict[str, Any],
+        *,
+        stale: bool = False,
+        forged: bool = False,
+        svix_id: str | None = None,
+    ) -> str:
+        """One event of any type through the configured emitter (`WebhookEmitter.emit_raw`)."""
+        return self._webhooks().emit_raw(
+            event_type, data, stale=stale, forged=forged, svix_id=svix_id
+        )
+
+    def wait_webhooks(self, timeout: float = 10.0) -> bool:
+        """Whether every event emitted so far was answered 2xx or given up within `timeout`."""
+        with self._lock:
+            emitter = self._emitter
+        return True if emitter is None else emitter.wait(timeout)
+
+    @property
+    def webhook_log(self) -> list[WebhookAttempt]:
+        """Every webhook attempt so far: (svix_id, type, status or error, signed_ok)."""
+        with self._lock:
+            emitter = self._emitter
+        return [] if emitter is None else list(emitter.log)
+
+    def last_event(self, message_id: str) -> str:
+        with self._lock:
+            emitter = self._emitter
+        found = emitter.last_event(message_id) if emitter is not None else None
+        return found or "delivered"
+
+    def _webhooks(self) -> WebhookEmitter:
+        with self._lock:
+            if self._emitter is None:
+                raise RuntimeError("call send_webhooks(url, secret) first")
+            return self._emitter
+
+    def _deliver(self, key: str | None, body: dict[str, Any]) -> str:
+        """Record one delivered message (a new one, never a replay) and emit its webhooks."""
+        token = header_value(body, "X-Oncebox-Token")
+        if token is None:
+            token = next((t["value"] for t in tag_list(body) if t["name"] == "oncebox"), None)
+        created_at = clock.real_now()
+        with self._lock:
+            message_id = f"fake-{len(self.delivered) + 1}"
+            self.delivered.append(
+                Delivered(key, token, body, message_id, clock.monotonic(), created_at)
+            )
+            emitter = self._emitter
+        if emitter is not None:
+            emitter.emit_email(message_id, body, created_at)
+        return message_id
+
+    def lookup(self, message_id: str) -> dict[str, Any] | None:
+        """`GET /emails/{id}`'s object, or None for an id never delivered."""
+        with self._lock:
+            found = next((d for d in self.delivered if d.message_id == message_id), None)
+        if found is None:
+            return None
+        return self._object(found)
+
+    def search(self, message_header: str) -> list[dict[str, Any]]:
+        """The messages sent with this Message-ID header, newest first."""
+        wanted = message_header.strip().strip("<>")
+        with self._lock:
+            sent = list(self.delivered)
+        return [
+            self._object(d)
+            for d in reversed(sent)
+            if (header_value(d.body, "Message-ID") or "").strip().strip("<>") == wanted
+        ]
+
+    def _object(self, delivered: Delivered) -> dict[str, Any]:
+        created_at = delivered.created_at or clock.real_now()
+        last = self.last_event(delivered.message_id)
+        return email_object(delivered.message_id, delivered.body, created_at, last)
 
     def _remembered(self, key: str) -> _Stored | None:
         """The stored request of a key, unless the window has passed since it was first stored
@@ -115,6 +263,11 @@ class FakeEmailApi:
         return self
 
     def stop(self) -> None:
+        """Stop serving, and stop the webhook emitter's thread (queued events are dropped)."""
+        with self._lock:
+            emitter = self._emitter
+        if emitter is not None:
+            emitter.stop()
         self._release.set()
         self._server.shutdown()
         self._server.server_close()
@@ -159,6 +312,33 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
         return payload
+
+    def do_GET(self) -> None:
+        api = self.api
+        split = urlsplit(self.path)
+        kind, _, _ = api.next_action(lookup=True).removeprefix("lookup-").partition(":")
+        if kind == "reset":
+            self._reset()
+            return
+        if kind.isdigit() and kind != "200":
+            self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)})
+            return
+        if split.path == "/emails":
+            wanted = parse_qs(split.query).get("message_id")
+            if not wanted:
+                problem = "this fake lists emails by message_id only"
+                self._reply(
+                    422, {"statusCode": 422, "name": "validation_error", "message": problem}
+                )
+                return
+            self._reply(200, {"object": "list", "data": api.search(wanted[0])})
+            return
+        prefix, _, message_id = split.path.rpartition("/")
+        found = api.lookup(message_id) if prefix == "/emails" else None
+        if found is None:
+            self._reply(404, {"statusCode": 404, "name": "not_found", "message": "Email not found"})
+            return
+        self._reply(200, found)
 
     def do_POST(self) -> None:
         api = self.api
@@ -247,12 +427,7 @@ class _Handler(BaseHTTPRequestHandler):
             extra = {"Retry-After": argument} if argument else {}
             self._reply(int(kind), {"name": "scripted_failure", "statusCode": int(kind)}, extra)
             return
-        message_id = f"fake-{len(self.api.delivered) + 1}"
-        headers = body.get("headers") or {}
-        with self.api._lock:
-            self.api.delivered.append(
-                Delivered(key, headers.get("X-Oncebox-Token"), body, message_id, clock.monotonic())
-            )
+        message_id = self.api._deliver(key, body)
         response = json.dumps({"id": message_id}).encode()
         if stored is not None:
             stored.status, stored.response = 200, response
