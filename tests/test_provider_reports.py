@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -58,7 +58,9 @@ def secret_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SECRET_ENV, SECRET)
 
 
-def reporting_box(mail_box: Any, store_url: str, provider: Any = None, **reports: Any) -> Box:
+def reporting_box(
+    mail_box: Callable[..., Box], store_url: str, provider: Any = None, **reports: Any
+) -> Box:
     return mail_box(
         store_url, provider or LostAcks(), reports=Reports(secret_env=SECRET_ENV, **reports)
     )

@@ -24,7 +24,15 @@ def served_api(box: Box) -> Iterator[str]:
     """The API over `box` until the block ends (its shutdown waits for deferred fan-outs)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    app = create_api(box, ApiSettings(base_url=base))
+    with served(create_api(box, ApiSettings(base_url=base)), port) as url:
+        yield url
+
+
+@contextmanager
+def served(app: Any, port: int | None = None) -> Iterator[str]:
+    """Any ASGI app served by uvicorn on loopback until the block ends; its base URL."""
+    port = port or free_port()
+    base = f"http://127.0.0.1:{port}"
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()

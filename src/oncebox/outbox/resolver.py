@@ -7,7 +7,8 @@ can be asked (`status(outgoing, idempotency_key)`: the file sink, an API with a 
    (`deliveries/settle.py`, actor `provider`);
 2. every other held row, oldest first, all of them page by page:
    - a provider that can be asked is asked: "sent" → `sent`; "not_found" → resent, but only
-     once the channel's grace has passed since the row was held (a report may still come);
+     once the channel's grace (and the provider's `lookup_lag`) has passed since the row was
+     held (a report may still come; a search may trail the provider's intake);
      "unknown" → left held;
    - a reporting channel with `unreported="resend"` resends a row no event named within the
      grace; with `hold` (the default) the row stays for a person (`oncebox outbox resolve`).
@@ -96,7 +97,10 @@ class AmbiguityResolver:
         channel = self.channels[row.channel]
         if row.reported in TOOK_IT:  # reported after this round's settlement: the next one
             return "waiting"
-        grace = channel.reports.grace if channel.reports else ZERO
+        grace = max(
+            channel.reports.grace if channel.reports else ZERO,
+            getattr(channel.provider, "lookup_lag", ZERO),
+        )
         waited = row.last_attempt_at is None or now - row.last_attempt_at >= grace
         provider = channel.provider
         if isinstance(provider, StatusLookup):

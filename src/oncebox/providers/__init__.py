@@ -73,9 +73,9 @@ def from_url(url: str) -> Provider:
 
             return RabbitMQProvider(url)
         if scheme in {"resend", "resend+http", "resend+https"}:
-            from oncebox.providers.http import HttpEmailProvider  # noqa: PLC0415 (httpx2 lazily)
+            from oncebox.providers.http import http_provider  # noqa: PLC0415 (httpx2 lazily)
 
-            return HttpEmailProvider(url)
+            return http_provider(url)
         if scheme in {"webhook+https", "webhook+http"}:
             from oncebox.providers.webhook import WebhookProvider  # noqa: PLC0415 (httpx2 lazily)
 

@@ -5,7 +5,11 @@ too).
 URLs: `resend://` (https://api.resend.com) or `resend+http://host:port` / `resend+https://…` for
 another base URL (a local fake, a proxy). The API key comes from the environment —
 `ONCEBOX_EMAIL_API_KEY`, or the variable named by `?api_key_env=NAME` — never from the URL, and
-is never logged. Options: `?timeout=SECONDS&window_hours=24`.
+is never logged. Options: `?timeout=SECONDS&window_hours=24`; `?lookup=message_id` for an API
+that can search what it took by our Message-ID (`GET /emails?message_id=…`, as Mailgun's events
+and Postmark's outbound search can; Resend cannot), so the resolver can settle held sends by
+asking — a message not found is resent only after `?lookup_lag_s=300` seconds since it was
+held (a provider's search trails its intake).
 
 Classification (see providers/base.py): 2xx sent (the receipt is the body's `id`); connection
 refused or connect timeout → retryable (nothing was sent); a timeout or a broken connection after
@@ -32,6 +36,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx2
 
 from oncebox import clock
+from oncebox.errors import ConfigurationError
 from oncebox.providers.base import (
     Outgoing,
     Receipt,
@@ -39,6 +44,7 @@ from oncebox.providers.base import (
     SendPermanent,
     SendRetryable,
     SendThrottled,
+    StatusAnswer,
 )
 from oncebox.providers.email import check_email_payload, render
 from oncebox.url_options import number_option
@@ -115,6 +121,9 @@ class HttpEmailProvider:
         )
         self.idempotency_window: timedelta | None = window
         self.where = self.base_url
+        self.lookup_lag = timedelta(
+            seconds=number_option(options, "lookup_lag_s", 300.0, low=0, high=86400, unit="s")
+        )
         self._client = httpx2.Client(
             base_url=self.base_url,
             timeout=httpx2.Timeout(self.timeout),
@@ -190,3 +199,42 @@ class HttpEmailProvider:
 
     def close(self) -> None:
         self._client.close()
+
+
+class SearchableHttpEmailProvider(HttpEmailProvider):
+    """An HTTP email API that can be asked what became of a message it may have taken: its
+    search by our Message-ID (`?lookup=message_id`). Found and not failed: "sent", its id the
+    receipt; found failed, or the search unavailable: "unknown" (held for a person or a report);
+    none found: "not_found" (resent once `lookup_lag` has passed since the row was held)."""
+
+    def status(
+        self, outgoing: Outgoing, idempotency_key: str
+    ) -> tuple[StatusAnswer, Receipt | None]:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            response = self._client.get(
+                "/emails", params={"message_id": outgoing.message_id}, headers=headers
+            )
+        except httpx2.TransportError:
+            return "unknown", None
+        body = _parsed(response)
+        if response.status_code != 200 or not isinstance(body, dict):
+            return "unknown", None
+        found = [item for item in body.get("data") or [] if isinstance(item, dict)]
+        if not found:
+            return "not_found", None
+        taken = [item for item in found if item.get("last_event") not in ("failed", "canceled")]
+        if not taken:
+            return "unknown", None
+        provider_id = taken[0].get("id")
+        return "sent", Receipt(provider_id if isinstance(provider_id, str) else None, "looked up")
+
+
+def http_provider(url: str) -> HttpEmailProvider:
+    """The provider a `resend…://` URL names: searchable when it says `?lookup=message_id`."""
+    lookup = dict(parse_qsl(urlsplit(url).query)).get("lookup")
+    if lookup is None:
+        return HttpEmailProvider(url)
+    if lookup != "message_id":
+        raise ConfigurationError(f"lookup={lookup!r}: the only lookup is lookup=message_id")
+    return SearchableHttpEmailProvider(url)

@@ -1,0 +1,128 @@
+"""Held sends settled from the provider's record, end to end over real HTTP: the fake email API
+takes messages whose acknowledgements are lost, then reports them through signed webhooks —
+late, twice, out of order, some first with a bad signature — to the receiver served by uvicorn;
+and a provider whose search by Message-ID is asked by the resolver."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from oncebox import Reports
+from oncebox.api.deliveries import create_receiver
+from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.providers import Outgoing, from_url
+from oncebox.providers.http import SearchableHttpEmailProvider
+from oncebox.testing import drain
+from support.api_server import served
+from support.contract import advance
+from support.outbox import enqueue_customers
+
+SECRET_ENV = "ONCEBOX_TEST_REPORTS_SECRET"
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+KEY = "weekly-digest/customer-{}/2026-W33"
+# unknown outcomes are held at once: the provider's idempotency window is taken as passed
+HELD_AT_ONCE = "?timeout=1&window_hours=0"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeEmailApi]:
+    with FakeEmailApi() as server:
+        yield server
+
+
+def states(box, customers) -> list[tuple[str, str | None]]:
+    rows = [box.store.outbox_find_by_key(KEY.format(c))[0] for c in customers]
+    return [(r.state, r.reported) for r in rows]
+
+
+def test_every_lost_acknowledgement_is_settled_by_its_webhook_with_no_second_send(
+    api, store_url, mail_box, monkeypatch
+):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    customers = [1, 2, 3, 4]
+    box = mail_box(store_url, api.url + HELD_AT_ONCE, reports=Reports(secret_env=SECRET_ENV))
+    with served(create_receiver(box)) as base:
+        api.send_webhooks(
+            f"{base}/email",
+            SECRET,
+            delay=0.2,
+            duplicates=1,
+            reorder=True,
+            bad_signature_every=3,
+            outcomes={"customer-4@freight.example": "email.bounced"},
+        )
+        api.script(*["accept-then-timeout:2"] * len(customers))
+        enqueue_customers(box, customers)
+        drain(box, raise_on_failure=False)
+        assert [s for s, _ in states(box, customers)].count("ambiguous") >= 1
+        assert api.wait_webhooks(timeout=60)
+    # events that arrived before their row was held are settled by the resolver's round
+    AmbiguityResolver(box.store, box.channels).run_once()
+    assert states(box, customers) == [
+        ("sent", "delivered"),
+        ("sent", "delivered"),
+        ("sent", "delivered"),
+        ("sent", "bounced"),
+    ]
+    assert Counter(api.tokens()).most_common(1)[0][1] == 1  # no message sent twice
+    refused = [a for a in api.webhook_log if not a.signed_ok]
+    assert refused and all(a.outcome == 401 for a in refused)
+    receipts = {box.store.outbox_find_by_key(KEY.format(c))[0].receipt for c in customers}
+    assert receipts == {f"fake-{n}" for n in range(1, 5)}
+    counters = box.store.counter_list()
+    assert counters["reports:email:reported"] == 4 and counters["reports:email:bounced"] == 1
+    assert counters["provider_events_duplicate"] >= 4  # every event came twice
+
+
+def outgoing(token: str) -> Outgoing:
+    payload = {
+        "to": ["x@y.example"],
+        "from": "digest@oncebox.example",
+        "subject": "s",
+        "text": "t",
+        "date": "Mon, 17 Aug 2026 09:00:00 +0000",
+        "headers": {},
+    }
+    return Outgoing(1, "email", token, payload, 1)
+
+
+def test_a_searchable_provider_answers_by_our_message_id(api):
+    provider = from_url(api.url + "?lookup=message_id")
+    assert isinstance(provider, SearchableHttpEmailProvider)
+    try:
+        taken = outgoing("a" * 32)
+        provider.send(taken, "oncebox-" + "a" * 32)
+        answer, receipt = provider.status(taken, "unused")
+        assert (answer, receipt and receipt.provider_id) == ("sent", "fake-1")
+        assert provider.status(outgoing("b" * 32), "unused") == ("not_found", None)
+        api.script("lookup-500")
+        assert provider.status(taken, "unused") == ("unknown", None)
+        api.script("lookup-reset")
+        assert provider.status(taken, "unused") == ("unknown", None)
+    finally:
+        provider.close()
+    assert not hasattr(from_url(api.url), "status")  # Resend cannot be searched
+
+
+def test_the_resolver_settles_by_lookup_and_resends_what_was_never_taken_after_the_lag(
+    api, store_url, mail_box
+):
+    box = mail_box(store_url, api.url + HELD_AT_ONCE + "&lookup=message_id&lookup_lag_s=600")
+    api.script("accept-then-timeout:2", "reset")  # taken, answer lost; not taken, no answer
+    enqueue_customers(box, [1, 2])
+    drain(box, raise_on_failure=False)
+    assert [s for s, _ in states(box, [1, 2])] == ["ambiguous", "ambiguous"]
+    resolver = AmbiguityResolver(box.store, box.channels)
+    result = resolver.run_once()
+    assert (result.sent, result.waiting) == (1, 1)
+    assert [s for s, _ in states(box, [1, 2])] == ["sent", "ambiguous"]
+    advance(box.store, timedelta(minutes=10))
+    assert resolver.run_once().resent == 1
+    drain(box)
+    assert [s for s, _ in states(box, [1, 2])] == ["sent", "sent"]
+    assert sorted(Counter(api.tokens()).values()) == [1, 1]
