@@ -36,6 +36,9 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     ignore-window      the provider's idempotency window is never past: an unknown outcome is
                        resent under the same key however late → `resend-past-window` fails
                        (S5: the provider had forgotten the key and delivers a second copy)
+    unmatched-reports  a provider's delivery event no longer finds its message (the token every
+                       send carries is not read) → `lost-acks-reported` fails (P1: held sends
+                       stay held although the provider reported each one taken)
     stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
@@ -88,6 +91,9 @@ MUTATIONS = {
         Mutation("clock-never-lapses", "the test clock's lease", "clock-holder-killed"),
         Mutation("greedy-writer", "SQLite write turns", "sqlite-writer-contention", ("sqlite",)),
         Mutation("ignore-window", "the idempotency window", "resend-past-window"),
+        Mutation(
+            "unmatched-reports", "the token provider events are matched by", "lost-acks-reported"
+        ),
         Mutation(
             "stale-given-back",
             "acknowledging stale broker copies",
@@ -199,6 +205,12 @@ def _ignore_window() -> None:
 
     for module in (dispatcher, delivery_rescuer):
         _patch(module, "past_window", lambda *_args: False)
+
+
+def _unmatched_reports() -> None:
+    from oncebox.deliveries import events  # noqa: PLC0415
+
+    _patch(events, "token_of", lambda _data: None)
 
 
 def _no_lease_rescue() -> None:
@@ -355,6 +367,7 @@ def _install_ack_on_receipt() -> None:
 _PROCESS_WIDE = {
     "ack-before-commit": _install_ack_on_receipt,
     "ignore-window": _ignore_window,
+    "unmatched-reports": _unmatched_reports,
     "stale-given-back": _stale_given_back,
     "no-lease-rescue": _no_lease_rescue,
     "release-refused-batch": _release_refused_batch,

@@ -8,8 +8,10 @@ schedule (which customers, which arrival at a point), not the operating system's
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import multiprocessing
+import os
 import random
 import secrets
 import signal
@@ -32,6 +34,7 @@ from oncebox.chaos.private_server import PrivateServer
 from oncebox.chaos.rows import read_rows, unsettled
 from oncebox.chaos.violation import Violation
 from oncebox.chaos.workload import (
+    REPORTS_SECRET_ENV,
     Gate,
     Lanes,
     PointPlan,
@@ -143,6 +146,7 @@ class RunSettings:
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
     broker: str = ""  # "rabbitmq", "sqs", "nats": the digests' queue is that broker's (relayed)
     broker_url: str | None = None  # the run's own node (None: the machine's broker)
+    reports: bool = False  # the provider reports through signed webhooks (chaos/receiver.py)
 
 
 @dataclass
@@ -467,7 +471,12 @@ def _run_context(settings: RunSettings, amqp: str | None) -> Iterator[RunContext
             slots=settings.slots,
             broker=amqp,
             digest_queue=queue,
+            reports=settings.reports,
         )
+        if settings.reports:  # spawned workers inherit it
+            os.environ.setdefault(
+                REPORTS_SECRET_ENV, "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+            )
         box = build(workload, "harness")
         try:
             create_tables(box)

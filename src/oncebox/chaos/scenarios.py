@@ -18,12 +18,21 @@ import psycopg
 
 from oncebox.chaos.broker import publish_again
 from oncebox.chaos.history import read_history
+from oncebox.chaos.receiver import served_receiver
 from oncebox.chaos.runner import DRAIN, RunContext, RunSettings, monday_fire
-from oncebox.chaos.workload import CHANNEL_RETRY, SNEAKS, Lanes, PointPlan, Timing
+from oncebox.chaos.workload import (
+    CHANNEL_RETRY,
+    REPORTS_SECRET_ENV,
+    SNEAKS,
+    Lanes,
+    PointPlan,
+    Timing,
+)
 from oncebox.errors import PayloadTooLarge
 from oncebox.examples.logistics.app import connect
 from oncebox.limits.rates import Limit
 from oncebox.operations import DeadFilter
+from oncebox.outbox.resolver import AmbiguityResolver
 from oncebox.testing import RedeliveringTransport
 
 Store = Literal["sqlite", "postgres"]
@@ -55,6 +64,7 @@ class Scenario:
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
     broker: str = ""  # "rabbitmq", "sqs", "nats": the digests' queue is that broker's (relayed)
     restarts_broker: bool = False  # a private broker of `broker`'s kind (report.PRIVATE_BROKERS)
+    reports: bool = False  # the provider reports through signed webhooks (chaos/receiver.py)
 
     def settings(self, server: str | None, customers: int, seed: int) -> RunSettings:
         return RunSettings(
@@ -71,6 +81,7 @@ class Scenario:
             sneak=self.sneak,
             slots=self.slots,
             broker=self.broker,
+            reports=self.reports,
         )
 
 
@@ -435,6 +446,46 @@ def resend_past_window(run: RunContext) -> None:
         f"4 sends answered after the client's timeout; the clock then passed the {window} window"
     )
     run.drain()
+
+
+def lost_acks_reported(run: RunContext) -> None:
+    """As resend-past-window, with the provider reporting what it took: its signed webhooks
+    arrive late, twice, in reverse order, every third first with a bad signature — some before
+    the dispatcher has written down that it does not know. Every held send must be settled
+    `sent` from its report (P1) and none sent twice (S5)."""
+    api = run.provider.api
+    assert api is not None, "an HTTP API scenario"
+    with served_receiver(run.box) as base:
+        api.send_webhooks(
+            f"{base}/email",
+            os.environ[REPORTS_SECRET_ENV],
+            delay=0.3,
+            duplicates=1,
+            reorder=True,
+            bad_signature_every=3,
+        )
+        run.fan_out()
+        run.work(CONSUME_ONLY)
+        lost = min(6, len(run.active_customers()))
+        run.provider.script(*["accept-then-timeout:2"] * lost)
+        run.work(DISPATCH_ONLY)
+        window = run.settings.window
+        run.advance(window + timedelta(minutes=10))
+        run.fault(
+            f"{lost} sends answered after the client's timeout, past the {window} window; the "
+            "provider's webhooks late, doubled, reordered, every third first badly signed"
+        )
+        run.drain()
+        if not api.wait_webhooks(timeout=120):
+            run.violation("P1 held sends settled by reports", "webhooks", "events still queued")
+    AmbiguityResolver(run.box.store, run.box.channels).run_once()  # the resolver lane's round
+    held = run.box.store.outbox_count_by_state()["ambiguous"]
+    if held:
+        run.violation(
+            "P1 held sends settled by reports",
+            run.settings.scenario,
+            f"{held} send(s) still held although the provider reported each one taken",
+        )
 
 
 def provider_storm(run: RunContext) -> None:
@@ -909,6 +960,15 @@ SCENARIOS: dict[str, Scenario] = {
             resend_past_window,
             "S5, L2",
             window=timedelta(hours=1),
+        ),
+        Scenario(
+            "lost-acks-reported",
+            "lost acknowledgements past the API's window, each reported taken by a signed "
+            "webhook (late, doubled, reordered, some badly signed): all settled, none resent",
+            lost_acks_reported,
+            "S5, P1",
+            window=timedelta(hours=1),
+            reports=True,
         ),
         Scenario(
             "smtp-lost-acks-hold",

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from oncebox import Box, Concurrency, Retry, WorkerConfig, clock, points
+from oncebox import Box, Concurrency, Reports, Retry, WorkerConfig, clock, points
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.recording import RecordingProvider
@@ -103,6 +103,7 @@ class Workload:
     slots: int = 0  # > 0: the digest task runs under oncebox.Concurrency(slots)
     broker: str | None = None  # a RabbitMQ URL: the digests' queue is the broker's
     digest_queue: str = "default"
+    reports: bool = False  # the email channel takes its provider's signed delivery webhooks
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,9 @@ class Lanes:
     batch: int = 20  # consumer and dispatcher batches: several per run, so nth arrivals exist
     heartbeats: bool = True  # False: a stop-the-world stall, heartbeats included
 
+
+#: the environment variable holding a run's provider-reports signing secret
+REPORTS_SECRET_ENV = "ONCEBOX_CHAOS_REPORTS_SECRET"  # noqa: S105 (a variable's name)
 
 #: what a chaos run keeps: every message and attempt, and the audit (see `build`)
 CHECKED = Retention(payloads=None, messages=None, delivery_attempts=None, audit=None)
@@ -169,6 +173,7 @@ def build(workload: Workload, worker: str) -> Box:
         provider=RecordingProvider(from_url(workload.email), history),
         sender=SENDER,
         ambiguity=workload.ambiguity,
+        reports=Reports(secret_env=REPORTS_SECRET_ENV) if workload.reports else None,
         **_channel_timing(timing),
     )
     mutations.apply(box.store, workload.mutations)
