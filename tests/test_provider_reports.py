@@ -5,8 +5,6 @@ before any resend of a held row the provider may still report on."""
 
 from __future__ import annotations
 
-import json
-import secrets
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -14,19 +12,17 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Box, ConfigurationError, Reports, clock
+from oncebox import Box, ConfigurationError, Reports
 from oncebox.api.deliveries import create_receiver
 from oncebox.cli.prometheus import reports as report_metrics
 from oncebox.outbox.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous
-from oncebox.providers.webhook_signatures import sign_webhook, signing_key
 from oncebox.status import status_data
 from oncebox.testing import drain
 from support.contract import advance
 from support.outbox import enqueue_customers
+from support.reports import SECRET, SECRET_ENV, signed
 
-SECRET_ENV = "ONCEBOX_TEST_REPORTS_SECRET"
-SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 KEY = "weekly-digest/customer-{}/2026-W33"
 
 
@@ -80,27 +76,6 @@ def event(kind: str, token: str | None, email_id: str = "re_1") -> dict[str, Any
     if token is not None:
         data["tags"] = {"oncebox": token}
     return {"type": kind, "created_at": "2026-08-17T09:00:01.000Z", "data": data}
-
-
-def signed(
-    payload: dict[str, Any],
-    *,
-    event_id: str | None = None,
-    at: int | None = None,
-    secret: str = SECRET,
-    prefix: str = "svix",
-) -> tuple[bytes, dict[str, str]]:
-    body = json.dumps(payload).encode()
-    event_id = event_id or f"msg_{secrets.token_hex(8)}"
-    stamp = str(at if at is not None else int(clock.real_now().timestamp()))
-    signature = sign_webhook(signing_key(secret), event_id, stamp, body)
-    headers = {
-        f"{prefix}-id": event_id,
-        f"{prefix}-timestamp": stamp,
-        f"{prefix}-signature": signature,
-        "content-type": "application/json",
-    }
-    return body, headers
 
 
 @pytest.fixture

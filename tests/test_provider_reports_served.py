@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from starlette.testclient import TestClient
 
 from oncebox import Reports
 from oncebox.api.deliveries import create_receiver
 from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.outbox.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, from_url
 from oncebox.providers.http import SearchableHttpEmailProvider
@@ -21,9 +23,8 @@ from oncebox.testing import drain
 from support.api_server import served
 from support.contract import advance
 from support.outbox import enqueue_customers
+from support.reports import SECRET, SECRET_ENV, signed
 
-SECRET_ENV = "ONCEBOX_TEST_REPORTS_SECRET"
-SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 KEY = "weekly-digest/customer-{}/2026-W33"
 # unknown outcomes are held at once: the provider's idempotency window is taken as passed
 HELD_AT_ONCE = "?timeout=1&window_hours=0"
@@ -126,3 +127,28 @@ def test_the_resolver_settles_by_lookup_and_resends_what_was_never_taken_after_t
     drain(box)
     assert [s for s, _ in states(box, [1, 2])] == ["sent", "sent"]
     assert sorted(Counter(api.tokens()).values()) == [1, 1]
+
+
+def test_an_smtp_relay_that_reports_settles_a_lost_acknowledgement_by_the_header_it_kept(
+    store_url, mail_box, monkeypatch
+):
+    """Plain SMTP has no record to ask; a provider's SMTP relay with webhooks does, and its
+    events carry the headers it received — X-Oncebox-Token, on every message oncebox sends."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    with SmtpSink() as relay:
+        box = mail_box(store_url, relay.url, reports=Reports(secret_env=SECRET_ENV))
+        relay.script("drop")  # received, the connection closed before the 250
+        enqueue_customers(box, [1])
+        drain(box, raise_on_failure=False)
+        [mail] = relay.received
+    [row] = box.store.outbox_find_by_key(KEY.format(1))
+    assert row.state == "ambiguous"
+    assert mail.message["X-Oncebox-Token"] == row.token
+    headers = [{"name": name, "value": str(value)} for name, value in mail.message.items()]
+    data = {"email_id": "relay-1", "to": list(mail.rcpt_tos), "headers": headers}
+    body, signed_headers = signed({"type": "email.delivered", "data": data})
+    with TestClient(create_receiver(box)) as client:
+        answer = client.post("/email", content=body, headers=signed_headers)
+    assert answer.json() == {"outcome": "recorded", "stage": "delivered", "settled": True}
+    [row] = box.store.outbox_find_by_key(KEY.format(1))
+    assert (row.state, row.receipt, row.reported) == ("sent", "relay-1", "delivered")
