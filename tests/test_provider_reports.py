@@ -5,6 +5,7 @@ before any resend of a held row the provider may still report on."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -285,3 +286,24 @@ def test_reports_are_checked_when_declared(mail_box, store_url):
         Reports(secret_env=SECRET_ENV, grace=timedelta(seconds=-1))
     with pytest.raises(ConfigurationError, match="reports"):
         mail_box(store_url, LostAcks(), reports={"secret_env": SECRET_ENV})
+
+
+def test_outbox_show_says_what_the_provider_reported(store_url, mail_box, client_for):
+    from click.testing import CliRunner
+
+    from oncebox.cli.app import main
+
+    box = reporting_box(mail_box, store_url)
+    [token] = held(box, [1])
+    post(client_for(box), event("email.delivered", token, "re_\x1b[31m"), event_id="msg_d")
+    shown = CliRunner().invoke(main, ["outbox", "show", KEY.format(1), "--db", store_url])
+    assert shown.exit_code == 0, shown.output
+    assert "the provider reports it delivered" in shown.output
+    assert "provider event email.delivered msg_d" in shown.output
+    assert "\x1b" not in shown.output  # the provider's text is inert
+    as_json = CliRunner().invoke(
+        main, ["outbox", "show", KEY.format(1), "--db", store_url, "--json"]
+    )
+    [record] = json.loads(as_json.output)
+    assert record["reported"] == "delivered"
+    assert [e["event_id"] for e in record["provider_events"]] == ["msg_d"]

@@ -25,6 +25,7 @@ from oncebox.store.base import (
     JobRow,
     OutboxRow,
     PeriodStats,
+    ProviderEventRow,
 )
 
 if TYPE_CHECKING:  # shapes of them; the module stays importable without the operations layer
@@ -74,7 +75,11 @@ def job(row: JobRow, attempts: list[AttemptRow] | None = None) -> dict[str, Any]
     return shape
 
 
-def message(row: OutboxRow, attempts: list[DeliveryAttemptRow] | None = None) -> dict[str, Any]:
+def message(
+    row: OutboxRow,
+    attempts: list[DeliveryAttemptRow] | None = None,
+    events: list[ProviderEventRow] | None = None,
+) -> dict[str, Any]:
     payload = json.loads(row.payload_json)
     shape: dict[str, Any] = {
         "id": row.id,
@@ -95,7 +100,20 @@ def message(row: OutboxRow, attempts: list[DeliveryAttemptRow] | None = None) ->
         "receipt": row.receipt,
         "last_error": row.last_error,
         "payload_dropped_at": instant(row.payload_dropped_at),
+        "reported": row.reported,
+        "reported_at": instant(row.reported_at),
     }
+    if events is not None:
+        shape["provider_events"] = [
+            {
+                "kind": e.kind,
+                "event_id": e.event_id,
+                "provider_id": e.provider_id,
+                "occurred_at": instant(e.occurred_at),
+                "received_at": instant(e.received_at),
+            }
+            for e in events
+        ]
     if attempts is not None:
         shape["payload"] = None if row.payload_dropped_at is not None else payload
         shape["attempts"] = [

@@ -102,7 +102,12 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
             rows = box.store.outbox_find_by_key(key_or_id)
         if not rows:
             raise NotFound(f"no message with id or key {key_or_id!r}")
-        records = [shapes.message(r, box.store.delivery_attempt_list(r.id)) for r in rows]
+        records = [
+            shapes.message(
+                r, box.store.delivery_attempt_list(r.id), box.store.provider_event_list(r.id)
+            )
+            for r in rows
+        ]
     if as_json:
         print_json(records)
         return
@@ -124,6 +129,13 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
                 f"  attempt {a['attempt']}: {a['outcome']} at {a['finished_at']}"
                 + (f": {a['error']}" if a["error"] else "")
                 + (f" (receipt {a['receipt']})" if a["receipt"] else "")
+            )
+        if m["reported"]:
+            say(f"  the provider reports it {m['reported']} (since {m['reported_at']})")
+        for e in m["provider_events"]:
+            say(
+                f"  provider event {e['kind']} {e['event_id']} received at {e['received_at']}"
+                + (f" (id {e['provider_id']})" if e["provider_id"] else "")
             )
 
 
