@@ -21,7 +21,7 @@ from oncebox.console.users import hash_password, parse_users
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.status import status_data
-from oncebox.store.base import AuditFilter, JobFilter
+from oncebox.store.base import AuditFilter, JobFilter, ProviderEvent
 from support.rows import job_row
 from support.waiting import wait_until
 
@@ -620,3 +620,27 @@ def test_the_overview_shows_what_each_limit_holds_back(app, store_box):
     assert ("export:concurrency/partition", "all", "2 at once per partition", "0", "1") in rows
     partitions = [r[1] for r in rows if r[0] == "export:concurrency/partition"]
     assert partitions == ["all", "acme"]
+
+
+def test_a_key_page_says_what_the_provider_reported(tmp_path):
+    box = Box(f"sqlite:///{tmp_path / 'reported.db'}", secret="console-test-secret-0123456789")
+    box.channel("email", provider=ScriptedProvider())
+
+    @box.task(key="digest/customer-{customer}")
+    def digest(ctx: JobContext, customer: int) -> None:
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    try:
+        box.enqueue(digest, customer=1)
+        box.work(until_idle=True)
+        [message] = box.store.outbox_find_by_key("digest/customer-1")
+        event = ProviderEvent(
+            "email", "msg_1", "email.bounced", message.token, "<b>x</b>", None, "bounced", ()
+        )
+        assert box.store.provider_event_record(event).advanced
+        page = logged_in(create_app(box, ConsoleSettings(users=USERS))).get(
+            "/keys/digest/customer-1"
+        )
+        assert "the provider reports it" in page.text and ">bounced</span>" in page.text
+    finally:
+        box.close()
