@@ -307,3 +307,23 @@ def test_outbox_show_says_what_the_provider_reported(store_url, mail_box, client
     [record] = json.loads(as_json.output)
     assert record["reported"] == "delivered"
     assert [e["event_id"] for e in record["provider_events"]] == ["msg_d"]
+
+
+def test_outbox_list_filters_by_what_the_provider_reported(store_url, mail_box, client_for):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from oncebox.cli.app import main  # noqa: PLC0415
+
+    box = reporting_box(mail_box, store_url)
+    tokens = held(box, [1, 2])
+    client = client_for(box)
+    post(client, event("email.bounced", tokens[0]))
+    post(client, event("email.delivered", tokens[1]))
+    listed = CliRunner().invoke(
+        main, ["outbox", "list", "--reported", "bounced", "--db", store_url, "--json"]
+    )
+    assert [m["key"] for m in json.loads(listed.output)] == [KEY.format(1)]
+    table = CliRunner().invoke(main, ["outbox", "list", "--db", store_url])
+    assert "sent (bounced)" in table.output and "sent (delivered)" in table.output
+    wrong = CliRunner().invoke(main, ["outbox", "list", "--reported", "lost", "--db", store_url])
+    assert wrong.exit_code == 2

@@ -37,7 +37,7 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        resent under the same key however late → `resend-past-window` fails
                        (S5: the provider had forgotten the key and delivers a second copy)
     unmatched-reports  a provider's delivery event no longer finds its message (the token every
-                       send carries is not read) → `lost-acks-reported` fails (P1: held sends
+                       send carries is not read) → `lost-acks-reported` fails (H1: held sends
                        stay held although the provider reported each one taken)
     stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:

@@ -452,7 +452,7 @@ def lost_acks_reported(run: RunContext) -> None:
     """As resend-past-window, with the provider reporting what it took: its signed webhooks
     arrive late, twice, in reverse order, every third first with a bad signature — some before
     the dispatcher has written down that it does not know. Every held send must be settled
-    `sent` from its report (P1) and none sent twice (S5)."""
+    `sent` from its report (H1) and none sent twice (S5)."""
     api = run.provider.api
     assert api is not None, "an HTTP API scenario"
     with served_receiver(run.box) as base:
@@ -477,12 +477,12 @@ def lost_acks_reported(run: RunContext) -> None:
         )
         run.drain()
         if not api.wait_webhooks(timeout=120):
-            run.violation("P1 held sends settled by reports", "webhooks", "events still queued")
+            run.violation("H1 held sends settled by reports", "webhooks", "events still queued")
     AmbiguityResolver(run.box.store, run.box.channels).run_once()  # the resolver lane's round
     held = run.box.store.outbox_count_by_state()["ambiguous"]
     if held:
         run.violation(
-            "P1 held sends settled by reports",
+            "H1 held sends settled by reports",
             run.settings.scenario,
             f"{held} send(s) still held although the provider reported each one taken",
         )
@@ -966,7 +966,7 @@ SCENARIOS: dict[str, Scenario] = {
             "lost acknowledgements past the API's window, each reported taken by a signed "
             "webhook (late, doubled, reordered, some badly signed): all settled, none resent",
             lost_acks_reported,
-            "S5, P1",
+            "S5, H1",
             window=timedelta(hours=1),
             reports=True,
         ),

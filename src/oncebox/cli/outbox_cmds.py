@@ -22,6 +22,7 @@ from oncebox.cli.common import (
     reported,
     say,
 )
+from oncebox.deliveries.events import STAGES
 from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.status import OUTBOX_STATES
@@ -40,6 +41,12 @@ def outbox() -> None:
 @outbox.command("list")
 @click.option("--state", type=click.Choice(OUTBOX_STATES))
 @click.option("--channel")
+@click.option(
+    "--reported",
+    "stage",
+    type=click.Choice(STAGES),
+    help="Only messages the provider's reports took this far (bounced, complained, …).",
+)
 @click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
 @limit_option()
 @app_option
@@ -49,6 +56,7 @@ def outbox_list(
     *,
     state: str | None,
     channel: str | None,
+    stage: str | None,
     before_id: int | None,
     limit: int,
     app: str | None,
@@ -59,7 +67,13 @@ def outbox_list(
     with reported():
         box = box_for_admin(app, db)
         rows = box.store.outbox_list(
-            OutboxFilter(state=state, channel=channel, before_id=before_id, limit=limit)  # type: ignore[arg-type]
+            OutboxFilter(
+                state=state,  # type: ignore[arg-type]
+                channel=channel,
+                before_id=before_id,
+                limit=limit,
+                reported=stage,
+            )
         )
     shaped = [shapes.message(row) for row in rows]
     if as_json:
@@ -72,7 +86,7 @@ def outbox_list(
                 m["id"],
                 m["key"],
                 m["channel"],
-                m["state"],
+                m["state"] + (f" ({m['reported']})" if m["reported"] else ""),
                 _recipients(m["to"]),
                 m["subject"],
                 m["attempt"],

@@ -744,6 +744,7 @@ class OutboxFilter:
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
     key_prefix: str | None = None  # the row's own key starts with it
+    reported: str | None = None  # the furthest stage its provider's reports reached
 
 
 @dataclass(frozen=True, slots=True)

@@ -343,6 +343,7 @@ WHERE (%(state)s::text IS NULL
   AND (%(state)s::text IS NULL
        OR o.state = CASE %(state)s::text WHEN 'discarded' THEN 'dead' ELSE %(state)s::text END)
   AND (%(channel)s::text IS NULL OR o.channel = %(channel)s::text)
+  AND (%(reported)s::text IS NULL OR o.reported = %(reported)s::text)
   AND (%(error)s::text IS NULL OR strpos(lower(o.last_error), lower(%(error)s::text)) > 0)
   AND (%(period)s::text IS NULL
        OR EXISTS (SELECT 1 FROM __S__.oncebox_jobs j

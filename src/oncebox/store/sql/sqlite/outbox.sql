@@ -238,6 +238,7 @@ SELECT * FROM (
     WHERE (:state IS NULL
            OR (CASE WHEN o.discarded_at IS NULL THEN o.state ELSE 'discarded' END) = :state)
       AND (:channel IS NULL OR o.channel = :channel)
+      AND (:reported IS NULL OR o.reported = :reported)
       AND (:error IS NULL OR instr(lower(o.last_error), lower(:error)) > 0)
       AND (:period IS NULL
            OR EXISTS (SELECT 1 FROM oncebox_jobs j WHERE j.id = o.job_id AND j.period = :period))
