@@ -16,6 +16,7 @@ import pytest
 from oncebox.api.keys import authenticate, digest
 from oncebox.store import open_store
 from support.console_browser import free_port
+from support.reports import SECRET, SECRET_ENV, signed
 from support.waiting import wait_until
 from test_cli import CODE, TESTS, assert_one_line_error, oncebox
 
@@ -156,3 +157,59 @@ def test_serve_answers_the_api_and_the_console_side_by_side(db, tmp_path):
             reader.join(30)
     said = "".join(lines)
     assert "oncebox API for" in said and f"{base}/console/login?token=" in said
+
+
+@pytest.mark.parametrize(
+    ("app", "secret", "said"),
+    [
+        ("support.cli_freight", True, "no channel takes provider reports"),
+        ("support.reports_app", False, "ONCEBOX_TEST_REPORTS_SECRET, which is not set"),
+    ],
+)
+def test_receive_mistakes_are_one_line_and_exit_2(db, monkeypatch, app, secret, said):
+    if secret:
+        monkeypatch.setenv(SECRET_ENV, SECRET)
+    else:
+        monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert_one_line_error(oncebox("receive", "--db", db, "--app", app), 2, said)
+
+
+@pytest.mark.parametrize("command", ["receive", "serve"])
+def test_the_receiver_answers_alone_or_beside_the_api(db, command):
+    port = free_port()
+    env = {
+        "PYTHONPATH": f"{TESTS}:{CODE}",
+        "ONCEBOX_DB": db,
+        "PATH": "/usr/bin:/bin",
+        SECRET_ENV: SECRET,
+    }
+    prefix = "" if command == "receive" else "/deliveries"
+    bind = ["--bind", f"127.0.0.1:{port}"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "oncebox.cli", command, "--app", "support.reports_app", *bind],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as process:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+        reader.start()
+        url = f"http://127.0.0.1:{port}{prefix}/email"
+        try:
+
+            def up() -> bool:
+                try:
+                    return httpx.post(url, content=b"{}", timeout=2).status_code == 401
+                except httpx.TransportError:
+                    return False
+
+            wait_until(up, what="the receiver to answer", timeout=60)
+            body, headers = signed({"type": "email.delivered", "data": {"email_id": "re_1"}})
+            answer = httpx.post(url, content=body, headers=headers, timeout=10)
+            assert answer.status_code == 200 and answer.json()["outcome"] == "unmatched"
+        finally:
+            process.terminate()
+            process.wait(30)
+            reader.join(30)
+    assert f"provider reports for channel 'email': POST {url}" in "".join(lines)
