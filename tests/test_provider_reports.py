@@ -11,10 +11,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from oncebox import Box, ConfigurationError, Reports
 from oncebox.api.deliveries import create_receiver
+from oncebox.cli.app import main
 from oncebox.cli.prometheus import reports as report_metrics
 from oncebox.outbox.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous
@@ -310,10 +312,6 @@ def test_outbox_show_says_what_the_provider_reported(store_url, mail_box, client
 
 
 def test_outbox_list_filters_by_what_the_provider_reported(store_url, mail_box, client_for):
-    from click.testing import CliRunner  # noqa: PLC0415
-
-    from oncebox.cli.app import main  # noqa: PLC0415
-
     box = reporting_box(mail_box, store_url)
     tokens = held(box, [1, 2])
     client = client_for(box)
