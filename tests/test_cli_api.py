@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -113,50 +114,54 @@ def test_serve_mistakes_are_one_line_and_exit_2(db, args, said):
     assert_one_line_error(oncebox("serve", "--db", db, *args), 2, said)
 
 
-def test_serve_answers_the_api_and_the_console_side_by_side(db, tmp_path):
-    made = oncebox("api-keys", "create", "ci", "--scope", "read", "--db", db)
-    token = made.stdout.strip().splitlines()[-1]
+@contextmanager
+def served(args: list[str], env: dict[str, str], probe: str, method: str = "GET"):
+    """`oncebox ARGS` serving on a free port until the block ends, once `probe` answers 401:
+    its base URL, and (after the block) what it printed."""
     port = free_port()
-    command = [sys.executable, "-m", "oncebox.cli", "serve", "--app", "support.cli_freight"]
-    env = {
-        "PYTHONPATH": f"{TESTS}:{CODE}",
-        "ONCEBOX_DB": db,
-        "PATH": "/usr/bin:/bin",
-        "ONCEBOX_EMAIL": f"file://{tmp_path / 'sent'}",
-    }
+    base = f"http://127.0.0.1:{port}"
+    said: list[str] = []
+    full_env = {"PYTHONPATH": f"{TESTS}:{CODE}", "PATH": "/usr/bin:/bin", **env}
     with subprocess.Popen(
-        [*command, "--console", "--bind", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "oncebox.cli", *args, "--bind", f"127.0.0.1:{port}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=full_env,
     ) as process:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+        reader = threading.Thread(target=lambda: said.extend(process.stdout or []), daemon=True)
         reader.start()
-        base = f"http://127.0.0.1:{port}"
         try:
 
             def up() -> bool:
                 try:
-                    return httpx.get(f"{base}/openapi.json", timeout=2).status_code == 401
+                    return httpx.request(method, base + probe, timeout=2).status_code == 401
                 except httpx.TransportError:
                     return False
 
-            wait_until(up, what="the API to answer", timeout=60)
-            auth = {"Authorization": f"Bearer {token}"}
-            document = httpx.get(f"{base}/openapi.json", headers=auth, timeout=10).json()
-            assert "/v1/tasks/weekly_digest/jobs" in document["paths"]
-            assert httpx.get(f"{base}/v1/periods", headers=auth, timeout=10).status_code == 200
-            login = httpx.get(f"{base}/console/login", timeout=10)
-            assert login.status_code == 200 and "oncebox" in login.text
-            assert httpx.get(f"{base}/console/", timeout=10).status_code == 303  # a login first
+            wait_until(up, what=f"oncebox {args[0]} to answer", timeout=60)
+            yield base, said
         finally:
             process.terminate()
             process.wait(30)
             reader.join(30)
-    said = "".join(lines)
-    assert "oncebox API for" in said and f"{base}/console/login?token=" in said
+
+
+def test_serve_answers_the_api_and_the_console_side_by_side(db, tmp_path):
+    made = oncebox("api-keys", "create", "ci", "--scope", "read", "--db", db)
+    token = made.stdout.strip().splitlines()[-1]
+    env = {"ONCEBOX_DB": db, "ONCEBOX_EMAIL": f"file://{tmp_path / 'sent'}"}
+    args = ["serve", "--app", "support.cli_freight", "--console"]
+    with served(args, env, "/openapi.json") as (base, said):
+        auth = {"Authorization": f"Bearer {token}"}
+        document = httpx.get(f"{base}/openapi.json", headers=auth, timeout=10).json()
+        assert "/v1/tasks/weekly_digest/jobs" in document["paths"]
+        assert httpx.get(f"{base}/v1/periods", headers=auth, timeout=10).status_code == 200
+        login = httpx.get(f"{base}/console/login", timeout=10)
+        assert login.status_code == 200 and "oncebox" in login.text
+        assert httpx.get(f"{base}/console/", timeout=10).status_code == 303  # a login first
+    text = "".join(said)
+    assert "oncebox API for" in text and f"{base}/console/login?token=" in text
 
 
 @pytest.mark.parametrize(
@@ -176,40 +181,12 @@ def test_receive_mistakes_are_one_line_and_exit_2(db, monkeypatch, app, secret, 
 
 @pytest.mark.parametrize("command", ["receive", "serve"])
 def test_the_receiver_answers_alone_or_beside_the_api(db, command):
-    port = free_port()
-    env = {
-        "PYTHONPATH": f"{TESTS}:{CODE}",
-        "ONCEBOX_DB": db,
-        "PATH": "/usr/bin:/bin",
-        SECRET_ENV: SECRET,
-    }
     prefix = "" if command == "receive" else "/deliveries"
-    bind = ["--bind", f"127.0.0.1:{port}"]
-    with subprocess.Popen(
-        [sys.executable, "-m", "oncebox.cli", command, "--app", "support.reports_app", *bind],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    ) as process:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
-        reader.start()
-        url = f"http://127.0.0.1:{port}{prefix}/email"
-        try:
-
-            def up() -> bool:
-                try:
-                    return httpx.post(url, content=b"{}", timeout=2).status_code == 401
-                except httpx.TransportError:
-                    return False
-
-            wait_until(up, what="the receiver to answer", timeout=60)
-            body, headers = signed({"type": "email.delivered", "data": {"email_id": "re_1"}})
-            answer = httpx.post(url, content=body, headers=headers, timeout=10)
-            assert answer.status_code == 200 and answer.json()["outcome"] == "unmatched"
-        finally:
-            process.terminate()
-            process.wait(30)
-            reader.join(30)
-    assert f"provider reports for channel 'email': POST {url}" in "".join(lines)
+    env = {"ONCEBOX_DB": db, SECRET_ENV: SECRET}
+    args = [command, "--app", "support.reports_app"]
+    with served(args, env, f"{prefix}/email", "POST") as (base, said):
+        url = f"{base}{prefix}/email"
+        body, headers = signed({"type": "email.delivered", "data": {"email_id": "re_1"}})
+        answer = httpx.post(url, content=body, headers=headers, timeout=10)
+        assert answer.status_code == 200 and answer.json()["outcome"] == "unmatched"
+    assert f"provider reports for channel 'email': POST {url}" in "".join(said)

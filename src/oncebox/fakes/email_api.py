@@ -54,7 +54,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from oncebox import clock
 from oncebox.fakes.provider_webhooks import (
-    Outcomes,
     WebhookAttempt,
     WebhookEmitter,
     email_object,
@@ -128,34 +127,11 @@ class FakeEmailApi:
                     return action
             return "ok"
 
-    def send_webhooks(
-        self,
-        url: str,
-        secret: str,
-        *,
-        delay: float = 0.0,
-        duplicates: int = 0,
-        reorder: bool = False,
-        bad_signature_every: int = 0,
-        outcomes: Outcomes | None = None,
-        timeout: float = 3.0,
-        attempts: int = 8,
-        backoff: float = 0.05,
-    ) -> WebhookEmitter:
+    def send_webhooks(self, url: str, secret: str, **options: Any) -> WebhookEmitter:
         """From now on, send each delivered message's events to `url` (replacing, and stopping,
-        any earlier emitter); the options are `WebhookEmitter`'s."""
-        emitter = WebhookEmitter(
-            url,
-            secret,
-            delay=delay,
-            duplicates=duplicates,
-            reorder=reorder,
-            bad_signature_every=bad_signature_every,
-            outcomes=outcomes,
-            timeout=timeout,
-            attempts=attempts,
-            backoff=backoff,
-        )
+        any earlier emitter); `options` are `WebhookEmitter`'s (delay, duplicates, reorder,
+        bad_signature_every, outcomes, timeout, attempts, backoff)."""
+        emitter = WebhookEmitter(url, secret, **options)
         with self._lock:
             earlier, self._emitter = self._emitter, emitter
         if earlier is not None:
