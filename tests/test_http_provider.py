@@ -91,6 +91,8 @@ def canned_http(
             if has_body:
                 self.wfile.write(body)
 
+        do_GET = do_POST  # a lookup's answer, likewise
+
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(

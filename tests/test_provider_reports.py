@@ -66,8 +66,11 @@ def reporting_box(
 
 
 def held(box: Box, customers: list[int]) -> list[str]:
-    """Send to `customers`, every acknowledgement lost: their rows held; their tokens."""
+    """Send to `customers` an hour after their messages were written, every acknowledgement
+    lost: their rows held (then, not when written); their tokens."""
     enqueue_customers(box, customers)
+    drain(box, dispatch=False)
+    advance(box.store, timedelta(hours=1))
     drain(box, raise_on_failure=False)
     rows = [box.store.outbox_find_by_key(KEY.format(c))[0] for c in customers]
     assert [r.state for r in rows] == ["ambiguous"] * len(customers)
@@ -213,8 +216,9 @@ def test_what_is_not_an_event_is_answered_with_what_is_wrong(store_url, mail_box
     big = client.post("/email", content=b"x" * (256 * 1024 + 1))
     assert big.status_code == 413
     body, headers = signed({"data": {}})
-    shapeless = client.post("/email", content=body, headers=headers)
-    assert shapeless.status_code == 400 and "no type" in shapeless.json()["detail"]
+    shapeless = client.post("/email", content=body, headers=headers)  # signed: the provider's
+    assert shapeless.status_code == 200 and shapeless.json()["outcome"] == "unreadable"
+    assert box.store.counter_list()["provider_events_unreadable"] == 1
     assert client.get("/email").status_code == 405
 
 
@@ -261,6 +265,17 @@ def test_an_unreported_held_send_is_resent_only_after_the_grace_when_told_to(sto
     assert audit.actor == "resolver" and "grace" in audit.reason
 
 
+def test_a_held_send_any_event_names_is_never_resent_on_its_own(store_url, mail_box, client_for):
+    box = reporting_box(mail_box, store_url, grace=timedelta(0), unreported="resend")
+    tokens = held(box, [1, 2])
+    client = client_for(box)
+    post(client, event("email.failed", tokens[0]))
+    post(client, event("email.suppressed", tokens[1]))  # a kind oncebox does not track
+    result = AmbiguityResolver(box.store, box.channels).run_once()
+    assert (result.resent, result.unknown) == (0, 2)
+    assert [row_of(box, c).state for c in (1, 2)] == ["ambiguous", "ambiguous"]
+
+
 def test_an_unreported_held_send_stays_held_for_a_person_by_default(store_url, mail_box):
     box = reporting_box(mail_box, store_url)
     held(box, [1])
@@ -274,10 +289,12 @@ def test_a_lookup_that_cannot_find_a_held_send_waits_out_the_grace_before_a_rese
 ):
     box = reporting_box(mail_box, store_url, provider=Lookup(), grace=timedelta(minutes=30))
     held(box, [1, 2])
-    resolver = AmbiguityResolver(box.store, box.channels, batch_size=1)  # pages through both
-    assert resolver.run_once().waiting == 2
+    resolver = AmbiguityResolver(box.store, box.channels, batch_size=1)  # a page a round
+    first, second = resolver.run_once(), resolver.run_once()
+    assert (first.waiting, first.more, second.waiting, second.more) == (1, True, 1, True)
+    assert resolver.run_once().more is False  # the end: the next round starts again
     advance(box.store, timedelta(minutes=30))
-    assert resolver.run_once().resent == 2
+    assert [resolver.run_once().resent for _ in range(2)] == [1, 1]
     assert [row_of(box, c).state for c in (1, 2)] == ["pending", "pending"]
 
 
@@ -297,12 +314,14 @@ def test_outbox_show_says_what_the_provider_reported(store_url, mail_box, client
 
     box = reporting_box(mail_box, store_url)
     [token] = held(box, [1])
-    post(client_for(box), event("email.delivered", token, "re_\x1b[31m"), event_id="msg_d")
+    provider_id = "re_\x1b[31m\nmessage 9  email  state=sent"  # a forged line, inert
+    post(client_for(box), event("email.delivered", token, provider_id), event_id="msg_d")
     shown = CliRunner().invoke(main, ["outbox", "show", KEY.format(1), "--db", store_url])
     assert shown.exit_code == 0, shown.output
     assert "the provider reports it delivered" in shown.output
     assert "provider event email.delivered msg_d" in shown.output
     assert "\x1b" not in shown.output  # the provider's text is inert
+    assert not any(line.startswith("message 9") for line in shown.output.splitlines())
     as_json = CliRunner().invoke(
         main, ["outbox", "show", KEY.format(1), "--db", store_url, "--json"]
     )

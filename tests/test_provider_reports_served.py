@@ -5,6 +5,7 @@ and a provider whose search by Message-ID is asked by the resolver."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -24,6 +25,7 @@ from support.api_server import served
 from support.contract import advance
 from support.outbox import enqueue_customers
 from support.reports import SECRET, SECRET_ENV, signed
+from test_http_provider import canned_http
 
 KEY = "weekly-digest/customer-{}/2026-W33"
 # unknown outcomes are held at once: the provider's idempotency window is taken as passed
@@ -110,6 +112,54 @@ def test_a_searchable_provider_answers_by_our_message_id(api):
     assert not hasattr(from_url(api.url), "status")  # Resend cannot be searched
 
 
+OURS = {"id": "re_1", "last_event": "delivered", "tags": [{"name": "oncebox", "value": "a" * 32}]}
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "meaning"),
+    [
+        ({"object": "list", "data": [OURS]}, 200, "sent"),
+        ({"object": "list", "data": []}, 200, "not_found"),
+        ({"object": "list", "data": [{**OURS, "last_event": "failed"}]}, 200, "unknown"),
+        # a search that ignored the filter: recent messages, none of them ours
+        (
+            {
+                "object": "list",
+                "data": [{**OURS, "tags": [{"name": "oncebox", "value": "b" * 32}]}],
+            },
+            200,
+            "unknown",
+        ),
+        ({"object": "list", "data": {}}, 200, "unknown"),  # not a list: unreadable
+        ({"object": "list"}, 200, "unknown"),
+        ({"name": "not_found"}, 404, "unknown"),  # no search here
+        ({"name": "internal"}, 500, "unknown"),
+    ],
+)
+def test_a_search_answer_counts_only_when_it_is_readable_and_ours(answer, status, meaning):
+    with canned_http(status, body=json.dumps(answer).encode()) as (url, hits):
+        provider = from_url(f"{url}?lookup=message_id")
+        try:
+            found, _receipt = provider.status(outgoing("a" * 32), "unused")  # type: ignore[attr-defined]
+        finally:
+            provider.close()  # type: ignore[attr-defined]
+    assert found == meaning
+    assert hits and hits[0].startswith("/emails?message_id=")
+
+
+def test_a_channel_that_cannot_be_searched_waits_only_its_grace(
+    api, store_url, mail_box, monkeypatch
+):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    reports = Reports(secret_env=SECRET_ENV, grace=timedelta(0), unreported="resend")
+    box = mail_box(store_url, api.url + HELD_AT_ONCE, reports=reports)
+    api.script("reset")  # no answer, nothing taken
+    enqueue_customers(box, [1])
+    drain(box, raise_on_failure=False)
+    # the API's own lookup_lag (300 s by default) is a search's, not a grace: resent at once
+    assert AmbiguityResolver(box.store, box.channels).run_once().resent == 1
+
+
 def test_the_resolver_settles_by_lookup_and_resends_what_was_never_taken_after_the_lag(
     api, store_url, mail_box
 ):
@@ -152,3 +202,23 @@ def test_an_smtp_relay_that_reports_settles_a_lost_acknowledgement_by_the_header
     assert answer.json() == {"outcome": "recorded", "stage": "delivered", "settled": True}
     [row] = box.store.outbox_find_by_key(KEY.format(1))
     assert (row.state, row.receipt, row.reported) == ("sent", "relay-1", "delivered")
+
+
+def test_a_report_that_arrives_after_the_send_was_held_settles_it_at_once(
+    api, store_url, mail_box, monkeypatch
+):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    box = mail_box(store_url, api.url + HELD_AT_ONCE, reports=Reports(secret_env=SECRET_ENV))
+    api.script("accept-then-timeout:2")
+    enqueue_customers(box, [1])
+    drain(box, raise_on_failure=False)  # no webhook yet: the send is held
+    [row] = box.store.outbox_find_by_key(KEY.format(1))
+    assert row.state == "ambiguous"
+    with served(create_receiver(box)) as base:
+        api.send_webhooks(f"{base}/email", SECRET)
+        api.emit_raw("email.delivered", {"email_id": "fake-1", "tags": {"oncebox": row.token}})
+        api.emit_raw("email.delivered", {"email_id": "fake-1"}, stale=True)  # refused: old
+        assert api.wait_webhooks(timeout=60)
+    [row] = box.store.outbox_find_by_key(KEY.format(1))  # no resolver round ran
+    assert (row.state, row.receipt, row.reported) == ("sent", "fake-1", "delivered")
+    assert [a.outcome for a in api.webhook_log if not a.signed_ok] == [401]

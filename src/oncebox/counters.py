@@ -34,12 +34,16 @@ COUNTERS: dict[str, str] = {
     "sends_possible_duplicate": "resends that may have delivered a second copy",
     "sends_lease_expired": "dispatcher leases rescued after they ran out",
     "duplicates_reported": "sent messages a recipient reported receiving twice (audited)",
+    "sends_settled_by_provider": "held messages settled sent because their provider reported "
+    "taking them (audited as provider)",
     "provider_events": "verified provider delivery events recorded against a message of theirs "
     "(per channel and stage: reports:<channel>:<stage>)",
     "provider_events_duplicate": "provider delivery events received again (a provider's retry): "
     "changed nothing",
     "provider_events_unmatched": "verified provider delivery events about no message of this "
     "database (another system's on the account, or pruned): acknowledged, not acted on",
+    "provider_events_unreadable": "signed provider requests that are not a delivery event (no "
+    "type or data): acknowledged, not acted on",
     "pruned_jobs": "finished jobs deleted by retention, with their attempts",
     "pruned_intents": "intents deleted under their task's keep_intents",
     "payloads_dropped": "sent messages whose payload (recipients, bodies) retention dropped",

@@ -6,9 +6,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from oncebox.deliveries.events import TOOK_IT_KINDS, below
-from oncebox.store.base import OperatorAction, ProviderEvent, Store
-from support.contract import T0, advance, ambiguous, message, outbox_insert, write_outbox
+from oncebox.deliveries.events import HOLDING, TOOK_IT, TOOK_IT_KINDS, below
+from oncebox.store.base import OutboxFinish, ProviderEvent, ReportedHold, Store
+from support.contract import (
+    T0,
+    advance,
+    ambiguous,
+    finish_outbox,
+    message,
+    outbox_insert,
+    write_outbox,
+)
 
 FIRST = "token-of-k/1"
 
@@ -31,6 +39,9 @@ def event(
         occurred_at=T0,
         stage=stage,
         below=below(stage) if stage else (),
+        settles=stage in TOOK_IT,
+        holding=HOLDING,
+        reason=f"reported {kind}",
     )
 
 
@@ -94,34 +105,75 @@ def test_an_event_for_no_message_of_its_channel_is_unmatched(store: Store):
     }
 
 
-def test_held_messages_an_event_says_were_taken_are_listed_with_the_first_such_event(
+def hold(store: Store, outbox_id: int) -> None:
+    """Hold a written row as a send with an unknown outcome does."""
+    finish = OutboxFinish(outbox_id, "ambiguous", "ambiguous", True, error="timeout")
+    finish_outbox(store, outbox_id, finish)
+
+
+def test_a_held_message_an_event_says_was_taken_is_settled_in_the_events_transaction(
     store: Store,
 ):
+    outbox_id = ambiguous(store, "k/1")
+    recorded = store.provider_event_record(event("msg_d", "email.delivered", "delivered"))
+    assert (recorded.state, recorded.advanced, recorded.settled) == ("ambiguous", True, True)
+    row = message(store, outbox_id)
+    assert (row.state, row.receipt, row.reported) == ("sent", "re_1", "delivered")
+    [audit] = store.audit_list(target_id=outbox_id)
+    assert (audit.actor, audit.action, audit.reason) == (
+        "provider",
+        "resolve-sent",
+        "reported email.delivered",
+    )
+    assert store.counter_list()["sends_settled_by_provider"] == 1
+    again = store.provider_event_record(event("msg_e", "email.complained", "complained"))
+    assert (again.state, again.settled) == ("sent", False)
+
+
+def test_a_message_its_provider_reported_failed_stays_held_whatever_came_before(store: Store):
     first = ambiguous(store, "k/1")
-    second = ambiguous(store, "k/2")
-    third = ambiguous(store, "k/3")
+    store.provider_event_record(event("msg_f", "email.failed", "failed"))
+    late = store.provider_event_record(event("msg_s", "email.sent", "accepted"))
+    assert (late.advanced, late.settled) == (False, False)  # sent, then failed: failed stands
+    [second] = write_outbox(store, outbox_insert("k/2"))
+    store.provider_event_record(event("msg_2s", "email.sent", "accepted", token="token-of-k/2"))
+    store.provider_event_record(event("msg_2f", "email.failed", "failed", token="token-of-k/2"))
+    hold(store, second)
+    assert store.outbox_reported_list(["email"], TOOK_IT_KINDS, HOLDING, 10) == []
+    assert [message(store, i).state for i in (first, second)] == ["ambiguous", "ambiguous"]
+    # a bounce after the failure says the provider did send it
+    store.provider_event_record(event("msg_b", "email.bounced", "bounced"))
+    assert message(store, first).state == "sent"
+
+
+def test_held_messages_an_event_named_before_they_were_held_are_listed_and_settled_once(
+    store: Store,
+):
+    ids = write_outbox(store, outbox_insert("k/1"), outbox_insert("k/2"), outbox_insert("k/3"))
     store.provider_event_record(event("msg_f", "email.failed", "failed"))  # k/1: not taken
     store.provider_event_record(event("msg_a", "email.sent", "accepted", token="token-of-k/2"))
     store.provider_event_record(
         event("msg_b", "email.delivered", "delivered", token="token-of-k/2", provider_id="re_9")
     )
     store.provider_event_record(event("msg_c", "email.bounced", "bounced", token="token-of-k/3"))
-    listed = store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10)
-    assert [(h.id, h.kind, h.provider_id, h.event_id) for h in listed] == [
-        (second, "email.sent", "re_1", "msg_a"),
-        (third, "email.bounced", "re_1", "msg_c"),
+    assert store.outbox_reported_list(["email"], TOOK_IT_KINDS, HOLDING, 10) == []  # none held
+    for outbox_id in ids:
+        hold(store, outbox_id)
+    listed = store.outbox_reported_list(["email"], TOOK_IT_KINDS, HOLDING, 10)
+    assert listed == [
+        ReportedHold(ids[1], "email", "email.sent", "re_1", "msg_a"),
+        ReportedHold(ids[2], "email", "email.bounced", "re_1", "msg_c"),
     ]
-    assert [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 1)] == [second]
-    assert [
-        h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10, after=second)
-    ] == [third]
-    assert [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10, only=third)] == [
-        third
-    ]
-    assert store.outbox_reported_list(["sms"], TOOK_IT_KINDS, 10) == []
-    store.outbox_resolve(OperatorAction(second, "provider", "reported"), "sent", "re_1")
-    assert [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10)] == [third]
-    assert first not in [h.id for h in store.outbox_reported_list(["email"], TOOK_IT_KINDS, 10)]
+    assert store.outbox_reported_list(["email"], TOOK_IT_KINDS, HOLDING, 1) == listed[:1]
+    after = store.outbox_reported_list(["email"], TOOK_IT_KINDS, HOLDING, 10, after=ids[1])
+    assert after == listed[1:]
+    assert store.outbox_reported_list(["sms"], TOOK_IT_KINDS, HOLDING, 10) == []
+    assert store.outbox_settle_reported(listed[0]) is True
+    assert store.outbox_settle_reported(listed[0]) is False  # settled once
+    assert (message(store, ids[1]).state, message(store, ids[1]).receipt) == ("sent", "re_1")
+    assert store.counter_list()["sends_settled_by_provider"] == 1
+    assert store.outbox_reported_list(["email"], TOOK_IT_KINDS, HOLDING, 10) == listed[1:]
+    assert message(store, ids[0]).state == "ambiguous"
 
 
 def test_held_messages_are_listed_by_id_after_a_cursor_with_when_they_were_held(store: Store):
@@ -137,16 +189,20 @@ def test_held_messages_are_listed_by_id_after_a_cursor_with_when_they_were_held(
     assert [r.id for r in store.outbox_ambiguous_list(["email"], 10, after=first)] == [second]
 
 
-def test_events_are_pruned_by_the_age_they_were_received_at(store: Store):
+def test_events_are_pruned_by_age_but_kept_while_their_message_is_held(store: Store):
+    [kept] = write_outbox(store, outbox_insert("k/held"))
+    store.provider_event_record(event("msg_h", "email.failed", "failed", token="token-of-k/held"))
+    hold(store, kept)
     write_outbox(store, outbox_insert("k/1"))
     store.provider_event_record(event("msg_1", "email.sent", "accepted"))
     advance(store, timedelta(days=2))
     store.provider_event_record(event("msg_2", "email.delivered", "delivered"))
-    held = store.prunable("provider_events", "", timedelta(days=1), 10)
-    assert (held.oldest, held.waiting) == (T0, 1)
+    prunable = store.prunable("provider_events", "", timedelta(days=1), 10)
+    assert (prunable.oldest, prunable.waiting) == (T0, 1)
     assert store.prune("provider_events", "", timedelta(days=1), 10) == 1
     assert store.prune("provider_events", "", timedelta(days=1), 10) == 0
     assert store.counter_list()["pruned_provider_events"] == 1
+    assert [e.event_id for e in store.provider_event_list(kept)] == ["msg_h"]
     # pruned, an event's id is forgotten: a copy arriving now is recorded again
     again = store.provider_event_record(event("msg_1", "email.sent", "accepted"))
     assert (again.outcome, again.advanced) == ("recorded", False)

@@ -4,8 +4,9 @@ app, `POST /{channel}` per channel whose `reports=` names its signing secret —
 
 Each request is answered so that the provider does the right thing next: a signature or a
 timestamp that does not verify is refused (`401`, nothing read further, nothing written); a
-verified event is recorded and acknowledged (`200`) — also when it is about a message oncebox
-does not hold or of a kind it does not track (counted, and acknowledged so it is not sent again);
+verified event is recorded and acknowledged (`200`), settling the held send it says the provider
+took in the same transaction — also when it is about a message oncebox does not hold, of a kind
+it does not track, or not an event at all (counted, and acknowledged so it is not sent again);
 the store away is `503` with `Retry-After`, so the provider retries it later. The body is read
 up to 256 KiB and no further (`413`).
 """
@@ -23,9 +24,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from oncebox.box import Box
-from oncebox.deliveries.events import TOOK_IT, provider_event, read_event
+from oncebox.deliveries.events import provider_event, read_event
 from oncebox.deliveries.reports import Reports
-from oncebox.deliveries.settle import settle_reported
 from oncebox.errors import InvalidArguments, StoreUnavailable
 from oncebox.inert import printable
 from oncebox.providers.webhook_signatures import (
@@ -70,8 +70,6 @@ def create_receiver(box: Box) -> Starlette:
             return _answer(401, refused.reason)
         try:
             return await run_in_threadpool(_record, box, name, request.headers, payload)
-        except InvalidArguments as exc:
-            return _answer(400, f"a signed request that is not a delivery event: {exc}")
         except StoreUnavailable as exc:
             headers = {"Retry-After": str(RETRY_UNAVAILABLE_S)}
             return _answer(503, f"the store is away: {exc}", headers)
@@ -82,14 +80,16 @@ def create_receiver(box: Box) -> Starlette:
 def _record(
     box: Box, channel: str, headers: Mapping[str, str], payload: Mapping[str, Any]
 ) -> Response:
-    read = read_event(payload)
+    try:
+        read = read_event(payload)
+    except InvalidArguments as exc:  # signed, so the provider's: acknowledged, not retried
+        log.warning("channel %s: a signed request that is not a delivery event: %s", channel, exc)
+        box.store.counter_add({"provider_events_unreadable": 1})
+        return JSONResponse({"outcome": "unreadable", "stage": None, "settled": False})
     event_id, _stamp, _signature = webhook_headers(headers)
     recorded = box.store.provider_event_record(provider_event(channel, event_id, read))
-    settled = 0
-    if recorded.outcome == "recorded" and read.stage in TOOK_IT and recorded.state == "ambiguous":
-        settled = settle_reported(box.store, [channel], only=recorded.outbox_id)
     return JSONResponse(
-        {"outcome": recorded.outcome, "stage": read.stage, "settled": bool(settled)}
+        {"outcome": recorded.outcome, "stage": read.stage, "settled": recorded.settled}
     )
 
 

@@ -24,6 +24,7 @@ from oncebox.cli.common import (
 )
 from oncebox.deliveries.events import STAGES
 from oncebox.errors import NotFound
+from oncebox.inert import printable
 from oncebox.jobs.keys import validate_key
 from oncebox.status import OUTBOX_STATES
 from oncebox.store.base import DiscardResult, OutboxFilter
@@ -146,10 +147,11 @@ def outbox_show(key_or_id: str, app: str | None, db: str | None, as_json: bool) 
             )
         if m["reported"]:
             say(f"  the provider reports it {m['reported']} (since {m['reported_at']})")
-        for e in m["provider_events"]:
+        for e in m["provider_events"]:  # the provider's text, one line each (a newline escaped)
+            kind, event_id = printable(e["kind"]), printable(e["event_id"])
             say(
-                f"  provider event {e['kind']} {e['event_id']} received at {e['received_at']}"
-                + (f" (id {e['provider_id']})" if e["provider_id"] else "")
+                f"  provider event {kind} {event_id} received at {e['received_at']}"
+                + (f" (id {printable(e['provider_id'])})" if e["provider_id"] else "")
             )
 
 

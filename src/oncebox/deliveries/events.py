@@ -8,16 +8,18 @@ by the business key, which no provider ever sees.
 Stages, in the order a message moves through them (a later event never moves it back, so
 duplicates and reordering are harmless):
 
-    accepted    the provider took it (email.sent; opened and clicked imply it)
+    accepted    the provider took it (email.sent)
     delayed     delivery is being retried by the provider (email.delivery_delayed)
-    delivered   the recipient's server accepted it
+    delivered   the recipient's server accepted it (opened and clicked imply it)
     failed      the provider could not send it (email.failed)
     bounced     the recipient's server refused it
     complained  the recipient marked it as spam
 
 Every stage but `failed` says the provider took the message: a held send with such an event is
-settled `sent`. A `failed` message is left held for a person: the provider had it and did not
-send it, and whether a resend is wanted is a business decision.
+settled `sent` — unless its furthest stage is `failed` (Resend reports `email.sent` for a
+request it took, then `email.failed` if it could not send it). A `failed` message is left held
+for a person: the provider had it and did not send it, and whether a resend is wanted is a
+business decision.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ KINDS: dict[str, str | None] = {
     "email.failed": "failed",
     "email.bounced": "bounced",
     "email.complained": "complained",
-    "email.opened": "accepted",
-    "email.clicked": "accepted",
+    "email.opened": "delivered",
+    "email.clicked": "delivered",
 }
+HOLDING = ("failed",)  # a furthest stage that keeps a held send held
 TOOK_IT_KINDS = tuple(kind for kind, stage in KINDS.items() if stage in TOOK_IT)
 TAG = "oncebox"
 TOKEN_HEADER = "x-oncebox-token"  # noqa: S105 (a header name)
@@ -146,13 +149,17 @@ def provider_event(channel: str, event_id: str, read: Read) -> ProviderEvent:
         occurred_at=read.occurred_at,
         stage=read.stage,
         below=below(read.stage) if read.stage else (),
+        settles=read.stage in TOOK_IT,
+        holding=HOLDING,
+        reason=f"the provider reported it {read.kind} (event {event_id[:MAX_ID_CHARS]})",
     )
 
 
 def report_figures(counters: Mapping[str, int]) -> dict[str, dict[str, Any]]:
-    """Per channel, how many messages its provider reported on and how many reached each stage
-    (each message counted once per stage it reached), and the bounce and complaint rates among
-    the messages reported on — from the durable counters `reports:<channel>:<stage>`."""
+    """Per channel, how many messages its provider reported on and how many its events moved to
+    each stage (once per stage; a stage passed over by a later event that arrived first is not
+    counted), and the bounce and complaint rates among the messages reported on — from the
+    durable counters `reports:<channel>:<stage>`."""
     figures: dict[str, dict[str, Any]] = {}
     for name, value in counters.items():
         prefix, _, rest = name.partition(":")

@@ -5,13 +5,16 @@ can be asked (`status(outgoing, idempotency_key)`: the file sink, an API with a 
 
 1. held rows an event says the provider took become `sent`, with its id as the receipt
    (`deliveries/settle.py`, actor `provider`);
-2. every other held row, oldest first, all of them page by page:
+2. one page of the other held rows, oldest first, the next round going on from where this one
+   stopped (a round is bounded; every held row is visited in turn):
    - a provider that can be asked is asked: "sent" → `sent`; "not_found" → resent, but only
      once the channel's grace (and the provider's `lookup_lag`) has passed since the row was
      held (a report may still come; a search may trail the provider's intake);
      "unknown" → left held;
    - a reporting channel with `unreported="resend"` resends a row no event named within the
      grace; with `hold` (the default) the row stays for a person (`oncebox outbox resolve`).
+   A row any event names (`failed`, a kind oncebox does not track) is never resent on its own:
+   the provider had it.
 
 Every settlement is audited (actors `provider` and `resolver`).
 """
@@ -46,6 +49,7 @@ class ResolverResult:
     unknown: int = 0  # left held for a person
     reported: int = 0  # settled by a provider's event
     waiting: int = 0  # not found, or unreported, within the grace
+    more: bool = False  # the page was full: the next round goes on from where this one stopped
 
 
 class AmbiguityResolver:
@@ -64,11 +68,12 @@ class AmbiguityResolver:
             if isinstance(channel.provider, StatusLookup) or channel.reports is not None
         }
         self.batch_size = batch_size
+        self._after = 0  # the last held row the previous round looked at
 
     def run_forever(self, stop: threading.Event) -> None:
         def once() -> bool:
             result = self.run_once()
-            return result.sent + result.reported > 0
+            return result.more or result.sent + result.reported > 0
 
         run_forever("resolver", once, stop, self.interval)
 
@@ -82,27 +87,22 @@ class AmbiguityResolver:
         counts = {"sent": 0, "resent": 0, "unknown": 0, "waiting": 0}
         reported = settle_reported(self.store, sorted(self.channels), batch=self.batch_size)
         now = self.store.clock_now()
-        after = 0
-        while True:
-            page = self.store.outbox_ambiguous_list(sorted(self.channels), self.batch_size, after)
-            for row in page:
-                counts[self._settle(row, now)] += 1
-            if len(page) < self.batch_size:
-                break
-            after = page[-1].id
-        return ResolverResult(reported=reported, **counts)
+        page = self.store.outbox_ambiguous_list(sorted(self.channels), self.batch_size, self._after)
+        for row in page:
+            counts[self._settle(row, now)] += 1
+        more = len(page) == self.batch_size
+        self._after = page[-1].id if more else 0
+        return ResolverResult(reported=reported, more=more, **counts)
 
     def _settle(self, row: OutboxRow, now: datetime) -> str:
         """One held row: what was done with it (a key of `ResolverResult`)."""
         channel = self.channels[row.channel]
         if row.reported in TOOK_IT:  # reported after this round's settlement: the next one
             return "waiting"
-        grace = max(
-            channel.reports.grace if channel.reports else ZERO,
-            getattr(channel.provider, "lookup_lag", ZERO),
-        )
-        waited = row.last_attempt_at is None or now - row.last_attempt_at >= grace
         provider = channel.provider
+        lag = getattr(provider, "lookup_lag", ZERO) if isinstance(provider, StatusLookup) else ZERO
+        grace = max(channel.reports.grace if channel.reports else ZERO, lag)
+        waited = row.last_attempt_at is None or now - row.last_attempt_at >= grace
         if isinstance(provider, StatusLookup):
             try:
                 answer, receipt = provider.status(
@@ -115,16 +115,28 @@ class AmbiguityResolver:
                 reason = "the provider's status says it was received"
                 done = self._resolve(row, "sent", reason, receipt.provider_id if receipt else None)
                 return "sent" if done else "unknown"
-            if answer == "not_found" and waited:
+            if answer == "not_found":
                 reason = "the provider's status says it never arrived"
-                return "resent" if self._resolve(row, "resend", reason, None) else "unknown"
-            return "waiting" if answer == "not_found" else "unknown"
+                return self._resend(row, waited, reason)
+            return "unknown"
         if channel.reports is not None and channel.reports.unreported == "resend":
-            if not waited:
-                return "waiting"
             reason = f"no provider report named it within the grace of {grace}"
-            return "resent" if self._resolve(row, "resend", reason, None) else "unknown"
+            return self._resend(row, waited, reason)
         return "unknown"
+
+    def _resend(self, row: OutboxRow, waited: bool, reason: str) -> str:
+        """Resend a held row once its grace has passed — unless an event names it: the provider
+        had it (it reported it failed, or something oncebox does not track), and that is for a
+        person to judge."""
+        if not waited:
+            return "waiting"
+        if not self._unreported(row):
+            return "unknown"
+        return "resent" if self._resolve(row, "resend", reason, None) else "unknown"
+
+    def _unreported(self, row: OutboxRow) -> bool:
+        """Whether no provider event names the row at all."""
+        return row.reported is None and not self.store.provider_event_list(row.id)
 
     def _resolve(
         self,

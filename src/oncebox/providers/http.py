@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx2
 
 from oncebox import clock
+from oncebox.deliveries.events import token_of
 from oncebox.errors import ConfigurationError
 from oncebox.providers.base import (
     Outgoing,
@@ -203,9 +204,11 @@ class HttpEmailProvider:
 
 class SearchableHttpEmailProvider(HttpEmailProvider):
     """An HTTP email API that can be asked what became of a message it may have taken: its
-    search by our Message-ID (`?lookup=message_id`). Found and not failed: "sent", its id the
-    receipt; found failed, or the search unavailable: "unknown" (held for a person or a report);
-    none found: "not_found" (resent once `lookup_lag` has passed since the row was held)."""
+    search by our Message-ID (`?lookup=message_id`). Found — one of the answers carries this
+    message's token, as its tag or header — and not failed: "sent", its id the receipt; none
+    found: "not_found" (resent once `lookup_lag` has passed since the row was held); found
+    failed, answers that are none of ours (a search that ignored the filter), an answer it
+    cannot read, or the search unavailable: "unknown" (held for a report or a person)."""
 
     def status(
         self, outgoing: Outgoing, idempotency_key: str
@@ -218,12 +221,17 @@ class SearchableHttpEmailProvider(HttpEmailProvider):
         except httpx2.TransportError:
             return "unknown", None
         body = _parsed(response)
-        if response.status_code != 200 or not isinstance(body, dict):
-            return "unknown", None
-        found = [item for item in body.get("data") or [] if isinstance(item, dict)]
-        if not found:
+        data = body.get("data") if isinstance(body, dict) else None
+        if response.status_code != 200 or not isinstance(data, list):
+            return "unknown", None  # an answer it cannot read is no evidence either way
+        if not data:
             return "not_found", None
-        taken = [item for item in found if item.get("last_event") not in ("failed", "canceled")]
+        ours = [
+            item for item in data if isinstance(item, dict) and token_of(item) == outgoing.token
+        ]
+        if not ours:
+            return "unknown", None  # messages, none of them ours: the search did not search
+        taken = [item for item in ours if item.get("last_event") not in ("failed", "canceled")]
         if not taken:
             return "unknown", None
         provider_id = taken[0].get("id")

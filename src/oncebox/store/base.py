@@ -332,18 +332,22 @@ class ProviderEvent:
     occurred_at: datetime | None
     stage: str | None
     below: tuple[str, ...]
+    settles: bool = False  # a held message it names is `sent`, unless its stage is in `holding`
+    holding: tuple[str, ...] = ()
+    reason: str = ""  # the settlement's audited reason
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderEventRecorded:
     """What recording an event did: `duplicate` (seen before), `unmatched` (no message of this
-    database), or `recorded` against `outbox_id`, whose state it found and whether the event
-    moved its stage (`advanced`)."""
+    database), or `recorded` against `outbox_id`, whose state it found, whether the event moved
+    its stage (`advanced`) and settled it (`settled`)."""
 
     outcome: Literal["recorded", "duplicate", "unmatched"]
     outbox_id: int | None = None
     state: str | None = None
     advanced: bool = False
+    settled: bool = False  # the held message it named is now `sent`
 
 
 @dataclass(frozen=True, slots=True)
@@ -1174,18 +1178,25 @@ class Store(Protocol):
     # what providers report (deliveries/)
     def provider_event_record(self, event: ProviderEvent) -> ProviderEventRecorded:
         """Record one verified provider event in one transaction: the event (deduplicated on
-        its channel and id), its outbox row's furthest stage, and the counters."""
+        its channel and id), its outbox row's furthest stage, the held row it settles (audited
+        as `provider`), and the counters."""
+        ...
+
+    def outbox_settle_reported(self, held: ReportedHold) -> bool:
+        """Settle one held message `sent` on the event that says its provider took it, audited
+        and counted in one transaction; False when it is no longer held."""
         ...
 
     def outbox_reported_list(
         self,
         channels: Sequence[str],
         accepted: Sequence[str],
+        holding: Sequence[str],
         limit: int,
         after: int = 0,
-        only: int | None = None,
     ) -> list[ReportedHold]:
-        """Held messages an event of a kind in `accepted` says the provider took."""
+        """Held messages an event of a kind in `accepted` says the provider took, unless their
+        furthest stage is one of `holding`."""
         ...
 
     def provider_event_list(self, outbox_id: int) -> list[ProviderEventRow]: ...

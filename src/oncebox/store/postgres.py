@@ -571,6 +571,10 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
         """The action and its audit row, in one statement."""
         return self._record(ActionResult, name, params)
 
+    def _audited_in(self, tx: PostgresTx, name: str, params: dict[str, Any]) -> ActionResult | None:
+        """The same in the caller's transaction `tx`."""
+        return tx.fetch(name, params).record(ActionResult, self._instant)
+
     # -- due times, pruning --------------------------------------------------------------------
 
     @operation

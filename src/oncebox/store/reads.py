@@ -221,16 +221,16 @@ class ReadOperations:
         self,
         channels: Sequence[str],
         accepted: Sequence[str],
+        holding: Sequence[str],
         limit: int,
         after: int = 0,
-        only: int | None = None,
     ) -> list[ReportedHold]:
         params = {
             "channels": self._set(channels),
             "accepted": self._set(accepted),
+            "holding": self._set(holding),
             "limit": limit,
             "after": after,
-            "only": only,
         }
         return self._records(ReportedHold, "outbox_reported_list", params)
 

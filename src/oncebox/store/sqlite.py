@@ -491,11 +491,15 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
         """The action (`name`), then its audit row (`name__audit`) from what the action returned,
         in one transaction."""
         with self._transaction() as tx:
-            acted = tx.fetch(name, params)
-            if not acted.rows:
-                return None
-            row = dict(zip(acted.columns(), acted.rows[0], strict=True))
-            audit = tx.fetch(f"{name}__audit", {"attempt": None, **params, **row})
+            return self._audited_in(tx, name, params)
+
+    def _audited_in(self, tx: SqliteTx, name: str, params: dict[str, Any]) -> ActionResult | None:
+        """The same in the caller's transaction `tx`."""
+        acted = tx.fetch(name, params)
+        if not acted.rows:
+            return None
+        row = dict(zip(acted.columns(), acted.rows[0], strict=True))
+        audit = tx.fetch(f"{name}__audit", {"attempt": None, **params, **row})
         return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit.first("id"))
 
     # -- due times, pruning --------------------------------------------------------------------

@@ -48,6 +48,7 @@ from oncebox.store.base import (
     OutboxRow,
     ProviderEvent,
     ProviderEventRecorded,
+    ReportedHold,
     RescueDecision,
     ScheduleRunClaim,
     ScheduleState,
@@ -121,6 +122,10 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     def _audited(self, name: str, params: dict[str, Any]) -> ActionResult | None:
         """An operator action (`name`) and its audit row, in one transaction."""
+        raise NotImplementedError
+
+    def _audited_in(self, tx: Tx, name: str, params: dict[str, Any]) -> ActionResult | None:
+        """The same in the caller's transaction."""
         raise NotImplementedError
 
     def notify_work(self, kind: WorkKind) -> None:
@@ -434,8 +439,31 @@ class WriteOperations(ReadOperations, Generic[Tx]):
                 deltas[f"reports:{event.channel}:{event.stage}"] = 1
                 if was is None:
                     deltas[f"reports:{event.channel}:reported"] = 1
+            stage = event.stage if advanced else was
+            settled = False
+            if event.settles and row["state"] == "ambiguous" and stage not in event.holding:
+                settled = self._settle_in(tx, int(outbox_id), event.reason, event.provider_id)
+                deltas["sends_settled_by_provider"] = int(settled)
             tx.fetch("counter_add", {"deltas": json.dumps(deltas)})
-        return ProviderEventRecorded("recorded", int(outbox_id), str(row["state"]), advanced)
+        return ProviderEventRecorded(
+            "recorded", int(outbox_id), str(row["state"]), advanced, settled
+        )
+
+    @operation
+    def outbox_settle_reported(self, held: ReportedHold) -> bool:
+        reason = f"the provider reported it {held.kind} (event {held.event_id})"
+        with self._transaction() as tx:
+            settled = self._settle_in(tx, held.id, reason, held.provider_id)
+            if settled:
+                tx.fetch("counter_add", {"deltas": json.dumps({"sends_settled_by_provider": 1})})
+        return settled
+
+    def _settle_in(self, tx: Tx, outbox_id: int, reason: str, receipt: str | None) -> bool:
+        """A held message `sent` on its provider's word, audited as `provider`, in `tx`;
+        fenced on the row still being held."""
+        action = OperatorAction(outbox_id, PROVIDER_ACTOR, reason)
+        params = {**_action_params(action), "resolution": "sent", "receipt": receipt}
+        return self._audited_in(tx, "outbox_resolve", params) is not None
 
     # -- rate limits and channel pauses --------------------------------------------------------
 
@@ -622,6 +650,9 @@ def beat_params(beat: WorkerBeat) -> dict[str, Any]:
         "queues": json.dumps(list(beat.queues)),
         "channels": json.dumps(list(beat.channels)),
     }
+
+
+PROVIDER_ACTOR = "provider"  # who the audit says settled a held send on a provider's report
 
 
 def _action_params(action: OperatorAction) -> dict[str, Any]:

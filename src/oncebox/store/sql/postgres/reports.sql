@@ -29,7 +29,8 @@ RETURNING id;
 
 -- name: outbox_reported_list
 -- Held (ambiguous) messages of `channels` a provider event says it took, with the first such
--- event (its id is the provider's receipt), after `after` by id; `only` limits it to one row.
+-- event (its id is the provider's receipt), after `after` by id — unless their furthest stage
+-- keeps them held (`holding`: the provider had it and reported it failed).
 SELECT o.id, o.channel, e.kind, e.provider_id, e.event_id
 FROM __S__.oncebox_outbox o
 JOIN LATERAL (
@@ -40,7 +41,8 @@ JOIN LATERAL (
     LIMIT 1
 ) e ON true
 WHERE o.state = 'ambiguous' AND o.channel = ANY(%(channels)s::text[])
-  AND o.id > %(after)s AND (%(only)s::bigint IS NULL OR o.id = %(only)s::bigint)
+  AND o.id > %(after)s
+  AND (o.reported IS NULL OR NOT o.reported = ANY(%(holding)s::text[]))
 ORDER BY o.id
 LIMIT %(limit)s;
 
@@ -52,12 +54,15 @@ ORDER BY id;
 
 -- name: provider_event_prune
 -- A batch of events received before the cutoff (their dedupe long past any provider's
--- retries), oldest first (oncebox_provider_events_received); retention (store/pruning.py).
+-- retries), oldest first (oncebox_provider_events_received); retention (store/pruning.py). The
+-- events of a message still held or dead are its evidence: kept while it is.
 DELETE FROM __S__.oncebox_provider_events
 WHERE id = ANY(ARRAY(
-    SELECT id FROM __S__.oncebox_provider_events
-    WHERE received_at < __S__.oncebox_now() - make_interval(secs => %(older_than_s)s)
-    ORDER BY received_at, id
+    SELECT e.id FROM __S__.oncebox_provider_events e
+    WHERE e.received_at < __S__.oncebox_now() - make_interval(secs => %(older_than_s)s)
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
+                      WHERE o.id = e.outbox_id AND o.state IN ('ambiguous', 'dead'))
+    ORDER BY e.received_at, e.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED))
 RETURNING id;
@@ -68,8 +73,10 @@ RETURNING id;
 SELECT (SELECT received_at FROM __S__.oncebox_provider_events
         ORDER BY received_at, id LIMIT 1) AS oldest,
        (SELECT count(*) FROM (
-            SELECT 1 FROM __S__.oncebox_provider_events
+            SELECT 1 FROM __S__.oncebox_provider_events e
             WHERE %(older_than_s)s::float8 IS NOT NULL
-              AND received_at < __S__.oncebox_now()
-                                - make_interval(secs => %(older_than_s)s::float8)
+              AND e.received_at < __S__.oncebox_now()
+                                  - make_interval(secs => %(older_than_s)s::float8)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
+                              WHERE o.id = e.outbox_id AND o.state IN ('ambiguous', 'dead'))
             LIMIT %(limit)s) w) AS waiting;

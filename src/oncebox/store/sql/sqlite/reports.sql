@@ -33,7 +33,8 @@ JOIN oncebox_provider_events e
              WHERE x.outbox_id = o.id
                AND x.kind IN (SELECT value FROM json_each(:accepted)))
 WHERE o.state = 'ambiguous' AND o.channel IN (SELECT value FROM json_each(:channels))
-  AND o.id > :after AND (:only IS NULL OR o.id = :only)
+  AND o.id > :after
+  AND (o.reported IS NULL OR o.reported NOT IN (SELECT value FROM json_each(:holding)))
 ORDER BY o.id
 LIMIT :limit;
 
@@ -46,9 +47,11 @@ ORDER BY id;
 -- name: provider_event_prune
 -- See the PostgreSQL statement.
 DELETE FROM oncebox_provider_events
-WHERE id IN (SELECT id FROM oncebox_provider_events
-             WHERE received_at < :now - :older_than_us
-             ORDER BY received_at, id
+WHERE id IN (SELECT e.id FROM oncebox_provider_events e
+             WHERE e.received_at < :now - :older_than_us
+               AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                               WHERE o.id = e.outbox_id AND o.state IN ('ambiguous', 'dead'))
+             ORDER BY e.received_at, e.id
              LIMIT :limit)
 RETURNING id;
 
@@ -57,6 +60,8 @@ RETURNING id;
 SELECT (SELECT received_at FROM oncebox_provider_events
         ORDER BY received_at, id LIMIT 1) AS oldest,
        (SELECT count(*) FROM (
-            SELECT 1 FROM oncebox_provider_events
-            WHERE :older_than_us IS NOT NULL AND received_at < :now - :older_than_us
+            SELECT 1 FROM oncebox_provider_events e
+            WHERE :older_than_us IS NOT NULL AND e.received_at < :now - :older_than_us
+              AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+                              WHERE o.id = e.outbox_id AND o.state IN ('ambiguous', 'dead'))
             LIMIT :limit)) AS waiting;
