@@ -151,6 +151,11 @@ def test_duplicates_and_reordering_leave_a_message_at_its_furthest_stage(
     assert samples[("email", "bounced")] == 1 and samples[("email", "delivered")] == 0
     [ratio] = exported["oncebox_bounce_ratio"].samples
     assert ratio.value == 1.0
+    said = CliRunner().invoke(main, ["status", "--db", store_url]).output
+    assert (
+        "reports    email: 1 message(s) reported on (bounced 1); bounce rate 100.00 %, "
+        "complaint rate 0.00 %"
+    ) in said
 
 
 def test_a_failed_send_reported_by_the_provider_stays_held_for_a_person(
