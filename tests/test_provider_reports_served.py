@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Reports
+from oncebox import Reports, Retry
 from oncebox.api.deliveries import create_receiver
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
@@ -222,3 +222,39 @@ def test_a_report_that_arrives_after_the_send_was_held_settles_it_at_once(
     [row] = box.store.outbox_find_by_key(KEY.format(1))  # no resolver round ran
     assert (row.state, row.receipt, row.reported) == ("sent", "fake-1", "delivered")
     assert [a.outcome for a in api.webhook_log if not a.signed_ok] == [401]
+
+
+@pytest.mark.parametrize(
+    ("action", "taken_before"),
+    [("accept-then-timeout:2", True), ("reset", False)],
+)
+def test_a_send_held_inside_the_window_is_settled_by_its_idempotency_key(
+    api, store_url, mail_box, action, taken_before
+):
+    """Its attempts spent on unknown outcomes, the row is held while the API still remembers
+    its key: the resolver's send under that key is answered with the first reply (the API had
+    it) or taken now (it had not) — one copy either way."""
+    box = mail_box(store_url, api.url + "?timeout=1", retry=Retry(max_attempts=1))
+    api.script(action)
+    enqueue_customers(box, [1])
+    drain(box, raise_on_failure=False)
+    [row] = box.store.outbox_find_by_key(KEY.format(1))
+    assert row.state == "ambiguous"
+    assert len(api.delivered) == int(taken_before)
+    result = AmbiguityResolver(box.store, box.channels).run_once()
+    [row] = box.store.outbox_find_by_key(KEY.format(1))
+    assert (result.sent, row.state, row.receipt) == (1, "sent", "fake-1")
+    assert len(api.delivered) == 1  # one copy
+    [audit] = box.store.audit_list(target_id=row.id)
+    assert audit.actor == "resolver" and "idempotency key" in audit.reason
+
+
+def test_a_send_held_near_the_end_of_the_window_is_not_sent_again(api, store_url, mail_box):
+    box = mail_box(store_url, api.url + "?timeout=1", retry=Retry(max_attempts=1))
+    api.script("reset")
+    enqueue_customers(box, [1])
+    drain(box, raise_on_failure=False)
+    advance(box.store, timedelta(hours=23, minutes=51))  # 9 minutes of the 24 h left
+    result = AmbiguityResolver(box.store, box.channels).run_once()
+    assert (result.sent, result.unknown) == (0, 1)
+    assert api.delivered == []

@@ -51,8 +51,8 @@ def reporting_channels(box: Box) -> dict[str, Reports]:
 def create_receiver(box: Box) -> Starlette:
     """The receiver for every reporting channel of `box`; a `ConfigurationError` naming the
     first whose secret is not set (at start, not at the first event)."""
-    secrets = {name: reports.secret(name) for name, reports in reporting_channels(box).items()}
     channels = reporting_channels(box)
+    secrets = {name: reports.secret(name) for name, reports in channels.items()}
 
     async def receive(request: Request) -> Response:
         name = request.path_params["channel"]

@@ -1,12 +1,18 @@
 """`AmbiguityResolver`: settle held (`ambiguous`) outbox rows from the provider's own record.
 
-Each round, for the channels whose provider reports (signed delivery webhooks, `reports=`) or
-can be asked (`status(outgoing, idempotency_key)`: the file sink, an API with a lookup):
+Each round, for the channels whose provider reports (signed delivery webhooks, `reports=`),
+can be asked (`status(outgoing, idempotency_key)`: the file sink, an API with a lookup), or
+honours an idempotency key for a window (an HTTP email API):
 
 1. held rows an event says the provider took become `sent`, with its id as the receipt
    (`deliveries/settle.py`, actor `provider`);
 2. one page of the other held rows, oldest first, the next round going on from where this one
    stopped (a round is bounded; every held row is visited in turn):
+   - a row held on an idempotent channel well inside the provider's window (its attempts spent
+     on unknown outcomes) is sent once more under its key: the provider answers with its first
+     reply if it had it, or takes it now — either way one copy, and the row is `sent` (a lookup
+     by idempotency key). Not a row whose dispatchers died on it (`rescues`): that send may be
+     what kills them;
    - a provider that can be asked is asked: "sent" → `sent`; "not_found" → resent, but only
      once the channel's grace (and the provider's `lookup_lag`) has passed since the row was
      held (a report may still come; a search may trail the provider's intake);
@@ -34,12 +40,16 @@ from oncebox.lane import run_forever
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.dispatcher import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
-from oncebox.providers import StatusLookup
+from oncebox.outbox.transitions import past_window
+from oncebox.providers import SendError, StatusLookup
 from oncebox.store.base import OperatorAction, OutboxRow, Store
 
 log = logging.getLogger("oncebox.resolver")
 ZERO = timedelta(0)
 ACTOR = "resolver"
+# a replay must reach the provider inside its window, whatever the clocks' drift and the send's
+# own time: it is made only while this much of the window is left
+REPLAY_MARGIN = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,9 @@ class AmbiguityResolver:
         self.channels = {
             name: channel
             for name, channel in channels.items()
-            if isinstance(channel.provider, StatusLookup) or channel.reports is not None
+            if isinstance(channel.provider, StatusLookup)
+            or channel.reports is not None
+            or channel.window is not None
         }
         self.batch_size = batch_size
         self._after = 0  # the last held row the previous round looked at
@@ -99,6 +111,8 @@ class AmbiguityResolver:
         channel = self.channels[row.channel]
         if row.reported in TOOK_IT:  # reported after this round's settlement: the next one
             return "waiting"
+        if self._replayable(channel, row, now):
+            return self._replay(channel, row)
         provider = channel.provider
         lag = getattr(provider, "lookup_lag", ZERO) if isinstance(provider, StatusLookup) else ZERO
         grace = max(channel.reports.grace if channel.reports else ZERO, lag)
@@ -123,6 +137,33 @@ class AmbiguityResolver:
             reason = f"no provider report named it within the grace of {grace}"
             return self._resend(row, waited, reason)
         return "unknown"
+
+    def _replayable(self, channel: Channel, row: OutboxRow, now: datetime) -> bool:
+        return (
+            channel.window is not None
+            and row.rescues == 0
+            and row.first_leased_at is not None
+            and not past_window(channel.window, row.first_leased_at, now + REPLAY_MARGIN)
+        )
+
+    def _replay(self, channel: Channel, row: OutboxRow) -> str:
+        """The send under the row's idempotency key, inside the provider's window: its answer
+        settles the row (not counted against the channel's rate limits: held rows are few)."""
+        outgoing = outgoing_of(row, row.attempt)
+        try:
+            receipt = channel.provider.send(outgoing, idempotency_key(row.token))
+        except SendError as exc:
+            log.info("outbox row %s: its idempotency key answered %s", row.id, exc.reason)
+            return "unknown"
+        except Exception:
+            log.exception("the replay of outbox row %s failed", row.id)
+            return "unknown"
+        reason = (
+            "the provider answered its idempotency key within its window (its first reply, or "
+            "the one send)"
+        )
+        found = receipt.provider_id or receipt.detail or None
+        return "sent" if self._resolve(row, "sent", reason, found) else "unknown"
 
     def _resend(self, row: OutboxRow, waited: bool, reason: str) -> str:
         """Resend a held row once its grace has passed — unless an event names it: the provider
