@@ -177,14 +177,16 @@ def test_held_messages_an_event_named_before_they_were_held_are_listed_and_settl
 
 
 def test_held_messages_are_listed_by_id_after_a_cursor_with_when_they_were_held(store: Store):
-    first = ambiguous(store, "k/1")
+    first, second = write_outbox(store, outbox_insert("k/1"), outbox_insert("k/2"))
     advance(store, timedelta(minutes=3))
-    second = ambiguous(store, "k/2")
+    hold(store, first)
+    advance(store, timedelta(minutes=4))
+    hold(store, second)
     write_outbox(store, outbox_insert("k/pending"))
     listed = store.outbox_ambiguous_list(["email"], 10)
-    assert [(r.id, r.last_attempt_at) for r in listed] == [
-        (first, T0),
-        (second, T0 + timedelta(minutes=3)),
+    assert [(r.id, r.created_at, r.last_attempt_at) for r in listed] == [
+        (first, T0, T0 + timedelta(minutes=3)),  # held when its send ended, not when written
+        (second, T0, T0 + timedelta(minutes=7)),
     ]
     assert [r.id for r in store.outbox_ambiguous_list(["email"], 10, after=first)] == [second]
 
