@@ -466,7 +466,7 @@ def lost_acks_reported(run: RunContext) -> None:
         )
         run.fan_out()
         run.work(CONSUME_ONLY)
-        lost = min(6, len(run.active_customers()))
+        lost = min(3, len(run.active_customers()))
         run.provider.script(*["accept-then-timeout:2"] * lost)
         run.work(DISPATCH_ONLY)
         window = run.settings.window
