@@ -12,6 +12,7 @@
   `verify_webhook`, records what it received, and answers as scripted (statuses, Retry-After,
   redirects, accept-then-time-out); with `dedupe=True` it processes each webhook-id once.
 
-They are real parts — a real socket, a real protocol — so the providers' own code paths (smtplib,
-httpx2) are what the tests exercise. aiosmtpd is needed for `SmtpSink` (`pip install aiosmtpd`).
+The two HTTP ones share their life cycle (`loopback.LoopbackServer`: a threaded server on
+loopback, `start` / `stop`, a context manager). They are real parts — a real socket, a real
+protocol — so the providers' own code paths (smtplib, httpx2) are what the tests exercise. aiosmtpd is needed for `SmtpSink` (`pip install aiosmtpd`).
 """

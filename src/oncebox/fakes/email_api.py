@@ -48,11 +48,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from oncebox import clock
+from oncebox.fakes.loopback import LoopbackServer
 from oncebox.fakes.provider_webhooks import (
     WebhookAttempt,
     WebhookEmitter,
@@ -81,7 +82,7 @@ class _Stored:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class FakeEmailApi:
+class FakeEmailApi(LoopbackServer):
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -96,16 +97,8 @@ class FakeEmailApi:
         self._script: deque[str] = deque()
         self._keys: dict[str, _Stored] = {}
         self._lock = threading.Lock()
-        self._release = threading.Event()
         self._emitter: WebhookEmitter | None = None
-        handler = type("Handler", (_Handler,), {"api": self})
-        self._server = _QuietServer((host, 0), handler)
-        self._server.daemon_threads = True
-        self.host = str(self._server.server_address[0])
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._listen(type("Handler", (_Handler,), {"api": self}), host)
 
     @property
     def url(self) -> str:
@@ -234,30 +227,13 @@ class FakeEmailApi:
         with self._lock:
             return [d.token for d in self.delivered]
 
-    def start(self) -> FakeEmailApi:
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
         """Stop serving, and stop the webhook emitter's thread (queued events are dropped)."""
         with self._lock:
             emitter = self._emitter
         if emitter is not None:
             emitter.stop()
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> FakeEmailApi:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that gave up (its timeout passed) before the answer is part of the act."""
+        super().stop()
 
 
 class _Handler(BaseHTTPRequestHandler):

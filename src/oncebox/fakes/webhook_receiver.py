@@ -29,10 +29,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from oncebox import clock
+from oncebox.fakes.loopback import LoopbackServer
 from oncebox.providers.webhook_signatures import WebhookRefused, verify_webhook
 
 
@@ -47,7 +48,7 @@ class Received:
     body: bytes
 
 
-class WebhookReceiver:
+class WebhookReceiver(LoopbackServer):
     def __init__(
         self,
         secret: str,
@@ -67,20 +68,10 @@ class WebhookReceiver:
         self.server_names: list[str | None] = []
         self._script: deque[str] = deque()
         self._lock = threading.Lock()
-        self._release = threading.Event()
-        handler = type("Handler", (_Handler,), {"receiver": self})
-        self._server = _QuietServer((host, 0), handler)
-        self._server.daemon_threads = True
-        self.scheme = "http"
+        self.scheme = "http" if tls is None else "https"
         if tls is not None:
             tls.sni_callback = self._sni
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
-            self.scheme = "https"
-        self.host = str(self._server.server_address[0])
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._listen(type("Handler", (_Handler,), {"receiver": self}), host, tls)
 
     def _sni(self, _sock: Any, name: str | None, _context: ssl.SSLContext) -> None:
         with self._lock:
@@ -111,26 +102,6 @@ class WebhookReceiver:
                 self.repeats += 1
             else:
                 self.processed.append(webhook_id)
-
-    def start(self) -> WebhookReceiver:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> WebhookReceiver:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that gave up (its timeout passed) before the answer is part of the act."""
 
 
 class _Handler(BaseHTTPRequestHandler):
