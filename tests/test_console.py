@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from html import unescape
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -564,19 +565,25 @@ def test_a_periods_page_names_its_undelivered_subjects_and_why(tmp_path):
     box.close()
 
 
-def test_a_key_page_says_what_retention_dropped_and_shows_none_of_it(tmp_path):
-    """After the pruner drops a sent message's content and its attempts, the key's page says so
-    (with the receipt still there) instead of showing an empty payload or "no send attempted"."""
-    box = Box(f"sqlite:///{tmp_path / 'kept.db'}", secret="console-test-secret-0123456789")
+def sent_digest(path: Path) -> Box:
+    """A box on its own database whose digest to customer 1 was sent."""
+    box = Box(f"sqlite:///{path}", secret="console-test-secret-0123456789")
     box.channel("email", provider=ScriptedProvider())
 
     @box.task(key="digest/customer-{customer}")
     def digest(ctx: JobContext, customer: int) -> None:
         ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
 
+    box.enqueue(digest, customer=1)
+    box.work(until_idle=True)
+    return box
+
+
+def test_a_key_page_says_what_retention_dropped_and_shows_none_of_it(tmp_path):
+    """After the pruner drops a sent message's content and its attempts, the key's page says so
+    (with the receipt still there) instead of showing an empty payload or "no send attempted"."""
+    box = sent_digest(tmp_path / "kept.db")
     try:
-        box.enqueue(digest, customer=1)
-        box.work(until_idle=True)
         before = logged_in(create_app(box, ConsoleSettings(users=USERS))).get(
             "/keys/digest/customer-1"
         )
@@ -623,16 +630,8 @@ def test_the_overview_shows_what_each_limit_holds_back(app, store_box):
 
 
 def test_a_key_page_says_what_the_provider_reported(tmp_path):
-    box = Box(f"sqlite:///{tmp_path / 'reported.db'}", secret="console-test-secret-0123456789")
-    box.channel("email", provider=ScriptedProvider())
-
-    @box.task(key="digest/customer-{customer}")
-    def digest(ctx: JobContext, customer: int) -> None:
-        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
-
+    box = sent_digest(tmp_path / "reported.db")
     try:
-        box.enqueue(digest, customer=1)
-        box.work(until_idle=True)
         [message] = box.store.outbox_find_by_key("digest/customer-1")
         event = ProviderEvent(
             "email", "msg_1", "email.bounced", message.token, "<b>x</b>", None, "bounced", ()

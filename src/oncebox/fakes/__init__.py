@@ -14,5 +14,6 @@
 
 The two HTTP ones share their life cycle (`loopback.LoopbackServer`: a threaded server on
 loopback, `start` / `stop`, a context manager). They are real parts — a real socket, a real
-protocol — so the providers' own code paths (smtplib, httpx2) are what the tests exercise. aiosmtpd is needed for `SmtpSink` (`pip install aiosmtpd`).
+protocol — so the providers' own code paths (smtplib, httpx2) are what the tests exercise.
+aiosmtpd is needed for `SmtpSink` (`pip install aiosmtpd`).
 """

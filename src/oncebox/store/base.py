@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError
@@ -978,16 +978,7 @@ PruneKind = Literal[
     "audit",
     "schedule_runs",
 ]
-PRUNE_KINDS: tuple[PruneKind, ...] = (
-    "jobs",
-    "intents",
-    "payloads",
-    "messages",
-    "delivery_attempts",
-    "provider_events",
-    "audit",
-    "schedule_runs",
-)
+PRUNE_KINDS: tuple[PruneKind, ...] = get_args(PruneKind)
 
 
 @dataclass(frozen=True, slots=True)
