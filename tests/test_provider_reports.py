@@ -200,6 +200,8 @@ def test_a_request_that_does_not_verify_is_refused_and_writes_nothing(
     [token] = held(box, [1])
     answer = post(client_for(box), event("email.delivered", token), **tamper)
     assert answer.status_code == 401 and reason in answer.json()["detail"]
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["type"] == "urn:oncebox:problem:signature-refused"
     row = row_of(box, 1)
     assert (row.state, row.reported) == ("ambiguous", None)
     assert box.store.provider_event_list(row.id) == []

@@ -8,7 +8,7 @@ verified event is recorded and acknowledged (`200`), settling the held send it s
 took in the same transaction — also when it is about a message oncebox does not hold, of a kind
 it does not track, or not an event at all (counted, and acknowledged so it is not sent again);
 the store away is `503` with `Retry-After`, so the provider retries it later. The body is read
-up to 256 KiB and no further (`413`).
+up to 256 KiB and no further (`413`). Refusals are the API's problem details (`problems.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from oncebox.api.problems import Problem, problem_of
 from oncebox.box import Box
 from oncebox.deliveries.events import provider_event, read_event
 from oncebox.deliveries.reports import Reports
@@ -36,7 +37,6 @@ from oncebox.providers.webhook_signatures import (
 )
 
 log = logging.getLogger("oncebox.deliveries")
-RETRY_UNAVAILABLE_S = 30
 
 
 def reporting_channels(box: Box) -> dict[str, Reports]:
@@ -57,22 +57,23 @@ def create_receiver(box: Box) -> Starlette:
     async def receive(request: Request) -> Response:
         name = request.path_params["channel"]
         if name not in channels:
-            return _answer(404, f"no channel {printable(name)!r} takes provider reports here")
+            detail = f"no channel {printable(name)!r} takes provider reports here"
+            return Problem(404, "not-found", detail).response(request.url.path)
         body = await _capped(request)
         if body is None:
-            return _answer(413, f"a delivery event is at most {MAX_WEBHOOK_BYTES} bytes")
+            detail = f"a delivery event is at most {MAX_WEBHOOK_BYTES} bytes"
+            return Problem(413, "body-too-large", detail).response(request.url.path)
         try:
             payload = verify_webhook(
                 secrets[name], request.headers, body, tolerance=channels[name].tolerance
             )
         except WebhookRefused as refused:
             log.warning("channel %s: a delivery webhook refused: %s", name, refused.reason)
-            return _answer(401, refused.reason)
+            return Problem(401, "signature-refused", refused.reason).response(request.url.path)
         try:
             return await run_in_threadpool(_record, box, name, request.headers, payload)
         except StoreUnavailable as exc:
-            headers = {"Retry-After": str(RETRY_UNAVAILABLE_S)}
-            return _answer(503, f"the store is away: {exc}", headers)
+            return problem_of(exc).response(request.url.path)
 
     return Starlette(routes=[Route("/{channel}", receive, methods=["POST"])])
 
@@ -105,7 +106,3 @@ async def _capped(request: Request) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _answer(status: int, detail: str, headers: Mapping[str, str] | None = None) -> Response:
-    return JSONResponse({"status": status, "detail": detail}, status, headers=dict(headers or {}))

@@ -33,6 +33,7 @@ RETRY_UNAVAILABLE_S = 5  # what a 503 asks the caller to wait
 
 TITLES: dict[str, str] = {
     "unauthorized": "An API key is required",
+    "signature-refused": "The delivery webhook's signature does not verify",
     "forbidden": "The API key lacks the scope this route needs",
     "rate-limited": "The API key's request budget is spent",
     "not-found": "No such resource",

@@ -34,7 +34,8 @@ from oncebox.errors import InvalidArguments
 from oncebox.store.base import ProviderEvent
 
 STAGES = ("accepted", "delayed", "delivered", "failed", "bounced", "complained")
-TOOK_IT = ("accepted", "delayed", "delivered", "bounced", "complained")  # settles a held send
+HOLDING = ("failed",)  # the stage that keeps a held send held: the provider did not send it
+TOOK_IT = tuple(stage for stage in STAGES if stage not in HOLDING)  # settles a held send
 KINDS: dict[str, str | None] = {
     "email.sent": "accepted",
     "email.delivery_delayed": "delayed",
@@ -45,7 +46,6 @@ KINDS: dict[str, str | None] = {
     "email.opened": "delivered",
     "email.clicked": "delivered",
 }
-HOLDING = ("failed",)  # a furthest stage that keeps a held send held
 TOOK_IT_KINDS = tuple(kind for kind, stage in KINDS.items() if stage in TOOK_IT)
 TAG = "oncebox"
 TOKEN_HEADER = "x-oncebox-token"  # noqa: S105 (a header name)
