@@ -66,7 +66,8 @@ def test_a_set_run_prints_its_summary(capsys):
 
 
 @pytest.mark.parametrize(
-    "mutation", sorted(m for m in MUTATIONS if "sqlite" in MUTATIONS[m].stores)
+    "mutation",
+    sorted(m for m, v in MUTATIONS.items() if "sqlite" in v.stores and not v.caught_by_test),
 )
 def test_each_mutation_makes_its_named_scenario_fail_on_sqlite(mutation):
     scenario = SCENARIOS[MUTATIONS[mutation].must_fail]
@@ -99,6 +100,18 @@ def test_each_mutation_that_differs_on_postgres_fails_there_too(pg_template, mut
         scenario, server=PG_SERVER, customers=CUSTOMERS, seed=3, mutations=(mutation,)
     )
     assert not result.ok, f"{mutation} went unnoticed by {scenario.name}"
+
+
+@pytest.mark.parametrize("mutation", sorted(m for m, v in MUTATIONS.items() if v.caught_by_test))
+def test_each_mutation_a_test_catches_names_a_test_that_runs_it(mutation):
+    """A mutation caught by a test, not a scenario: the test exists and switches it on
+    (`mutated("<name>")`), so removing the fence it stands for fails that test."""
+    path, _, test = MUTATIONS[mutation].must_fail.partition("::")
+    source = (Path(__file__).parent.parent / path).read_text("utf-8")
+    start = source.find(f"def {test}(")
+    assert start >= 0, f"{mutation}: no test {test} in {path}"
+    body = source[start : source.find("\ndef ", start + 1)]
+    assert f'mutated("{mutation}")' in body, f"{mutation}: {test} does not switch it on"
 
 
 @pytest.mark.postgres

@@ -49,7 +49,8 @@ switch them on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,8 +66,14 @@ from oncebox.store.base import JobFinish
 class Mutation:
     name: str
     breaks: str
-    must_fail: str  # the scenario that must fail with it
-    stores: tuple[str, ...] = ("sqlite", "postgres")  # where that scenario must fail with it
+    # what must fail with it: a chaos scenario, or a test (`tests/<file>.py::<test>`) that runs
+    # the race it opens deterministically under `mutated(name)` and asserts its harm
+    must_fail: str
+    stores: tuple[str, ...] = ("sqlite", "postgres")  # where that must fail with it
+
+    @property
+    def caught_by_test(self) -> bool:
+        return "::" in self.must_fail
 
 
 MUTATIONS = {
@@ -116,7 +123,8 @@ def _patch(module: Any, name: str, value: Any) -> None:
 
 # Query rewrites per dialect: (query name, text that must be there, what replaces it). A rewrite
 # whose text is missing is an error, so a refactor cannot silently turn a mutation into a no-op.
-_FENCES = {
+Rewrite = tuple[str, str, str]  # (query name, text that must be there, what replaces it)
+_FENCES: dict[str, tuple[Rewrite, ...]] = {
     "postgres": (
         (
             "job_finish",
@@ -136,17 +144,23 @@ _FENCES = {
         ("outbox_finish", "o.lease_token = :token AND ", ""),
     ),
 }
-_REPLAY = {
-    "postgres": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),),
-    "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
-}
-_STALLED = {
-    "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
-    "sqlite": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
-}
-_CLAIM = {
-    "postgres": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
-    "sqlite": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
+# The mutations that rewrite queries, per dialect.
+_QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
+    "no-lease-fence": _FENCES,
+    "no-unique-index": {
+        "postgres": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
+        "sqlite": (("intent_claim", "ON CONFLICT (key) DO NOTHING", ""),),
+    },
+    "new-token-on-replay": {
+        "postgres": (
+            ("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),
+        ),
+        "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
+    },
+    "no-resume": {
+        "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
+        "sqlite": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
+    },
 }
 
 
@@ -171,24 +185,48 @@ def wrong_iso_week() -> PeriodKind:
 def apply(store: Any, names: tuple[str, ...]) -> None:
     """Rewrite this process's copy of the store's queries, and replace what the mutations
     replace in this process."""
-    queries: dict[str, str] = store._q  # a test switch reaches inside, on purpose
-    rewrites: list[tuple[str, str, str]] = []
-    if "no-lease-fence" in names:
-        rewrites += _FENCES[store.dialect]
-    if "no-unique-index" in names:
-        rewrites += _CLAIM[store.dialect]
-    if "new-token-on-replay" in names:
-        rewrites += _REPLAY[store.dialect]
-    if "no-resume" in names:
-        rewrites += _STALLED[store.dialect]
-    for query, old, new in rewrites:
-        if old not in queries[query]:
-            raise RuntimeError(f"mutation cannot find {old!r} in query {query}: update it")
-        queries[query] = queries[query].replace(old, new)
+    rewrite_queries(store._q, store.dialect, names)  # a test switch reaches inside, on purpose
     for name in names:
         if name in _PROCESS_WIDE and name not in _APPLIED:  # once per process
             _APPLIED.add(name)
             _PROCESS_WIDE[name]()
+
+
+def rewrite_queries(queries: dict[str, str], dialect: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        for query, old, new in _QUERY_REWRITES.get(name, {}).get(dialect, ()):
+            if old not in queries[query]:
+                raise RuntimeError(f"mutation cannot find {old!r} in query {query}: update it")
+            queries[query] = queries[query].replace(old, new)
+
+
+@contextmanager
+def mutated(*names: str) -> Iterator[None]:
+    """The mutations `names` on, for the tests that catch one: every store this process opens
+    meanwhile runs the rewritten queries, and the process-wide switches are set; all put back
+    on exit. (A store opened before is untouched: open the test's stores inside.)"""
+    from oncebox.store import postgres, sqlite  # noqa: PLC0415
+
+    check(names)
+
+    def loader(original: Callable[..., dict[str, Any]], dialect: str) -> Callable[..., Any]:
+        def load(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            queries = original(*args, **kwargs)
+            rewrite_queries(queries, dialect, names)
+            return queries
+
+        return load
+
+    for module, dialect in ((postgres, "postgres"), (sqlite, "sqlite")):
+        _patch(module, "load_queries", loader(vars(module)["load_queries"], dialect))
+    for name in names:
+        if name in _PROCESS_WIDE and name not in _APPLIED:
+            _APPLIED.add(name)
+            _PROCESS_WIDE[name]()
+    try:
+        yield
+    finally:
+        undo_process_wide()
 
 
 def _stale_given_back() -> None:
