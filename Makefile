@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots
+.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots fences-table
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ clean:
 
 schema-snapshot: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python tests/support/schema_dump.py --write
+
+# The table of fences in docs/guarantees.md, from the `-- fence:` lines of the store's SQL files;
+# tests/test_fences.py checks it still matches.
+fences-table: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python tests/support/fences.py
 
 # The command samples in docs/cli.md and docs/runbook.md, rewritten from a real run of the operator
 # story in tests/support/doc_story.py; tests/test_doc_samples.py checks they still match.

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
+from oncebox.chaos.mutations import mutated
 from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.store.postgres import PostgresConsumerSession, PostgresStore, one_round_trip
 from oncebox.testing import FrozenClock, drain
@@ -575,3 +576,51 @@ def test_a_round_trip_that_fails_leaves_its_connection_out_of_any_transaction(pg
             conn.execute("SELECT 1 / 0")
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert conn.execute("SELECT 2").fetchone() == (2,)
+
+
+def _prune_while_a_record_is_taken_over(pg_url: str) -> tuple[list[int], list[tuple[str]]]:
+    """A request takes over an expired Idempotency-Key record while the prune, which read it
+    expired, waits on its lock: what the prune deleted, and the claims left."""
+    from oncebox.store.base import ApiRequestClaim
+
+    box = Box(pg_url, seed=1)
+    store = box.store
+    key = store.api_key_insert("billing", "enqueue", "a" * 64, "20/s", "ops")
+    assert key is not None
+    retain, stale = timedelta(hours=24), timedelta(minutes=1)
+    with FrozenClock(box, at=T0) as clock:
+        assert store.api_request_claim(
+            ApiRequestClaim(key.id, "order-7", "fp", "first", retain, stale)
+        )
+        clock.advance(retain + timedelta(seconds=1))  # expired: the prune's to take
+        assert isinstance(store, PostgresStore)
+        with store.connect() as taker:  # a request takes the expired record over, not committed
+            taker.execute(
+                "UPDATE oncebox_api_requests SET claim = 'second', expires_at = %s "
+                "WHERE idempotency_key = 'order-7'",
+                (T0 + 2 * retain,),
+            )
+            pruned: list[int] = []
+            pruning = threading.Thread(target=lambda: pruned.append(store.api_request_prune(10)))
+            pruning.start()
+            wait_until(
+                lambda: sql(box, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"),
+                what="the prune to wait on the record's lock",
+            )
+            taker.commit()
+        pruning.join(10)
+    kept = sql(box, "SELECT claim FROM oncebox_api_requests WHERE idempotency_key = 'order-7'")
+    box.close()
+    return pruned, kept
+
+
+def test_a_prune_spares_an_idempotency_record_taken_over_while_it_waited(pg_url):
+    """The prune picks expired records in a subquery, then deletes them: a record a request took
+    over meanwhile (no longer expired) is spared — the delete rechecks the expiry on the row it
+    locks, a compare-and-set, not the subquery's older reading."""
+    assert _prune_while_a_record_is_taken_over(pg_url) == ([0], [("second",)])
+
+
+def test_a_prune_without_its_fence_deletes_a_record_taken_over(pg_url):
+    with mutated("prune-taken-over"):
+        assert _prune_while_a_record_is_taken_over(pg_url) == ([1], [])

@@ -39,6 +39,9 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     unmatched-reports  a provider's delivery event no longer finds its message (the token every
                        send carries is not read) → `lost-acks-reported` fails (H1: held sends
                        stay held although the provider reported each one taken)
+    prune-taken-over   the Idempotency-Key records' prune no longer rechecks the expiry of the
+                       rows it deletes → a test fails: a record a request took over while the
+                       prune waited is deleted under it
     stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
@@ -102,6 +105,12 @@ MUTATIONS = {
             "unmatched-reports", "the token provider events are matched by", "lost-acks-reported"
         ),
         Mutation(
+            "prune-taken-over",
+            "the prune's recheck of an Idempotency-Key record's expiry",
+            "tests/test_postgres_only.py::test_a_prune_without_its_fence_deletes_a_record_taken_over",
+            ("postgres",),
+        ),
+        Mutation(
             "stale-given-back",
             "acknowledging stale broker copies",
             "broker-kill-consumer.committed",
@@ -156,6 +165,15 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
             ("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),
         ),
         "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
+    },
+    "prune-taken-over": {
+        "postgres": (
+            (
+                "api_request_prune",
+                "LIMIT %(limit)s)\n  AND expires_at <= (SELECT now FROM clock)",
+                "LIMIT %(limit)s)",
+            ),
+        ),
     },
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),

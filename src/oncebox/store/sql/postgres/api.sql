@@ -18,6 +18,7 @@ FROM __S__.oncebox_api_keys ORDER BY name;
 
 -- name: api_key_revoke
 -- Revoke the named key (a second revoke keeps the first instant).
+-- no fence: a revoke is decided from nothing read, and a second keeps the first instant
 UPDATE __S__.oncebox_api_keys SET revoked_at = coalesce(revoked_at, __S__.oncebox_now())
 WHERE name = %(name)s
 RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at;
@@ -27,6 +28,7 @@ RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked
 -- record of the same body whose holder has not finished within %(stale_s)s (it died: the retry
 -- takes over; the work itself is keyed, so running it again writes nothing twice). Nothing
 -- returned: the key is held, answered, or was used with another body — read it.
+-- fence: expires_at, status, fingerprint, started_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_api_requests AS r
     (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at)
@@ -52,6 +54,7 @@ WHERE api_key_id = %(api_key_id)s AND idempotency_key = %(idempotency_key)s
 -- name: api_request_finish
 -- Record the first answer, by the request that holds the key (a holder that lost it to a
 -- takeover records nothing).
+-- fence: claim, status
 UPDATE __S__.oncebox_api_requests SET status = %(status)s, response = %(response)s
 WHERE api_key_id = %(api_key_id)s AND idempotency_key = %(idempotency_key)s
   AND claim = %(claim)s AND status IS NULL
@@ -59,17 +62,23 @@ RETURNING claim;
 
 -- name: api_request_release
 -- Let the key go after an answer that is not to be replayed (the server failed): a retry runs.
+-- fence: claim, status
 DELETE FROM __S__.oncebox_api_requests
 WHERE api_key_id = %(api_key_id)s AND idempotency_key = %(idempotency_key)s
   AND claim = %(claim)s AND status IS NULL
 RETURNING claim;
 
 -- name: api_request_prune
--- Delete up to %(limit)s expired records, oldest first (oncebox_api_requests_expiry).
+-- Delete up to %(limit)s expired records, oldest first (oncebox_api_requests_expiry). The
+-- expiry is checked again on each row the delete locks: a record a request took over after the
+-- subquery read it is no longer expired, and stays.
+-- fence: expires_at
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 DELETE FROM __S__.oncebox_api_requests
 WHERE (api_key_id, idempotency_key) IN (
     SELECT api_key_id, idempotency_key FROM __S__.oncebox_api_requests
-    WHERE expires_at <= __S__.oncebox_now()
+    WHERE expires_at <= (SELECT now FROM clock)
     ORDER BY expires_at
     LIMIT %(limit)s)
+  AND expires_at <= (SELECT now FROM clock)
 RETURNING api_key_id;

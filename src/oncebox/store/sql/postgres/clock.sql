@@ -11,6 +11,7 @@ SELECT frozen_at, offset_by AS "offset", owner, expires_at,
 FROM __S__.oncebox_clock WHERE singleton;
 
 -- name: clock_write
+-- no fence: written by the clock's owner, after clock.py refused a live foreign setting
 INSERT INTO __S__.oncebox_clock (singleton, frozen_at, offset_by, owner, expires_at)
 VALUES (true, %(frozen_at)s, %(offset_by)s, %(owner)s, %(expires_at)s)
 ON CONFLICT (singleton) DO UPDATE
@@ -18,6 +19,7 @@ SET frozen_at = excluded.frozen_at, offset_by = excluded.offset_by, owner = excl
     expires_at = excluded.expires_at;
 
 -- name: clock_reset
+-- no fence: an operator's reset of the shared test clock, whatever it holds, audited (clock_audit)
 DELETE FROM __S__.oncebox_clock;
 
 -- name: clock_audit

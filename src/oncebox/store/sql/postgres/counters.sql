@@ -26,6 +26,7 @@ ORDER BY name;
 -- Fold the shards of backends that are gone into shard 0 (the pruner, now and then), so the
 -- counters and the depths (0010) stay about the size of the live connections times their
 -- names. A backend whose pid is reused after its rows were read simply adds to a fresh row.
+-- no fence: folds only the shards of backends that are gone, which no one writes any more
 WITH live AS MATERIALIZED (SELECT pid FROM pg_stat_activity),
 gone_depths AS (
     DELETE FROM __S__.oncebox_depths

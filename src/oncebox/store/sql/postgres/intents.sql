@@ -18,6 +18,7 @@ SELECT key, job_id FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
 
 -- name: intent_release
 -- Undo claims made earlier in this same transaction (their handler failed or did not run).
+-- no fence: undoes claims made earlier in this same transaction, which no other transaction sees
 DELETE FROM __S__.oncebox_intents WHERE key = ANY(%(keys)s::text[]);
 
 -- name: intent_get
@@ -29,6 +30,7 @@ SELECT count(*) AS count FROM __S__.oncebox_intents;
 -- name: intent_prune
 -- A task's explicit intent-retention policy: delete a batch of its intents claimed before the
 -- cutoff. Never run as a side effect of pruning jobs.
+-- fence: task, claimed_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT key FROM __S__.oncebox_intents

@@ -82,6 +82,7 @@ SELECT id, key FROM inserted;
 -- another job's or claimed (then nothing is merged: the insert that follows finds the key taken);
 -- a debounce pushes its run time to a window from now, never past max_wait after the job was
 -- created. Counted as enqueue_collapsed.
+-- fence: debounce_key, state
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 merged AS (
     UPDATE __S__.oncebox_jobs j
@@ -117,6 +118,8 @@ SELECT id, key FROM merged;
 -- pending job another enqueue just made (the caller then merges into it). Counted as job_insert,
 -- save that a racing enqueue's pending job makes a keyed enqueue count as a duplicate before
 -- it merges (the conflicting row is newer than this statement's snapshot).
+-- no fence: the throttle's time is written only with the pending job it times, which one enqueue
+--   inserts (the unique debounce index)
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 inserted AS (
     INSERT INTO __S__.oncebox_jobs
@@ -181,6 +184,7 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 -- Ordered groups: a job is eligible only if its group has no leased job and no ready job
 -- enqueued before it. SKIP LOCKED lets concurrent workers pass each other's candidates.
 -- Only jobs no limit holds: a limited task's are leased by job_lease_limited.
+-- fence: state, run_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 picked AS (
     SELECT j.id
@@ -218,6 +222,7 @@ RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attem
 -- Ready jobs that carry a partition though their task declares no limit any more (or was
 -- limited by another release): back into the claim index, a batch of %(limit)s, through
 -- oncebox_jobs_limited (nothing to do costs a probe per task). Run by the lease rescuer.
+-- fence: state, limit_key
 UPDATE __S__.oncebox_jobs
 SET limit_key = NULL
 WHERE id = ANY(ARRAY(
@@ -326,6 +331,7 @@ CROSS JOIN LATERAL (
 -- (SKIP LOCKED: an enqueue's open transaction may be merging into it) nor taken as it is now —
 -- still ready, due, in the partition it was counted in (%(picks)s: [id, partition]), and the
 -- head of its ordered group.
+-- fence: state, limit_key, run_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 picks AS MATERIALIZED (
     SELECT (p ->> 0)::bigint AS id, p ->> 1 AS part
@@ -365,6 +371,7 @@ RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attem
 -- while holding the rows this statement already updated would deadlock with that settlement,
 -- which takes its rows in its own order; skipped, a row keeps a deadline at least two thirds of
 -- a lease away, and the next beat extends it if the settlement rolled back.
+-- fence: state, lease_token
 UPDATE __S__.oncebox_jobs
 SET lease_expires_at = GREATEST(lease_expires_at,
     (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s))
@@ -374,6 +381,7 @@ WHERE id IN (SELECT id FROM __S__.oncebox_jobs
 
 -- name: job_release
 -- Give leased jobs back without spending an attempt (shutdown, lock timeout on the claim).
+-- fence: lease_token, state
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 UPDATE __S__.oncebox_jobs j
 SET state = 'ready',
@@ -388,6 +396,7 @@ RETURNING j.id;
 -- name: job_rescue_expired
 -- Leases past their deadline: the attempt is recorded as lease_expired, and the job becomes
 -- ready again, or dead when its attempts or max age are spent.
+-- fence: state, lease_expires_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 expired AS (
     SELECT id FROM __S__.oncebox_jobs
@@ -439,6 +448,7 @@ SELECT id, key, task, state, attempt, leased_by AS worker FROM rescued;
 -- Settle leased jobs of one lease, fenced on its token: done (completed | duplicate), ready again
 -- after a delay (failed attempt), or dead. Failed attempts are recorded. Returns the ids settled;
 -- a job whose lease was superseded is not among them.
+-- fence: lease_token
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS MATERIALIZED (  -- %(finishes)s: [id, state, outcome, delay in s, error] per job
     SELECT (f ->> 0)::bigint AS id, f ->> 1 AS state, f ->> 2 AS outcome,
@@ -500,6 +510,7 @@ FROM __S__.oncebox_jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- the first to commit settles it. Done (completed | duplicate), relayed again after a delay (a
 -- failed attempt: the trigger writes the next attempt's publish, due then), or dead. Failed
 -- attempts are recorded and outcomes counted, as job_finish does.
+-- fence: state, attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS MATERIALIZED (  -- %(finishes)s: [id, run, state, outcome, delay in s, error, worker,
                          -- started at] per job
@@ -551,6 +562,7 @@ SELECT id FROM settled;
 -- %(limit)s: a dead letter replayed, a job enqueued by a process that did not know the queue's
 -- broker, a queue moved onto a broker with work waiting. Read through the task due index, by
 -- task, as job_next_due does; rows another transaction holds are left for the next pass.
+-- fence: state
 UPDATE __S__.oncebox_jobs j
 SET state = 'relayed'
 WHERE j.id IN (
@@ -566,6 +578,7 @@ WHERE j.id IN (
 
 -- name: job_attempt_note
 -- Record, outside the refused transaction, that a superseded worker tried to commit.
+-- no fence: appends a note to an attempt already recorded, which nothing else changes
 INSERT INTO __S__.oncebox_job_attempts AS a
     (job_id, attempt, worker, started_at, finished_at, outcome, error, note)
 VALUES (%(job_id)s, %(attempt)s, %(worker)s, NULL, (SELECT __S__.oncebox_now()), 'superseded',
@@ -578,6 +591,7 @@ SET note = COALESCE(a.note || '; ', '') || excluded.note;
 -- statement (so in the same transaction). With `if_attempt`, only while the job's attempt count
 -- is still the one an operator confirmed (a batch of a dry run's rows: a job replayed by someone
 -- else and dead again since is not the row that was confirmed).
+-- fence: state, if_attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 replayed AS (
     UPDATE __S__.oncebox_jobs j
@@ -600,6 +614,7 @@ SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 -- name: job_cancel
 -- Ready (or relayed: its broker's message is then acknowledged unrun) → cancelled (a durable
 -- timer withdrawn), audited in the same statement.
+-- fence: state
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 cancelled AS (
     UPDATE __S__.oncebox_jobs j
@@ -622,6 +637,7 @@ SELECT c.id AS job_id, c.key, a.id AS audit_id FROM cancelled c, audited a;
 -- Dead → cancelled (an operator abandons the operation), in place: its attempts and last error
 -- stay, and its key is free for a new enqueue (a dead job holds no intent). `if_attempt` as in
 -- job_replay. Audited as 'discard' in the same statement.
+-- fence: state, if_attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 discarded AS (
     UPDATE __S__.oncebox_jobs j
@@ -688,6 +704,7 @@ SELECT (SELECT min(f.run_at)
 -- discarded) stays: its period's figures still move with it, and an operator may still act on
 -- it. What a done job of a schedule period counted is added to its run's summary (0011) in the
 -- same statement: the period's figures outlive its jobs. Counted as pruned_jobs.
+-- fence: state, finished_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT j.id, j.schedule, j.period, j.state, j.finished_at

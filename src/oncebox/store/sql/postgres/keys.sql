@@ -19,6 +19,8 @@ ON CONFLICT (kind, name) DO NOTHING;
 
 -- name: key_canary_accept
 -- An operator accepts the code's current canaries, audited in the same statement.
+-- no fence: an operator accepts the code's canaries whatever was recorded, audited in the
+--   statement
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 previous AS (
     SELECT source, outputs FROM __S__.oncebox_key_canaries

@@ -3,6 +3,7 @@
 
 -- name: rate_bucket_configure
 -- Create missing buckets full; follow configuration changes of capacity and refill rate.
+-- no fence: follows the declaring code; tokens are only ever lowered to the capacity
 INSERT INTO __S__.oncebox_rate_buckets AS rb
     (channel, name, capacity, refill_per_s, tokens, updated_at)
 SELECT %(channel)s, b.name, b.capacity, b.refill, b.capacity, (SELECT __S__.oncebox_now())
@@ -24,6 +25,7 @@ ORDER BY b.name
 FOR UPDATE OF b;
 
 -- name: rate_bucket_update
+-- fence: locked by rate_bucket_select
 UPDATE __S__.oncebox_rate_buckets b
 SET tokens = u.tokens, updated_at = u.updated_at
 FROM unnest(%(names)s::text[], %(tokens)s::float8[], %(updated)s::timestamptz[])
@@ -37,6 +39,7 @@ SELECT (SELECT __S__.oncebox_now()) AS now,
 
 -- name: channel_pause
 -- Pause a channel for everyone until now + pause_s; a longer pause already in place stays.
+-- no fence: a pause only ever lengthens (the later end wins), whoever writes first
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_channel_pauses AS p (channel, paused_until, reason)
 SELECT %(channel)s, clock.now + make_interval(secs => %(pause_s)s), %(reason)s FROM clock
@@ -50,6 +53,7 @@ RETURNING paused_until;
 -- Take the lock of each named limit (its row for the whole limit, made if missing), in name
 -- order, until the lease's transaction ends: leases of one limit run one after the other
 -- (limits/allocation.py). Returns each row's bucket and the time now.
+-- no fence: takes the limit's lock; its update changes nothing
 INSERT INTO __S__.oncebox_limits AS l (name, partition)
 SELECT n, '' FROM unnest(%(names)s::text[]) AS n ORDER BY n
 ON CONFLICT (name, partition) DO UPDATE SET name = l.name
@@ -57,6 +61,7 @@ RETURNING l.name, l.tokens, l.updated_at, (SELECT __S__.oncebox_now()) AS now;
 
 -- name: limit_spend
 -- The buckets' levels after a lease took tokens (%(spends)s: [name, partition, tokens, at]).
+-- fence: locked by limit_lock
 INSERT INTO __S__.oncebox_limits AS l (name, partition, tokens, updated_at)
 SELECT s ->> 0, s ->> 1, (s ->> 2)::float8, (s ->> 3)::timestamptz
 FROM jsonb_array_elements(%(spends)s::jsonb) AS s

@@ -97,6 +97,7 @@ ORDER BY 1, 2;
 -- Delete a batch of audit entries older than the cutoff, oldest first (oncebox_audit_at, 0014),
 -- except those about a dead job or a dead or ambiguous message: a dead letter keeps its whole
 -- story until it is replayed, discarded or resolved.
+-- no fence: audit entries are never changed once written; a batch is taken with SKIP LOCKED
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT a.id FROM __S__.oncebox_audit a

@@ -29,6 +29,7 @@ SELECT set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', tr
 -- Lease due pending rows of the given channels; first_leased_at is set once, here. Each channel
 -- is read on its own (the due index starts with the channel, so `channel = ANY(...)` would read
 -- every due row and sort them: O(backlog) per lease); the earliest of the channels' heads win.
+-- fence: state, next_attempt_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 picked AS (
     SELECT head.id
@@ -78,12 +79,14 @@ SELECT (SELECT min(head.next_attempt_at)
 
 -- name: outbox_mark_sending
 -- The one durable write before a send through a channel without provider idempotency.
+-- fence: state, lease_token
 UPDATE __S__.oncebox_outbox SET state = 'sending'
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'leased'
 RETURNING id;
 
 -- name: outbox_finish
 -- Settle rows of one lease, fenced on its token, and record the delivery attempts.
+-- fence: lease_token
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS MATERIALIZED (  -- %(finishes)s: [id, state, outcome, counts, delay in s, error,
                          -- receipt, dup, uncertain, rescued] per row
@@ -167,6 +170,7 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: outbox_resolve
 -- Ambiguous → sent (the provider has it) or pending (resend now), audited in the same statement.
+-- fence: state
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 resolved AS (
     UPDATE __S__.oncebox_outbox o
@@ -195,6 +199,7 @@ SELECT r.id AS job_id, r.key, a.id AS audit_id FROM resolved r, audited a;
 -- name: outbox_replay
 -- Dead → pending in place: same key, same frozen content; audited in the same statement. With
 -- `if_attempt`, only while the row's attempt count is the one an operator confirmed (job_replay).
+-- fence: state, if_attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 replayed AS (
     UPDATE __S__.oncebox_outbox o
@@ -227,6 +232,7 @@ FOR UPDATE;
 -- `discarded_at` says discarded (0007); the key is renamed `key~discarded-<id>` so a re-run of
 -- its job can write the key afresh. Only a row that cannot have been delivered: never sent with
 -- an unknown outcome, never resent blind. `if_attempt` as in outbox_replay.
+-- fence: state, discarded_at, if_attempt
 UPDATE __S__.oncebox_outbox
 SET discarded_at = __S__.oncebox_now(), key = key || '~discarded-' || id
 WHERE id = %(id)s AND state = 'dead' AND discarded_at IS NULL
@@ -241,10 +247,12 @@ WHERE intent_key = %(intent_key)s AND discarded_at IS NULL
 ORDER BY id;
 
 -- name: outbox_discard__release
+-- fence: locked by outbox_discard__lock
 DELETE FROM __S__.oncebox_intents WHERE key = %(intent_key)s RETURNING key;
 
 -- name: outbox_discard__job
 -- The job that wrote the discarded messages is dead again, so `dlq replay` re-runs it.
+-- fence: state, locked by outbox_discard__lock
 UPDATE __S__.oncebox_jobs
 SET state = 'dead', outcome = NULL, finished_at = __S__.oncebox_now(), last_error = %(error)s
 WHERE id = %(job_id)s AND state = 'done'
@@ -365,6 +373,7 @@ LIMIT %(limit)s;
 -- cutoff, oldest first (oncebox_outbox_payload_held, 0014), lose their payload (recipients,
 -- subject, bodies), kept as {} and `payload_dropped_at`; the row keeps its key, receipt and
 -- times. Only sent rows: a pending, dead or ambiguous message is still to be acted on.
+-- fence: state, payload_dropped_at, sent_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT o.id FROM __S__.oncebox_outbox o
@@ -400,6 +409,7 @@ SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
 -- intent waits (a sweeper's or a transport's messages have no job). A message's key then no longer
 -- holds off a second message with the same key: its intent (kept for ever unless the task says
 -- otherwise) still holds off the job that would write it.
+-- fence: state, sent_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT o.id FROM __S__.oncebox_outbox o
@@ -443,6 +453,7 @@ SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
 -- Delete a batch of delivery attempts that ended before the cutoff, oldest first
 -- (oncebox_delivery_attempts_finished, 0014), of messages that are sent: a pending, dead or
 -- ambiguous message keeps its whole history for whoever acts on it. The row keeps its receipt.
+-- fence: state, finished_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT a.id FROM __S__.oncebox_delivery_attempts a

@@ -22,6 +22,7 @@ RETURNING id, outbox_id;
 SELECT id, channel, state, reported FROM __S__.oncebox_outbox WHERE id = %(id)s FOR UPDATE;
 
 -- name: outbox_report
+-- fence: locked by outbox_report_lock
 UPDATE __S__.oncebox_outbox
 SET reported = %(stage)s, reported_at = __S__.oncebox_now()
 WHERE id = %(id)s
@@ -56,6 +57,7 @@ ORDER BY id;
 -- A batch of events received before the cutoff (their dedupe long past any provider's
 -- retries), oldest first (oncebox_provider_events_received); retention (store/pruning.py). The
 -- events of a message still held or dead are its evidence: kept while it is.
+-- fence: received_at, state
 DELETE FROM __S__.oncebox_provider_events
 WHERE id = ANY(ARRAY(
     SELECT e.id FROM __S__.oncebox_provider_events e

@@ -14,6 +14,7 @@ FROM (SELECT __S__.oncebox_now() AS now) c
 ON CONFLICT (name) DO NOTHING;
 
 -- name: schedule_state_advance
+-- no fence: the last fire only ever moves forward (the later instant wins)
 UPDATE __S__.oncebox_schedules
 SET last_fire_at = GREATEST(COALESCE(last_fire_at, %(at)s), %(at)s),
     updated_at = (SELECT __S__.oncebox_now())
@@ -21,6 +22,8 @@ WHERE name = %(name)s;
 
 -- name: schedule_state_pause
 -- Pause or resume; resuming starts from now: fires missed while paused are skipped on purpose.
+-- no fence: an operator's pause or resume, audited (schedule_state_pause__audit); the last one
+--   wins
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
 SELECT %(name)s, %(paused)s, clock.now, clock.now FROM clock
@@ -41,6 +44,7 @@ SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
 -- The SLO the declaring code gives the schedule (NULLs: none); a row unchanged is not written.
+-- no fence: follows the declaring code; the last declaration wins
 UPDATE __S__.oncebox_schedules
 SET slo_window_s = %(window_s)s::float8, slo_target = %(target)s::float8
 WHERE name = %(name)s
@@ -65,6 +69,7 @@ ORDER BY name;
 -- name: schedule_run_claim
 -- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
 -- a finished one. Returns a row only when this owner now has it.
+-- fence: state, lease_expires_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedule_runs AS r
     (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
@@ -83,6 +88,7 @@ RETURNING r.owner;
 
 -- name: schedule_run_extend
 -- Between batches: keep the lease, count what was enqueued; nothing if the run was taken over.
+-- fence: owner, state
 UPDATE __S__.oncebox_schedule_runs
 SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s),
     enqueued_count = enqueued_count + %(enqueued)s
@@ -91,6 +97,7 @@ WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
 RETURNING period;
 
 -- name: schedule_run_finish
+-- fence: owner, state
 UPDATE __S__.oncebox_schedule_runs
 SET state = 'done',
     finished_at = (SELECT __S__.oncebox_now()),
@@ -209,6 +216,7 @@ ORDER BY r.period DESC;
 -- Delete a batch of one schedule's finished runs that finished before the cutoff (the store is
 -- given the longer of the retention and the schedule's catch-up window), oldest first, once no
 -- job of the period is left: a run is its period's summary, and the jobs still read through it.
+-- fence: state, finished_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT r.schedule, r.period FROM __S__.oncebox_schedule_runs r

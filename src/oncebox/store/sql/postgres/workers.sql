@@ -4,6 +4,7 @@
 -- name: worker_beat
 -- A worker's row, written at start and refreshed while it runs (started_at kept); workers not
 -- seen for a day are forgotten in the same statement (the table stays the size of the fleet).
+-- no fence: a worker writes only its own row, and forgets rows no one has written for a day
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 forgotten AS (
     DELETE FROM __S__.oncebox_workers
@@ -19,6 +20,7 @@ SET tasks = excluded.tasks, queues = excluded.queues, channels = excluded.channe
     seen_at = excluded.seen_at, stopped_at = NULL;
 
 -- name: worker_stop
+-- no fence: a worker writes only its own row
 UPDATE __S__.oncebox_workers
 SET stopped_at = __S__.oncebox_now(), seen_at = __S__.oncebox_now()
 WHERE name = %(name)s;

@@ -16,12 +16,14 @@ SELECT id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at
 FROM oncebox_api_keys ORDER BY name;
 
 -- name: api_key_revoke
+-- no fence: a revoke is decided from nothing read, and a second keeps the first instant
 UPDATE oncebox_api_keys SET revoked_at = coalesce(revoked_at, :now)
 WHERE name = :name
 RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at;
 
 -- name: api_request_claim
 -- See the PostgreSQL statement.
+-- fence: expires_at, status, fingerprint, started_at
 INSERT INTO oncebox_api_requests AS r
     (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at)
 VALUES (:api_key_id, :idempotency_key, :fingerprint, :claim, NULL, NULL, :now,
@@ -41,18 +43,21 @@ FROM oncebox_api_requests
 WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key AND expires_at > :now;
 
 -- name: api_request_finish
+-- fence: claim, status
 UPDATE oncebox_api_requests SET status = :status, response = :response
 WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key
   AND claim = :claim AND status IS NULL
 RETURNING claim;
 
 -- name: api_request_release
+-- fence: claim, status
 DELETE FROM oncebox_api_requests
 WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key
   AND claim = :claim AND status IS NULL
 RETURNING claim;
 
 -- name: api_request_prune
+-- fence: expires_at
 DELETE FROM oncebox_api_requests
 WHERE (api_key_id, idempotency_key) IN (
     SELECT api_key_id, idempotency_key FROM oncebox_api_requests

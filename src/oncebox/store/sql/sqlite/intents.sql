@@ -14,6 +14,7 @@ RETURNING key;
 SELECT key, job_id FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
 
 -- name: intent_release
+-- no fence: undoes claims made earlier in this same transaction, which no other transaction sees
 DELETE FROM oncebox_intents WHERE key IN (SELECT value FROM json_each(:keys));
 
 -- name: intent_get
@@ -23,6 +24,7 @@ SELECT key, task, job_id, claimed_at FROM oncebox_intents WHERE key = :key;
 SELECT count(*) AS count FROM oncebox_intents;
 
 -- name: intent_prune
+-- fence: task, claimed_at
 DELETE FROM oncebox_intents
 WHERE key IN (
     SELECT key FROM oncebox_intents

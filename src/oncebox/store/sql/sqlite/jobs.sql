@@ -27,6 +27,7 @@ RETURNING id, key;
 
 -- name: job_merge
 -- See the PostgreSQL statement; counted by job_merge__count.
+-- fence: debounce_key, state
 UPDATE oncebox_jobs AS j
 SET args = CASE WHEN :keep_last THEN :args ELSE j.args END,
     key = CASE WHEN :keep_last THEN :key ELSE j.key END,
@@ -44,6 +45,8 @@ RETURNING id, key;
 -- name: job_insert_collapsed
 -- See the PostgreSQL statement; the throttle's row is written by job_insert_collapsed__throttle
 -- and the count by job_insert__count.
+-- no fence: the throttle's time is written only with the pending job it times, which one enqueue
+--   inserts (the unique debounce index)
 INSERT INTO oncebox_jobs
     (key, task, queue, args, priority, group_key, max_attempts, run_at, expires_at, created_at,
      trace_context, limit_key, debounce_key)
@@ -59,6 +62,8 @@ ON CONFLICT DO NOTHING
 RETURNING id, state, run_at;
 
 -- name: job_insert_collapsed__throttle
+-- no fence: the throttle's time is written only with the pending job it times, which one enqueue
+--   inserts (the unique debounce index)
 INSERT INTO oncebox_limits AS l (name, partition, updated_at)
 VALUES ('~throttle', :debounce_key, :run_at)
 ON CONFLICT (name, partition) DO UPDATE SET updated_at = excluded.updated_at;
@@ -71,6 +76,7 @@ LEFT JOIN oncebox_jobs j ON j.key = :key AND j.state <> 'cancelled'
 LEFT JOIN oncebox_intents i ON i.key = :key;
 
 -- name: job_lease
+-- fence: state, run_at
 UPDATE oncebox_jobs
 SET state = 'leased',
     attempt = attempt + 1,
@@ -99,6 +105,7 @@ RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base,
           run_at, expires_at, leased_at, trace_context;
 
 -- name: job_unlimit
+-- fence: state, limit_key
 UPDATE oncebox_jobs
 SET limit_key = NULL
 WHERE id IN (
@@ -189,6 +196,7 @@ LIMIT :n;
 -- name: job_lease_limited
 -- See the PostgreSQL statement (:picks: [id, partition]); under the write lock nothing can
 -- have changed since the choice, so the checks only say what the choice relied on.
+-- fence: state, limit_key, run_at
 UPDATE oncebox_jobs
 SET state = 'leased',
     attempt = attempt + 1,
@@ -204,11 +212,13 @@ RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base,
           run_at, expires_at, leased_at, trace_context;
 
 -- name: job_lease_extend
+-- fence: state, lease_token
 UPDATE oncebox_jobs
 SET lease_expires_at = max(lease_expires_at, :now + :lease_us)
 WHERE state = 'leased' AND lease_token IN (SELECT value FROM json_each(:tokens));
 
 -- name: job_release
+-- fence: lease_token, state
 UPDATE oncebox_jobs
 SET state = 'ready',
     attempt = attempt - 1,
@@ -219,6 +229,7 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND sta
 RETURNING id;
 
 -- name: job_rescue_expired
+-- fence: state, lease_expires_at
 UPDATE oncebox_jobs
 SET state = CASE WHEN attempt - attempt_base >= max_attempts OR expires_at <= :now
                  THEN 'dead' ELSE 'ready' END,
@@ -248,6 +259,7 @@ ON CONFLICT (job_id, attempt) DO NOTHING;
 
 -- name: job_finish
 -- :rows is a JSON array of [id, state, outcome, delay_us, error].
+-- fence: lease_token
 UPDATE oncebox_jobs AS j
 SET state = i.value ->> 1,
     outcome = i.value ->> 2,
@@ -270,6 +282,7 @@ WHERE true
 ON CONFLICT (job_id, attempt) DO NOTHING;
 
 -- name: job_attempt_note
+-- no fence: appends a note to an attempt already recorded, which nothing else changes
 INSERT INTO oncebox_job_attempts AS a
     (job_id, attempt, worker, started_at, finished_at, outcome, error, note)
 VALUES (:job_id, :attempt, :worker, NULL, :now, 'superseded', NULL, :note)
@@ -278,6 +291,7 @@ SET note = COALESCE(a.note || '; ', '') || excluded.note;
 
 -- name: job_replay
 -- See the PostgreSQL statement (`if_attempt`: the row as an operator confirmed it).
+-- fence: state, if_attempt
 UPDATE oncebox_jobs
 SET state = 'ready', run_at = :now, attempt_base = attempt, finished_at = NULL
 WHERE id = :id AND state = 'dead' AND (:if_attempt IS NULL OR attempt = :if_attempt)
@@ -290,6 +304,7 @@ VALUES (:now, :actor, 'replay', 'job', :id, :key, :reason,
 RETURNING id;
 
 -- name: job_cancel
+-- fence: state
 UPDATE oncebox_jobs
 SET state = 'cancelled', finished_at = :now
 WHERE id = :id AND state = 'ready'
@@ -302,6 +317,7 @@ RETURNING id;
 
 -- name: job_discard
 -- Dead → cancelled, in place, attempts kept, the key free (see the PostgreSQL statement).
+-- fence: state, if_attempt
 UPDATE oncebox_jobs
 SET state = 'cancelled', finished_at = :now
 WHERE id = :id AND state = 'dead' AND (:if_attempt IS NULL OR attempt = :if_attempt)
@@ -350,6 +366,7 @@ SELECT (SELECT min((SELECT j.run_at FROM oncebox_jobs j
 -- name: job_prune
 -- See the PostgreSQL query: the rows come back for the summary (job_prune__summarise), the
 -- attempts (job_prune__attempts) and the count (counter_add).
+-- fence: state, finished_at
 DELETE FROM oncebox_jobs
 WHERE id IN (
     SELECT j.id FROM oncebox_jobs j
@@ -364,6 +381,8 @@ RETURNING id, schedule, period, state, finished_at;
 -- name: job_prune__summarise
 -- :pruned is a JSON array of [id, schedule, period, finished_at] of the done jobs pruned (their
 -- messages are still there); windows in seconds, instants in microseconds.
+-- no fence: adds the jobs job_prune deleted in this transaction to their runs' summaries
+--   (increments)
 WITH doomed AS (
     SELECT value ->> 0 AS id, value ->> 1 AS schedule, value ->> 2 AS period,
            value ->> 3 AS finished_at
@@ -396,6 +415,7 @@ FROM counted c
 WHERE r.schedule = c.schedule AND r.period = c.period;
 
 -- name: job_prune__attempts
+-- no fence: the attempts of the jobs job_prune deleted in this transaction
 DELETE FROM oncebox_job_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: job_prunable

@@ -17,6 +17,8 @@ VALUES (:kind, :name, :source, :outputs, :now)
 ON CONFLICT (kind, name) DO NOTHING;
 
 -- name: key_canary_accept
+-- no fence: an operator accepts the code's canaries whatever was recorded, audited in the
+--   statement
 INSERT INTO oncebox_key_canaries (kind, name, source, outputs, recorded_at)
 VALUES (:kind, :name, :source, :outputs, :now)
 ON CONFLICT (kind, name) DO UPDATE

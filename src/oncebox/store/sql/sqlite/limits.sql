@@ -3,6 +3,7 @@
 
 -- name: rate_bucket_configure
 -- :buckets is a JSON array of [name, capacity, refill_per_s].
+-- no fence: follows the declaring code; tokens are only ever lowered to the capacity
 INSERT INTO oncebox_rate_buckets AS rb (channel, name, capacity, refill_per_s, tokens, updated_at)
 SELECT :channel, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 1, :now
 FROM json_each(:buckets) AS b
@@ -20,6 +21,7 @@ ORDER BY b.name;
 
 -- name: rate_bucket_update
 -- :buckets is a JSON array of [name, tokens, updated_at].
+-- fence: locked by rate_bucket_select
 UPDATE oncebox_rate_buckets AS b
 SET tokens = u.value ->> 1, updated_at = u.value ->> 2
 FROM json_each(:buckets) AS u
@@ -30,6 +32,7 @@ SELECT :now AS now,
        (SELECT paused_until FROM oncebox_channel_pauses WHERE channel = :channel) AS paused_until;
 
 -- name: channel_pause
+-- no fence: a pause only ever lengthens (the later end wins), whoever writes first
 INSERT INTO oncebox_channel_pauses AS p (channel, paused_until, reason)
 VALUES (:channel, :now + :pause_us, :reason)
 ON CONFLICT (channel) DO UPDATE
@@ -40,12 +43,14 @@ RETURNING paused_until;
 
 -- name: limit_lock
 -- The limits' rows for the whole limit. Nothing to lock: the lease holds the write lock.
+-- no fence: takes the limit's lock; its update changes nothing
 SELECT b.name, b.tokens, b.updated_at, :now AS now
 FROM json_each(:names) AS n
 JOIN oncebox_limits b ON b.name = n.value AND b.partition = '';
 
 -- name: limit_spend
 -- :spends is a JSON array of [name, partition, tokens, at].
+-- fence: locked by limit_lock
 INSERT INTO oncebox_limits AS l (name, partition, tokens, updated_at)
 SELECT s.value ->> 0, s.value ->> 1, s.value ->> 2, s.value ->> 3
 FROM json_each(:spends) AS s

@@ -81,6 +81,7 @@ ORDER BY 1, 2;
 
 -- name: audit_prune
 -- See the PostgreSQL statement.
+-- no fence: audit entries are never changed once written; a batch is taken with SKIP LOCKED
 DELETE FROM oncebox_audit
 WHERE id IN (
     SELECT a.id FROM oncebox_audit a

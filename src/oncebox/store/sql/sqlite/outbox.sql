@@ -15,6 +15,7 @@ WHERE true
 ON CONFLICT (key) DO NOTHING;
 
 -- name: outbox_lease
+-- fence: state, next_attempt_at
 UPDATE oncebox_outbox
 SET state = 'leased',
     leased_by = :worker,
@@ -45,6 +46,7 @@ SELECT (SELECT min((SELECT o.next_attempt_at FROM oncebox_outbox AS o
        :now AS now;
 
 -- name: outbox_mark_sending
+-- fence: state, lease_token
 UPDATE oncebox_outbox SET state = 'sending'
 WHERE id = :id AND lease_token = :token AND state = 'leased'
 RETURNING id;
@@ -53,6 +55,7 @@ RETURNING id;
 -- :rows is a JSON array of
 -- [id, state, outcome, counts_attempt, delay_us, error, receipt, dup, uncertain (or null),
 -- rescued].
+-- fence: lease_token
 UPDATE oncebox_outbox AS o
 SET state = i.value ->> 1,
     attempt = o.attempt + (i.value ->> 3),
@@ -94,6 +97,7 @@ ORDER BY lease_expires_at
 LIMIT :limit;
 
 -- name: outbox_resolve
+-- fence: state
 UPDATE oncebox_outbox
 SET state = CASE WHEN :resolution = 'sent' THEN 'sent' ELSE 'pending' END,
     sent_at = CASE WHEN :resolution = 'sent' THEN :now ELSE sent_at END,
@@ -113,6 +117,7 @@ RETURNING id;
 
 -- name: outbox_replay
 -- See the PostgreSQL statement (`if_attempt`: the row as an operator confirmed it).
+-- fence: state, if_attempt
 UPDATE oncebox_outbox
 SET state = 'pending', next_attempt_at = :now, attempt_base = attempt, rescues = 0
 WHERE id = :id AND state = 'dead' AND discarded_at IS NULL
@@ -134,6 +139,7 @@ SELECT id FROM oncebox_outbox WHERE id = :id;
 -- `discarded_at` says discarded (0007); the key is renamed `key~discarded-<id>` so a re-run of
 -- its job can write the key afresh. Only a row that cannot have been delivered: never sent with
 -- an unknown outcome, never resent blind. `if_attempt` as in outbox_replay.
+-- fence: state, discarded_at, if_attempt
 UPDATE oncebox_outbox
 SET discarded_at = :now, key = key || '~discarded-' || id
 WHERE id = :id AND state = 'dead' AND discarded_at IS NULL
@@ -148,10 +154,12 @@ WHERE intent_key = :intent_key AND discarded_at IS NULL
 ORDER BY id;
 
 -- name: outbox_discard__release
+-- fence: locked by outbox_discard__lock
 DELETE FROM oncebox_intents WHERE key = :intent_key RETURNING key;
 
 -- name: outbox_discard__job
 -- The job that wrote the discarded messages is dead again, so `dlq replay` re-runs it.
+-- fence: state, locked by outbox_discard__lock
 UPDATE oncebox_jobs
 SET state = 'dead', outcome = NULL, finished_at = :now, last_error = :error
 WHERE id = :job_id AND state = 'done'
@@ -252,6 +260,7 @@ LIMIT :limit;
 
 -- name: outbox_payload_drop
 -- See the PostgreSQL statement.
+-- fence: state, payload_dropped_at, sent_at
 UPDATE oncebox_outbox
 SET payload = '{}', payload_dropped_at = :now
 WHERE id IN (
@@ -275,6 +284,7 @@ SELECT (SELECT min(sent_at) FROM oncebox_outbox
 
 -- name: outbox_prune
 -- See the PostgreSQL statement; the attempts go in outbox_prune__attempts, first.
+-- fence: locked by outbox_prune__select
 DELETE FROM oncebox_outbox
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id;
@@ -292,6 +302,7 @@ ORDER BY o.sent_at, o.id
 LIMIT :limit;
 
 -- name: outbox_prune__attempts
+-- no fence: the attempts of the messages outbox_prune deletes in this transaction
 DELETE FROM oncebox_delivery_attempts WHERE outbox_id IN (SELECT value FROM json_each(:ids));
 
 -- name: outbox_prunable
@@ -311,6 +322,7 @@ SELECT (SELECT min(sent_at) FROM oncebox_outbox
 
 -- name: delivery_attempt_prune
 -- See the PostgreSQL statement.
+-- fence: state, finished_at
 DELETE FROM oncebox_delivery_attempts
 WHERE id IN (
     SELECT a.id FROM oncebox_delivery_attempts a

@@ -20,6 +20,7 @@ RETURNING id, outbox_id;
 SELECT id, channel, state, reported FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_report
+-- fence: locked by outbox_report_lock
 UPDATE oncebox_outbox SET reported = :stage, reported_at = :now
 WHERE id = :id
 RETURNING id;
@@ -46,6 +47,7 @@ ORDER BY id;
 
 -- name: provider_event_prune
 -- See the PostgreSQL statement.
+-- fence: received_at, state
 DELETE FROM oncebox_provider_events
 WHERE id IN (SELECT e.id FROM oncebox_provider_events e
              WHERE e.received_at < :now - :older_than_us

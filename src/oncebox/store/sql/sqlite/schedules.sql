@@ -10,11 +10,14 @@ VALUES (:name, 0, :now - :grace_us, :now)
 ON CONFLICT (name) DO NOTHING;
 
 -- name: schedule_state_advance
+-- no fence: the last fire only ever moves forward (the later instant wins)
 UPDATE oncebox_schedules
 SET last_fire_at = max(COALESCE(last_fire_at, :at), :at), updated_at = :now
 WHERE name = :name;
 
 -- name: schedule_state_pause
+-- no fence: an operator's pause or resume, audited (schedule_state_pause__audit); the last one
+--   wins
 INSERT INTO oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
 VALUES (:name, :paused, :now, :now)
 ON CONFLICT (name) DO UPDATE
@@ -32,6 +35,7 @@ VALUES (:now, :actor, CASE WHEN :paused THEN 'pause' ELSE 'resume' END, 'schedul
 SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
+-- no fence: follows the declaring code; the last declaration wins
 UPDATE oncebox_schedules
 SET slo_window_s = :window_s, slo_target = :target
 WHERE name = :name
@@ -51,6 +55,7 @@ WHERE slo_window_s IS NOT NULL
 ORDER BY name;
 
 -- name: schedule_run_claim
+-- fence: state, lease_expires_at
 INSERT INTO oncebox_schedule_runs AS r
     (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
 VALUES (:schedule, :period, :fire_at, 'running', :owner, :now + :lease_us, :now, :late)
@@ -65,12 +70,14 @@ WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
 RETURNING owner;
 
 -- name: schedule_run_extend
+-- fence: owner, state
 UPDATE oncebox_schedule_runs
 SET lease_expires_at = :now + :lease_us, enqueued_count = enqueued_count + :enqueued
 WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
 RETURNING period;
 
 -- name: schedule_run_finish
+-- fence: owner, state
 UPDATE oncebox_schedule_runs
 SET state = 'done',
     finished_at = :now,
@@ -171,6 +178,7 @@ ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
 -- See the PostgreSQL statement.
+-- fence: state, finished_at
 DELETE FROM oncebox_schedule_runs
 WHERE (schedule, period) IN (
     SELECT r.schedule, r.period FROM oncebox_schedule_runs r

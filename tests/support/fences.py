@@ -1,0 +1,113 @@
+"""The fences of the store's writes, as their `.sql` files declare them (tests/test_fences.py).
+
+Every named statement that changes rows — an UPDATE, a DELETE, an upsert's DO UPDATE — says in
+its comment lines what makes it a compare-and-set on what its writer decided from:
+
+    -- fence: lease_token, attempt          the columns its WHERE compares with what was read
+    -- fence: locked by rate_bucket_select  decided under the row locks that statement took
+                                             earlier in the same transaction
+    -- no fence: <why none is needed>        e.g. a prune of rows no one acts on any more
+
+Only counter increments need nothing (`value = c.value + excluded.value`: increments commute).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from oncebox.store.sqlfiles import query_files
+
+_NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+# a declaration, and its continuation lines (indented after the `--`)
+_FENCE = re.compile(r"^--\s*fence:\s*(.+(?:\n--   .+)*)$", re.MULTILINE)
+_NO_FENCE = re.compile(r"^--\s*no fence:\s*(.+(?:\n--   .+)*)$", re.MULTILINE)
+# increments of the sharded counters and depths: they commute, whoever writes first
+_INCREMENT = re.compile(
+    r"ON CONFLICT \([a-z_, ]+\)\s+DO UPDATE SET value = [a-z]\.value \+ excluded\.value",
+    re.IGNORECASE,
+)
+_LOCKING = re.compile(r"\bFOR\s+(NO\s+KEY\s+)?UPDATE\b", re.IGNORECASE)
+_WRITE = re.compile(r"\b(UPDATE|DELETE)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Write:
+    dialect: str
+    file: str
+    name: str
+    code: str  # the statement without its comments
+    fence: tuple[str, ...]  # the declared fence's terms; empty with `no fence`
+    no_fence: str | None  # the reason none is needed
+
+
+def code_of(sql: str) -> str:
+    """The statement without comments (whole-line and trailing ones)."""
+    lines = []
+    for line in sql.splitlines():
+        if line.strip().startswith("--"):
+            continue
+        lines.append(re.sub(r"--.*$", "", line))
+    return "\n".join(lines)
+
+
+def writes(sql: str) -> bool:
+    """Whether a statement changes existing rows (beyond counter increments)."""
+    code = _INCREMENT.sub("", code_of(sql))
+    return bool(_WRITE.search(_LOCKING.sub("", code)))
+
+
+def _joined(declaration: str) -> str:
+    return " ".join(part.removeprefix("--").strip() for part in declaration.split("\n"))
+
+
+def statements(dialect: str) -> dict[str, tuple[str, str]]:
+    """Every named statement of a dialect with its comments: {name: (file, text)}."""
+    folder = resources.files("oncebox.store") / "sql" / dialect
+    found: dict[str, tuple[str, str]] = {}
+    for file in query_files(dialect):
+        text = (folder / file).read_text("utf-8")
+        matches = list(_NAME.finditer(text))
+        for index, match in enumerate(matches):
+            end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+            found[match.group(1)] = (file, text[match.end() : end])
+    return found
+
+
+def fenced_writes(dialect: str) -> list[Write]:
+    """The dialect's writing statements with what they declare."""
+    found = []
+    for name, (file, sql) in statements(dialect).items():
+        if not writes(sql):
+            continue
+        fences = [_joined(d) for d in _FENCE.findall(sql)]
+        terms = tuple(t.strip() for line in fences for t in line.split(",") if t.strip())
+        reasons = " ".join(_joined(d) for d in _NO_FENCE.findall(sql))
+        found.append(Write(dialect, file, name, code_of(sql), terms, reasons or None))
+    return found
+
+
+def table() -> str:
+    """The rows of docs/guarantees.md's table of fences: every writing statement of PostgreSQL
+    (SQLite's share the names; its `op__step` statements are steps of one of these)."""
+    rows = ["| Statement | Fenced on |", "|---|---|"]
+    for write in sorted(fenced_writes("postgres"), key=lambda w: (w.file, w.name)):
+        if "__" in write.name:
+            continue
+        declared = ", ".join(write.fence) if write.fence else f"none: {write.no_fence}"
+        rows.append(f"| `{write.name}` | {declared} |")
+    return "\n".join(rows)
+
+
+def write_table(page: Path) -> None:
+    """Rewrite the table between `<!-- fences -->` and `<!-- /fences -->` on `page`."""
+    text = page.read_text("utf-8")
+    start = text.index("<!-- fences -->") + len("<!-- fences -->")
+    end = text.index("<!-- /fences -->")
+    page.write_text(text[:start] + "\n" + table() + "\n" + text[end:], "utf-8")
+
+
+if __name__ == "__main__":
+    write_table(Path(__file__).resolve().parents[2] / "docs" / "guarantees.md")
