@@ -165,6 +165,17 @@ def test_the_command_exits_1_with_evidence_and_the_rerun_line_on_a_violation():
     assert "run it again: oncebox chaos --scenario iso-week-boundary --seed 5" in outcome.output
 
 
+def test_a_mutation_a_test_catches_is_named_with_that_test():
+    """No scenario opens the race such a mutation reopens: the command says which test does."""
+    outcome = CliRunner().invoke(
+        main,
+        ["chaos", "--scenario", "manual-rerun", "--customers", "20", "--mutation",
+         "prune-taken-over"],
+    )  # fmt: skip
+    assert "note: prune-taken-over is caught by a test, not a scenario: pytest " in outcome.output
+    assert MUTATIONS["prune-taken-over"].must_fail in outcome.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -81,6 +81,16 @@ def chaos(
             f"unknown scenario {name!r}; use ci, all, or one of: {', '.join(SCENARIOS)}",
             param_hint="--scenario",
         )
+    from oncebox.chaos.mutations import MUTATIONS  # noqa: PLC0415
+
+    for mutation in mutations:
+        caught = MUTATIONS.get(mutation)
+        if caught is not None and caught.caught_by_test:  # no scenario opens its race
+            click.echo(
+                f"note: {mutation} is caught by a test, not a scenario: "
+                f"pytest '{caught.must_fail}'",
+                err=True,
+            )
     verbose = click.get_current_context().find_root().params.get("verbose", 0)
     logging.getLogger("oncebox").setLevel(logging.WARNING if verbose else logging.ERROR)
     os.environ.pop("ONCEBOX_EMAIL", None)  # the harness's providers are its own
