@@ -42,6 +42,10 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
+    aio-ignores-cancel a cancelled `box.aio` call on the caller's connection goes on in its thread
+                       (the fix reverted) → `test_a_cancelled_enqueue_goes_on_without_its_check`
+                       (tests/test_aio.py) fails: a statement after the caller's rollback, its
+                       job committed by the caller's next transaction
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -49,6 +53,7 @@ switch them on.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -105,6 +110,13 @@ MUTATIONS = {
             "stale-given-back",
             "acknowledging stale broker copies",
             "broker-kill-consumer.committed",
+            ("postgres",),
+        ),
+        # SQLite has no async caller connection (box.aio takes sqlite3 only through the sync API)
+        Mutation(
+            "aio-ignores-cancel",
+            "stopping a cancelled call on the caller's connection",
+            "tests/test_aio.py::test_a_cancelled_enqueue_goes_on_without_its_check",
             ("postgres",),
         ),
     )
@@ -236,6 +248,15 @@ def _stale_given_back() -> None:
         self._quietly(self.queue.give_back, stale)
 
     _patch(BrokerTransport, "_settle_stale", give_back)
+
+
+def _aio_ignores_cancel() -> None:
+    from oncebox import aio  # noqa: PLC0415
+
+    async def in_thread(_bridged: Any, call: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(call, *args, **kwargs)  # a cancel leaves the thread going
+
+    _patch(aio, "in_thread", in_thread)
 
 
 def _ignore_window() -> None:
@@ -414,4 +435,5 @@ _PROCESS_WIDE = {
     "strand-on-outage": _strand_on_outage,
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
+    "aio-ignores-cancel": _aio_ignores_cancel,
 }
