@@ -46,6 +46,11 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        (the fix reverted) → `test_a_cancelled_enqueue_goes_on_without_its_check`
                        (tests/test_aio.py) fails: a statement after the caller's rollback, its
                        job committed by the caller's next transaction
+    idempotency-fixed-takeover  an Idempotency-Key record is taken over 60 s after its request
+                       started, whether or not its holder still renews it (the fix reverted) →
+                       `test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence`
+                       (tests/test_api_served.py) fails: a second run beside the first, whose
+                       answer is then not the one kept
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -119,6 +124,12 @@ MUTATIONS = {
             "tests/test_aio.py::test_a_cancelled_enqueue_goes_on_without_its_check",
             ("postgres",),
         ),
+        Mutation(
+            "idempotency-fixed-takeover",
+            "an Idempotency-Key kept while its holder renews it",
+            "tests/test_api_served.py::"
+            "test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence",
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -172,6 +183,22 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
         "sqlite": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
+    },
+    "idempotency-fixed-takeover": {
+        "postgres": (
+            (
+                "api_request_claim",
+                "coalesce(r.held_until, r.started_at + interval '60 seconds')",
+                "(r.started_at + interval '60 seconds')",
+            ),
+        ),
+        "sqlite": (
+            (
+                "api_request_claim",
+                "coalesce(r.held_until, r.started_at + 60000000)",
+                "(r.started_at + 60000000)",
+            ),
+        ),
     },
 }
 
