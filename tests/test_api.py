@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from oncebox import Box
 from oncebox.api import ApiSettings, create_api
-from oncebox.api.idempotency import RETAIN, STALE, fingerprint
+from oncebox.api.idempotency import HOLD, RETAIN, fingerprint
 from oncebox.api.keys import issue_key
 from oncebox.api.problems import MEDIA_TYPE, TITLES, TYPE_PREFIX
 from oncebox.clock import ClockSetting
@@ -310,7 +310,7 @@ def test_the_same_idempotency_key_with_another_body_is_refused(api):
 def test_an_idempotency_key_still_being_answered_is_a_409_to_retry(api):
     key = next(k for k in api.box.store.api_key_list() if k.name == "app")
     raw = json.dumps(digest()).encode()
-    held = ApiRequestClaim(key.id, "busy", fingerprint("POST", DIGEST, raw), "other", RETAIN, STALE)
+    held = ApiRequestClaim(key.id, "busy", fingerprint("POST", DIGEST, raw), "other", RETAIN, HOLD)
     assert api.box.store.api_request_claim(held) is not None
     headers = api.headers("app", **{"Content-Type": "application/json", "Idempotency-Key": "busy"})
     answer = api.client.post(DIGEST, headers=headers, content=raw)

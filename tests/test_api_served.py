@@ -5,25 +5,34 @@ over HTTP — with the discovery page's own Python example run as a client would
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from oncebox import Box
+from oncebox.api import idempotency
+from oncebox.api.idempotency import RETAIN, fingerprint
 from oncebox.api.keys import issue_key
+from oncebox.chaos.mutations import mutated
 from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import build_box, create_tables
 from oncebox.examples.logistics.seed import seed_freight
+from oncebox.store.base import ApiRequestClaim
+from oncebox.store.postgres import PostgresStore
 from support.api_server import call, served_api
 from support.contract import T0
+from support.waiting import wait_until
 
 DIGEST = "/v1/tasks/weekly_digest/jobs"
 CALLERS = 8
@@ -147,3 +156,178 @@ def test_enqueued_over_http_processed_by_a_worker_and_its_receipts_read_back(tmp
     assert ran.stdout.startswith("201 {"), ran.stdout
     assert jobs_in(box) == 2  # the example's own job, under its own key
     box.close()
+
+
+# -- an Idempotency-Key's holder: at work, or gone -------------------------------------------------
+
+HELD = "order-9"
+BODY = {"args": {"customer_id": 9, "period": "2026-W33"}}
+HOLD = timedelta(seconds=30)  # the holder's hold, in these tests
+
+
+@pytest.fixture
+def holding(monkeypatch: pytest.MonkeyPatch) -> timedelta:
+    """A hold of 30 s, renewed every 10 ms: a working holder renews within a test's patience."""
+    monkeypatch.setattr(idempotency, "HOLD", HOLD)
+    monkeypatch.setattr(idempotency, "RENEW_EVERY", timedelta(milliseconds=10))
+    return HOLD
+
+
+@dataclass(frozen=True)
+class Taking:
+    """What a second request with a held key was answered while the holder was still at work —
+    61 s into the holder's request and 10 min in, each time once the holder had renewed its hold
+    on the moved clock (or lost it) — then the holder's own answer, and a retry's (its status,
+    whether it is the holder's answer replayed)."""
+
+    at_61_s: int
+    past_its_first_hold: int
+    holder: int
+    retry: tuple[int, bool]
+
+
+def race_working_holder(url: str, sent: Path) -> Taking:
+    box = build_box(url, email=f"file://{sent}")
+    create_tables(box)
+    issued = issue_key(box.store, "app", ["enqueue"], by="test")
+    token, key_id = issued.token, issued.row.id
+    box.store.clock_set(ClockSetting(frozen_at=T0))
+    at_work, done = threading.Event(), threading.Event()
+    insert = box.store.job_insert
+
+    def working_insert(job: Any, connection: object | None = None) -> Any:
+        if not at_work.is_set():  # the holder's route, at work until the test says
+            at_work.set()
+            done.wait(60)
+        return insert(job, connection=connection)
+
+    box.store.job_insert = working_insert  # type: ignore[method-assign]
+    answers: list[tuple[int, dict[str, str], Any]] = []
+    try:
+        with served_api(box) as base:
+
+            def post() -> tuple[int, dict[str, str], Any]:
+                return call("POST", base + DIGEST, token, BODY, {"Idempotency-Key": HELD})
+
+            def renewed_or_lost() -> bool:
+                found = box.store.api_request_get(key_id, HELD)
+                assert found is not None and found.held_until is not None
+                return found.claim != held or found.held_until > box.store.clock_now()
+
+            holder = threading.Thread(target=lambda: answers.append(post()))
+            holder.start()
+            assert at_work.wait(30), "the holder's route never started"
+            record = box.store.api_request_get(key_id, HELD)
+            assert record is not None
+            held = record.claim
+            statuses = []
+            for at in (timedelta(seconds=61), timedelta(minutes=10)):
+                box.store.clock_set(ClockSetting(frozen_at=T0 + at))
+                wait_until(renewed_or_lost, what="the holder's renewal on the moved clock")
+                statuses.append(post()[0])
+            at_61_s, past_its_first_hold = statuses
+            done.set()
+            holder.join(60)
+            retry = post()
+    finally:
+        done.set()
+        box.close()
+    ((status, _, first),) = answers
+    return Taking(
+        at_61_s,
+        past_its_first_hold,
+        status,
+        (retry[0], retry[1].get("idempotent-replayed") == "true" and retry[2] == first),
+    )
+
+
+def test_an_idempotency_key_stays_with_a_holder_at_work_past_60_s(
+    store_url: str, tmp_path: Path, holding: timedelta
+):
+    taking = race_working_holder(store_url, tmp_path / "sent")
+    assert taking == Taking(409, 409, 201, (201, True)), taking
+
+
+def test_an_idempotency_key_whose_holder_is_gone_is_taken_over_once_its_hold_ran_out(
+    store_url: str, tmp_path: Path, holding: timedelta
+):
+    box = build_box(store_url, email=f"file://{tmp_path / 'sent'}")
+    create_tables(box)
+    issued = issue_key(box.store, "app", ["enqueue"], by="test")
+    request = fingerprint("POST", DIGEST, json.dumps(BODY).encode())
+    box.store.clock_set(ClockSetting(frozen_at=T0))
+    gone = ApiRequestClaim(issued.row.id, HELD, request, "gone", RETAIN, holding)
+    assert box.store.api_request_claim(gone) is not None  # and nothing renews it
+    try:
+        with served_api(box) as base:
+
+            def post() -> tuple[int, dict[str, str], Any]:
+                return call("POST", base + DIGEST, issued.token, BODY, {"Idempotency-Key": HELD})
+
+            answers = []
+            for after in (holding - timedelta(seconds=1), holding):
+                box.store.clock_set(ClockSetting(frozen_at=T0 + after))
+                answers.append(post())
+            assert [a[0] for a in answers] == [409, 201], [a[0] for a in answers]
+            # the gone holder, back late, neither records its answer nor keeps the key
+            late = (
+                box.store.api_request_finish(issued.row.id, HELD, "gone", 201, "{}"),
+                box.store.api_request_renew(issued.row.id, HELD, "gone", holding),
+            )
+            retry = post()
+    finally:
+        box.close()
+    assert late == (False, False)
+    assert retry[0] == 201 and retry[1]["idempotent-replayed"] == "true", retry
+    assert retry[2] == answers[1][2]
+
+
+@pytest.mark.postgres
+def test_two_requests_taking_over_a_gone_holders_key_at_once_one_takes_it(
+    freight: Box, holding: timedelta
+):
+    issued = issue_key(freight.store, "app", ["enqueue"], by="test")
+    request = fingerprint("POST", DIGEST, json.dumps(BODY).encode())
+    freight.store.clock_set(ClockSetting(frozen_at=T0))
+    gone = ApiRequestClaim(issued.row.id, HELD, request, "gone", RETAIN, holding)
+    assert freight.store.api_request_claim(gone) is not None
+    freight.store.clock_set(ClockSetting(frozen_at=T0 + holding))
+    assert isinstance(freight.store, PostgresStore)
+    taken: dict[str, bool] = {}
+
+    def take(claim: str) -> None:
+        mine = ApiRequestClaim(issued.row.id, HELD, request, claim, RETAIN, holding)
+        taken[claim] = freight.store.api_request_claim(mine) is not None
+
+    conninfo = freight.store.conninfo
+    with psycopg.connect(conninfo) as locker, psycopg.connect(conninfo, autocommit=True) as seer:
+        # both takers read the gone holder's record before either writes: they wait on its lock
+        locker.execute(
+            "SELECT 1 FROM oncebox_api_requests WHERE idempotency_key = %s FOR UPDATE", [HELD]
+        )
+        takers = [threading.Thread(target=take, args=(c,)) for c in ("taker-1", "taker-2")]
+        for thread in takers:
+            thread.start()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+        wait_until(
+            lambda: seer.execute(waiting).fetchone() == (2,),
+            what="both takers waiting on the record's lock",
+        )
+        locker.rollback()
+        for thread in takers:
+            thread.join(30)
+    found = freight.store.api_request_get(issued.row.id, HELD)
+    assert sorted(taken.values()) == [False, True], taken
+    assert found is not None and taken[found.claim], (found, taken)
+
+
+def test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence(
+    store_url: str, tmp_path: Path, holding: timedelta
+):
+    with mutated("idempotency-fixed-takeover"):
+        taking = race_working_holder(store_url, tmp_path / "sent")
+    # taken over 61 s in, while the holder worked: the answer kept for retries is not its own
+    assert (taking.at_61_s, taking.retry[1]) == (201, False), taking

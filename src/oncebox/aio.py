@@ -6,7 +6,10 @@ on the database: not on a lock held by another transaction, not on a slow server
 caller's async connection (psycopg's `AsyncConnection`, SQLAlchemy's `AsyncSession` or
 `AsyncConnection` on postgresql+psycopg), the job is written in the caller's transaction: each
 statement is sent on that connection by the loop that owns it (`store/caller.py`,
-`LoopConnection`).
+`LoopConnection`). Cancelled there, a call stops where it is — the statement in flight cancelled
+on the server, none sent after it — and the cancel reaches the caller once the call has stopped,
+so the caller's rollback comes after the call's last statement, never before one. Without a
+connection, the call's own transaction commits or not as a whole; a cancel does not stop it.
 
 The worker stays synchronous: a handler runs inside the claim's transaction on a connection the
 lane holds, and async handlers would add a loop per lane for no gain in what the lane waits on
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from oncebox.jobs.tasks import Task
 from oncebox.operations import ActionOutcome, Operations
@@ -26,7 +29,10 @@ from oncebox.queue import enqueue as enqueueing
 from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
 from oncebox.receipts import ReceiptChain, receipt_chain
 from oncebox.runtime import Runtime
-from oncebox.store.caller import loop_connection
+from oncebox.store.caller import LoopConnection, loop_connection
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class AsyncBox:
@@ -63,7 +69,8 @@ class AsyncBox:
         priority: int | None = None,
     ) -> EnqueueResult:
         bridged = await loop_connection(connection, self._runtime.store.dialect)
-        return await asyncio.to_thread(
+        return await in_thread(
+            bridged,
             enqueueing.enqueue,
             self._runtime,
             task,
@@ -86,7 +93,8 @@ class AsyncBox:
     ) -> EnqueueManyResult:
         """`Box.enqueue_many`, awaited; in the caller's transaction on an async `connection`."""
         bridged = await loop_connection(connection, self._runtime.store.dialect)
-        return await asyncio.to_thread(
+        return await in_thread(
+            bridged,
             enqueueing.enqueue_many,
             self._runtime,
             task,
@@ -108,3 +116,21 @@ class AsyncBox:
     async def receipts(self, key: str) -> ReceiptChain:
         """A key's receipt chain — its intent, jobs, messages and audit — awaited."""
         return await asyncio.to_thread(receipt_chain, self._runtime.store, key)
+
+
+async def in_thread(
+    bridged: LoopConnection | None, call: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """`call` in a worker thread. On the caller's connection (`bridged`), a cancel stops it —
+    nothing is sent after it — and is raised once it has stopped (the module docstring)."""
+    work = asyncio.ensure_future(asyncio.to_thread(call, *args, **kwargs))
+    if bridged is None:
+        return await work
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        bridged.cancel()
+        await asyncio.wait([work])  # it stops at its next statement, or as the one in flight ends
+        if not work.cancelled():
+            work.exception()  # what it raised is the cancel, said by the raise below
+        raise

@@ -1,6 +1,6 @@
 """The HTTP API's records, on every store: keys (a name once, revoked for good, the digest only)
-and Idempotency-Key records (held by one request at a time, the first answer kept until it
-expires, an abandoned hold taken over by a retry of the same body only)."""
+and Idempotency-Key records (held by one request at a time while it renews its hold, the first
+answer kept until it expires, an abandoned hold taken over by a retry of the same body only)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from oncebox.store.base import ApiRequestClaim, Store
 from support.contract import T0, advance
 
 RETAIN = timedelta(hours=24)
-STALE = timedelta(minutes=1)
+HOLD = timedelta(seconds=30)
 
 
 def _claim(key_id: int, idem: str, fingerprint: str, claim: str) -> ApiRequestClaim:
-    return ApiRequestClaim(key_id, idem, fingerprint, claim, RETAIN, STALE)
+    return ApiRequestClaim(key_id, idem, fingerprint, claim, RETAIN, HOLD)
 
 
 def test_a_key_name_is_taken_once_and_a_revoke_keeps_its_first_instant(store: Store):
@@ -56,7 +56,7 @@ def test_an_idempotency_key_is_held_by_one_request_and_keeps_its_first_answer(st
         "first",
     )
     # answered: not taken over, however stale, until it expires
-    advance(store, STALE * 10)
+    advance(store, HOLD * 10)
     assert store.api_request_claim(_claim(key.id, "order-7", "fp-a", "late")) is None
     # another API key's records never meet this one's
     other = store.api_key_insert("cron", "enqueue", "b" * 64, "20/s", "ops")
@@ -65,22 +65,40 @@ def test_an_idempotency_key_is_held_by_one_request_and_keeps_its_first_answer(st
     assert store.api_request_claim(_claim(other.id, "order-7", "fp-a", "theirs")) is not None
 
 
-def test_an_abandoned_hold_is_taken_over_by_the_same_body_after_it_goes_stale(store: Store):
+def test_an_abandoned_hold_is_taken_over_by_the_same_body_once_it_runs_out(store: Store):
     key = store.api_key_insert("billing", "enqueue", "a" * 64, "20/s", "ops")
     assert key is not None
     assert store.api_request_claim(_claim(key.id, "k", "fp-a", "dead")) is not None
-    advance(store, STALE - timedelta(seconds=1))
+    advance(store, HOLD - timedelta(seconds=1))
     assert store.api_request_claim(_claim(key.id, "k", "fp-a", "early")) is None
     advance(store, timedelta(seconds=1))
     assert store.api_request_claim(_claim(key.id, "k", "fp-b", "other-body")) is None
     taken = store.api_request_claim(_claim(key.id, "k", "fp-a", "retry"))
-    assert taken is not None and taken.claim == "retry" and taken.started_at == T0 + STALE
+    assert taken is not None and taken.claim == "retry" and taken.started_at == T0 + HOLD
     # the dead holder, back, can neither answer nor release it
     assert not store.api_request_finish(key.id, "k", "dead", 201, "{}")
     assert not store.api_request_release(key.id, "k", "dead")
     assert store.api_request_release(key.id, "k", "retry")
     assert store.api_request_get(key.id, "k") is None
     assert store.api_request_claim(_claim(key.id, "k", "fp-b", "fresh")) is not None
+
+
+def test_a_renewed_hold_outlasts_its_first_and_a_holder_taken_over_cannot_renew(store: Store):
+    key = store.api_key_insert("billing", "enqueue", "a" * 64, "20/s", "ops")
+    assert key is not None
+    held = store.api_request_claim(_claim(key.id, "k", "fp-a", "working"))
+    assert held is not None and held.held_until == T0 + HOLD
+    for _ in range(4):  # at work for two minutes, renewing as it goes
+        advance(store, HOLD - timedelta(seconds=1))
+        assert store.api_request_renew(key.id, "k", "working", HOLD)
+        assert store.api_request_claim(_claim(key.id, "k", "fp-a", "retry")) is None
+    found = store.api_request_get(key.id, "k")
+    assert found is not None and found.held_until == T0 + 4 * (HOLD - timedelta(seconds=1)) + HOLD
+    advance(store, HOLD)  # it stopped renewing: gone
+    assert store.api_request_claim(_claim(key.id, "k", "fp-a", "retry")) is not None
+    assert not store.api_request_renew(key.id, "k", "working", HOLD)
+    assert store.api_request_finish(key.id, "k", "retry", 201, "{}")
+    assert not store.api_request_renew(key.id, "k", "retry", HOLD)  # answered: nothing to hold
 
 
 def test_records_expire_for_reads_claims_and_the_prune(store: Store):

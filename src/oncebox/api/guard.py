@@ -203,7 +203,8 @@ async def _handle(endpoint: Endpoint, request: Request) -> Response:
                 return json_response(begun.status, begun.body, replayed)
             held = begun
         try:
-            status, text, headers = _answer(endpoint, call, request.url.path)
+            with idempotency.kept(box.store, held):  # a retry meanwhile is told 409
+                status, text, headers = _answer(endpoint, call, request.url.path)
         except BaseException:  # a bug: nothing decided, so the key is let go for a retry
             if held is not None:
                 idempotency.finish(box.store, held, 500, "", {})

@@ -7,25 +7,38 @@ a retry may change — a 404 or a 409, "not yet" or "not now" — is not kept ei
 
 The request is its method, path and body bytes (the fingerprint); the key is the caller's
 (1-255 printable characters; a structured-field string's quotes are taken off). An answer of 5xx
-is not kept — the server failed, nothing was decided — so a retry runs again. A holder that dies
-mid-request leaves its record in flight; a retry of the same request takes it over after
-`STALE`. Running a request again is safe however it happens: what it writes is keyed (a job's
-business key, a period's run), so the Idempotency-Key saves a second answer, never a second job.
+is not kept — the server failed, nothing was decided — so a retry runs again.
+
+The key stays with its holder while the holder is at work, however long that takes: the claim
+holds it for `HOLD`, and the holder renews that every `RENEW_EVERY` while its request runs
+(`kept`), so a retry meanwhile is told 409. A holder that dies mid-request stops renewing; a
+retry of the same request takes the key over once the hold has run out — in the claim's own
+statement, on the row it locks, so of two retries one takes it. A holder taken over (it could
+not renew for `HOLD`: a store outage, a stalled process) records nothing: its answer and its
+renewals are fenced on its claim. Running a request again is safe however it happens: what it
+writes is keyed (a job's business key, a period's run), so the Idempotency-Key saves a second
+answer, never a second job.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
 from oncebox.api.problems import Problem
 from oncebox.store.base import ApiRequestClaim, Store
 
+log = logging.getLogger("oncebox.api")
 RETAIN = timedelta(hours=24)
-STALE = timedelta(seconds=60)
+HOLD = timedelta(seconds=30)  # a holder that stops renewing loses the key after this
+RENEW_EVERY = HOLD / 3  # so a renewal or two may fail (the store away a moment) and it keeps it
 HEADER = "idempotency-key"
 UNSETTLED = frozenset({404, 409})  # answers a retry may change: never replayed
 _TRIES = 3
@@ -78,7 +91,7 @@ def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held
     claim = secrets.token_hex(16)
     for _ in range(_TRIES):
         held = store.api_request_claim(
-            ApiRequestClaim(key_id, idempotency_key, request, claim, RETAIN, STALE)
+            ApiRequestClaim(key_id, idempotency_key, request, claim, RETAIN, HOLD)
         )
         if held is not None:
             return Held(key_id, idempotency_key, claim)
@@ -102,6 +115,41 @@ def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held
         "a request with this Idempotency-Key is still being answered; retry after it",
         headers={"Retry-After": "1"},
     )
+
+
+@contextmanager
+def kept(store: Store, held: Held | None) -> Iterator[None]:
+    """`held` renewed while the block runs — the request answering under it is at work — from
+    a thread of its own; the renewals have stopped when the block ends."""
+    if held is None:
+        yield
+        return
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_renew, args=(store, held, stop), name="api-idempotency-hold", daemon=True
+    )
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join()
+
+
+def _renew(store: Store, held: Held, stop: threading.Event) -> None:
+    while not stop.wait(RENEW_EVERY.total_seconds()):
+        try:
+            renewed = store.api_request_renew(held.key_id, held.idempotency_key, held.claim, HOLD)
+        except Exception:  # the store away: the next beat tries again, within the hold
+            log.warning("renewing an Idempotency-Key's hold failed", exc_info=True)
+            continue
+        if not renewed:  # taken over after a hold that ran out: this answer will not be kept
+            log.warning(
+                "an Idempotency-Key was taken over from a request still at work (it could not "
+                "renew its hold for %s s); its answer will not be kept",
+                int(HOLD.total_seconds()),
+            )
+            return
 
 
 def finish(store: Store, held: Held, status: int, body: str, headers: dict[str, str]) -> None:

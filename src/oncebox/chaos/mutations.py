@@ -45,6 +45,15 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
+    aio-ignores-cancel a cancelled `box.aio` call on the caller's connection goes on in its thread
+                       (the fix reverted) → `test_a_cancelled_enqueue_goes_on_without_its_check`
+                       (tests/test_aio.py) fails: a statement after the caller's rollback, its
+                       job committed by the caller's next transaction
+    idempotency-fixed-takeover  an Idempotency-Key record is taken over 60 s after its request
+                       started, whether or not its holder still renews it (the fix reverted) →
+                       `test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence`
+                       (tests/test_api_served.py) fails: a second run beside the first, whose
+                       answer is then not the one kept
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -52,6 +61,7 @@ switch them on.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -116,6 +126,19 @@ MUTATIONS = {
             "broker-kill-consumer.committed",
             ("postgres",),
         ),
+        # SQLite has no async caller connection (box.aio takes sqlite3 only through the sync API)
+        Mutation(
+            "aio-ignores-cancel",
+            "stopping a cancelled call on the caller's connection",
+            "tests/test_aio.py::test_a_cancelled_enqueue_goes_on_without_its_check",
+            ("postgres",),
+        ),
+        Mutation(
+            "idempotency-fixed-takeover",
+            "an Idempotency-Key kept while its holder renews it",
+            "tests/test_api_served.py::"
+            "test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence",
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -178,6 +201,22 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
         "sqlite": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
+    },
+    "idempotency-fixed-takeover": {
+        "postgres": (
+            (
+                "api_request_claim",
+                "coalesce(r.held_until, r.started_at + interval '60 seconds')",
+                "(r.started_at + interval '60 seconds')",
+            ),
+        ),
+        "sqlite": (
+            (
+                "api_request_claim",
+                "coalesce(r.held_until, r.started_at + 60000000)",
+                "(r.started_at + 60000000)",
+            ),
+        ),
     },
 }
 
@@ -254,6 +293,15 @@ def _stale_given_back() -> None:
         self._quietly(self.queue.give_back, stale)
 
     _patch(BrokerTransport, "_settle_stale", give_back)
+
+
+def _aio_ignores_cancel() -> None:
+    from oncebox import aio  # noqa: PLC0415
+
+    async def in_thread(_bridged: Any, call: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(call, *args, **kwargs)  # a cancel leaves the thread going
+
+    _patch(aio, "in_thread", in_thread)
 
 
 def _ignore_window() -> None:
@@ -432,4 +480,5 @@ _PROCESS_WIDE = {
     "strand-on-outage": _strand_on_outage,
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
+    "aio-ignores-cancel": _aio_ignores_cancel,
 }

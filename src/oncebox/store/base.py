@@ -390,8 +390,9 @@ class ApiKeyRow:
 
 @dataclass(frozen=True, slots=True)
 class ApiRequestRow:
-    """An Idempotency-Key record: the request holding it (`claim`) while `status` is None, then
-    the first answer, replayed until `expires_at` (api/idempotency.py)."""
+    """An Idempotency-Key record: the request holding it (`claim`) while `status` is None, kept
+    by it until `held_until` (renewed while it runs; None: an older server's record), then the
+    first answer, replayed until `expires_at` (api/idempotency.py)."""
 
     api_key_id: int
     idempotency_key: str
@@ -401,19 +402,21 @@ class ApiRequestRow:
     response: str | None
     started_at: datetime
     expires_at: datetime
+    held_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ApiRequestClaim:
-    """Hold `idempotency_key` for a request: kept `retain` after it starts; taken over from an
-    in-flight holder of the same body that has not finished within `stale`."""
+    """Hold `idempotency_key` for a request: kept `retain` after it starts, held `hold` from now
+    (the holder renews that while it runs); taken over from an in-flight holder of the same body
+    whose hold ran out."""
 
     api_key_id: int
     idempotency_key: str
     fingerprint: str
     claim: str
     retain: timedelta
-    stale: timedelta
+    hold: timedelta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1292,6 +1295,13 @@ class Store(Protocol):
         self, api_key_id: int, idempotency_key: str, claim: str, status: int, response: str
     ) -> bool:
         """Record the first answer; False when `claim` no longer holds the key."""
+        ...
+
+    def api_request_renew(
+        self, api_key_id: int, idempotency_key: str, claim: str, hold: timedelta
+    ) -> bool:
+        """`claim`, still at work, holds the key `hold` from now; False when it no longer holds
+        it (taken over, or answered)."""
         ...
 
     def api_request_release(self, api_key_id: int, idempotency_key: str, claim: str) -> bool:

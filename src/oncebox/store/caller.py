@@ -104,14 +104,40 @@ class LoopConnection:
     the loop that owns it, and the worker thread waits for the answer: the job is written in the
     caller's async transaction by the very code a sync enqueue runs. It answers what the
     PostgreSQL store asks of a connection (`execute`, `autocommit`, `transaction`, `pipeline`),
-    nothing more."""
+    nothing more.
+
+    A call whose awaiting task is cancelled stops where it is (`cancel`): the statement in flight
+    is cancelled on the server and no other is sent — the caller, whose transaction it is, rolls
+    back what was. Whether to send is decided on the loop, where `cancel` runs, so a cancel
+    between two statements is never missed."""
 
     def __init__(self, connection: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = connection
         self._loop = loop
+        self._cancelled = False  # these two are read and written on the loop only
+        self._in_flight: asyncio.Task[Any] | None = None
 
-    def _run(self, step: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(step, self._loop).result()
+    def _run(self, step: Coroutine[Any, Any, T], *, closing: bool = False) -> T:
+        return asyncio.run_coroutine_threadsafe(self._send(step, closing), self._loop).result()
+
+    async def _send(self, step: Coroutine[Any, Any, T], closing: bool) -> T:
+        if closing:  # the end of this call's own transaction block: never cut short
+            return await step
+        if self._cancelled:
+            step.close()
+            raise asyncio.CancelledError  # the caller's task was cancelled: send nothing more
+        self._in_flight = asyncio.current_task()
+        try:
+            return await step
+        finally:
+            self._in_flight = None
+
+    def cancel(self) -> None:
+        """On the loop, when the task awaiting the call is cancelled: no statement is sent after
+        this, and the one in flight is cancelled (psycopg cancels it on the server)."""
+        self._cancelled = True
+        if self._in_flight is not None:
+            self._in_flight.cancel()
 
     def execute(self, sql: Any, params: Any = None) -> Fetched:
         return self._run(self._execute(sql, params))
@@ -128,14 +154,23 @@ class LoopConnection:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        """The call's own block on a connection in autocommit. Its end is sent even after a
+        cancel — a rollback then, which leaves the connection as the caller had it."""
         block = self._conn.transaction()
         self._run(block.__aenter__())
         try:
             yield
         except BaseException as error:
-            self._run(block.__aexit__(type(error), error, error.__traceback__))
+            self._run(block.__aexit__(type(error), error, error.__traceback__), closing=True)
             raise
-        self._run(block.__aexit__(None, None, None))
+        self._run(self._end(block), closing=True)
+
+    async def _end(self, block: Any) -> None:
+        if self._cancelled:
+            cancelled = asyncio.CancelledError()
+            await block.__aexit__(asyncio.CancelledError, cancelled, None)
+            raise cancelled
+        await block.__aexit__(None, None, None)
 
     @contextmanager
     def pipeline(self) -> Iterator[None]:

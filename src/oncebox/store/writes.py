@@ -526,7 +526,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "fingerprint": claim.fingerprint,
             "claim": claim.claim,
             **self._span("retain", claim.retain),
-            **self._span("stale", claim.stale),
+            **self._span("hold", claim.hold),
         }
         return self._apply("api_request_claim", params).record(ApiRequestRow, self._instant)
 
@@ -542,6 +542,18 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "response": response,
         }
         return bool(self._apply("api_request_finish", params).rows)
+
+    @operation
+    def api_request_renew(
+        self, api_key_id: int, idempotency_key: str, claim: str, hold: timedelta
+    ) -> bool:
+        params = {
+            "api_key_id": api_key_id,
+            "idempotency_key": idempotency_key,
+            "claim": claim,
+            **self._span("hold", hold),
+        }
+        return bool(self._apply("api_request_renew", params).rows)
 
     @operation
     def api_request_release(self, api_key_id: int, idempotency_key: str, claim: str) -> bool:

@@ -24,29 +24,46 @@ WHERE name = %(name)s
 RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked_at;
 
 -- name: api_request_claim
--- Hold an Idempotency-Key for this request: a key never seen, a record expired, or an in-flight
--- record of the same body whose holder has not finished within %(stale_s)s (it died: the retry
--- takes over; the work itself is keyed, so running it again writes nothing twice). Nothing
--- returned: the key is held, answered, or was used with another body — read it.
--- fence: expires_at, status, fingerprint, started_at
+-- Hold an Idempotency-Key for this request until %(hold_s)s from now (its holder renews that
+-- while it runs: api_request_renew): a key never seen, a record expired, or an in-flight record
+-- of the same body whose hold ran out — its holder has gone (the retry takes over; the work
+-- itself is keyed, so running it again writes nothing twice). A holder at work keeps it however
+-- long it runs. The hold is compared and set in this one statement on the row it locks: of two
+-- requests taking over one record, the second finds it held again. A record without a hold is an
+-- older server's, taken over 60 s after its start as that server would. Nothing returned: the
+-- key is held, answered, or was used with another body — read it.
+-- fence: expires_at, status, fingerprint, held_until, started_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_api_requests AS r
-    (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at)
+    (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at,
+     held_until)
 SELECT %(api_key_id)s, %(idempotency_key)s, %(fingerprint)s, %(claim)s, NULL, NULL, now,
-       now + make_interval(secs => %(retain_s)s)
+       now + make_interval(secs => %(retain_s)s), now + make_interval(secs => %(hold_s)s)
 FROM clock
 ON CONFLICT (api_key_id, idempotency_key) DO UPDATE
 SET fingerprint = excluded.fingerprint, claim = excluded.claim, status = NULL, response = NULL,
-    started_at = excluded.started_at, expires_at = excluded.expires_at
+    started_at = excluded.started_at, expires_at = excluded.expires_at,
+    held_until = excluded.held_until
 WHERE r.expires_at <= excluded.started_at
    OR (r.status IS NULL AND r.fingerprint = excluded.fingerprint
-       AND r.started_at <= excluded.started_at - make_interval(secs => %(stale_s)s))
+       AND coalesce(r.held_until, r.started_at + interval '60 seconds') <= excluded.started_at)
 RETURNING r.api_key_id, r.idempotency_key, r.fingerprint, r.claim, r.status, r.response,
-          r.started_at, r.expires_at;
+          r.started_at, r.expires_at, r.held_until;
+
+-- name: api_request_renew
+-- The holder of a key, still at work, holds it %(hold_s)s from now. Nothing when it was taken
+-- over (its hold had run out: the holder then records nothing either) or answered.
+-- fence: claim, status
+UPDATE __S__.oncebox_api_requests
+SET held_until = __S__.oncebox_now() + make_interval(secs => %(hold_s)s)
+WHERE api_key_id = %(api_key_id)s AND idempotency_key = %(idempotency_key)s
+  AND claim = %(claim)s AND status IS NULL
+RETURNING claim;
 
 -- name: api_request_get
 -- The record of a key, unless expired.
-SELECT api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at
+SELECT api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at,
+       held_until
 FROM __S__.oncebox_api_requests
 WHERE api_key_id = %(api_key_id)s AND idempotency_key = %(idempotency_key)s
   AND expires_at > __S__.oncebox_now();

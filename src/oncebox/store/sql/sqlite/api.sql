@@ -23,22 +23,32 @@ RETURNING id, name, scopes, secret_sha256, rate, created_at, created_by, revoked
 
 -- name: api_request_claim
 -- See the PostgreSQL statement.
--- fence: expires_at, status, fingerprint, started_at
+-- fence: expires_at, status, fingerprint, held_until, started_at
 INSERT INTO oncebox_api_requests AS r
-    (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at)
+    (api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at,
+     held_until)
 VALUES (:api_key_id, :idempotency_key, :fingerprint, :claim, NULL, NULL, :now,
-        :now + :retain_us)
+        :now + :retain_us, :now + :hold_us)
 ON CONFLICT (api_key_id, idempotency_key) DO UPDATE
 SET fingerprint = excluded.fingerprint, claim = excluded.claim, status = NULL, response = NULL,
-    started_at = excluded.started_at, expires_at = excluded.expires_at
+    started_at = excluded.started_at, expires_at = excluded.expires_at,
+    held_until = excluded.held_until
 WHERE r.expires_at <= excluded.started_at
    OR (r.status IS NULL AND r.fingerprint = excluded.fingerprint
-       AND r.started_at <= excluded.started_at - :stale_us)
+       AND coalesce(r.held_until, r.started_at + 60000000) <= excluded.started_at)
 RETURNING api_key_id, idempotency_key, fingerprint, claim, status, response, started_at,
-          expires_at;
+          expires_at, held_until;
+
+-- name: api_request_renew
+-- fence: claim, status
+UPDATE oncebox_api_requests SET held_until = :now + :hold_us
+WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key
+  AND claim = :claim AND status IS NULL
+RETURNING claim;
 
 -- name: api_request_get
-SELECT api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at
+SELECT api_key_id, idempotency_key, fingerprint, claim, status, response, started_at, expires_at,
+       held_until
 FROM oncebox_api_requests
 WHERE api_key_id = :api_key_id AND idempotency_key = :idempotency_key AND expires_at > :now;
 

@@ -21,6 +21,7 @@ TABLE oncebox_api_requests
   response text
   started_at timestamp with time zone NOT NULL
   expires_at timestamp with time zone NOT NULL
+  held_until timestamp with time zone
   CONSTRAINT FOREIGN KEY (api_key_id) REFERENCES __S__.oncebox_api_keys(id)
   CONSTRAINT PRIMARY KEY (api_key_id, idempotency_key)
 

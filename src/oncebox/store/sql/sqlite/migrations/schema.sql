@@ -90,7 +90,7 @@ CREATE TABLE oncebox_api_requests (
     status INTEGER,
     response TEXT,
     started_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL, held_until INTEGER,
     PRIMARY KEY (api_key_id, idempotency_key)
 ) STRICT, WITHOUT ROWID;
 
