@@ -552,7 +552,8 @@ class Box(Operations):
         name: str = "c0",
     ) -> Consumer:
         """A single consumer lane (table queue unless `transport` is given), for `run_once()` in
-        tests and tools. Close it with `consumer.session.close()`."""
+        tests and tools. Close it with `consumer.close()` (it gives back first what a store
+        outage left it, if the store answers)."""
         consumer, _transport = build_consumer(
             self.runtime,
             config or ConsumerConfig(),

@@ -12,6 +12,7 @@
     ├── KeyDrift                    a task's key template or a schedule's periods changed
     ├── ClockHeld                   another process froze or offset the database's clock
     ├── StoreUnavailable            the database cannot be reached (retryable for lanes)
+    │   └── ConnectionLost          the consumer's connection broke while a handler ran on it
     ├── StoreRefused                the database refused a transaction's writes (a constraint)
     ├── BrokerUnavailable           a broker cannot be reached (retryable for lanes)
     ├── BrokerRefused               a broker refused a publish or a declaration
@@ -90,6 +91,12 @@ class KeyDrift(OnceboxError):
 
 class StoreUnavailable(OnceboxError):
     """The database cannot be reached. Lanes back off and try again; commands exit 1."""
+
+
+class ConnectionLost(StoreUnavailable):
+    """The claim's connection broke while a handler ran on it (the server stopped, or ended the
+    session of a handler past its timeout): the store went away under that handler, whatever
+    the handler made of the driver's error. Its attempt counts; its batch's others do not."""
 
 
 class StoreReplaced(OnceboxError):

@@ -89,16 +89,21 @@ def test_due_seen_is_the_next_due_time_read_by_a_lease_that_came_back_short_once
         assert session.due_seen() is None  # taken once
 
 
-def test_job_release_gives_leased_jobs_back_unspent_and_is_fenced_on_the_token(store: Store):
+def test_job_release_gives_leased_jobs_back_unspent_and_is_fenced_on_token_and_attempt(
+    store: Store,
+):
     kept = insert(store, "k/1")
     given_back = insert(store, "k/2")
     with opened_session(store) as session:
         token, ids = lease(session)
         assert ids == [kept, given_back]
-        wrong = JobReleaseParams(ids=[given_back], token=new_token())
-        assert session.job_release(wrong) == 0
+        for wrong in (
+            JobReleaseParams(jobs=[(given_back, 1)], token=new_token()),
+            JobReleaseParams(jobs=[(given_back, 2)], token=token),  # not the attempt it took
+        ):
+            assert session.job_release(wrong) == 0
         assert row(store, given_back).state == "leased"
-        released = JobReleaseParams(ids=[given_back], token=token, delay=timedelta(seconds=7))
+        released = JobReleaseParams(jobs=[(given_back, 1)], token=token, delay=timedelta(seconds=7))
         assert session.job_release(released) == 1
     back = row(store, given_back)
     assert (back.state, back.attempt, back.lease_expires_at) == ("ready", 0, None)

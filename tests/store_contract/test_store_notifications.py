@@ -76,7 +76,7 @@ def test_notify_work_wakes_waiters_for_rows_made_ready_without_an_insert(
         token, _ids = lease(session)
 
         def release_and_notify() -> None:
-            assert session.job_release(JobReleaseParams([job_id], token)) == 1
+            assert session.job_release(JobReleaseParams([(job_id, 1)], token)) == 1
             store.notify_work("jobs")
 
         assert woken_by(waiter, release_and_notify) == only(store, "jobs")

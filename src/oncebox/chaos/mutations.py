@@ -54,6 +54,14 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        `test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence`
                        (tests/test_api_served.py) fails: a second run beside the first, whose
                        answer is then not the one kept
+    spend-on-outage    a consumer whose batch a store outage cut short leaves every lease to run
+                       out (the give-back reverted) → `tests/test_consumer_outage.py::test_a_batch_
+                       the_store_went_away_under_spends_every_attempt_without_its_give_back`
+                       fails (jobs that never ran lose an attempt)
+    unfenced-give-back a give-back (`job_release`) no longer checks the lease token and attempt →
+                       `tests/test_consumer_outage.py::test_a_give_back_without_its_fence_takes_
+                       the_jobs_from_their_new_holder` fails (a consumer back from an outage
+                       takes the jobs another consumer leased after the rescue)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -139,6 +147,18 @@ MUTATIONS = {
             "tests/test_api_served.py::"
             "test_an_idempotency_key_is_taken_from_a_holder_at_work_without_its_fence",
         ),
+        Mutation(
+            "spend-on-outage",
+            "giving back a batch a store outage cut short",
+            "tests/test_consumer_outage.py::"
+            "test_a_batch_the_store_went_away_under_spends_every_attempt_without_its_give_back",
+        ),
+        Mutation(
+            "unfenced-give-back",
+            "the give-back's lease token and attempt fence",
+            "tests/test_consumer_outage.py::"
+            "test_a_give_back_without_its_fence_takes_the_jobs_from_their_new_holder",
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -216,6 +236,14 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
                 "coalesce(r.held_until, r.started_at + 60000000)",
                 "(r.started_at + 60000000)",
             ),
+        ),
+    },
+    "unfenced-give-back": {
+        "postgres": (
+            ("job_release", "j.lease_token = %(token)s AND j.attempt = g.attempt AND ", ""),
+        ),
+        "sqlite": (
+            ("job_release", "j.lease_token = :token AND j.attempt = g.value ->> 1\n  AND ", ""),
         ),
     },
 }
@@ -386,6 +414,15 @@ def _strand_on_outage() -> None:
     _patch(OutboxDispatcher, "_recover", forget)
 
 
+def _spend_on_outage() -> None:
+    from oncebox.queue.consumer import Consumer  # noqa: PLC0415
+
+    def drop(self: Any, unsettled: list[Any], _result: Any) -> None:
+        self.transport.drop(unsettled)  # every lease runs out: the rescuer spends every attempt
+
+    _patch(Consumer, "_strand", drop)
+
+
 def _clock_never_lapses() -> None:
     from oncebox.clock import ClockLease  # noqa: PLC0415
 
@@ -478,6 +515,7 @@ _PROCESS_WIDE = {
     "no-guard": _no_guard,
     "bucket-time-back": _bucket_time_back,
     "strand-on-outage": _strand_on_outage,
+    "spend-on-outage": _spend_on_outage,
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
     "aio-ignores-cancel": _aio_ignores_cancel,

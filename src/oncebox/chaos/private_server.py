@@ -99,9 +99,11 @@ class PrivateServer:
             "pg_ctl", "-D", str(self.data), "-l", log, "-m", "fast", "-w", "-t", "60", "restart"
         )
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "immediate") -> None:
+        """Stopped as by a crash (`immediate`: what was not yet flushed is lost), or as by an
+        operator (`fast`: every connection ended, everything committed kept)."""
         if self.data.exists():
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
 
 @contextmanager

@@ -192,9 +192,10 @@ class Worker:
     def _close(
         self, consumers: list[tuple[Consumer, Transport]], sweepers: list[ExpirySweeper]
     ) -> None:
-        """What the lanes held open: sessions, broker connections."""
+        """What the lanes held open: sessions (a consumer gives back what a store outage left
+        it first, if the store answers), broker connections."""
         for consumer, transport in consumers:
-            consumer.session.close()
+            consumer.close()
             closer = getattr(transport, "close", None)
             if callable(closer):
                 closer()  # a broker's connection

@@ -28,7 +28,14 @@ Rules that batching must not weaken, and how they hold:
   outbox) is redone one job per transaction too; the job whose own transaction is refused
   spends its attempt, the others complete;
 - a transaction stops admitting handlers after `transaction_budget`, so slow handlers do not
-  hold locks (and SQLite's write lock) for a whole batch; the rest run in the next transaction.
+  hold locks (and SQLite's write lock) for a whole batch; the rest run in the next transaction;
+- a batch the store went away under (a restart, a lost connection) costs an attempt only to the
+  job whose handler it cut off and to the jobs whose handler failed on their own: every other
+  delivery of it — its handler never started, or completed in the transaction that never
+  committed — is given back, its attempt restored, as soon as the store answers (fenced on its
+  lease's token and attempt: a lease that ran out and was rescued or taken meanwhile is left
+  alone). Until then the consumer keeps it; should its process die first, its lease runs out and
+  the rescuer spends the attempt, as for any worker that dies.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import Any
 
 from oncebox import clock, points
 from oncebox.errors import (
+    ConnectionLost,
     HandlerTimeout,
     InvalidArguments,
     InvalidKey,
@@ -259,12 +267,22 @@ class Consumer:
         self.orm: Orm | None = None
         # does this task's job hold a concurrency limit's slot? (jobs/limits.py)
         self.holds_slot: Callable[[str], bool] = lambda _task: False
+        # the batch's deliveries whose attempt counts though nothing of it commits: their handler
+        # failed (or a refused transaction was theirs), or the store went away under it, and it
+        # has not run again since (`_strand`)
+        self._spent: set[str] = set()
+        # what a store outage left of the last batch, to give back once the store answers
+        self._stranded: list[Delivery] = []
 
     # -- the lane ------------------------------------------------------------------------------
 
     def run_once(self) -> ConsumerResult:
-        """Lease one batch and run it to the end; returns what happened."""
+        """Lease one batch and run it to the end; returns what happened. What a store outage
+        left of the last batch is given back first (`StoreUnavailable` while the store is still
+        away: it is kept for the next call)."""
         result = ConsumerResult()
+        self._recover(result)
+        recovered = result.released
         asked = self.size.now
         deliveries = self.transport.fetch(asked)
         result.leased = len(deliveries)
@@ -276,7 +294,7 @@ class Consumer:
         self.process(deliveries, result)
         took = clock.monotonic() - started
         self.size.after(asked, len(deliveries), self._transactions, took)
-        ran = len(deliveries) - result.released  # what was given back did not run
+        ran = len(deliveries) - (result.released - recovered)  # what was given back did not run
         if ran > 0:
             self._pace(took / ran)
         return result
@@ -295,14 +313,14 @@ class Consumer:
         return max(1, min(self.size.most, int(self.budget * LeaseSize.QUICK / self._per_job)))
 
     def process(self, deliveries: Sequence[Delivery], result: ConsumerResult) -> None:
-        pending = self._refuse_drifted(list(deliveries), result)
+        pending = list(deliveries)
+        self._spent = set()
         try:
+            pending = self._refuse_drifted(pending, result)
             self._process(pending, result)
         except StoreUnavailable:
-            # The database went away mid-batch (or ended a hung handler's session): stop
-            # heartbeating; the leases expire and the rescuer counts the attempt, so a job that
-            # hangs every time still ends dead after its attempts.
-            self.transport.drop([d for d in pending if d.message_id not in result.settled_ids])
+            # The database went away mid-batch (or ended a hung handler's session)
+            self._strand([d for d in pending if d.message_id not in result.settled_ids], result)
             raise
         except BaseException:
             # Anything else that escaped (a bug, an interrupt): give the leases back if the store
@@ -313,6 +331,48 @@ class Consumer:
             except Exception:
                 self.transport.drop(unsettled)
             raise
+
+    def _strand(self, unsettled: list[Delivery], result: ConsumerResult) -> None:
+        """After a store outage: the deliveries whose attempt counts — a handler that failed on
+        its own, or that the outage cut off — are no longer heartbeated: their leases run out and
+        the rescuer records the attempt, so a job whose handler hangs until the server ends its
+        session still ends dead after its attempts. Every other one is given back, its attempt
+        restored, now if the store answers already, else by the next `run_once`. Nothing of it
+        committed: a settlement commits with its job's writes, and the give-back is fenced on the
+        lease that settlement would have ended."""
+        spent = [d for d in unsettled if d.message_id in self._spent]
+        self.transport.drop(spent)
+        self._stranded = [d for d in unsettled if d.message_id not in self._spent]
+        try:
+            self._recover(result)
+        except StoreUnavailable:
+            return  # still away
+
+    def _recover(self, result: ConsumerResult) -> None:
+        """Give back what a store outage left of the last batch; raises `StoreUnavailable`
+        while the store is still away, keeping it for the next call."""
+        if not self._stranded:
+            return
+        stranded = self._stranded
+        self.transport.release(stranded, timedelta(0))
+        self._stranded = []
+        result.released += len(stranded)
+        self.metrics.count("jobs_released", len(stranded))
+        log.info(
+            "%d job(s) of a batch a store outage interrupted given back unspent (each whose "
+            "lease was still this consumer's)",
+            len(stranded),
+        )
+
+    def close(self) -> None:
+        """Give back what a store outage left stranded, if the store answers now (else those
+        leases run out, and the rescuer spends their attempts), and close the session."""
+        try:
+            self._recover(ConsumerResult())
+        except StoreUnavailable:
+            log.warning("%d job(s) left to their leases: the store is away", len(self._stranded))
+        finally:
+            self.session.close()
 
     def _refuse_drifted(self, deliveries: list[Delivery], result: ConsumerResult) -> list[Delivery]:
         """Give back, without spending an attempt, deliveries whose key would be rendered by a
@@ -380,6 +440,7 @@ class Consumer:
         transaction of its own. Should even that be refused, the lease is dropped: it expires,
         and the rescuer spends the attempt instead."""
         outcome = ConsumerResult()
+        self._spent.add(delivery.message_id)
         p = self._prepare(delivery)
         if p.task is None or p.problem is not None:
             settlement = self._dead(p, p.problem or describe_error(refused), outcome)
@@ -482,8 +543,10 @@ class Consumer:
                     broken.decided, broken.outcome = decided, outcome
                     broken.claimed = {k: first_of_key[k].delivery for k in claimed}
                     raise
-                if settlement.outcome != "completed" and p.key is not None:
-                    unclaimed.append(p.key)
+                if settlement.outcome != "completed":
+                    self._spent.add(p.delivery.message_id)  # it failed on its own
+                    if p.key is not None:
+                        unclaimed.append(p.key)
                 settlements.append(settlement)
                 decided.append((settlement, written))
                 messages += written
@@ -528,6 +591,7 @@ class Consumer:
         assert p.task is not None
         task, delivery = p.task, p.delivery
         points.reach("consumer.before_handler")
+        self._spent.discard(delivery.message_id)  # what it did before was undone: it runs again
         began = clock.monotonic()
         outbox = self.outbox(p.key, delivery.job_id, delivery.leased_at)
         try:
@@ -560,6 +624,9 @@ class Consumer:
                     )
         except TransactionEnded as error:
             raise _BatchBroken(p, error) from None
+        except ConnectionLost:
+            self._spent.add(delivery.message_id)  # cut off: its handler ran
+            raise
         except Exception as error:
             traced.failed(error)
             return self._failed(p, error, began, outcome), []
@@ -664,6 +731,7 @@ class Consumer:
         """
         culprit = exc.culprit
         outcome = ConsumerResult()
+        self._spent.add(culprit.delivery.message_id)
         dead = self._dead(culprit, describe_error(exc.error), outcome)
         with self.session.transaction() as tx:
             owners = tx.intent_owners(sorted(exc.claimed)) if exc.claimed else {}

@@ -3,7 +3,9 @@
 A lease expires when its worker died, froze or lost the database for longer than the lease. The
 attempt it was making counts (a poison job that kills its worker is dead after `max_attempts`
 crashes, not retried forever) and is recorded as `lease_expired` with the worker's name. The
-worker, if it still lives, cannot commit: its settlement is fenced on the token the rescue cleared.
+worker, if it still lives, cannot commit: its settlement is fenced on the token the rescue cleared,
+and so is its give-back of the jobs a store outage kept it from running (queue/consumer.py): a
+worker that outlives the outage gives those back itself, unspent, if the store answers first.
 Every worker runs a rescuer; `SKIP LOCKED` keeps them from stepping on each other.
 
 It also hands back to the unlimited lease the ready jobs of tasks declared without limits that

@@ -201,13 +201,16 @@ class TableTransport:
                 self._forget(settlement.delivery.lease_token, 1)
 
     def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
-        by_token: dict[str, list[int]] = {}
+        """Fenced on each lease's token and the attempt it took: a job whose lease ran out
+        meanwhile (rescued, perhaps leased by another consumer) is left as it is."""
+        by_token: dict[str, list[tuple[int, int]]] = {}
         for delivery in deliveries:
             assert delivery.lease_token is not None and delivery.job_id is not None
-            by_token.setdefault(delivery.lease_token, []).append(delivery.job_id)
-        for token, ids in by_token.items():
-            self._session.job_release(JobReleaseParams(ids=ids, token=token, delay=delay))
-            self._forget(token, len(ids))
+            job = (delivery.job_id, delivery.attempt)
+            by_token.setdefault(delivery.lease_token, []).append(job)
+        for token, jobs in by_token.items():
+            self._session.job_release(JobReleaseParams(jobs=jobs, token=token, delay=delay))
+            self._forget(token, len(jobs))
 
     def drop(self, deliveries: Sequence[Delivery]) -> None:
         """Stop heartbeating deliveries whose lease was superseded."""

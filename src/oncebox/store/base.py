@@ -142,7 +142,11 @@ class DueTime:
 
 @dataclass(frozen=True, slots=True)
 class JobReleaseParams:
-    ids: Sequence[int]
+    """Leased jobs given back unspent, each named with the attempt its lease took (`jobs`: id,
+    attempt): the give-back is fenced on both and on `token`, so a lease that ran out and was
+    rescued or taken since is not touched."""
+
+    jobs: Sequence[tuple[int, int]]
     token: str
     delay: timedelta = timedelta(0)
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from oncebox.errors import TransactionControlRefused, TransactionEnded
+from oncebox.errors import ConnectionLost, TransactionControlRefused, TransactionEnded
 
 SAVEPOINT = "oncebox_handler"
 
@@ -253,6 +253,7 @@ _ENDED = (
     "the claim's transaction ended while a handler ran (transaction control the guard could not "
     "see, or a rollback by the database); the batch is settled from what the database shows"
 )
+_LOST = "the connection to the database broke while this handler ran on it"
 
 
 def handler_scope(
@@ -268,7 +269,8 @@ def handler_scope(
     handler carried on), "gone" (the transaction ended under the handler) or "lost" (the
     connection itself broke: the server ended it, or the network did). `protect`, if
     given, installs a driver-level refusal of transaction statements and returns its undo.
-    Whatever the handler did, a "gone" transaction raises `TransactionEnded`.
+    Whatever the handler did, a "gone" transaction raises `TransactionEnded`, and a "lost"
+    connection `ConnectionLost`: the consumer runs no other handler on it.
     """
     return HandlerScope(raw, execute, transaction_status, protect)
 
@@ -319,8 +321,8 @@ class HandlerScope:
         if not self._guarded.touched:
             return
         status = self._status()
-        if status == "lost":
-            return  # the connection itself is gone: a store failure, not the handler's
+        if status == "lost":  # the connection itself is gone: a store failure, not the handler's
+            raise ConnectionLost(_LOST) from error
         if status == "gone":
             raise TransactionEnded(_ENDED) from error
         self._execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
@@ -330,8 +332,8 @@ class HandlerScope:
         if not self._guarded.touched:
             return
         status = self._status()
-        if status == "lost":
-            return  # settling will report the lost connection
+        if status == "lost":  # it carried on past the driver's error
+            raise ConnectionLost(_LOST)
         if status == "gone":
             raise TransactionEnded(_ENDED)
         if status == "aborted":

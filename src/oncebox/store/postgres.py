@@ -991,7 +991,7 @@ class PostgresConsumerSession:
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {
-            "ids": list(params.ids),
+            "jobs": _json_rows(params.jobs),
             "token": params.token,
             "delay_s": params.delay.total_seconds(),
         }

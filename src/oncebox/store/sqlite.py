@@ -934,7 +934,7 @@ class SqliteConsumerSession:
 
     def job_release(self, params: JobReleaseParams) -> int:
         values = {
-            "ids": json.dumps(list(params.ids)),
+            "jobs": json.dumps([list(job) for job in params.jobs]),
             "token": params.token,
             "delay_us": _us(params.delay),
         }

@@ -380,17 +380,24 @@ WHERE id IN (SELECT id FROM __S__.oncebox_jobs
              FOR UPDATE SKIP LOCKED);
 
 -- name: job_release
--- Give leased jobs back without spending an attempt (shutdown, lock timeout on the claim).
--- fence: lease_token, state
-WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+-- Give leased jobs back without spending an attempt (shutdown, a lock timeout on the claim, a
+-- batch a store outage cut short), due after %(delay_s)s. %(jobs)s: [id, the attempt its lease
+-- took] per job. A lease that ran out and was rescued, or taken since, is not touched.
+-- fence: lease_token, attempt
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+given AS MATERIALIZED (
+    SELECT (g ->> 0)::bigint AS id, (g ->> 1)::int AS attempt
+    FROM jsonb_array_elements(%(jobs)s::jsonb) AS g
+)
 UPDATE __S__.oncebox_jobs j
 SET state = 'ready',
     attempt = j.attempt - 1,
     run_at = clock.now + make_interval(secs => %(delay_s)s),
     lease_token = NULL,
     lease_expires_at = NULL
-FROM clock
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.lease_token = %(token)s AND j.state = 'leased'
+FROM given g, clock
+WHERE j.id = ANY(ARRAY(SELECT id FROM given)) AND j.id = g.id  -- by primary key: see job_finish
+  AND j.lease_token = %(token)s AND j.attempt = g.attempt AND j.state = 'leased'
 RETURNING j.id;
 
 -- name: job_rescue_expired

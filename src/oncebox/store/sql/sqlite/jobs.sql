@@ -218,14 +218,17 @@ SET lease_expires_at = max(lease_expires_at, :now + :lease_us)
 WHERE state = 'leased' AND lease_token IN (SELECT value FROM json_each(:tokens));
 
 -- name: job_release
--- fence: lease_token, state
-UPDATE oncebox_jobs
+-- See the PostgreSQL statement. :jobs is a JSON array of [id, the attempt its lease took].
+-- fence: lease_token, attempt
+UPDATE oncebox_jobs AS j
 SET state = 'ready',
-    attempt = attempt - 1,
+    attempt = j.attempt - 1,
     run_at = :now + :delay_us,
     lease_token = NULL,
     lease_expires_at = NULL
-WHERE id IN (SELECT value FROM json_each(:ids)) AND lease_token = :token AND state = 'leased'
+FROM json_each(:jobs) AS g
+WHERE j.id = g.value ->> 0 AND j.lease_token = :token AND j.attempt = g.value ->> 1
+  AND j.state = 'leased'
 RETURNING id;
 
 -- name: job_rescue_expired
