@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from oncebox import points
 from oncebox.deliveries.events import TOOK_IT
 from oncebox.deliveries.settle import settle_reported
 from oncebox.lane import run_forever
@@ -186,5 +187,6 @@ class AmbiguityResolver:
         reason: str,
         receipt: str | None,
     ) -> bool:
+        points.reach("resolver.judged")
         action = OperatorAction(row.id, ACTOR, reason)
         return self.store.outbox_resolve(action, resolution, receipt) is not None

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from oncebox import points
 from oncebox.metrics import operation
 from oncebox.store.base import (
     ActionResult,
@@ -445,6 +446,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
                 settled = self._settle_in(tx, int(outbox_id), event.reason, event.provider_id)
                 deltas["sends_settled_by_provider"] = int(settled)
             tx.fetch("counter_add", {"deltas": json.dumps(deltas)})
+            points.reach("provider_event.recorded")
         return ProviderEventRecorded(
             "recorded", int(outbox_id), str(row["state"]), advanced, settled
         )
