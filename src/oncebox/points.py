@@ -15,6 +15,10 @@ Points (each documented where it is reached):
     consumer.committed                 the consumer transaction committed
     consumer.lease_lost                a fenced settlement found a superseded lease
     dispatcher.found_nothing           a dispatcher's lease came back empty
+    resolver.judged                    the resolver decided what to do with a held row from the
+                                       page it read (and its lookup); its write is next
+    provider_event.recorded            a provider's event recorded and its message counted and
+                                       locked, its transaction not yet committed
     worker.woken                       a worker woke its polling lanes (new work may exist)
 """
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from oncebox.deliveries.events import HOLDING, TOOK_IT, TOOK_IT_KINDS, below
-from oncebox.store.base import OutboxFinish, ProviderEvent, ReportedHold, Store
+from oncebox.store.base import (
+    OperatorAction,
+    OutboxFinish,
+    ProviderEvent,
+    ReportedHold,
+    SeenHold,
+    Store,
+)
 from support.contract import (
     T0,
     advance,
@@ -208,3 +215,25 @@ def test_events_are_pruned_by_age_but_kept_while_their_message_is_held(store: St
     # pruned, an event's id is forgotten: a copy arriving now is recorded again
     again = store.provider_event_record(event("msg_1", "email.sent", "accepted"))
     assert (again.outcome, again.advanced) == ("recorded", False)
+
+
+def test_a_resolution_with_what_the_resolver_saw_lands_only_on_that_hold_with_no_event(
+    store: Store,
+):
+    first, second, third = (ambiguous(store, f"k/{n}") for n in (1, 2, 3))
+    seen = {r.id: r for r in store.outbox_ambiguous_list(["email"], 10)}
+    assert [seen[i].events for i in (first, second, third)] == [0, 0, 0]
+    action = OperatorAction(first, "resolver", "judged")
+    # what the resolver judged was an earlier hold (recorded by an earlier attempt)
+    earlier = SeenHold(seen[first].attempt, (seen[first].last_attempt_id or 0) - 1)
+    assert store.outbox_resolve(action, "resend", None, earlier) is None
+    assert store.outbox_resolve(action, "resend", None, SeenHold.of(seen[first])) is not None
+    # an event names the row since it was read (counted on the row, also of a kind not tracked)
+    store.provider_event_record(event("msg_x", "email.scheduled", None, token="token-of-k/2"))
+    assert [r.events for r in store.outbox_ambiguous_list(["email"], 10)] == [1, 0]
+    action = OperatorAction(second, "resolver", "judged")
+    assert store.outbox_resolve(action, "sent", "x", SeenHold.of(seen[second])) is None
+    assert message(store, second).state == "ambiguous"
+    # an operator's (or the provider's) resolution reads no page: the row being held suffices
+    assert store.outbox_resolve(OperatorAction(second, "ops", "checked"), "sent", "x") is not None
+    assert store.outbox_resolve(OperatorAction(third, "ops", "checked"), "resend", None)

@@ -62,6 +62,16 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        `tests/test_consumer_outage.py::test_a_give_back_without_its_fence_takes_
                        the_jobs_from_their_new_holder` fails (a consumer back from an outage
                        takes the jobs another consumer leased after the rescue)
+    resolver-ignores-reports  the resolver judges a held send without its provider's events,
+                       nor does its write check them → a send reported `failed` is replayed under
+                       its key and recorded sent (tests/test_resolver_fences.py)
+    resolver-stale-attempt  the resolver's write no longer checks the hold it judged (its attempt
+                       and the delivery attempt that held it) → a resolver working from a stale
+                       page resends the row's next hold at once: a third copy
+                       (tests/test_resolver_fences.py)
+    resolver-report-race  the resolver's write no longer checks that no event names the row →
+                       an event recorded between its check and its write is resent over
+                       (tests/test_resolver_fences.py)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -97,6 +107,7 @@ class Mutation:
         return "::" in self.must_fail
 
 
+_RESOLVER_TESTS = "tests/test_resolver_fences.py::"
 MUTATIONS = {
     m.name: m
     for m in (
@@ -159,6 +170,23 @@ MUTATIONS = {
             "tests/test_consumer_outage.py::"
             "test_a_give_back_without_its_fence_takes_the_jobs_from_their_new_holder",
         ),
+        Mutation(
+            "resolver-ignores-reports",
+            "held sends a provider event names stay for a person",
+            _RESOLVER_TESTS + "test_a_send_reported_failed_is_settled_sent_without_its_fence",
+        ),
+        Mutation(
+            "resolver-stale-attempt",
+            "the resolver's fence on the hold it judged",
+            _RESOLVER_TESTS
+            + "test_a_resolver_working_from_a_stale_page_sends_a_third_copy_without_its_fence",
+        ),
+        Mutation(
+            "resolver-report-race",
+            "the resolver's fence on no event naming the row",
+            _RESOLVER_TESTS
+            + "test_a_report_recorded_after_the_resolvers_check_is_resent_over_without_its_fence",
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -195,6 +223,13 @@ _FENCES: dict[str, tuple[Rewrite, ...]] = {
         ("outbox_mark_sending", "lease_token = :token AND ", ""),
         ("outbox_finish", "o.lease_token = :token AND ", ""),
     ),
+}
+# The resolver's write without its "no event names the row" condition.
+_NO_REPORT_FENCE: dict[str, tuple[Rewrite, ...]] = {
+    "postgres": (
+        ("outbox_resolve", "\n               AND o.events = 0 AND o.reported IS NULL", ""),
+    ),
+    "sqlite": (("outbox_resolve", "\n           AND events = 0 AND reported IS NULL", ""),),
 }
 # The mutations that rewrite queries, per dialect.
 _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
@@ -246,6 +281,18 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
             ("job_release", "j.lease_token = :token AND j.attempt = g.value ->> 1\n  AND ", ""),
         ),
     },
+    "resolver-ignores-reports": _NO_REPORT_FENCE,
+    "resolver-stale-attempt": {
+        "postgres": (
+            ("outbox_resolve", "o.attempt = %(seen_attempt)s::int\n", "true\n"),
+            ("outbox_resolve", "IS NOT DISTINCT FROM %(seen_held_by)s::bigint", "IS NOT NULL"),
+        ),
+        "sqlite": (
+            ("outbox_resolve", "attempt = :seen_attempt\n", "true\n"),
+            ("outbox_resolve", "IS :seen_held_by", "IS NOT NULL"),
+        ),
+    },
+    "resolver-report-race": _NO_REPORT_FENCE,
 }
 
 
@@ -343,6 +390,12 @@ def _unmatched_reports() -> None:
     from oncebox.deliveries import events  # noqa: PLC0415
 
     _patch(events, "token_of", lambda _data: None)
+
+
+def _resolver_ignores_reports() -> None:
+    from oncebox.outbox.resolver import AmbiguityResolver  # noqa: PLC0415
+
+    _patch(AmbiguityResolver, "_unreported", lambda _self, _row: True)
 
 
 def _no_lease_rescue() -> None:
@@ -510,6 +563,7 @@ _PROCESS_WIDE = {
     "ignore-window": _ignore_window,
     "unmatched-reports": _unmatched_reports,
     "stale-given-back": _stale_given_back,
+    "resolver-ignores-reports": _resolver_ignores_reports,
     "no-lease-rescue": _no_lease_rescue,
     "release-refused-batch": _release_refused_batch,
     "no-guard": _no_guard,

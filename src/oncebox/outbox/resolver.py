@@ -19,8 +19,15 @@ honours an idempotency key for a window (an HTTP email API):
      "unknown" → left held;
    - a reporting channel with `unreported="resend"` resends a row no event named within the
      grace; with `hold` (the default) the row stays for a person (`oncebox outbox resolve`).
-   A row any event names (`failed`, a kind oncebox does not track) is never resent on its own:
-   the provider had it.
+   A row any event names (`failed`, a kind oncebox does not track) is none of these: neither
+   replayed, nor settled by a lookup, nor resent — the provider had it, and its report is the
+   evidence a person judges (`oncebox outbox show`, then `resolve`).
+
+Each write is fenced on what its round judged, in the statement itself (`outbox_resolve`): the
+hold it read with its page (another worker's resolver may have resent the row since, and it may
+be held anew, owed its own grace), and no event naming the row — one recorded after the check
+stops the write, also when its transaction commits while the write waits for the row. A round
+whose write finds the row moved on leaves it (`unknown`); the next round reads it afresh.
 
 Every settlement is audited (actors `provider` and `resolver`).
 """
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from oncebox import points
 from oncebox.deliveries.events import TOOK_IT
 from oncebox.deliveries.settle import settle_reported
 from oncebox.lane import run_forever
@@ -42,7 +50,7 @@ from oncebox.outbox.dispatcher import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
 from oncebox.outbox.transitions import past_window
 from oncebox.providers import SendError, StatusLookup
-from oncebox.store.base import OperatorAction, OutboxRow, Store
+from oncebox.store.base import OperatorAction, OutboxRow, SeenHold, Store
 
 log = logging.getLogger("oncebox.resolver")
 ZERO = timedelta(0)
@@ -111,6 +119,8 @@ class AmbiguityResolver:
         channel = self.channels[row.channel]
         if row.reported in TOOK_IT:  # reported after this round's settlement: the next one
             return "waiting"
+        if not self._unreported(row):  # the provider had it: for a person to judge
+            return "unknown"
         if self._replayable(channel, row, now):
             return self._replay(channel, row)
         provider = channel.provider
@@ -166,18 +176,17 @@ class AmbiguityResolver:
         return "sent" if self._resolve(row, "sent", reason, found) else "unknown"
 
     def _resend(self, row: OutboxRow, waited: bool, reason: str) -> str:
-        """Resend a held row once its grace has passed — unless an event names it: the provider
-        had it (it reported it failed, or something oncebox does not track), and that is for a
-        person to judge."""
+        """Resend a held row once its grace has passed."""
         if not waited:
             return "waiting"
-        if not self._unreported(row):
-            return "unknown"
         return "resent" if self._resolve(row, "resend", reason, None) else "unknown"
 
     def _unreported(self, row: OutboxRow) -> bool:
-        """Whether no provider event names the row at all."""
-        return row.reported is None and not self.store.provider_event_list(row.id)
+        """Whether no provider event names the row at all (the count on the row, and the events
+        themselves: one recorded by a receiver of a release before the count)."""
+        return (
+            row.reported is None and row.events == 0 and not self.store.provider_event_list(row.id)
+        )
 
     def _resolve(
         self,
@@ -186,5 +195,8 @@ class AmbiguityResolver:
         reason: str,
         receipt: str | None,
     ) -> bool:
+        """Write what was judged of `row`, fenced on it (`SeenHold`); False when the row moved
+        on meanwhile (resolved, held anew, or named by an event): left for the next round."""
+        points.reach("resolver.judged")
         action = OperatorAction(row.id, ACTOR, reason)
-        return self.store.outbox_resolve(action, resolution, receipt) is not None
+        return self.store.outbox_resolve(action, resolution, receipt, SeenHold.of(row)) is not None

@@ -235,6 +235,22 @@ class OperatorAction:
     if_attempt: int | None = None
 
 
+@dataclass(frozen=True)
+class SeenHold:
+    """A held outbox row as the resolver judged it, read with its page: its resolution lands
+    only on that hold — the row's attempt count and the delivery attempt that recorded the hold
+    (every hold records one, so a later hold has a later one) — and only while no provider event
+    names the row (each event's own transaction counts it on the row, so a write that waited for
+    that transaction sees it)."""
+
+    attempt: int
+    held_by: int | None  # the delivery attempt's id
+
+    @classmethod
+    def of(cls, row: OutboxRow) -> SeenHold:
+        return cls(row.attempt, row.last_attempt_id)
+
+
 @dataclass(slots=True)  # per job: see `LeasedJob`
 class OutboxInsert:
     """One outbox row a handler wrote; inserted with the claim, in the same transaction."""
@@ -628,6 +644,10 @@ class OutboxRow:
     # when its last delivery attempt ended (a dead row: when it died; a held one: when it was
     # held); read by the listing (`outbox_list`) and `outbox_ambiguous_list` only
     last_attempt_at: datetime | None = None
+    # the delivery attempt that recorded its hold, and how many provider events named it; read
+    # by `outbox_ambiguous_list` only
+    last_attempt_id: int | None = None
+    events: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -1149,8 +1169,17 @@ class Store(Protocol):
         ...
 
     def outbox_resolve(
-        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
-    ) -> ActionResult | None: ...
+        self,
+        action: OperatorAction,
+        resolution: Literal["sent", "resend"],
+        receipt: str | None,
+        seen: SeenHold | None = None,
+    ) -> ActionResult | None:
+        """A held row `sent` or pending again, audited; None unless it is still held — and,
+        with `seen` (the resolver's), still the hold it judged with no provider event naming
+        it."""
+        ...
+
     def outbox_replay(self, action: OperatorAction) -> ActionResult | None: ...
     def outbox_report_duplicate(self, action: OperatorAction) -> ActionResult | None:
         """A recipient reports a sent message arrived twice: audited, and counted
@@ -1170,14 +1199,15 @@ class Store(Protocol):
         self, channels: Sequence[str], limit: int, after: int = 0
     ) -> list[OutboxRow]:
         """Held messages of `channels` with ids above `after`, by id, each with when it was
-        held (`last_attempt_at`)."""
+        held (`last_attempt_at`, recorded by delivery attempt `last_attempt_id`) and how many
+        provider events named it (`events`)."""
         ...
 
     # what providers report (deliveries/)
     def provider_event_record(self, event: ProviderEvent) -> ProviderEventRecorded:
         """Record one verified provider event in one transaction: the event (deduplicated on
-        its channel and id), its outbox row's furthest stage, the held row it settles (audited
-        as `provider`), and the counters."""
+        its channel and id), its outbox row's event count and furthest stage, the held row it
+        settles (audited as `provider`), and the counters."""
         ...
 
     def outbox_settle_reported(self, held: ReportedHold) -> bool:

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from oncebox import points
 from oncebox.metrics import operation
 from oncebox.store.base import (
     ActionResult,
@@ -52,6 +53,7 @@ from oncebox.store.base import (
     RescueDecision,
     ScheduleRunClaim,
     ScheduleState,
+    SeenHold,
     T,
     WorkerBeat,
     WorkKind,
@@ -324,9 +326,14 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     @operation
     def outbox_resolve(
-        self, action: OperatorAction, resolution: Literal["sent", "resend"], receipt: str | None
+        self,
+        action: OperatorAction,
+        resolution: Literal["sent", "resend"],
+        receipt: str | None,
+        seen: SeenHold | None = None,
     ) -> ActionResult | None:
         params = {**_action_params(action), "resolution": resolution, "receipt": receipt}
+        params.update(_seen_params(seen))
         result = self._audited("outbox_resolve", params)
         if result is not None and resolution == "resend":
             self.notify_work("outbox")
@@ -434,8 +441,9 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             was = row["reported"]
             advanced = event.stage is not None and (was is None or was in event.below)
             deltas = {"provider_events": 1}
+            # counted on the row whether or not it moves the stage: the resolver's fence
+            tx.fetch("outbox_report", {"id": outbox_id, "stage": event.stage if advanced else None})
             if advanced:
-                tx.fetch("outbox_report", {"id": outbox_id, "stage": event.stage})
                 deltas[f"reports:{event.channel}:{event.stage}"] = 1
                 if was is None:
                     deltas[f"reports:{event.channel}:reported"] = 1
@@ -445,6 +453,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
                 settled = self._settle_in(tx, int(outbox_id), event.reason, event.provider_id)
                 deltas["sends_settled_by_provider"] = int(settled)
             tx.fetch("counter_add", {"deltas": json.dumps(deltas)})
+            points.reach("provider_event.recorded")
         return ProviderEventRecorded(
             "recorded", int(outbox_id), str(row["state"]), advanced, settled
         )
@@ -463,6 +472,7 @@ class WriteOperations(ReadOperations, Generic[Tx]):
         fenced on the row still being held."""
         action = OperatorAction(outbox_id, PROVIDER_ACTOR, reason)
         params = {**_action_params(action), "resolution": "sent", "receipt": receipt}
+        params.update(_seen_params(None))  # driven by an event: no "no event" fence
         return self._audited_in(tx, "outbox_resolve", params) is not None
 
     # -- rate limits and channel pauses --------------------------------------------------------
@@ -673,6 +683,15 @@ def _action_params(action: OperatorAction) -> dict[str, Any]:
         "actor": action.actor,
         "reason": action.reason,
         "if_attempt": action.if_attempt,
+    }
+
+
+def _seen_params(seen: SeenHold | None) -> dict[str, Any]:
+    """`outbox_resolve`'s fence on the hold the resolver judged (None: an operator's or the
+    provider's settlement, fenced on the row being held only)."""
+    return {
+        "seen_attempt": None if seen is None else seen.attempt,
+        "seen_held_by": None if seen is None else seen.held_by,
     }
 
 

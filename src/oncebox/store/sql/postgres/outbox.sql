@@ -170,7 +170,14 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: outbox_resolve
 -- Ambiguous → sent (the provider has it) or pending (resend now), audited in the same statement.
--- fence: state
+-- The resolver's (`seen_attempt` set) only on the hold it judged, read with its page — its
+-- attempt count and the delivery attempt `a.id` that recorded the hold (every hold records one,
+-- so a later hold has a later one) — and only while no provider event names the row (`events`,
+-- counted on the row by each event's own transaction). A write that waited for another
+-- transaction's lock re-reads the row's own columns, so an event committed meanwhile stops it;
+-- the subquery is read as the statement began, which is enough: no one transaction takes a
+-- held row to its next hold.
+-- fence: state, seen_attempt, seen_held_by, events, reported
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 resolved AS (
     UPDATE __S__.oncebox_outbox o
@@ -184,6 +191,11 @@ resolved AS (
         first_leased_at = CASE WHEN %(resolution)s = 'sent' THEN o.first_leased_at END
     FROM clock
     WHERE o.id = %(id)s AND o.state = 'ambiguous'
+      AND (%(seen_attempt)s::int IS NULL
+           OR (o.attempt = %(seen_attempt)s::int
+               AND (SELECT max(a.id) FROM __S__.oncebox_delivery_attempts a
+                    WHERE a.outbox_id = o.id) IS NOT DISTINCT FROM %(seen_held_by)s::bigint
+               AND o.events = 0 AND o.reported IS NULL))
     RETURNING o.id, o.key, o.channel, clock.now
 ),
 audited AS (
@@ -303,15 +315,19 @@ ORDER BY id;
 
 -- name: outbox_ambiguous_list
 -- Held messages of `channels` after `after` by id (the resolver pages through them all), with
--- when each was held (its last delivery attempt's end) and the stage its provider reports reached.
+-- when each was held (its last delivery attempt's end) and by which attempt record, the stage
+-- its provider reports reached and how many events named it.
 SELECT o.id, o.key, o.intent_key, o.channel, o.payload::text AS payload_json, o.token, o.job_id,
        o.state, o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at,
        o.created_at, o.first_leased_at, o.leased_by, o.lease_token::text, o.lease_expires_at,
        o.sent_at, o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
-       o.reported, o.reported_at,
-       COALESCE((SELECT max(a.finished_at) FROM __S__.oncebox_delivery_attempts a
-                 WHERE a.outbox_id = o.id), o.created_at) AS last_attempt_at
+       o.reported, o.reported_at, o.events,
+       COALESCE(last.finished_at, o.created_at) AS last_attempt_at, last.id AS last_attempt_id
 FROM __S__.oncebox_outbox o
+LEFT JOIN LATERAL (
+    SELECT max(a.finished_at) AS finished_at, max(a.id) AS id
+    FROM __S__.oncebox_delivery_attempts a WHERE a.outbox_id = o.id
+) last ON true
 WHERE o.state = 'ambiguous' AND o.channel = ANY(%(channels)s::text[]) AND o.id > %(after)s
 ORDER BY o.id LIMIT %(limit)s;
 

@@ -22,9 +22,16 @@ RETURNING id, outbox_id;
 SELECT id, channel, state, reported FROM __S__.oncebox_outbox WHERE id = %(id)s FOR UPDATE;
 
 -- name: outbox_report
+-- One more event names the row: counted on it (`events`), and the furthest stage moved on when
+-- the event advanced it (`stage`; NULL: it did not). Every event's transaction writes the row,
+-- so a resolver's write waiting for it re-reads the count once it commits and stops
+-- (outbox_resolve): a count of the events table would be read as that write began.
 -- fence: locked by outbox_report_lock
 UPDATE __S__.oncebox_outbox
-SET reported = %(stage)s, reported_at = __S__.oncebox_now()
+SET events = events + 1,
+    reported = COALESCE(%(stage)s::text, reported),
+    reported_at = CASE WHEN %(stage)s::text IS NULL THEN reported_at
+                       ELSE __S__.oncebox_now() END
 WHERE id = %(id)s
 RETURNING id;
 

@@ -97,7 +97,8 @@ ORDER BY lease_expires_at
 LIMIT :limit;
 
 -- name: outbox_resolve
--- fence: state
+-- See the PostgreSQL statement.
+-- fence: state, seen_attempt, seen_held_by, events, reported
 UPDATE oncebox_outbox
 SET state = CASE WHEN :resolution = 'sent' THEN 'sent' ELSE 'pending' END,
     sent_at = CASE WHEN :resolution = 'sent' THEN :now ELSE sent_at END,
@@ -107,6 +108,11 @@ SET state = CASE WHEN :resolution = 'sent' THEN 'sent' ELSE 'pending' END,
     uncertain = CASE WHEN :resolution = 'sent' THEN uncertain ELSE 0 END,
     first_leased_at = CASE WHEN :resolution = 'sent' THEN first_leased_at ELSE NULL END
 WHERE id = :id AND state = 'ambiguous'
+  AND (:seen_attempt IS NULL
+       OR (attempt = :seen_attempt
+           AND (SELECT max(a.id) FROM oncebox_delivery_attempts a
+                WHERE a.outbox_id = oncebox_outbox.id) IS :seen_held_by
+           AND events = 0 AND reported IS NULL))
 RETURNING id, key, channel;
 
 -- name: outbox_resolve__audit
@@ -211,9 +217,11 @@ SELECT o.id, o.key, o.intent_key, o.channel, o.payload AS payload_json, o.token,
        o.state, o.attempt, o.attempt_base, o.possible_duplicates, o.next_attempt_at,
        o.created_at, o.first_leased_at, o.leased_by, o.lease_token, o.lease_expires_at,
        o.sent_at, o.receipt, o.last_error, o.uncertain, o.rescues, o.payload_dropped_at,
-       o.reported, o.reported_at,
+       o.reported, o.reported_at, o.events,
        COALESCE((SELECT max(a.finished_at) FROM oncebox_delivery_attempts a
-                 WHERE a.outbox_id = o.id), o.created_at) AS last_attempt_at
+                 WHERE a.outbox_id = o.id), o.created_at) AS last_attempt_at,
+       (SELECT max(a.id) FROM oncebox_delivery_attempts a
+        WHERE a.outbox_id = o.id) AS last_attempt_id
 FROM oncebox_outbox o
 WHERE o.state = 'ambiguous' AND o.channel IN (SELECT value FROM json_each(:channels))
   AND o.id > :after

@@ -20,8 +20,12 @@ RETURNING id, outbox_id;
 SELECT id, channel, state, reported FROM oncebox_outbox WHERE id = :id;
 
 -- name: outbox_report
+-- See the PostgreSQL statement.
 -- fence: locked by outbox_report_lock
-UPDATE oncebox_outbox SET reported = :stage, reported_at = :now
+UPDATE oncebox_outbox
+SET events = events + 1,
+    reported = COALESCE(:stage, reported),
+    reported_at = CASE WHEN :stage IS NULL THEN reported_at ELSE :now END
 WHERE id = :id
 RETURNING id;
 

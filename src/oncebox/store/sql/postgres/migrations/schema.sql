@@ -192,6 +192,7 @@ TABLE oncebox_outbox
   payload_dropped_at timestamp with time zone
   reported text
   reported_at timestamp with time zone
+  events integer NOT NULL DEFAULT 0
   CONSTRAINT CHECK (((state = ANY (ARRAY['leased'::text, 'sending'::text])) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((state = ANY (ARRAY['pending'::text, 'leased'::text, 'sending'::text, 'sent'::text, 'dead'::text, 'ambiguous'::text])))
   CONSTRAINT PRIMARY KEY (id)

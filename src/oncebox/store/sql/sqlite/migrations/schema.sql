@@ -248,7 +248,7 @@ CREATE TABLE oncebox_outbox (
     lease_expires_at INTEGER,
     sent_at INTEGER,
     receipt TEXT,
-    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT, payload_dropped_at INTEGER, reported TEXT, reported_at INTEGER,
+    last_error TEXT, rescues INTEGER NOT NULL DEFAULT 0, discarded_at INTEGER, trace_context TEXT, payload_dropped_at INTEGER, reported TEXT, reported_at INTEGER, events INTEGER NOT NULL DEFAULT 0,
     CHECK ((state IN ('leased', 'sending')) = (lease_token IS NOT NULL))
 ) STRICT;
 
