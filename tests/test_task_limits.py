@@ -7,17 +7,23 @@ import multiprocessing
 import os
 import re
 import signal
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext, Rate, shapes
+from oncebox.chaos.mutations import mutated
 from oncebox.cli import prometheus
 from oncebox.cli.inspect_cmds import limits_table
-from oncebox.clock import from_micros
+from oncebox.clock import ClockSetting, from_micros
+from oncebox.jobs.limits import plan_of, task_limits
 from oncebox.status import status_data
+from oncebox.store import open_store
 from oncebox.testing import FrozenClock, drain
+from support.contract import insert, lease, opened_session
 from support.db import sql
 from support.limits_app import (
     GLOBAL,
@@ -254,3 +260,53 @@ def test_three_worker_processes_lease_a_rate_limited_task_within_its_bucket(stor
 def _instant(value: object) -> datetime:
     """A stored instant: a datetime on PostgreSQL, microseconds since the epoch on SQLite."""
     return value if isinstance(value, datetime) else from_micros(int(value))  # type: ignore[call-overload]
+
+
+# -- the limited lease beside another transaction's row lock (PostgreSQL's SKIP LOCKED) -------
+
+
+@dataclass(frozen=True)
+class Spent:
+    leased: list[int]  # the lease beside the other transaction's lock
+    tokens: float  # the bucket's level it left
+    then: list[int]  # the next lease, the lock gone and no time passed
+
+
+def lease_beside_a_locked_job(url: str) -> Spent:
+    """Two jobs of a task limited to two a second, the first locked by another transaction (an
+    enqueue merging into it, say) while a lease chooses both and passes over it; then, that
+    transaction over and the clock frozen, the next lease."""
+    store = open_store(url)
+    try:
+        store.clock_set(ClockSetting(frozen_at=T0))
+        declared = task_limits("t", [Rate("2/s")], None, {"n"})
+        assert declared is not None
+        limits = plan_of({"t": declared})
+        first, second = (insert(store, f"k/{n}", limit_key="") for n in (1, 2))
+        with psycopg.connect(url) as other, opened_session(store) as session:
+            other.execute("SELECT id FROM oncebox_jobs WHERE id = %s FOR UPDATE", (first,))
+            leased = lease(session, limits=limits)[1]
+            other.rollback()
+            [(tokens,)] = other.execute(
+                "SELECT tokens FROM oncebox_limits WHERE name = %s", ("t:rate:2/s",)
+            )
+            other.rollback()
+            then = lease(session, limits=limits)[1]
+        assert leased == [second], (leased, first, second)
+        return Spent(leased, float(tokens), then)
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_limited_lease_spends_tokens_only_on_the_jobs_it_leased(pg_url):
+    spent = lease_beside_a_locked_job(pg_url)
+    assert spent.tokens == 1.0, spent  # one job leased: one token
+    assert len(spent.then) == 1, spent  # the job passed over runs on the token left
+
+
+@pytest.mark.postgres
+def test_a_limited_lease_spends_tokens_on_a_job_it_skipped_without_its_fence(pg_url):
+    with mutated("spend-picks"):
+        spent = lease_beside_a_locked_job(pg_url)
+    assert (spent.tokens, spent.then) == (0.0, []), spent  # charged for both, one ran

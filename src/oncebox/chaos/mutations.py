@@ -43,6 +43,11 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
 
+    spend-picks        a limited lease spends its rates' tokens on the jobs it chose, not on
+                       those it leased → `tests/test_task_limits.py::test_a_limited_lease_spends_
+                       tokens_on_a_job_it_skipped_without_its_fence` (PostgreSQL: a row another
+                       transaction holds drains the bucket while nothing runs)
+
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
 """
@@ -107,6 +112,14 @@ MUTATIONS = {
             "broker-kill-consumer.committed",
             ("postgres",),
         ),
+        # SQLite's lease holds the write lock from its choice on: it skips nothing it chose
+        Mutation(
+            "spend-picks",
+            "spending only what a limited lease leased",
+            "tests/test_task_limits.py::"
+            "test_a_limited_lease_spends_tokens_on_a_job_it_skipped_without_its_fence",
+            ("postgres",),
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -156,6 +169,10 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
             ("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),
         ),
         "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
+    },
+    "spend-picks": {
+        "postgres": (("limit_spend", "AND j.state = 'leased' AND j.lease_token = %(token)s", ""),),
+        "sqlite": (("limit_spend", "WHERE j.state = 'leased' AND j.lease_token = :token", ""),),
     },
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),

@@ -45,10 +45,20 @@ FROM json_each(:names) AS n
 JOIN oncebox_limits b ON b.name = n.value AND b.partition = '';
 
 -- name: limit_spend
--- :spends is a JSON array of [name, partition, tokens, at].
+-- See the PostgreSQL statement (:spends: [name, partition, level before, at, [job ids]]): a
+-- token for each job this lease's token holds. Under the write lock the lease skips nothing
+-- it chose, so here that is every chosen job.
+-- fence: j.state = 'leased' AND j.lease_token = :token (the jobs this lease took); the levels
+-- were read under the write lock this lease holds
 INSERT INTO oncebox_limits AS l (name, partition, tokens, updated_at)
-SELECT s.value ->> 0, s.value ->> 1, s.value ->> 2, s.value ->> 3
-FROM json_each(:spends) AS s
-WHERE true
+SELECT name, part, level - leased, at FROM (
+    SELECT s.value ->> 0 AS name, s.value ->> 1 AS part, s.value ->> 2 AS level,
+           s.value ->> 3 AS at,
+           (SELECT count(*) FROM json_each(s.value -> 4) AS x
+            JOIN oncebox_jobs j ON j.id = x.value
+            WHERE j.state = 'leased' AND j.lease_token = :token) AS leased
+    FROM json_each(:spends) AS s
+)
+WHERE leased > 0
 ON CONFLICT (name, partition) DO UPDATE
 SET tokens = excluded.tokens, updated_at = excluded.updated_at;
