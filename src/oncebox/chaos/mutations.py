@@ -43,6 +43,10 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
 
+    unlimit-any-task   a worker un-limits the ready jobs of every task its code declares without
+                       limits, whatever another release declares → `tests/test_task_limits.py::
+                       test_an_old_release_strips_and_runs_a_new_releases_limited_jobs_without_
+                       its_fence` (a rolling deploy's old workers run the new limit's jobs)
     spend-picks        a limited lease spends its rates' tokens on the jobs it chose, not on
                        those it leased → `tests/test_task_limits.py::test_a_limited_lease_spends_
                        tokens_on_a_job_it_skipped_without_its_fence` (PostgreSQL: a row another
@@ -112,6 +116,12 @@ MUTATIONS = {
             "broker-kill-consumer.committed",
             ("postgres",),
         ),
+        Mutation(
+            "unlimit-any-task",
+            "un-limiting only what no process declares limited",
+            "tests/test_task_limits.py::"
+            "test_an_old_release_strips_and_runs_a_new_releases_limited_jobs_without_its_fence",
+        ),
         # SQLite's lease holds the write lock from its choice on: it skips nothing it chose
         Mutation(
             "spend-picks",
@@ -169,6 +179,10 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
             ("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),
         ),
         "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
+    },
+    "unlimit-any-task": {
+        "postgres": (("job_unlimit", "WHERE d.task = t.task", "WHERE false AND d.task = t.task"),),
+        "sqlite": (("job_unlimit", "WHERE d.task = t.value", "WHERE false AND d.task = t.value"),),
     },
     "spend-picks": {
         "postgres": (("limit_spend", "AND j.state = 'leased' AND j.lease_token = %(token)s", ""),),

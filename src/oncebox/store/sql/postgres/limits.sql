@@ -76,3 +76,22 @@ WHERE leased > 0
 ORDER BY 1, 2
 ON CONFLICT (name, partition) DO UPDATE
 SET tokens = excluded.tokens, updated_at = excluded.updated_at;
+
+-- name: limit_declare
+-- This code's limits of each task (%(declared)s: [task, limits as JSON text]), declared now: a
+-- worker's beat, or a process about to enqueue the task's jobs (jobs/declarations.py).
+-- no fence: a declaration is what the declaring process's code says, decided from no read;
+-- declared_at only moves forward (GREATEST), and only a process that limits the task writes
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_limit_declarations AS d (task, limits, declared_at)
+SELECT x ->> 0, (x ->> 1)::jsonb, clock.now
+FROM jsonb_array_elements(%(declared)s::jsonb) AS x, clock
+ORDER BY 1
+ON CONFLICT (task) DO UPDATE
+SET limits = excluded.limits, declared_at = GREATEST(d.declared_at, excluded.declared_at);
+
+-- name: limit_declaration_list
+-- Every task's limits as last declared, and when.
+SELECT task, limits::text AS limits, declared_at
+FROM __S__.oncebox_limit_declarations
+ORDER BY task;

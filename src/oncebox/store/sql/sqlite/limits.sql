@@ -62,3 +62,19 @@ SELECT name, part, level - leased, at FROM (
 WHERE leased > 0
 ON CONFLICT (name, partition) DO UPDATE
 SET tokens = excluded.tokens, updated_at = excluded.updated_at;
+
+-- name: limit_declare
+-- See the PostgreSQL statement (:declared: [task, limits as JSON text]).
+-- no fence: a declaration is what the declaring process's code says, decided from no read;
+-- declared_at only moves forward (max), and only a process that limits the task writes
+INSERT INTO oncebox_limit_declarations AS d (task, limits, declared_at)
+SELECT x.value ->> 0, x.value ->> 1, :now
+FROM json_each(:declared) AS x
+WHERE true
+ON CONFLICT (task) DO UPDATE
+SET limits = excluded.limits, declared_at = max(d.declared_at, excluded.declared_at);
+
+-- name: limit_declaration_list
+SELECT task, limits, declared_at
+FROM oncebox_limit_declarations
+ORDER BY task;
