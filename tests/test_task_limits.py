@@ -3,21 +3,29 @@ enqueue, and enforced across worker processes on every store."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import re
 import signal
+import sqlite3
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext, Rate, shapes
+from oncebox.chaos.mutations import mutated
 from oncebox.cli import prometheus
-from oncebox.cli.inspect_cmds import limits_table
-from oncebox.clock import from_micros
+from oncebox.cli.inspect_cmds import limits_table, quiet_line
+from oncebox.clock import ClockSetting, from_micros
+from oncebox.jobs.limits import plan_of, task_limits
 from oncebox.status import status_data
+from oncebox.store import open_store
 from oncebox.testing import FrozenClock, drain
+from support.contract import insert, lease, opened_session
 from support.db import sql
 from support.limits_app import (
     GLOBAL,
@@ -254,3 +262,203 @@ def test_three_worker_processes_lease_a_rate_limited_task_within_its_bucket(stor
 def _instant(value: object) -> datetime:
     """A stored instant: a datetime on PostgreSQL, microseconds since the epoch on SQLite."""
     return value if isinstance(value, datetime) else from_micros(int(value))  # type: ignore[call-overload]
+
+
+# -- a rolling deploy: releases that disagree about a task's limits share one database ---------
+
+
+@dataclass(frozen=True)
+class Deployed:
+    kept: list[str | None]  # the limit keys of the jobs still waiting
+    ran_by_old: int  # jobs the old release's worker ran (it knows no limit)
+    declared: list[str]  # the tasks the store then knew limited
+
+
+def deploy_adding_a_limit(url: str) -> Deployed:
+    """A rolling deploy that adds `Concurrency(1)` to `export`: a process of the new release
+    enqueues three jobs (no worker of the new release has run yet), then a worker of the old
+    release, which declares `export` without limits, (re)starts: its lease rescuer's pass,
+    then its consumer."""
+    new = Box(url)
+    try:
+
+        @new.task(name="export", key="export/{n}", limits=[Concurrency(1)])
+        def limited(ctx: JobContext, n: int) -> None:
+            pass
+
+        for n in range(3):
+            new.enqueue(limited, n=n)
+    finally:
+        new.close()
+    ran: list[int] = []
+    old = Box(url)
+    try:
+
+        @old.task(name="export", key="export/{n}")
+        def unlimited(ctx: JobContext, n: int) -> None:
+            ran.append(n)
+
+        drain(old)
+        kept = [row[0] for row in sql(old, "SELECT limit_key FROM oncebox_jobs ORDER BY id")]
+        declared = [d.task for d in old.store.limit_declaration_list()]
+    finally:
+        old.close()
+    return Deployed(kept, len(ran), declared)
+
+
+def test_an_old_release_keeps_the_limit_a_new_release_declared_on_its_jobs(store_url):
+    deployed = deploy_adding_a_limit(store_url)
+    # waiting for the new workers; the old one, restarted, left the record as it was
+    assert deployed == Deployed(["", "", ""], 0, ["export"]), deployed
+
+
+def test_an_old_release_strips_and_runs_a_new_releases_limited_jobs_without_its_fence(store_url):
+    with mutated("unlimit-any-task"):
+        deployed = deploy_adding_a_limit(store_url)
+    assert deployed.ran_by_old == 3, deployed  # all at once, as far as the limit knew
+
+
+def test_a_limit_a_deploy_removes_frees_its_jobs_after_the_lapse_and_status_says_when(
+    store_url,
+):
+    """The release that limited `export` enqueued, then was replaced (or rolled back) by one
+    without the limit: its jobs wait while the limit may still be declared, are listed by
+    `status` once no process declares it, and run when the lapse is over."""
+    limiting, unlimited = Box(store_url), Box(store_url)
+    ran: list[int] = []
+    try:
+
+        @limiting.task(name="export", key="export/{n}", limits=[Concurrency(1)])
+        def limited(ctx: JobContext, n: int) -> None:
+            pass
+
+        @unlimited.task(name="export", key="export/{n}")
+        def export(ctx: JobContext, n: int) -> None:
+            ran.append(n)
+
+        with FrozenClock(unlimited, at=T0) as clock:
+            for n in range(2):
+                limiting.enqueue(limited, n=n)
+            clock.advance(timedelta(minutes=1))
+            drain(unlimited)
+            assert (ran, status_data(unlimited, 1)["quiet_limits"]) == ([], [])
+            clock.advance(timedelta(minutes=4))  # no process has declared it for 5 minutes
+            drain(unlimited)
+            data = status_data(unlimited, 1)
+            assert ran == [] and data["quiet_limits"] == [
+                {
+                    "task": "export",
+                    "declared": "export:concurrency 1 at once",
+                    "last_declared_at": "2026-08-17T09:00:00Z",
+                    "waiting": 2,
+                    "waiting_capped": False,
+                    "freed_at": "2026-08-17T09:10:00Z",
+                }
+            ], data["quiet_limits"]
+            line = quiet_line(data["quiet_limits"][0], T0 + timedelta(minutes=5))
+            assert "no process has declared for 5m" in line and "frees them in 5m" in line, line
+            clock.advance(timedelta(minutes=5, seconds=1))
+            assert drain(unlimited).completed == 2 and sorted(ran) == [0, 1]
+            assert status_data(unlimited, 1)["quiet_limits"] == []
+    finally:
+        limiting.close()
+        unlimited.close()
+
+
+def test_a_worker_declares_its_codes_limits_when_it_starts(tmp_path: Path):
+    box = Box(f"sqlite:///{tmp_path / 'o.db'}")
+    try:
+
+        @box.task(key="export/{n}", limits=[Rate("5/s"), Concurrency(2)])
+        def export(ctx: JobContext, n: int) -> None:
+            pass
+
+        @box.task(key="ping/{n}")
+        def ping(ctx: JobContext, n: int) -> None:
+            pass
+
+        box.work(until_idle=True)
+        [declared] = box.store.limit_declaration_list()
+        assert (declared.task, json.loads(declared.limits)) == (
+            "export",
+            {
+                "limits": [["export:concurrency", "2 at once"], ["export:rate:5/s", "5/s"]],
+                "partition": None,
+            },
+        ), declared
+    finally:
+        box.close()
+
+
+# -- the limited lease beside another transaction's row lock (PostgreSQL's SKIP LOCKED) -------
+
+
+@dataclass(frozen=True)
+class Spent:
+    leased: list[int]  # the lease beside the other transaction's lock
+    tokens: float  # the bucket's level it left
+    then: list[int]  # the next lease, the lock gone and no time passed
+
+
+def lease_beside_a_locked_job(url: str) -> Spent:
+    """Two jobs of a task limited to two a second, the first locked by another transaction (an
+    enqueue merging into it, say) while a lease chooses both and passes over it; then, that
+    transaction over and the clock frozen, the next lease."""
+    store = open_store(url)
+    try:
+        store.clock_set(ClockSetting(frozen_at=T0))
+        declared = task_limits("t", [Rate("2/s")], None, {"n"})
+        assert declared is not None
+        limits = plan_of({"t": declared})
+        first, second = (insert(store, f"k/{n}", limit_key="") for n in (1, 2))
+        with psycopg.connect(url) as other, opened_session(store) as session:
+            other.execute("SELECT id FROM oncebox_jobs WHERE id = %s FOR UPDATE", (first,))
+            leased = lease(session, limits=limits)[1]
+            other.rollback()
+            [(tokens,)] = other.execute(
+                "SELECT tokens FROM oncebox_limits WHERE name = %s", ("t:rate:2/s",)
+            )
+            other.rollback()
+            then = lease(session, limits=limits)[1]
+        assert leased == [second], (leased, first, second)
+        return Spent(leased, float(tokens), then)
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_limited_lease_spends_tokens_only_on_the_jobs_it_leased(pg_url):
+    spent = lease_beside_a_locked_job(pg_url)
+    assert spent.tokens == 1.0, spent  # one job leased: one token
+    assert len(spent.then) == 1, spent  # the job passed over runs on the token left
+
+
+@pytest.mark.postgres
+def test_a_limited_lease_spends_tokens_on_a_job_it_skipped_without_its_fence(pg_url):
+    with mutated("spend-picks"):
+        spent = lease_beside_a_locked_job(pg_url)
+    assert (spent.tokens, spent.then) == (0.0, []), spent  # charged for both, one ran
+
+
+def test_an_enqueue_in_the_callers_sqlite_transaction_declares_the_limits_with_its_jobs(
+    tmp_path: Path,
+):
+    """The caller's transaction holds SQLite's write lock: the declaration is written there,
+    committed (or rolled back) with the jobs it covers."""
+    box = Box(f"sqlite:///{tmp_path / 'o.db'}")
+    conn = sqlite3.connect(tmp_path / "o.db")
+    try:
+
+        @box.task(key="export/{n}", limits=[Concurrency(1)])
+        def export(ctx: JobContext, n: int) -> None:
+            pass
+
+        box.enqueue(export, n=1, connection=conn)
+        conn.rollback()
+        assert box.store.limit_declaration_list() == []
+        box.enqueue(export, n=2, connection=conn)
+        conn.commit()
+        assert [d.task for d in box.store.limit_declaration_list()] == ["export"]
+    finally:
+        conn.close()
+        box.close()

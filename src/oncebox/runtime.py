@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from oncebox.jobs.declarations import LimitDeclarations
 from oncebox.jobs.keyguard import KeyGuard
 from oncebox.jobs.tasks import Registry
 from oncebox.metrics import Metrics
@@ -80,9 +81,11 @@ class Runtime:
     # `transaction.atomic()`); None: the box's own
     ambient_connection: Callable[[], object | None] = field(default=lambda: None)
     key_guard: KeyGuard = field(init=False)
+    limit_declarations: LimitDeclarations = field(init=False)
 
     def __post_init__(self) -> None:
         self.key_guard = KeyGuard(self.store, self.registry.all, self.schedules.values)
+        self.limit_declarations = LimitDeclarations(self.store, self.registry.all)
 
     @property
     def channels(self) -> dict[str, Channel]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncebox.clock import ClockSetting
 from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
+from oncebox.jobs.declarations import QuietLimit
 from oncebox.limits.waiting import LimitRow
 from oncebox.retention.held import HeldRow
 from oncebox.schedules.slo import PeriodSlo, Slo
@@ -159,6 +160,18 @@ def limit(row: LimitRow, now: datetime) -> dict[str, Any]:
         "oldest_wait_s": None
         if row.oldest is None
         else round(max(0.0, (now - row.oldest).total_seconds()), 3),
+    }
+
+
+def quiet_limit(entry: QuietLimit) -> dict[str, Any]:
+    """A task's jobs held by limits no process has declared lately (jobs/declarations.py)."""
+    return {
+        "task": entry.task,
+        "declared": entry.limits,
+        "last_declared_at": instant(entry.declared_at),
+        "waiting": entry.waiting,
+        "waiting_capped": entry.capped,
+        "freed_at": instant(entry.freed_at),
     }
 
 

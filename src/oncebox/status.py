@@ -19,6 +19,7 @@ from oncebox.clock import monotonic
 from oncebox.counters import complete
 from oncebox.deliveries.events import report_figures
 from oncebox.errors import OnceboxError
+from oncebox.jobs.declarations import quiet_limits
 from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.limits.waiting import held_back
 from oncebox.retention.held import held
@@ -80,6 +81,8 @@ def status_data(
         shapes.limit(row, now)
         for row in held_back(store.job_limited_waiting, box.registry.limit_plan())
     ]
+    declared = store.limit_declaration_list()
+    quiet = [shapes.quiet_limit(e) for e in quiet_limits(declared, store.job_limited_waiting, now)]
 
     def seconds_since(at: datetime | None) -> float | None:
         return None if at is None else round(max(timedelta(0), now - at).total_seconds(), 3)
@@ -107,6 +110,7 @@ def status_data(
         "schedules": schedules,
         "retention": retention,
         "limits": limits,
+        "quiet_limits": quiet,
     }
 
 

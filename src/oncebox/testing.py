@@ -58,6 +58,7 @@ def drain(
     dead or ambiguous deliveries, if anything failed.
     """
     result = DrainResult()
+    box.runtime.limit_declarations.declare_all()  # as a worker starting
     LeaseRescuer(
         box.store,
         LeaseRescuerConfig(),

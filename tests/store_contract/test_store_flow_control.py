@@ -5,12 +5,14 @@ joins the pending job of its debounce key. Time is the store's frozen clock."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from oncebox.errors import ConfigurationError
+from oncebox.jobs.declarations import LAPSE
 from oncebox.jobs.limits import Concurrency, Rate, plan_of, task_limits
 from oncebox.limits.plan import LimitPlan
-from oncebox.store.base import Collapsing, JobFinish, Store
+from oncebox.store.base import Collapsing, JobFinish, LimitDeclaration, Store
 from support.contract import LEASE, T0, advance, insert, job, lease, opened_session, row
 
 PARAMS = {"tenant", "n"}
@@ -273,9 +275,34 @@ def test_jobs_of_a_task_whose_limits_were_dropped_go_back_to_the_unlimited_lease
     tagged = limited(store, "k/1", "a")
     with opened_session(store) as session:
         assert lease(session)[1] == []  # the task declares no limit now: nobody takes it yet
-        assert store.job_unlimit(["t"], limit=10) == 1  # the rescuer's pass
-        assert store.job_unlimit(["t"], limit=10) == 0
+        assert store.job_unlimit(["t"], 10, LAPSE) == 1  # the rescuer's pass
+        assert store.job_unlimit(["t"], 10, LAPSE) == 0
         assert lease(session)[1] == [tagged]
+
+
+def test_a_task_some_process_declared_limited_within_the_lapse_keeps_its_jobs_limited(
+    store: Store,
+):
+    tagged = limited(store, "k/1", "a")
+    declared = LimitDeclaration("t", '{"limits":[["t:concurrency","1 at once"]]}')
+    second = timedelta(seconds=1)
+    store.limit_declare([declared])
+    advance(store, LAPSE - second)
+    assert store.job_unlimit(["t"], 10, LAPSE) == 0  # declared 9:59 ago
+    store.limit_declare([declared])  # a beat of a worker of the release that limits it
+    advance(store, -timedelta(minutes=15))
+    store.limit_declare([declared])  # a clock behind never moves a declaration back
+    [seen] = store.limit_declaration_list()
+    assert (seen.task, json.loads(seen.limits), seen.declared_at) == (
+        "t",
+        json.loads(declared.limits),
+        T0 + LAPSE - second,
+    )
+    advance(store, timedelta(minutes=15) + LAPSE - second)
+    assert store.job_unlimit(["t"], 10, LAPSE) == 0  # refreshed 9:59 ago
+    advance(store, 2 * second)  # no declaration for longer than the lapse
+    assert store.job_unlimit(["t"], 10, LAPSE) == 1
+    assert row(store, tagged).state == "ready"
 
 
 def test_a_limited_tasks_job_without_a_partition_is_leased_around_its_limit(store: Store):

@@ -73,6 +73,15 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        an event recorded between its check and its write is resent over
                        (tests/test_resolver_fences.py)
 
+    unlimit-any-task   a worker un-limits the ready jobs of every task its code declares without
+                       limits, whatever another release declares → `tests/test_task_limits.py::
+                       test_an_old_release_strips_and_runs_a_new_releases_limited_jobs_without_
+                       its_fence` (a rolling deploy's old workers run the new limit's jobs)
+    spend-picks        a limited lease spends its rates' tokens on the jobs it chose, not on
+                       those it leased → `tests/test_task_limits.py::test_a_limited_lease_spends_
+                       tokens_on_a_job_it_skipped_without_its_fence` (PostgreSQL: a row another
+                       transaction holds drains the bucket while nothing runs)
+
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
 """
@@ -187,6 +196,20 @@ MUTATIONS = {
             _RESOLVER_TESTS
             + "test_a_report_recorded_after_the_resolvers_check_is_resent_over_without_its_fence",
         ),
+        Mutation(
+            "unlimit-any-task",
+            "un-limiting only what no process declares limited",
+            "tests/test_task_limits.py::"
+            "test_an_old_release_strips_and_runs_a_new_releases_limited_jobs_without_its_fence",
+        ),
+        # SQLite's lease holds the write lock from its choice on: it skips nothing it chose
+        Mutation(
+            "spend-picks",
+            "spending only what a limited lease leased",
+            "tests/test_task_limits.py::"
+            "test_a_limited_lease_spends_tokens_on_a_job_it_skipped_without_its_fence",
+            ("postgres",),
+        ),
     )
 }
 # What a mutation replaced in this process, to put back after the run (module, name, value).
@@ -252,6 +275,14 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
                 "LIMIT %(limit)s)",
             ),
         ),
+    },
+    "unlimit-any-task": {
+        "postgres": (("job_unlimit", "WHERE d.task = t.task", "WHERE false AND d.task = t.task"),),
+        "sqlite": (("job_unlimit", "WHERE d.task = t.value", "WHERE false AND d.task = t.value"),),
+    },
+    "spend-picks": {
+        "postgres": (("limit_spend", "AND j.state = 'leased' AND j.lease_token = %(token)s", ""),),
+        "sqlite": (("limit_spend", "WHERE j.state = 'leased' AND j.lease_token = :token", ""),),
     },
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),

@@ -127,6 +127,7 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
         f"{entry['waiting']} job(s) of task {entry['task']} wait with no live worker serving it"
         for entry in data["unserved_tasks"]
     ]
+    attention += [quiet_line(entry, now) for entry in data["quiet_limits"]]
     if data["dead"]:
         attention.append(f"{data['dead']} dead (oncebox dlq list)")
     if data["ambiguous"]:
@@ -165,6 +166,19 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
         if entry["slo"] is not None:
             judged = [p for p in entry["periods"] if p["slo"] is not None]
             say(slo_line(entry["slo"], judged[:1]))  # the latest period that fired
+
+
+def quiet_line(entry: dict[str, Any], now: datetime) -> str:
+    """Jobs held by limits no process declares lately, and when they go free."""
+    declared = datetime.fromisoformat(entry["last_declared_at"])
+    freed = datetime.fromisoformat(entry["freed_at"])
+    when = f"in {age(now, freed)}" if freed > now else "at the next rescuer pass"
+    return (
+        f"{entry['waiting']}{'+' if entry['waiting_capped'] else ''} job(s) of task "
+        f"{entry['task']} wait on limits ({entry['declared']}) no process has declared for "
+        f"{age(declared, now)}: a worker that runs {entry['task']} without limits frees them "
+        f"{when} (one that limits it runs them meanwhile)"
+    )
 
 
 def report_line(channel: str, figures: dict[str, Any]) -> str:

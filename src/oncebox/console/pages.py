@@ -83,6 +83,12 @@ def _overview(request: Request) -> dict[str, Any]:
         alerts.append(
             f"{task['waiting']} jobs of task {task['task']} wait and no live worker runs it."
         )
+    for quiet in status["quiet_limits"]:
+        alerts.append(
+            f"{quiet['waiting']} jobs of task {quiet['task']} wait on limits no process has "
+            f"declared since {quiet['last_declared_at']}: freed from {quiet['freed_at']} by a "
+            "worker that runs the task without limits."
+        )
     if status["past_lease"]["jobs"] or status["past_lease"]["messages"]:
         alerts.append(
             f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "

@@ -22,11 +22,14 @@
 
 The store enforces them in the lease (`limits/allocation.py`), so every worker on every host
 shares them; a job held back waits `ready`, without spending an attempt, outside the index the
-unlimited jobs are leased from.
+unlimited jobs are leased from. Each process records the limits its code declares
+(`jobs/declarations.py`): a worker of a release without a task's limit leaves the task's
+limited jobs alone while another release still declares it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +70,13 @@ class TaskLimits:
 
     rules: tuple[tuple[TaskLimit, str], ...]  # each limit with its resolved name
     partition: KeyTemplate | None
+
+    def declaration(self) -> str:
+        """The limits as the store records a task's declaration of them (canonical JSON): the
+        partition template and each limit's name and rule, as people wrote it."""
+        rules = sorted([name, _rule(name, limit).shown] for limit, name in self.rules)
+        source = None if self.partition is None else self.partition.source
+        return json.dumps({"limits": rules, "partition": source}, separators=(",", ":"))
 
     def partition_of(self, task: str, args: Mapping[str, Any]) -> str:
         """The job's partition ('' when the task has none), as stored in `limit_key`."""

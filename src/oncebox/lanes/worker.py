@@ -244,6 +244,8 @@ class Worker:
     def run(self) -> WorkerResult:
         """Run until stopped (or idle, with `until_idle`)."""
         self._preflight()
+        # before any lane: this code's limits hold their jobs against another release's rescuer
+        self.runtime.limit_declarations.declare_all()
         consumers = self._consumers()
         channels = self.runtime.channels if self.config.dispatch else {}
         sweepers = [
@@ -699,13 +701,15 @@ class Worker:
 
     def _presence(self, stop: threading.Event) -> None:
         """Keep this worker's row in `oncebox_workers` fresh, so `status` knows which tasks live
-        workers serve; now and then, log the jobs that no live worker serves (a task removed in
-        a deploy): they would otherwise wait in silence."""
+        workers serve, and its code's limits declared (`jobs/declarations.py`); now and then,
+        log the jobs that no live worker serves (a task removed in a deploy): they would
+        otherwise wait in silence."""
         store, beat = self.runtime.store, self._beat()
         next_look = 0.0
         while True:
             with contextlib.suppress(StoreUnavailable):
                 store.worker_beat(beat)
+                self.runtime.limit_declarations.declare_all()
                 if clock.monotonic() >= next_look:
                     next_look = clock.monotonic() + UNSERVED_EVERY
                     for name, waiting in unserved(store):

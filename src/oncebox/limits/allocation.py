@@ -10,7 +10,8 @@ never both see the same free slot):
 2. `asks` turns it into how many jobs each partition may take — the least room of its limits —
    and the store reads that many due candidates from each, in claim order;
 3. `choose` takes candidates in claim order (priority, then due time, then id) while every limit
-   of each still has room, spends the rates' tokens, and says when to look again.
+   of each still has room, says which rates' tokens each would spend, and when to look again;
+   the store leases them and spends a token for each it leased (`Spend`).
 
 A slot in use is a leased job, counted when the lease reads them: a job that settles, is
 released or whose lease is rescued frees its slot with no bookkeeping that could drift. The
@@ -65,12 +66,16 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Spend:
-    """A bucket's level after this lease took its tokens."""
+    """A bucket this lease takes tokens from: its level before, and the chosen jobs each to be
+    charged a token — if leased. The store charges in the lease's transaction, after the lease
+    statement, for those its token holds: a chosen job the lease passed over (PostgreSQL skips
+    a row another transaction has locked) costs nothing."""
 
     name: str
     partition: str
-    tokens: float
+    level: float
     updated_at: datetime
+    jobs: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,7 @@ def choose(
     one while that pace is unknown or slow, so slow handlers hold a slot only while they run,
     and fast ones still lease in batches. What a budget cuts short goes back at once."""
     left = dict(room.left)
-    taken: dict[Scope, int] = {}
+    taken: dict[Scope, list[int]] = {}
     picks: list[tuple[int, str]] = []
     held = 0
     for candidate in sorted(candidates, key=lambda c: (-c.priority, c.run_at, c.id)):
@@ -166,16 +171,16 @@ def choose(
         picks.append((candidate.id, candidate.partition))
         for scope in scopes:
             left[scope] -= 1
-            taken[scope] = taken.get(scope, 0) + 1
+            taken.setdefault(scope, []).append(candidate.id)
     spends = []
-    for scope, count in sorted(taken.items()):
+    for scope, jobs in sorted(taken.items()):
         level = room.levels.get(scope)
         if level is None:
             continue  # a slot count: the leased job itself is the record
         bucket = survey.buckets.get(scope)
         # never move a bucket's time back: the next lease would refill that interval again
         at = survey.now if bucket is None else max(survey.now, bucket.updated_at)
-        spends.append(Spend(scope[0], scope[1], level - count, at))
+        spends.append(Spend(scope[0], scope[1], level, at, tuple(jobs)))
     # a job falling due later is worth waking for only while its task's whole limits have room
     # (its partition's are not known until then); with none, a settle frees a slot, not a time
     times = list(room.refill_at.values())

@@ -129,6 +129,8 @@ def _enqueue(
         resolved, may_record=connection is None or store.dialect == "postgres"
     )
     relayed = relay_check(runtime, resolved)
+    # before the job: a worker of a release without the task's limits then leaves it limited
+    runtime.limit_declarations.before_enqueue(resolved, connection)
     collapse = resolved.collapse
     if collapse is not None and (run_at is not None or delay is not None):
         raise ConfigurationError(
@@ -271,6 +273,7 @@ def _enqueue_many(
         resolved, may_record=connection is None or store.dialect == "postgres"
     )
     relayed = relay_check(runtime, resolved)
+    runtime.limit_declarations.before_enqueue(resolved, connection)  # before the jobs
     inserted = store.job_insert_many(
         JobInsertMany(
             task=resolved.name,

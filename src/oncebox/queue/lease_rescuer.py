@@ -9,11 +9,13 @@ worker that outlives the outage gives those back itself, unspent, if the store a
 Every worker runs a rescuer; `SKIP LOCKED` keeps them from stepping on each other.
 
 It also hands back to the unlimited lease the ready jobs of tasks declared without limits that
-still carry a partition (enqueued while the task was limited, or by a release that limits it):
-the unlimited lease takes only jobs without one, so they would otherwise wait for ever. And it
-hands to the relay the ready jobs of the broker-held queues its worker serves (a dead letter
-replayed, a job enqueued by a process that did not know the queue's broker, a queue moved onto
-a broker with work waiting): no table lane serves such a queue, so they too would wait for ever.
+still carry a partition (enqueued while the task was limited): the unlimited lease takes only
+jobs without one, so they would otherwise wait for ever — once no process has declared the task
+limited for `LAPSE`, so that a worker of the release before one that adds a limit leaves that
+release's jobs limited (`jobs/declarations.py`). And it hands to the relay the ready jobs of
+the broker-held queues its worker serves (a dead letter replayed, a job enqueued by a process
+that did not know the queue's broker, a queue moved onto a broker with work waiting): no table
+lane serves such a queue, so they too would wait for ever.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from oncebox.jobs.declarations import LAPSE
 from oncebox.lane import run_forever
 from oncebox.metrics import Metrics
 from oncebox.outbox.delivery_rescuer import DeliveryRescuer
@@ -76,12 +79,13 @@ class LeaseRescuer:
         if self.deliveries is not None and self.deliveries.channels:
             self.deliveries.run_once()
         if self.unlimited:
-            freed = self.store.job_unlimit(self.unlimited, self.config.batch_size)
+            freed = self.store.job_unlimit(self.unlimited, self.config.batch_size, LAPSE)
             if freed:
                 log.warning(
-                    "%s ready job(s) carried a partition their task no longer declares "
-                    "limits for: leased without limits now",
+                    "%s ready job(s) carried a partition of limits no process has declared "
+                    "for %d minutes: leased without limits now",
                     freed,
+                    LAPSE // timedelta(minutes=1),
                 )
         if self.brokered:
             tasks = sorted({task for names in self.brokered.values() for task in names})

@@ -800,6 +800,17 @@ class KeyCanary:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitDeclaration:
+    """A task's limits as a process's code declares them (`jobs/declarations.py`): `limits`
+    is their canonical JSON text; `declared_at` when a process last declared them (read back
+    from the store)."""
+
+    task: str
+    limits: str
+    declared_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StatusTimes:
     oldest_due_ready: datetime | None
     next_ready: datetime | None
@@ -1066,10 +1077,20 @@ class Store(Protocol):
         self, key: str, connection: object | None = None
     ) -> EnqueueConflict: ...
 
-    def job_unlimit(self, tasks: Sequence[str], limit: int) -> int:
-        """Ready jobs of `tasks` (declared without limits) that carry a partition lose it, up
-        to `limit` of them; how many did."""
+    def job_unlimit(self, tasks: Sequence[str], limit: int, declared_within: timedelta) -> int:
+        """Ready jobs of `tasks` (declared without limits by the caller's code) that carry a
+        partition lose it, up to `limit` of them — only those of a task no process has declared
+        limited (`limit_declare`) within `declared_within`; how many did."""
         ...
+
+    def limit_declare(
+        self, declared: Sequence[LimitDeclaration], connection: object | None = None
+    ) -> None:
+        """Record that this process's code limits these tasks so, now (in the caller's
+        transaction on `connection`)."""
+        ...
+
+    def limit_declaration_list(self) -> list[LimitDeclaration]: ...
 
     def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int: ...
     def job_rescue_expired(self, limit: int) -> list[RescuedJob]: ...

@@ -80,8 +80,11 @@ def picks_json(choice: Choice) -> str:
 
 
 def spends_json(spends: Sequence[Spend], encode: Any) -> str:
-    """`limit_spend`'s rows; `encode` writes an instant as the store keeps it."""
-    return json.dumps([[s.name, s.partition, s.tokens, encode(s.updated_at)] for s in spends])
+    """`limit_spend`'s rows: [name, partition, level, at, [the jobs it charges if leased]];
+    `encode` writes an instant as the store keeps it."""
+    return json.dumps(
+        [[s.name, s.partition, s.level, encode(s.updated_at), list(s.jobs)] for s in spends]
+    )
 
 
 def _bucket(

@@ -945,7 +945,8 @@ class PostgresConsumerSession:
                     took = conn.execute(q["job_lease_limited"], {**values, "picks": picks})
                 if choice.spends:
                     spends = limited_lease.spends_json(choice.spends, datetime.isoformat)
-                    conn.execute(q["limit_spend"], {"spends": spends})
+                    spend = {"spends": spends, "token": values["token"]}
+                    conn.execute(q["limit_spend"], spend)  # what was leased: after the lease
                 if rest > 0:
                     free_took = conn.execute(q["job_lease"], {**values, "limit": rest})
                     if free:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any, TypeVar
 
 from oncebox.limits.plan import LimitedPartition
@@ -33,6 +34,7 @@ from oncebox.store.base import (
     JobRow,
     KeyCanary,
     LeasedJob,
+    LimitDeclaration,
     OutboxFilter,
     OutboxLeased,
     OutboxRow,
@@ -393,6 +395,12 @@ class ReadOperations:
     def key_canary_get(self, kind: str, name: str) -> KeyCanary | None:
         found = self._canaries(self._fetch("key_canary_get", {"kind": kind, "name": name}))
         return found[0] if found else None
+
+    @operation
+    def limit_declaration_list(self) -> list[LimitDeclaration]:
+        found = self._fetch("limit_declaration_list", {})
+        task, limits, at = itemgetter("task", "limits", "declared_at")(found.columns())
+        return [LimitDeclaration(r[task], r[limits], self._instant(r[at])) for r in found.rows]
 
 
 def key_range_end(prefix: str | None) -> str | None:

@@ -913,7 +913,8 @@ class SqliteConsumerSession:
             took = run("job_lease_limited", {**values, "picks": limited_lease.picks_json(choice)})
             jobs = store._leased_jobs(took)
         if choice.spends:
-            run("limit_spend", {"spends": limited_lease.spends_json(choice.spends, to_micros)})
+            spends = limited_lease.spends_json(choice.spends, to_micros)
+            run("limit_spend", {"spends": spends, "token": values["token"]})
         rest = values["limit"] - len(jobs)
         times = [choice.next_at]
         if rest > 0:  # every task's jobs without a partition (PostgreSQL's `_lease_limited`)

@@ -44,6 +44,7 @@ from oncebox.store.base import (
     JobInsert,
     JobInsertMany,
     KeyCanary,
+    LimitDeclaration,
     OperatorAction,
     OutboxFinish,
     OutboxRow,
@@ -277,12 +278,22 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     # -- leases --------------------------------------------------------------------------------
 
     @operation
-    def job_unlimit(self, tasks: Sequence[str], limit: int) -> int:
-        """Ready jobs of `tasks` (none of them limited now) that carry a partition lose it, up to
-        `limit`: the unlimited lease takes only jobs without one (0015)."""
+    def job_unlimit(self, tasks: Sequence[str], limit: int, declared_within: timedelta) -> int:
+        """Ready jobs of `tasks` (none of them limited in the caller's code) that carry a
+        partition lose it, up to `limit`: the unlimited lease takes only jobs without one
+        (0015). Only a task no process has declared limited within `declared_within`."""
         if not tasks:
             return 0
-        return self._apply("job_unlimit", {"tasks": self._set(tasks), "limit": limit}).count
+        params = {"tasks": self._set(tasks), "limit": limit}
+        return self._apply("job_unlimit", {**params, **self._span("within", declared_within)}).count
+
+    @operation
+    def limit_declare(
+        self, declared: Sequence[LimitDeclaration], connection: object | None = None
+    ) -> None:
+        if declared:
+            rows = json.dumps([[d.task, d.limits] for d in declared])
+            self._apply("limit_declare", {"declared": rows}, connection)
 
     @operation
     def job_lease_extend(self, tokens: Sequence[str], lease_for: timedelta) -> int:

@@ -219,15 +219,28 @@ RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attem
           j.trace_context;
 
 -- name: job_unlimit
--- Ready jobs that carry a partition though their task declares no limit any more (or was
--- limited by another release): back into the claim index, a batch of %(limit)s, through
--- oncebox_jobs_limited (nothing to do costs a probe per task). Run by the lease rescuer.
--- fence: state, limit_key
+-- Ready jobs that carry a partition though the caller's code declares their task without
+-- limits (%(tasks)s): back into the claim index, a batch of %(limit)s, through
+-- oncebox_jobs_limited (nothing to do costs a probe per task) — only for a task no process has
+-- declared limited within %(within_s)s seconds (limit_declare): the caller may be a worker of
+-- the release before the one that limits it (jobs/declarations.py). Run by the lease rescuer.
+-- A declaration committed before this statement (so before any job of that release it can
+-- see) stops it: the declarations are read in the statement, the rows rechecked under their lock.
+-- fence: state, limit_key, declared_at
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+undeclared AS MATERIALIZED (
+    SELECT t.task FROM unnest(%(tasks)s::text[]) AS t(task)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM __S__.oncebox_limit_declarations d
+        WHERE d.task = t.task
+          AND d.declared_at > (SELECT now FROM clock) - make_interval(secs => %(within_s)s))
+)
 UPDATE __S__.oncebox_jobs
 SET limit_key = NULL
 WHERE id = ANY(ARRAY(
     SELECT id FROM __S__.oncebox_jobs
-    WHERE state = 'ready' AND limit_key IS NOT NULL AND task = ANY(%(tasks)s::text[])
+    WHERE state = 'ready' AND limit_key IS NOT NULL
+      AND task = ANY(ARRAY(SELECT task FROM undeclared))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED));
 

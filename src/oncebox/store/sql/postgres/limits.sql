@@ -60,11 +60,42 @@ ON CONFLICT (name, partition) DO UPDATE SET name = l.name
 RETURNING l.name, l.tokens, l.updated_at, (SELECT __S__.oncebox_now()) AS now;
 
 -- name: limit_spend
--- The buckets' levels after a lease took tokens (%(spends)s: [name, partition, tokens, at]).
--- fence: locked by limit_lock
+-- The buckets a lease took tokens from (%(spends)s: [name, partition, level before, at, [job
+-- ids]]), after job_lease_limited in its transaction: each bucket is charged a token for each
+-- of its jobs this lease's token now holds — what was leased, not what was chosen (a chosen
+-- row another transaction had locked was skipped, and costs nothing).
+-- The levels were read under the limit's lock, held until this transaction ends.
+-- fence: state, lease_token, locked by limit_lock
+WITH spent AS (
+    SELECT s ->> 0 AS name, s ->> 1 AS part, (s ->> 2)::float8 AS level,
+           (s ->> 3)::timestamptz AS at,
+           (SELECT count(*) FROM __S__.oncebox_jobs j
+            WHERE j.id = ANY(ARRAY(SELECT x::bigint FROM jsonb_array_elements_text(s -> 4) x))
+              AND j.state = 'leased' AND j.lease_token = %(token)s) AS leased
+    FROM jsonb_array_elements(%(spends)s::jsonb) AS s
+)
 INSERT INTO __S__.oncebox_limits AS l (name, partition, tokens, updated_at)
-SELECT s ->> 0, s ->> 1, (s ->> 2)::float8, (s ->> 3)::timestamptz
-FROM jsonb_array_elements(%(spends)s::jsonb) AS s
+SELECT name, part, level - leased, at FROM spent
+WHERE leased > 0
 ORDER BY 1, 2
 ON CONFLICT (name, partition) DO UPDATE
 SET tokens = excluded.tokens, updated_at = excluded.updated_at;
+
+-- name: limit_declare
+-- This code's limits of each task (%(declared)s: [task, limits as JSON text]), declared now: a
+-- worker's beat, or a process about to enqueue the task's jobs (jobs/declarations.py).
+-- no fence: a declaration is what the declaring process's code says, decided from no read;
+-- declared_at only moves forward (GREATEST), and only a process that limits the task writes
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+INSERT INTO __S__.oncebox_limit_declarations AS d (task, limits, declared_at)
+SELECT x ->> 0, (x ->> 1)::jsonb, clock.now
+FROM jsonb_array_elements(%(declared)s::jsonb) AS x, clock
+ORDER BY 1
+ON CONFLICT (task) DO UPDATE
+SET limits = excluded.limits, declared_at = GREATEST(d.declared_at, excluded.declared_at);
+
+-- name: limit_declaration_list
+-- Every task's limits as last declared, and when.
+SELECT task, limits::text AS limits, declared_at
+FROM __S__.oncebox_limit_declarations
+ORDER BY task;

@@ -105,13 +105,19 @@ RETURNING id, key, task, args AS args_json, attempt, max_attempts, attempt_base,
           run_at, expires_at, leased_at, trace_context;
 
 -- name: job_unlimit
--- fence: state, limit_key
+-- See the PostgreSQL statement: only for a task no process has declared limited within
+-- :within_us (limit_declare).
+-- fence: state, limit_key, declared_at
 UPDATE oncebox_jobs
 SET limit_key = NULL
 WHERE id IN (
     SELECT id FROM oncebox_jobs
     WHERE state = 'ready' AND limit_key IS NOT NULL
-      AND task IN (SELECT value FROM json_each(:tasks))
+      AND task IN (
+          SELECT t.value FROM json_each(:tasks) AS t
+          WHERE NOT EXISTS (
+              SELECT 1 FROM oncebox_limit_declarations d
+              WHERE d.task = t.value AND d.declared_at > :now - :within_us))
     LIMIT :limit);
 
 -- name: job_limited_partitions

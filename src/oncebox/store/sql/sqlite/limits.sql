@@ -49,11 +49,35 @@ FROM json_each(:names) AS n
 JOIN oncebox_limits b ON b.name = n.value AND b.partition = '';
 
 -- name: limit_spend
--- :spends is a JSON array of [name, partition, tokens, at].
--- fence: locked by limit_lock
+-- See the PostgreSQL statement (:spends: [name, partition, level before, at, [job ids]]): a
+-- token for each job this lease's token holds. Under the write lock the lease skips nothing
+-- it chose, so here that is every chosen job.
+-- fence: state, lease_token, locked by limit_lock
 INSERT INTO oncebox_limits AS l (name, partition, tokens, updated_at)
-SELECT s.value ->> 0, s.value ->> 1, s.value ->> 2, s.value ->> 3
-FROM json_each(:spends) AS s
-WHERE true
+SELECT name, part, level - leased, at FROM (
+    SELECT s.value ->> 0 AS name, s.value ->> 1 AS part, s.value ->> 2 AS level,
+           s.value ->> 3 AS at,
+           (SELECT count(*) FROM json_each(s.value -> 4) AS x
+            JOIN oncebox_jobs j ON j.id = x.value
+            WHERE j.state = 'leased' AND j.lease_token = :token) AS leased
+    FROM json_each(:spends) AS s
+)
+WHERE leased > 0
 ON CONFLICT (name, partition) DO UPDATE
 SET tokens = excluded.tokens, updated_at = excluded.updated_at;
+
+-- name: limit_declare
+-- See the PostgreSQL statement (:declared: [task, limits as JSON text]).
+-- no fence: a declaration is what the declaring process's code says, decided from no read;
+-- declared_at only moves forward (max), and only a process that limits the task writes
+INSERT INTO oncebox_limit_declarations AS d (task, limits, declared_at)
+SELECT x.value ->> 0, x.value ->> 1, :now
+FROM json_each(:declared) AS x
+WHERE true
+ON CONFLICT (task) DO UPDATE
+SET limits = excluded.limits, declared_at = max(d.declared_at, excluded.declared_at);
+
+-- name: limit_declaration_list
+SELECT task, limits, declared_at
+FROM oncebox_limit_declarations
+ORDER BY task;

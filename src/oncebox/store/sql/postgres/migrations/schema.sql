@@ -148,6 +148,12 @@ TABLE oncebox_key_canaries
   CONSTRAINT CHECK ((kind = ANY (ARRAY['task'::text, 'schedule'::text])))
   CONSTRAINT PRIMARY KEY (kind, name)
 
+TABLE oncebox_limit_declarations
+  task text NOT NULL
+  limits jsonb NOT NULL
+  declared_at timestamp with time zone NOT NULL
+  CONSTRAINT PRIMARY KEY (task)
+
 TABLE oncebox_limits
   name text NOT NULL
   partition text NOT NULL
@@ -332,6 +338,8 @@ CREATE INDEX oncebox_jobs_schedule_period ON __S__.oncebox_jobs USING btree (sch
 CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs USING btree (task, run_at) WHERE (state = 'ready'::text)
 
 CREATE UNIQUE INDEX oncebox_key_canaries_pkey ON __S__.oncebox_key_canaries USING btree (kind, name)
+
+CREATE UNIQUE INDEX oncebox_limit_declarations_pkey ON __S__.oncebox_limit_declarations USING btree (task)
 
 CREATE UNIQUE INDEX oncebox_limits_pkey ON __S__.oncebox_limits USING btree (name, partition)
 

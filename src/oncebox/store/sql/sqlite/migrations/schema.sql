@@ -207,6 +207,13 @@ CREATE TABLE oncebox_key_canaries (
     PRIMARY KEY (kind, name)
 ) STRICT;
 
+-- table oncebox_limit_declarations
+CREATE TABLE oncebox_limit_declarations (
+    task TEXT PRIMARY KEY,
+    limits TEXT NOT NULL,
+    declared_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
 -- table oncebox_limits
 CREATE TABLE oncebox_limits (
     name TEXT NOT NULL,
