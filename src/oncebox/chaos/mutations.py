@@ -22,6 +22,9 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        reverted) → `rate-limit-contention` fails (R1: more sends than the rate)
     no-resume          the scheduler never resumes a stalled fan-out → `scheduler-replaced-after-
                        next-fire` fails (S4, L2: the interrupted week's other customers)
+    trigger-skips-stalled  a schedule's trigger never reads its stalled runs (only the ticker
+                       resumes them) → `test_a_trigger_without_its_resume_loses_a_dead_fan_outs_
+                       period` fails (cron-only: the dead fan-out's other customers are lost)
     strand-on-outage   a dispatcher forgets its round when the store goes away (the fix
                        reverted) → `store-outage-dispatch` fails (L3: rows wait out the lease)
     clock-never-lapses a test clock is held without an expiry → `clock-holder-killed` fails (L3:
@@ -94,6 +97,12 @@ MUTATIONS = {
             "bucket-time-back", "monotonic bucket time", "rate-limit-contention", ("postgres",)
         ),
         Mutation("no-resume", "resuming stalled fan-outs", "scheduler-replaced-after-next-fire"),
+        Mutation(
+            "trigger-skips-stalled",
+            "a trigger resuming stalled fan-outs",
+            "tests/store_contract/test_schedule_trigger.py::"
+            "test_a_trigger_without_its_resume_loses_a_dead_fan_outs_period",
+        ),
         Mutation("strand-on-outage", "recovery after a store outage", "store-outage-dispatch"),
         Mutation("clock-never-lapses", "the test clock's lease", "clock-holder-killed"),
         Mutation("greedy-writer", "SQLite write turns", "sqlite-writer-contention", ("sqlite",)),
@@ -311,6 +320,12 @@ def _bucket_time_back() -> None:
     _patch(dispatcher, "take", take)
 
 
+def _trigger_skips_stalled() -> None:
+    from oncebox.schedules.trigger import ScheduleTrigger  # noqa: PLC0415
+
+    _patch(ScheduleTrigger, "_stalled", lambda _self, _schedule: [])
+
+
 def _strand_on_outage() -> None:
     from oncebox.outbox.dispatcher import OutboxDispatcher  # noqa: PLC0415
 
@@ -411,6 +426,7 @@ _PROCESS_WIDE = {
     "release-refused-batch": _release_refused_batch,
     "no-guard": _no_guard,
     "bucket-time-back": _bucket_time_back,
+    "trigger-skips-stalled": _trigger_skips_stalled,
     "strand-on-outage": _strand_on_outage,
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
