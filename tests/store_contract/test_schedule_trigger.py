@@ -5,6 +5,7 @@ fans it out once, however many triggers arrive and whether or not the ticker run
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +19,7 @@ from support.digest_schedule import digest_keys, scheduled_box
 MONDAY_W33 = datetime(2026, 8, 10, 9, 0, 30, tzinfo=UTC)  # 30 s after the 09:00 fire
 
 
-def keys(customers: range, week: str = "2026-W33") -> list[str]:
+def keys(customers: Iterable[int], week: str = "2026-W33") -> list[str]:
     return sorted(f"weekly-digest/customer-{c}/{week}" for c in customers)
 
 
