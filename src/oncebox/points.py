@@ -16,6 +16,8 @@ Points (each documented where it is reached):
     consumer.lease_lost                a fenced settlement found a superseded lease
     dispatcher.found_nothing           a dispatcher's lease came back empty
     worker.woken                       a worker woke its polling lanes (new work may exist)
+    schedule.take_over_before_write    an operator's take-over read the run and judged its
+                                       owner gone; its fenced write is next
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     trigger-skips-stalled  a schedule's trigger never reads its stalled runs (only the ticker
                        resumes them) → `test_a_trigger_without_its_resume_loses_a_dead_fan_outs_
                        period` fails (cron-only: the dead fan-out's other customers are lost)
+    take-over-unfenced an operator's take-over of a fan-out stops checking that the run is as it
+                       was read → `test_a_take_over_without_its_fence_takes_a_live_owners_run`
+                       fails (an owner that renewed meanwhile loses its run)
     strand-on-outage   a dispatcher forgets its round when the store goes away (the fix
                        reverted) → `store-outage-dispatch` fails (L3: rows wait out the lease)
     clock-never-lapses a test clock is held without an expiry → `clock-holder-killed` fails (L3:
@@ -103,6 +106,12 @@ MUTATIONS = {
             "tests/store_contract/test_schedule_trigger.py::"
             "test_a_trigger_without_its_resume_loses_a_dead_fan_outs_period",
         ),
+        Mutation(
+            "take-over-unfenced",
+            "the take-over's fence on the run as read",
+            "tests/store_contract/test_schedule_take_over.py::"
+            "test_a_take_over_without_its_fence_takes_a_live_owners_run",
+        ),
         Mutation("strand-on-outage", "recovery after a store outage", "store-outage-dispatch"),
         Mutation("clock-never-lapses", "the test clock's lease", "clock-holder-killed"),
         Mutation("greedy-writer", "SQLite write turns", "sqlite-writer-contention", ("sqlite",)),
@@ -165,6 +174,25 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
             ("outbox_replay", "rescues = 0\n", "rescues = 0, token = o.token || '-again'\n"),
         ),
         "sqlite": (("outbox_replay", "rescues = 0\n", "rescues = 0, token = token || '-again'\n"),),
+    },
+    "take-over-unfenced": {
+        "postgres": (
+            (
+                "schedule_run_take_over",
+                "      AND r.owner = %(seen_owner)s"
+                " AND r.lease_expires_at = %(seen_lease)s::timestamptz\n"
+                "      AND r.renewed_at IS NOT DISTINCT FROM %(seen_renewed)s::timestamptz\n",
+                "",
+            ),
+        ),
+        "sqlite": (
+            (
+                "schedule_run_take_over",
+                "  AND owner = :seen_owner AND lease_expires_at = :seen_lease\n"
+                "  AND renewed_at IS :seen_renewed\n",
+                "",
+            ),
+        ),
     },
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),

@@ -65,17 +65,20 @@ ORDER BY name;
 -- name: schedule_run_claim
 -- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
 -- a finished one. Returns a row only when this owner now has it.
+-- fence: state, lease_expires_at (a running run only once its lease ran out; a finished one only
+-- for a re-run), decided in this statement
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedule_runs AS r
-    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late, renewed_at)
 SELECT %(schedule)s, %(period)s, %(fire_at)s::timestamptz, 'running', %(owner)s,
-       clock.now + make_interval(secs => %(lease_s)s), clock.now, %(late)s
+       clock.now + make_interval(secs => %(lease_s)s), clock.now, %(late)s, clock.now
 FROM clock
 ON CONFLICT (schedule, period) DO UPDATE
 SET state = 'running',
     owner = excluded.owner,
     lease_expires_at = excluded.lease_expires_at,
     started_at = excluded.started_at,
+    renewed_at = excluded.renewed_at,
     finished_at = NULL
 WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
    OR (r.state = 'done' AND %(rescan)s)
@@ -83,14 +86,71 @@ RETURNING r.owner;
 
 -- name: schedule_run_extend
 -- Between batches: keep the lease, count what was enqueued; nothing if the run was taken over.
+-- fence: owner, state (this owner's run, still running)
 UPDATE __S__.oncebox_schedule_runs
 SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s),
+    renewed_at = (SELECT __S__.oncebox_now()),
     enqueued_count = enqueued_count + %(enqueued)s
 WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
   AND state = 'running'
 RETURNING period;
 
+-- name: schedule_run_renew
+-- An owner's sign of life while it fans out (schedules/owners.py), batches or not: the lease is
+-- kept by progress alone (schedule_run_extend); nothing if the run was taken over or finished.
+-- fence: owner, state (this owner's run, still running)
+UPDATE __S__.oncebox_schedule_runs
+SET renewed_at = (SELECT __S__.oncebox_now())
+WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
+  AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_take_over
+-- An operator takes a running fan-out whose owner is gone, at once, audited in the same
+-- statement: only while the run is as the operator read it — an owner that renewed, extended,
+-- finished or was replaced since leaves it alone (no row).
+-- fence: owner, lease_expires_at, renewed_at, state (the run as the operator judged it)
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+taken AS (
+    UPDATE __S__.oncebox_schedule_runs r
+    SET owner = %(owner)s, lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        started_at = clock.now, renewed_at = clock.now
+    FROM clock
+    WHERE r.schedule = %(schedule)s AND r.period = %(period)s AND r.state = 'running'
+      AND r.owner = %(seen_owner)s AND r.lease_expires_at = %(seen_lease)s::timestamptz
+      AND r.renewed_at IS NOT DISTINCT FROM %(seen_renewed)s::timestamptz
+    RETURNING r.schedule, r.period, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'take-over', 'schedule', NULL, schedule, %(reason)s,
+           jsonb_build_object('period', period, 'owner', %(owner)s::text,
+                              'owner_before', %(seen_owner)s::text,
+                              'renewed_at_before', %(seen_renewed_text)s::text,
+                              'lease_expires_at_before', %(seen_lease_text)s::text)
+    FROM taken
+    RETURNING id
+)
+SELECT id AS audit_id FROM audited;
+
+-- name: schedule_run_get
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late, renewed_at
+FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s AND period = %(period)s;
+
+-- name: schedule_run_running
+-- Every fan-out running now, of every schedule (`status`: who owns each, and whether it is
+-- alive); the partial index holds only these.
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late, renewed_at
+FROM __S__.oncebox_schedule_runs
+WHERE state = 'running'
+ORDER BY schedule, period;
+
 -- name: schedule_run_finish
+-- fence: owner, state (this owner's run, still running)
 UPDATE __S__.oncebox_schedule_runs
 SET state = 'done',
     finished_at = (SELECT __S__.oncebox_now()),
@@ -111,7 +171,7 @@ LIMIT 1;
 
 -- name: schedule_run_list
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
-       scans, eligible_count, enqueued_count, late
+       scans, eligible_count, enqueued_count, late, renewed_at
 FROM __S__.oncebox_schedule_runs
 WHERE schedule = %(schedule)s
 ORDER BY started_at DESC, period DESC
@@ -121,7 +181,7 @@ LIMIT %(limit)s;
 -- Fan-outs interrupted half-way: still `running`, their owner's lease run out. The scheduler
 -- resumes them before any catch-up policy applies; oldest first.
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
-       scans, eligible_count, enqueued_count, late
+       scans, eligible_count, enqueued_count, late, renewed_at
 FROM __S__.oncebox_schedule_runs
 WHERE schedule = %(schedule)s AND state = 'running'
   AND lease_expires_at < (SELECT __S__.oncebox_now())
@@ -139,7 +199,7 @@ ORDER BY started_at, period;
 -- still kept (a pruned job's are not summarised).
 WITH runs AS (
     SELECT period, state, eligible_count, enqueued_count, fire_at, pruned_done, pruned_sent,
-           pruned_on_time
+           pruned_on_time, owner, lease_expires_at, renewed_at, started_at
     FROM __S__.oncebox_schedule_runs
     WHERE schedule = %(schedule)s
     ORDER BY period DESC
@@ -201,7 +261,12 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        CASE WHEN %(window_s)s::float8 IS NULL OR r.fire_at IS NULL THEN NULL
             ELSE COALESCE(p.on_time, 0) + r.pruned_on_time END AS on_time,
        COALESCE(p.duplicates, 0)::bigint AS duplicates,
-       r.pruned_done AS pruned
+       r.pruned_done AS pruned,
+       -- who holds a running fan-out (schedules/owners.py judges whether it is alive)
+       CASE WHEN r.state = 'running' THEN r.owner END AS owner,
+       CASE WHEN r.state = 'running' THEN r.lease_expires_at END AS lease_expires_at,
+       CASE WHEN r.state = 'running' THEN r.renewed_at END AS renewed_at,
+       r.started_at
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
