@@ -5,6 +5,7 @@ never a live owner's."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ import pytest
 
 from oncebox import Box, InvalidState, points
 from oncebox.chaos.mutations import mutated
+from oncebox.schedules import owners
 from oncebox.schedules.fanout import FanOut, TakenOver
 from oncebox.shapes import instant
 from oncebox.status import status_data
@@ -20,6 +22,7 @@ from oncebox.store import open_store
 from oncebox.store.base import AuditFilter
 from oncebox.testing import FrozenClock
 from support.digest_schedule import digest_keys, scheduled_box
+from support.waiting import wait_until
 
 MONDAY_W33 = datetime(2026, 8, 10, 9, 0, 30, tzinfo=UTC)
 OWNER = "vm-7:4242:manual"  # the fan-out that died with the store
@@ -76,6 +79,41 @@ def test_status_says_a_running_fan_outs_owner_whether_it_is_alive_and_its_lease_
         assert period["state"] == "running"
         assert period["fan_out"] == {**fan_out, "owner_live": False}, period
     finally:
+        box.close()
+
+
+def test_a_fan_out_renews_its_run_while_a_batch_holds_it_up(store_url, monkeypatch):
+    """The renewals come from their own thread, not from progress: an owner stuck between two
+    batches (a slow eligible-set query) stays alive; a finished run is no longer listed."""
+    monkeypatch.setattr(owners, "RENEW_EVERY", timedelta(milliseconds=20))
+    box = scheduled_box(store_url, customers=5, batch_size=2)
+    held_up = points.Pause()
+    try:
+        with FrozenClock(box, at=MONDAY_W33) as clock:
+            schedule = box.schedules["weekly-digest"]
+            box.store.schedule_state(schedule.name, schedule.grace)
+            fan_out = threading.Thread(
+                target=FanOut(box.runtime, OWNER).run, args=(schedule, "2026-W33", None)
+            )
+            with points.installed({"scheduler.between_batches": held_up}):
+                fan_out.start()
+                assert held_up.reached.wait(30)
+                later = clock.advance(timedelta(minutes=1))
+
+                def renewed() -> object:
+                    run = box.store.schedule_run_get("weekly-digest", "2026-W33")
+                    return run is not None and run.renewed_at == later
+
+                wait_until(renewed, what="a renewal at the clock's new instant")
+                [held] = status_data(box, 3)["fan_outs"]
+                assert (held["owner"], held["owner_live"]) == (OWNER, True), held
+                held_up.release()
+                fan_out.join(30)
+            [run] = box.store.schedule_run_list("weekly-digest")
+            assert (run.state, run.eligible_count) == ("done", 5), run
+            assert status_data(box, 3)["fan_outs"] == []
+    finally:
+        held_up.release()
         box.close()
 
 

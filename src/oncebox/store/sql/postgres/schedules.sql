@@ -14,12 +14,14 @@ FROM (SELECT __S__.oncebox_now() AS now) c
 ON CONFLICT (name) DO NOTHING;
 
 -- name: schedule_state_advance
+-- no fence: the mark only moves forward (the greater of the two), whoever writes it
 UPDATE __S__.oncebox_schedules
 SET last_fire_at = GREATEST(COALESCE(last_fire_at, %(at)s), %(at)s),
     updated_at = (SELECT __S__.oncebox_now())
 WHERE name = %(name)s;
 
 -- name: schedule_state_pause
+-- no fence: an operator's pause or resume is the latest word on it (audited)
 -- Pause or resume; resuming starts from now: fires missed while paused are skipped on purpose.
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
@@ -40,6 +42,7 @@ VALUES (__S__.oncebox_now(), %(actor)s, CASE WHEN %(paused)s THEN 'pause' ELSE '
 SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
+-- no fence: what the declaring code says, the same from every process of a release
 -- The SLO the declaring code gives the schedule (NULLs: none); a row unchanged is not written.
 UPDATE __S__.oncebox_schedules
 SET slo_window_s = %(window_s)s::float8, slo_target = %(target)s::float8
@@ -65,8 +68,8 @@ ORDER BY name;
 -- name: schedule_run_claim
 -- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
 -- a finished one. Returns a row only when this owner now has it.
--- fence: state, lease_expires_at (a running run only once its lease ran out; a finished one only
--- for a re-run), decided in this statement
+-- A running run only once its lease ran out, a finished one only for a re-run:
+-- fence: state, lease_expires_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedule_runs AS r
     (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late, renewed_at)
@@ -86,7 +89,7 @@ RETURNING r.owner;
 
 -- name: schedule_run_extend
 -- Between batches: keep the lease, count what was enqueued; nothing if the run was taken over.
--- fence: owner, state (this owner's run, still running)
+-- fence: owner, state
 UPDATE __S__.oncebox_schedule_runs
 SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s),
     renewed_at = (SELECT __S__.oncebox_now()),
@@ -98,7 +101,7 @@ RETURNING period;
 -- name: schedule_run_renew
 -- An owner's sign of life while it fans out (schedules/owners.py), batches or not: the lease is
 -- kept by progress alone (schedule_run_extend); nothing if the run was taken over or finished.
--- fence: owner, state (this owner's run, still running)
+-- fence: owner, state
 UPDATE __S__.oncebox_schedule_runs
 SET renewed_at = (SELECT __S__.oncebox_now())
 WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
@@ -109,7 +112,7 @@ RETURNING period;
 -- An operator takes a running fan-out whose owner is gone, at once, audited in the same
 -- statement: only while the run is as the operator read it — an owner that renewed, extended,
 -- finished or was replaced since leaves it alone (no row).
--- fence: owner, lease_expires_at, renewed_at, state (the run as the operator judged it)
+-- fence: owner, lease_expires_at, renewed_at, state
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 taken AS (
     UPDATE __S__.oncebox_schedule_runs r
@@ -150,7 +153,7 @@ WHERE state = 'running'
 ORDER BY schedule, period;
 
 -- name: schedule_run_finish
--- fence: owner, state (this owner's run, still running)
+-- fence: owner, state
 UPDATE __S__.oncebox_schedule_runs
 SET state = 'done',
     finished_at = (SELECT __S__.oncebox_now()),
@@ -271,6 +274,8 @@ FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
+-- A finished run with no job of its period left, judged in this statement:
+-- fence: state, finished_at
 -- Delete a batch of one schedule's finished runs that finished before the cutoff (the store is
 -- given the longer of the retention and the schedule's catch-up window), oldest first, once no
 -- job of the period is left: a run is its period's summary, and the jobs still read through it.

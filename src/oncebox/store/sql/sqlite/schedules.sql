@@ -10,11 +10,13 @@ VALUES (:name, 0, :now - :grace_us, :now)
 ON CONFLICT (name) DO NOTHING;
 
 -- name: schedule_state_advance
+-- no fence: the mark only moves forward (the greater of the two), whoever writes it
 UPDATE oncebox_schedules
 SET last_fire_at = max(COALESCE(last_fire_at, :at), :at), updated_at = :now
 WHERE name = :name;
 
 -- name: schedule_state_pause
+-- no fence: an operator's pause or resume is the latest word on it (audited)
 INSERT INTO oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
 VALUES (:name, :paused, :now, :now)
 ON CONFLICT (name) DO UPDATE
@@ -32,6 +34,7 @@ VALUES (:now, :actor, CASE WHEN :paused THEN 'pause' ELSE 'resume' END, 'schedul
 SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
+-- no fence: what the declaring code says, the same from every process of a release
 UPDATE oncebox_schedules
 SET slo_window_s = :window_s, slo_target = :target
 WHERE name = :name
@@ -52,8 +55,8 @@ ORDER BY name;
 
 -- name: schedule_run_claim
 -- See the PostgreSQL statement.
--- fence: state, lease_expires_at (a running run only once its lease ran out; a finished one only
--- for a re-run), decided in this statement
+-- A running run only once its lease ran out, a finished one only for a re-run:
+-- fence: state, lease_expires_at
 INSERT INTO oncebox_schedule_runs AS r
     (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late, renewed_at)
 VALUES (:schedule, :period, :fire_at, 'running', :owner, :now + :lease_us, :now, :late, :now)
@@ -69,7 +72,7 @@ WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
 RETURNING owner;
 
 -- name: schedule_run_extend
--- fence: owner, state (this owner's run, still running)
+-- fence: owner, state
 UPDATE oncebox_schedule_runs
 SET lease_expires_at = :now + :lease_us, renewed_at = :now,
     enqueued_count = enqueued_count + :enqueued
@@ -78,7 +81,7 @@ RETURNING period;
 
 -- name: schedule_run_renew
 -- See the PostgreSQL statement.
--- fence: owner, state (this owner's run, still running)
+-- fence: owner, state
 UPDATE oncebox_schedule_runs
 SET renewed_at = :now
 WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
@@ -86,7 +89,7 @@ RETURNING period;
 
 -- name: schedule_run_take_over
 -- See the PostgreSQL statement; its audit row is the next step, in the same transaction.
--- fence: owner, lease_expires_at, renewed_at, state (the run as the operator judged it)
+-- fence: owner, lease_expires_at, renewed_at, state
 UPDATE oncebox_schedule_runs
 SET owner = :owner, lease_expires_at = :now + :lease_us, started_at = :now, renewed_at = :now
 WHERE schedule = :schedule AND period = :period AND state = 'running'
@@ -117,7 +120,7 @@ WHERE state = 'running'
 ORDER BY schedule, period;
 
 -- name: schedule_run_finish
--- fence: owner, state (this owner's run, still running)
+-- fence: owner, state
 UPDATE oncebox_schedule_runs
 SET state = 'done',
     finished_at = :now,
@@ -221,6 +224,8 @@ FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
+-- A finished run with no job of its period left, judged in this statement:
+-- fence: state, finished_at
 -- See the PostgreSQL statement.
 DELETE FROM oncebox_schedule_runs
 WHERE (schedule, period) IN (
