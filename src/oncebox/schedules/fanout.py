@@ -191,7 +191,7 @@ def take_over(
         raise InvalidState(
             f"schedule {schedule.name!r} period {period}: its owner {judged.owner} is alive "
             f"(renewed {_ago(judged)}); a take-over is for an owner that is gone — its lease "
-            f"ends at {judged.lease_ends_at.isoformat()}"
+            f"ends at {judged.lease_ends_at.isoformat().replace('+00:00', 'Z')}"
         )
     points.reach("schedule.take_over_before_write")
     take = ScheduleRunTakeOver(
