@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Box
+from oncebox import Box, points
 from oncebox.api import ApiSettings, create_api
 from oncebox.api.idempotency import HOLD, RETAIN, fingerprint
 from oncebox.api.keys import issue_key
@@ -415,6 +415,33 @@ def test_a_fired_schedule_answers_after_the_claim_and_fans_out_once(tmp_path):
     assert again.status_code == 200 and again.json()["claimed"] is False
     assert again.json()["period"] == "2026-W35"
     assert box.store.job_count_by_state()["ready"] == 27  # the active customers, once
+    box.close()
+
+
+def test_a_fire_resumes_the_run_an_earlier_fires_server_left_stalled(tmp_path):
+    """Cron-only (no ticker): the first trigger's fan-out fails after its 202; a week later,
+    past the run's lease, the next trigger resumes that period before its own."""
+    box = build_box(f"sqlite:///{tmp_path / 'fire.db'}", email=f"file://{tmp_path / 'sent'}")
+    create_tables(box)
+    seed_freight(box, 30, "2026-W34", random.Random(2), T0)
+    w35 = T0 + timedelta(days=7, seconds=30)
+    box.store.clock_set(ClockSetting(frozen_at=w35))
+    token = issue_key(box.store, "cron", ["operate"], by="test").token
+    headers = {"Authorization": f"Bearer {token}"}
+    fire = "/v1/schedules/weekly-digest/fire"
+    failing = {"scheduler.between_batches": points.raising(RuntimeError("the store went away"))}
+    with points.installed(failing), TestClient(create_api(box)) as client:
+        first = client.post(fire, headers=headers)
+    assert first.status_code == 202 and first.json()["resumed"] == [], first.text
+    [stalled] = box.store.schedule_run_list("weekly-digest")
+    assert (stalled.period, stalled.state) == ("2026-W35", "running")
+    box.store.clock_set(ClockSetting(frozen_at=w35 + timedelta(days=7)))
+    with TestClient(create_api(box)) as client:
+        later = client.post(fire, headers=headers)
+    assert later.status_code == 202, later.text
+    assert (later.json()["period"], later.json()["resumed"]) == ("2026-W36", ["2026-W35"])
+    runs = {run.period: run.state for run in box.store.schedule_run_list("weekly-digest")}
+    assert runs == {"2026-W35": "done", "2026-W36": "done"}, runs
     box.close()
 
 

@@ -5,13 +5,16 @@ one-line error and exit 2 — with nothing written."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from oncebox import Box
+from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import build_box, connect, create_tables
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.schedules.fanout import FanOut
 from oncebox.store.base import JobFilter
 from test_cli import assert_one_line_error, oncebox
 
@@ -193,6 +196,112 @@ def test_schedule_commands_refuse_bad_input(freight, args, needle):
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+    assert job_count(url) == 0
+
+
+DIED_AT = datetime(2026, 8, 10, 9, 0, tzinfo=UTC)
+DEAD_OWNER = "vm-7:4242:manual"
+
+
+def died_with_the_store(url: str) -> None:
+    """A manual fan-out of PERIOD that died with the store right after its claim: its run stays
+    `running` under an owner that never renews again; the database's clock frozen then."""
+    box = build_box(url)
+    try:
+        box.store.clock_set(ClockSetting(frozen_at=DIED_AT))
+        schedule = box.schedules["weekly-digest"]
+        box.store.schedule_state(schedule.name, schedule.grace)
+        assert FanOut(box.runtime, DEAD_OWNER).claim(schedule, PERIOD, None, rescan=True).claimed
+    finally:
+        box.close()
+
+
+def clock_at(url: str, at: datetime) -> None:
+    box = Box(url)
+    try:
+        box.store.clock_set(ClockSetting(frozen_at=at))
+    finally:
+        box.close()
+
+
+def test_status_names_a_fan_outs_gone_owner_and_schedule_run_takes_it_over(freight):
+    url, env, _tmp = freight
+    died_with_the_store(url)
+    clock_at(url, DIED_AT + timedelta(seconds=10))
+    alive = run(env, "status")
+    assert f"owner {DEAD_OWNER} alive (renewed 10s ago)" in alive.stdout, alive.stdout
+    assert "fan-out(s) whose owner is gone" not in alive.stdout
+    refused = run(env, "schedule", "run", "weekly-digest", "--period", PERIOD)
+    assert_one_line_error(refused, 2, "a fan-out is running now")
+    live = run(
+        env, "schedule", "run", "weekly-digest", "--period", PERIOD, "--take-over", "--reason", "x"
+    )
+    assert_one_line_error(live, 2, f"its owner {DEAD_OWNER} is alive")
+
+    clock_at(url, DIED_AT + timedelta(minutes=1))
+    status = ok_json(run(env, "status", "--json"))
+    assert status["fan_outs"] == [
+        {
+            "schedule": "weekly-digest",
+            "period": PERIOD,
+            "owner": DEAD_OWNER,
+            "owner_live": False,
+            "renewed_at": "2026-08-10T09:00:00Z",
+            "lease_ends_at": "2026-08-10T09:05:00Z",
+        }
+    ], status["fan_outs"]
+    text = run(env, "status").stdout
+    assert (
+        f"  weekly-digest {PERIOD}: owner {DEAD_OWNER} gone (last renewed 60s ago); its lease "
+        "ends 2026-08-10T09:05:00Z (in 4m); take it over now: oncebox schedule run "
+        f"weekly-digest --period {PERIOD} --take-over --reason ..."
+    ) in text, text
+    assert "1 fan-out(s) whose owner is gone" in text, text
+    refused = run(env, "schedule", "run", "weekly-digest", "--period", PERIOD)
+    assert_one_line_error(refused, 2, f"its owner {DEAD_OWNER} is gone", "--take-over")
+
+    taken = run(
+        env,
+        "schedule",
+        "run",
+        "weekly-digest",
+        "--period",
+        PERIOD,
+        "--take-over",
+        "--reason",
+        "the store restarted under it",
+    )
+    assert taken.returncode == 0, taken.stderr
+    assert taken.stdout.splitlines() == [
+        f"weekly-digest {PERIOD}: taken over from {DEAD_OWNER}, gone (last renewed 60s ago); "
+        "its lease ends 2026-08-10T09:05:00Z (in 4m); audit #1",
+        f"weekly-digest {PERIOD}: 4 eligible, 4 enqueued, 0 already claimed or active",
+    ], taken.stdout
+    [audit] = ok_json(run(env, "audit", "list", "--json"))
+    assert (audit["action"], audit["actor"], audit["reason"]) == (
+        "take-over",
+        "ops-alice",
+        "the store restarted under it",
+    ), audit
+    assert ok_json(run(env, "status", "--json"))["fan_outs"] == []
+    again = run(
+        env, "schedule", "run", "weekly-digest", "--period", PERIOD, "--take-over", "--reason", "x"
+    )
+    assert_one_line_error(again, 2, f"no fan-out of {PERIOD} is running")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--take-over",), "Missing option '--reason'"),
+        (("--take-over", "--reason", " "), "a reason is required"),
+        (("--reason", "why"), "--reason goes with --take-over"),
+    ],
+)
+def test_schedule_run_take_over_refuses_bad_input(freight, args, needle):
+    url, env, _tmp = freight
+    result = run(env, "schedule", "run", "weekly-digest", "--period", PERIOD, *args)
+    assert_one_line_error(result, 2, needle)
     assert job_count(url) == 0
 
 

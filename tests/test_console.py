@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from html import unescape
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,16 @@ from oncebox.console import ConsoleSettings, create_app
 from oncebox.console.users import hash_password, parse_users
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
+from oncebox.schedules.fanout import FanOut
 from oncebox.status import status_data
 from oncebox.store.base import AuditFilter, JobFilter, ProviderEvent
+from oncebox.testing import FrozenClock
+from support.digest_schedule import scheduled_box
 from support.rows import job_row
 from support.waiting import wait_until
 
 BASE = "http://console.test"
+MONDAY_W33 = datetime(2026, 8, 10, 9, 0, tzinfo=UTC)
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 PASSWORDS = {"olga": "operator-password", "vic": "viewer-password"}
 
@@ -641,5 +645,26 @@ def test_a_key_page_says_what_the_provider_reported(tmp_path):
             "/keys/digest/customer-1"
         )
         assert "the provider reports it" in page.text and ">bounced</span>" in page.text
+    finally:
+        box.close()
+
+
+def test_a_fan_out_whose_owner_is_gone_is_an_alert_and_its_period_says_whose_it_is(tmp_path):
+    box = scheduled_box(f"sqlite:///{tmp_path / 'fan-out.db'}", customers=2)
+    try:
+        with FrozenClock(box, at=MONDAY_W33) as clock:
+            schedule = box.schedules["weekly-digest"]
+            box.store.schedule_state(schedule.name, schedule.grace)
+            assert FanOut(box.runtime, "vm-7:4242:manual").claim(schedule, "2026-W33", None).claimed
+            clock.advance(timedelta(minutes=1))  # not renewed for a minute: gone
+            web = logged_in(create_app(box, ConsoleSettings(users=USERS)), "vic")
+            overview, periods = web.get("/").text, web.get("/periods").text
+        alert = (
+            "The fan-out of weekly-digest 2026-W33 has lost its owner vm-7:4242:manual (last "
+            "renewed 2026-08-10T09:00:00Z); its lease ends 2026-08-10T09:05:00Z. Take it over now:"
+        )
+        assert alert in unescape(overview), overview
+        assert re.search(r"owner vm-7:4242:manual <span class=\"tag bad\">gone</span>", periods)
+        assert "lease ends 2026-08-10T09:05:00Z" in periods
     finally:
         box.close()

@@ -57,7 +57,7 @@ from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.retention.policy import Retention
 from oncebox.runtime import Runtime
-from oncebox.schedules.fanout import FanOutResult, run_schedule
+from oncebox.schedules.fanout import FanOutResult, TakenOver, run_schedule, take_over
 from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
 from oncebox.schedules.slo import Slo
 from oncebox.schedules.ticker import ScheduleTicker
@@ -462,6 +462,24 @@ class Box(Operations):
         schedule.period.check(period)  # before anything is written
         self.store.schedule_state(schedule.name, schedule.grace)  # known to status from now on
         return run_schedule(self.runtime, schedule, period, worker_name("manual"))
+
+    def take_over_schedule_run(
+        self, name: str, period: str, *, reason: str, actor: str = "api"
+    ) -> TakenOver:
+        """Take the period's running fan-out from an owner that is gone (it stopped renewing)
+        and fan it out now, without waiting out its lease; audited. Refused for a live owner,
+        and when the run changed after it was read (`schedules/fanout.py`)."""
+        schedule = self._schedule(name)
+        self.key_guard.require_schedule(schedule)
+        self.key_guard.require_task(self.registry.resolve(schedule.task))
+        return take_over(
+            self.runtime,
+            schedule,
+            period,
+            worker_name("manual"),
+            actor=actor,
+            reason=reason_text(reason),
+        )
 
     def fire_schedule(self, name: str, *, tolerance: timedelta = TOLERANCE) -> Fired:
         """Fire `name` as an external cron's trigger would: the period of its latest fire at or

@@ -20,6 +20,8 @@ Points (each documented where it is reached):
     provider_event.recorded            a provider's event recorded and its message counted and
                                        locked, its transaction not yet committed
     worker.woken                       a worker woke its polling lanes (new work may exist)
+    schedule.take_over_before_write    an operator's take-over read the run and judged its
+                                       owner gone; its fenced write is next
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
 from oncebox.jobs.declarations import QuietLimit
 from oncebox.limits.waiting import LimitRow
 from oncebox.retention.held import HeldRow
+from oncebox.schedules.owners import RunOwner, judge
 from oncebox.schedules.slo import PeriodSlo, Slo
 from oncebox.store.base import (
     AttemptRow,
@@ -227,8 +228,29 @@ def audit(row: AuditRow) -> dict[str, Any]:
     }
 
 
-def period(stats: PeriodStats, judged: PeriodSlo | None = None) -> dict[str, Any]:
+def fan_out(schedule: str, period: str, held: RunOwner) -> dict[str, Any]:
+    """A running fan-out: who owns it, whether that owner is alive (it renews its run while it
+    fans out: `schedules/owners.py`), when it last renewed, when its lease ends."""
+    return {
+        "schedule": schedule,
+        "period": period,
+        "owner": held.owner,
+        "owner_live": held.live,
+        "renewed_at": instant(held.renewed_at),
+        "lease_ends_at": instant(held.lease_ends_at),
+    }
+
+
+def period(
+    stats: PeriodStats,
+    judged: PeriodSlo | None = None,
+    *,
+    schedule: str = "",
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """A period's figures; a running one's `fan_out` (its owner judged at `now`), or null."""
     coverage = stats.coverage
+    held = None if now is None or stats.state != "running" else judge(stats, now)
     return {
         "period": stats.period,
         "state": stats.state,
@@ -245,6 +267,7 @@ def period(stats: PeriodStats, judged: PeriodSlo | None = None) -> dict[str, Any
         "duplicates": stats.duplicates,
         "fire_at": instant(stats.fire_at),
         "slo": None if judged is None else period_slo(judged),
+        "fan_out": None if held is None else fan_out(schedule, stats.period, held),
     }
 
 

@@ -24,6 +24,7 @@ from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.limits.waiting import held_back
 from oncebox.retention.held import held
 from oncebox.retention.pruner import plan_for
+from oncebox.schedules.owners import judge
 from oncebox.schedules.slo import Slo
 
 JOB_STATES = ["ready", "leased", "relayed", "done", "dead", "cancelled"]
@@ -46,7 +47,10 @@ def schedule_figures(box: Box, periods: int, now: datetime) -> list[dict[str, An
                 "last_fire_at": shapes.instant(last),
                 "slo": None if slo is None else shapes.slo(slo),
                 "periods": [
-                    shapes.period(p, None if slo is None else slo.assess(p, now)) for p in stats
+                    shapes.period(
+                        p, None if slo is None else slo.assess(p, now), schedule=name, now=now
+                    )
+                    for p in stats
                 ],
             }
         )
@@ -76,6 +80,11 @@ def status_data(
     ]
     if schedules is None:
         schedules = schedule_figures(box, periods, now)
+    fan_outs = [
+        shapes.fan_out(run.schedule, run.period, owner)
+        for run in store.schedule_run_running()
+        if (owner := judge(run, now)) is not None
+    ]
     retention = [shapes.held(row, now) for row in held(store, plan_for(box.runtime))]
     limits = [
         shapes.limit(row, now)
@@ -108,6 +117,7 @@ def status_data(
         "unserved_tasks": unserved_tasks,
         "workers_live": sum(1 for worker in workers if worker.live),
         "schedules": schedules,
+        "fan_outs": fan_outs,
         "retention": retention,
         "limits": limits,
         "quiet_limits": quiet,

@@ -5,19 +5,21 @@ fans it out once, however many triggers arrive and whether or not the ticker run
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import InvalidState, NotFound
-from oncebox.schedules.trigger import Fired
+from oncebox import InvalidState, NotFound, points
+from oncebox.chaos.mutations import mutated
+from oncebox.schedules.trigger import Fired, ScheduleTrigger
 from oncebox.testing import FrozenClock
 from support.digest_schedule import digest_keys, scheduled_box
 
 MONDAY_W33 = datetime(2026, 8, 10, 9, 0, 30, tzinfo=UTC)  # 30 s after the 09:00 fire
 
 
-def keys(customers: range, week: str = "2026-W33") -> list[str]:
+def keys(customers: Iterable[int], week: str = "2026-W33") -> list[str]:
     return sorted(f"weekly-digest/customer-{c}/{week}" for c in customers)
 
 
@@ -88,3 +90,50 @@ def test_a_trigger_is_refused_for_a_paused_or_unknown_schedule_writing_nothing(s
         assert digest_keys(box) == keys(range(1, 4))  # W33 only
     finally:
         box.close()
+
+
+def die_after_the_answer(box, batches: int) -> None:
+    """A server that answered a trigger's 202 and died: its run claimed, `batches` batches
+    enqueued (the fan-out killed before the next), nothing finished. No ticker runs anywhere."""
+    schedule = box.schedules["weekly-digest"]
+    trigger = ScheduleTrigger(box.runtime, "server-that-died")
+    fired = trigger.claim(schedule)
+    assert fired.claimed, fired
+    if batches:
+        killed = {"scheduler.between_batches": points.raising(SystemExit(9))}
+        with points.installed(killed), pytest.raises(SystemExit):
+            trigger.proceed(schedule, fired)
+    [run] = box.store.schedule_run_list("weekly-digest")
+    assert (run.period, run.state, run.owner) == ("2026-W33", "running", "server-that-died")
+
+
+def trigger_after_a_dead_fan_out(url: str, batches: int) -> tuple[Fired, list[str]]:
+    """The race of item 6: a trigger's fan-out dies after its claim; its lease runs out; the
+    next week's trigger arrives. What that trigger did, and every job's key (once each, or
+    twice)."""
+    box = scheduled_box(url, customers=5, batch_size=2)
+    try:
+        with FrozenClock(box, at=MONDAY_W33) as clock:
+            die_after_the_answer(box, batches)
+            clock.advance(timedelta(days=7))  # next Monday's cron; the dead lease ran out
+            later = box.fire_schedule("weekly-digest")
+        return later, digest_keys(box)
+    finally:
+        box.close()
+
+
+@pytest.mark.parametrize("batches", [0, 1], ids=["none-enqueued", "one-batch-enqueued"])
+def test_a_trigger_resumes_a_period_whose_fan_out_died_after_the_claim(store_url, batches):
+    later, found = trigger_after_a_dead_fan_out(store_url, batches)
+    assert found == sorted(keys(range(1, 6)) + keys(range(1, 6), "2026-W34")), found
+    assert (later.period, later.claimed) == ("2026-W34", True), later
+    assert [(r.period, r.claimed, r.enqueued) for r in later.resumed] == [
+        ("2026-W33", True, 5 - 2 * batches)
+    ], later.resumed
+
+
+def test_a_trigger_without_its_resume_loses_a_dead_fan_outs_period(store_url):
+    with mutated("trigger-skips-stalled"):
+        later, found = trigger_after_a_dead_fan_out(store_url, 1)
+    assert later.resumed == (), later
+    assert found == sorted(keys([1, 2]) + keys(range(1, 6), "2026-W34")), found  # 3-5 lost

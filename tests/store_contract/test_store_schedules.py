@@ -16,6 +16,7 @@ from oncebox.store.base import (
     OutboxFinish,
     ScheduleRunClaim,
     ScheduleRunRef,
+    ScheduleRunTakeOver,
     ScheduleState,
     Store,
 )
@@ -183,6 +184,93 @@ def test_schedule_run_stalled_lists_running_fan_outs_whose_owner_is_gone_oldest_
         ("2026-W34", "running", "s1"),
     ]
     assert store.schedule_run_stalled("other") == []
+
+
+def test_schedule_run_renew_records_a_sign_of_life_of_the_owner_only(store: Store):
+    store.schedule_run_claim(claim("s1"))
+    claimed = store.schedule_run_get(WEEKLY, "2026-W34")
+    assert claimed is not None and claimed.renewed_at == T0  # the claim renews
+    advance(store, timedelta(seconds=20))
+    assert store.schedule_run_renew(WEEKLY, "2026-W34", "s1") is True
+    assert store.schedule_run_renew(WEEKLY, "2026-W34", "s2") is False
+    advance(store, timedelta(seconds=20))
+    store.schedule_run_extend(WEEKLY, "2026-W34", "s1", LEASE, enqueued=1)  # so does a batch
+    run = store.schedule_run_get(WEEKLY, "2026-W34")
+    assert run is not None
+    assert (run.renewed_at, run.lease_expires_at) == (
+        T0 + timedelta(seconds=40),
+        T0 + timedelta(seconds=40) + LEASE,
+    )
+    store.schedule_run_finish(WEEKLY, "2026-W34", "s1", eligible=1, enqueued=0)
+    assert store.schedule_run_renew(WEEKLY, "2026-W34", "s1") is False  # done: nothing to renew
+
+
+def test_schedule_run_get_and_running_read_one_run_and_every_running_one(store: Store):
+    assert store.schedule_run_get(WEEKLY, "2026-W34") is None
+    store.schedule_run_claim(claim("s1", "2026-W33"))
+    store.schedule_run_claim(claim("s1", "2026-W34"))
+    store.schedule_run_finish(WEEKLY, "2026-W33", "s1", eligible=0, enqueued=0)
+    store.schedule_run_claim(dataclasses.replace(claim("s3", "2026-08"), schedule="monthly"))
+    got = store.schedule_run_get(WEEKLY, "2026-W33")
+    assert got is not None and (got.state, got.owner) == ("done", "s1"), got
+    running = store.schedule_run_running()
+    assert [(r.schedule, r.period, r.owner, r.renewed_at) for r in running] == [
+        ("monthly", "2026-08", "s3", T0),
+        (WEEKLY, "2026-W34", "s1", T0),
+    ]
+
+
+def test_schedule_run_take_over_takes_the_run_as_read_audited_or_nothing(store: Store):
+    store.schedule_run_claim(claim("s1"))
+    advance(store, timedelta(minutes=1))
+    seen = store.schedule_run_get(WEEKLY, "2026-W34")
+    assert seen is not None and seen.lease_expires_at is not None
+    take = ScheduleRunTakeOver(
+        WEEKLY,
+        "2026-W34",
+        "ops",
+        LEASE,
+        seen_owner="s1",
+        seen_lease_expires_at=seen.lease_expires_at,
+        seen_renewed_at=seen.renewed_at,
+        actor="ops-alice",
+        reason="s1 died with the store",
+    )
+    store.schedule_run_renew(WEEKLY, "2026-W34", "s1")  # after the read: no longer as read
+    assert store.schedule_run_take_over(take) is None
+    kept = store.schedule_run_get(WEEKLY, "2026-W34")
+    assert kept is not None and kept.owner == "s1"
+    assert store.audit_search(AuditFilter(action="take-over")) == []
+    seen = store.schedule_run_get(WEEKLY, "2026-W34")
+    assert seen is not None
+    take = dataclasses.replace(take, seen_renewed_at=seen.renewed_at)
+    audit_id = store.schedule_run_take_over(take)
+    assert audit_id is not None
+    taken = store.schedule_run_get(WEEKLY, "2026-W34")
+    assert taken is not None
+    now = T0 + timedelta(minutes=1)
+    assert (taken.state, taken.owner, taken.lease_expires_at, taken.renewed_at) == (
+        "running",
+        "ops",
+        now + LEASE,
+        now,
+    )
+    assert store.schedule_run_extend(WEEKLY, "2026-W34", "s1", LEASE, enqueued=1) is False
+    [audit] = store.audit_search(AuditFilter(action="take-over"))
+    assert (audit.id, audit.actor, audit.target_kind, audit.target_key, audit.reason) == (
+        audit_id,
+        "ops-alice",
+        "schedule",
+        WEEKLY,
+        "s1 died with the store",
+    )
+    details = json.loads(audit.details or "{}")
+    assert (details["period"], details["owner"], details["owner_before"]) == (
+        "2026-W34",
+        "ops",
+        "s1",
+    ), details
+    assert store.schedule_run_take_over(take) is None  # the run moved on: once
 
 
 def test_schedule_run_list_is_newest_first_and_limited(store: Store):

@@ -173,8 +173,11 @@ def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
         def run() -> None:
             try:
                 work()
-            except Exception:  # the run's lease runs out and the ticker resumes it
-                log.exception("a fired schedule's fan-out failed; the ticker will resume it")
+            except Exception:  # the run's lease runs out; the next trigger or a ticker resumes it
+                log.exception(
+                    "a fired schedule's fan-out failed; once its lease runs out, the next "
+                    "trigger (or a ticker) resumes it"
+                )
 
         try:
             executor.submit(run)

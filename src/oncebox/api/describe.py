@@ -130,7 +130,7 @@ REPLAYED = {
 }
 FIRED = {
     "type": "object",
-    "required": ["schedule", "period", "fire_at", "now", "claimed", "late", "links"],
+    "required": ["schedule", "period", "fire_at", "now", "claimed", "late", "resumed", "links"],
     "properties": {
         "schedule": {"type": "string"},
         "period": {"type": "string"},
@@ -138,6 +138,7 @@ FIRED = {
         "now": {"type": "string"},
         "claimed": {"type": "boolean"},
         "late": {"type": "boolean"},
+        "resumed": {"type": "array", "items": {"type": "string"}},
         "links": _LINKS,
     },
 }

@@ -41,10 +41,11 @@ def replay(call: Call) -> Answer:
 
 
 def fire(call: Call) -> Answer:
-    """202 once this trigger claimed the period's run (the fan-out runs on after the answer);
-    200 with `claimed: false` when the run was claimed before — by the ticker or an earlier
-    trigger: nothing more is enqueued. A fan-out that fails or dies with its server keeps the
-    run until its lease runs out; then the next trigger, or a ticker, claims and resumes it."""
+    """202 once this trigger claimed the period's run, or a stalled one it resumes (the
+    fan-outs run on after the answer, the resumed first); 200 with `claimed: false` and nothing
+    resumed when the run was claimed before — by the ticker or an earlier trigger: nothing more
+    is enqueued. A fan-out that fails or dies with its server keeps the run until its lease runs
+    out; then the next trigger, or a ticker, claims and resumes it (`resumed`)."""
     name = call.params["name"]
     schedule = call.box.schedules.get(name)
     if schedule is None:
@@ -60,9 +61,10 @@ def fire(call: Call) -> Answer:
         "now": shapes.instant(fired.now),
         "claimed": fired.claimed,
         "late": fired.fan_out.late,
+        "resumed": [run.period for run in fired.resumed],
         "links": {"period": f"/v1/periods/{quote(name, safe='')}/{quote(fired.period, safe='')}"},
     }
-    if not fired.claimed:
+    if not fired.proceeds:
         return Answer(200, shape)
     call.defer(lambda: trigger.proceed(schedule, fired))
     return Answer(202, shape)

@@ -50,7 +50,10 @@ def _schedule(call: Call, name: str, count: int) -> dict[str, Any]:
         "paused": paused,
         "last_fire_at": shapes.instant(last),
         "slo": None if slo is None else shapes.slo(slo),
-        "periods": [shapes.period(p, None if slo is None else slo.assess(p, now)) for p in stats],
+        "periods": [
+            shapes.period(p, None if slo is None else slo.assess(p, now), schedule=name, now=now)
+            for p in stats
+        ],
     }
 
 

@@ -22,6 +22,12 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        reverted) → `rate-limit-contention` fails (R1: more sends than the rate)
     no-resume          the scheduler never resumes a stalled fan-out → `scheduler-replaced-after-
                        next-fire` fails (S4, L2: the interrupted week's other customers)
+    trigger-skips-stalled  a schedule's trigger never reads its stalled runs (only the ticker
+                       resumes them) → `test_a_trigger_without_its_resume_loses_a_dead_fan_outs_
+                       period` fails (cron-only: the dead fan-out's other customers are lost)
+    take-over-unfenced an operator's take-over of a fan-out stops checking that the run is as it
+                       was read → `test_a_take_over_without_its_fence_takes_a_live_owners_run`
+                       fails (an owner that renewed meanwhile loses its run)
     strand-on-outage   a dispatcher forgets its round when the store goes away (the fix
                        reverted) → `store-outage-dispatch` fails (L3: rows wait out the lease)
     clock-never-lapses a test clock is held without an expiry → `clock-holder-killed` fails (L3:
@@ -135,6 +141,18 @@ MUTATIONS = {
             "bucket-time-back", "monotonic bucket time", "rate-limit-contention", ("postgres",)
         ),
         Mutation("no-resume", "resuming stalled fan-outs", "scheduler-replaced-after-next-fire"),
+        Mutation(
+            "trigger-skips-stalled",
+            "a trigger resuming stalled fan-outs",
+            "tests/store_contract/test_schedule_trigger.py::"
+            "test_a_trigger_without_its_resume_loses_a_dead_fan_outs_period",
+        ),
+        Mutation(
+            "take-over-unfenced",
+            "the take-over's fence on the run as read",
+            "tests/store_contract/test_schedule_take_over.py::"
+            "test_a_take_over_without_its_fence_takes_a_live_owners_run",
+        ),
         Mutation("strand-on-outage", "recovery after a store outage", "store-outage-dispatch"),
         Mutation("clock-never-lapses", "the test clock's lease", "clock-holder-killed"),
         Mutation("greedy-writer", "SQLite write turns", "sqlite-writer-contention", ("sqlite",)),
@@ -283,6 +301,25 @@ _QUERY_REWRITES: dict[str, dict[str, tuple[Rewrite, ...]]] = {
     "spend-picks": {
         "postgres": (("limit_spend", "AND j.state = 'leased' AND j.lease_token = %(token)s", ""),),
         "sqlite": (("limit_spend", "WHERE j.state = 'leased' AND j.lease_token = :token", ""),),
+    },
+    "take-over-unfenced": {
+        "postgres": (
+            (
+                "schedule_run_take_over",
+                "      AND r.owner = %(seen_owner)s"
+                " AND r.lease_expires_at = %(seen_lease)s::timestamptz\n"
+                "      AND r.renewed_at IS NOT DISTINCT FROM %(seen_renewed)s::timestamptz\n",
+                "",
+            ),
+        ),
+        "sqlite": (
+            (
+                "schedule_run_take_over",
+                "  AND owner = :seen_owner AND lease_expires_at = :seen_lease\n"
+                "  AND renewed_at IS :seen_renewed\n",
+                "",
+            ),
+        ),
     },
     "no-resume": {
         "postgres": (("schedule_run_stalled", "state = 'running'", "state = 'never'"),),
@@ -489,6 +526,12 @@ def _bucket_time_back() -> None:
     _patch(dispatcher, "take", take)
 
 
+def _trigger_skips_stalled() -> None:
+    from oncebox.schedules.trigger import ScheduleTrigger  # noqa: PLC0415
+
+    _patch(ScheduleTrigger, "_stalled", lambda _self, _schedule: [])
+
+
 def _strand_on_outage() -> None:
     from oncebox.outbox.dispatcher import OutboxDispatcher  # noqa: PLC0415
 
@@ -599,6 +642,7 @@ _PROCESS_WIDE = {
     "release-refused-batch": _release_refused_batch,
     "no-guard": _no_guard,
     "bucket-time-back": _bucket_time_back,
+    "trigger-skips-stalled": _trigger_skips_stalled,
     "strand-on-outage": _strand_on_outage,
     "spend-on-outage": _spend_on_outage,
     "clock-never-lapses": _clock_never_lapses,

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
@@ -251,6 +251,38 @@ def age(since: datetime | None, now: datetime) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+def owner_state(fan_out: Mapping[str, Any], now: datetime) -> str:
+    """A running fan-out's owner (`shapes.fan_out`): alive or gone, its last renewal, and when
+    its lease ends or ended."""
+    renewed = fan_out["renewed_at"] and datetime.fromisoformat(fan_out["renewed_at"])
+    if renewed is None:
+        owner = (
+            "alive (judged by its lease)" if fan_out["owner_live"] else "gone (its lease ran out)"
+        )
+    elif fan_out["owner_live"]:
+        owner = f"alive (renewed {age(renewed, now)} ago)"
+    else:
+        owner = f"gone (last renewed {age(renewed, now)} ago)"
+    ends = datetime.fromisoformat(fan_out["lease_ends_at"])
+    if ends >= now:
+        return f"{owner}; its lease ends {fan_out['lease_ends_at']} (in {age(now, ends)})"
+    return f"{owner}; its lease ended {fan_out['lease_ends_at']} ({age(ends, now)} ago)"
+
+
+def fan_out_line(fan_out: Mapping[str, Any], now: datetime) -> str:
+    """A running fan-out for `status`: whose, whether it is alive, and what to do if not."""
+    head = (
+        f"{fan_out['schedule']} {fan_out['period']}: owner {fan_out['owner']} "
+        f"{owner_state(fan_out, now)}"
+    )
+    rerun = f"oncebox schedule run {fan_out['schedule']} --period {fan_out['period']}"
+    if datetime.fromisoformat(fan_out["lease_ends_at"]) < now:
+        return f"{head}; the next scheduler tick or trigger resumes it, or now: {rerun}"
+    if not fan_out["owner_live"]:
+        return f"{head}; take it over now: {rerun} --take-over --reason ..."
+    return head
 
 
 def backlog_lines(rows: Sequence[BacklogRow], unserved: Sequence[str], now: datetime) -> list[str]:

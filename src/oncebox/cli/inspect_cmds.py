@@ -16,6 +16,7 @@ from oncebox.cli.common import (
     backlog_lines,
     box_for_admin,
     db_option,
+    fan_out_line,
     id_or_key,
     json_option,
     limit_option,
@@ -123,15 +124,11 @@ def status(periods: int, app: str | None, db: str | None, as_json: bool) -> None
         say(f"waiting    ({data['workers_live']} live worker(s))")
         for line in backlog_lines(backlog, unserved, now):
             say(f"  {line}")
-    attention = [
-        f"{entry['waiting']} job(s) of task {entry['task']} wait with no live worker serving it"
-        for entry in data["unserved_tasks"]
-    ]
-    attention += [quiet_line(entry, now) for entry in data["quiet_limits"]]
-    if data["dead"]:
-        attention.append(f"{data['dead']} dead (oncebox dlq list)")
-    if data["ambiguous"]:
-        attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
+    if data["fan_outs"]:
+        say(f"fan-outs   ({len(data['fan_outs'])} running)")
+        for entry in data["fan_outs"]:
+            say(f"  {fan_out_line(entry, now)}")
+    attention = attention_items(data, now)
     say("attention  " + ("; ".join(attention) if attention else "none"))
     for channel, figures in data["reports"].items():
         say(report_line(channel, figures))
@@ -179,6 +176,23 @@ def quiet_line(entry: dict[str, Any], now: datetime) -> str:
         f"{age(declared, now)}: a worker that runs {entry['task']} without limits frees them "
         f"{when} (one that limits it runs them meanwhile)"
     )
+
+
+def attention_items(data: dict[str, Any], now: datetime) -> list[str]:
+    """What needs a person, from `status --json`'s data, with the command to look at it."""
+    attention = [
+        f"{entry['waiting']} job(s) of task {entry['task']} wait with no live worker serving it"
+        for entry in data["unserved_tasks"]
+    ]
+    attention += [quiet_line(entry, now) for entry in data["quiet_limits"]]
+    gone = [entry for entry in data["fan_outs"] if not entry["owner_live"]]
+    if gone:
+        attention.append(f"{len(gone)} fan-out(s) whose owner is gone (fan-outs, above)")
+    if data["dead"]:
+        attention.append(f"{data['dead']} dead (oncebox dlq list)")
+    if data["ambiguous"]:
+        attention.append(f"{data['ambiguous']} ambiguous (oncebox outbox list --state ambiguous)")
+    return attention
 
 
 def report_line(channel: str, figures: dict[str, Any]) -> str:

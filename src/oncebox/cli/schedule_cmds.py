@@ -6,13 +6,16 @@ from typing import Any
 
 import click
 
+from oncebox import shapes
 from oncebox.cli.common import (
     actor_option,
     app_option,
     box_for_admin,
     db_option,
+    fail,
     json_option,
     load_app,
+    owner_state,
     print_json,
     print_table,
     reason_option,
@@ -107,29 +110,65 @@ def schedule_list(app: str | None, db: str | None, as_json: bool) -> None:
 @schedule.command("run")
 @click.argument("name")
 @click.option("--period", required=True, metavar="PERIOD", help="e.g. 2026-W33.")
+@click.option(
+    "--take-over",
+    is_flag=True,
+    help="The period's fan-out is running and its owner is gone (status says so): take its run "
+    "over now instead of waiting out its lease, and finish it. Needs --reason. Audited.",
+)
+@click.option("--reason", help="With --take-over: why; written to the audit log.")
+@actor_option
 @app_option
 @db_option
 @json_option
-def schedule_run(name: str, period: str, app: str | None, db: str | None, as_json: bool) -> None:
+def schedule_run(
+    *,
+    name: str,
+    period: str,
+    take_over: bool,
+    reason: str | None,
+    actor: str,
+    app: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
     """Fan out one period again: scans eligibility and enqueues only keys that are neither
-    claimed nor active (a re-run never sends twice)."""
+    claimed nor active (a re-run never sends twice). With --take-over, first take the period's
+    running fan-out from an owner that is gone."""
+    if take_over and reason is None:
+        fail("Missing option '--reason': why the run is taken over, written to the audit log", 2)
+    if reason is not None and not take_over:
+        fail("--reason goes with --take-over", 2)
     with reported():
         box = load_app(app, db)
-        result = box.run_schedule(name, period)
-    shape = {
+        taken = (
+            box.take_over_schedule_run(name, period, reason=reason or "", actor=actor)
+            if take_over
+            else None
+        )
+        result = box.run_schedule(name, period) if taken is None else taken.fan_out
+    shape: dict[str, Any] = {
         "schedule": result.schedule,
         "period": result.period,
         "eligible": result.eligible,
         "enqueued": result.enqueued,
         "already_claimed_or_active": result.eligible - result.enqueued,
     }
+    if taken is not None:  # whose run it was, as judged when it was taken
+        previous = shapes.fan_out(name, period, taken.previous)
+        shape["taken_over"] = {**previous, "audit_id": taken.audit_id}
     if as_json:
         print_json(shape)
-    else:
+        return
+    if taken is not None:
         say(
-            f"{name} {period}: {result.eligible} eligible, {result.enqueued} enqueued, "
-            f"{result.eligible - result.enqueued} already claimed or active"
+            f"{name} {period}: taken over from {taken.previous.owner}, "
+            f"{owner_state(previous, taken.previous.now)}; audit #{taken.audit_id}"
         )
+    say(
+        f"{name} {period}: {result.eligible} eligible, {result.enqueued} enqueued, "
+        f"{result.eligible - result.enqueued} already claimed or active"
+    )
 
 
 def _set_paused(

@@ -94,6 +94,14 @@ def _overview(request: Request) -> dict[str, Any]:
             f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "
             f"{status['past_lease']['messages']} messages (a worker died or is stuck)."
         )
+    for run in status["fan_outs"]:
+        if not run["owner_live"]:
+            alerts.append(
+                f"The fan-out of {run['schedule']} {run['period']} has lost its owner "
+                f"{run['owner']} (last renewed {run['renewed_at'] or 'never'}); its lease ends "
+                f"{run['lease_ends_at']}. Take it over now: oncebox schedule run "
+                f"{run['schedule']} --period {run['period']} --take-over --reason …"
+            )
     return {"status": status, "alerts": alerts, "figures_age": monotonic() - figures.at}
 
 

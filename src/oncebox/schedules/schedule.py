@@ -9,8 +9,10 @@
 
 **Once per period, however many schedulers run.** Each (schedule, period) fan-out is a row in
 `oncebox_schedule_runs` with an owner and a lease: a second scheduler finds it taken; if the
-owner dies, its lease runs out and the next scheduler takes the run over — before applying any
-catch-up policy, so a period interrupted half-way is finished even after later fires. Fan-out is
+owner dies, its lease runs out and the next scheduler — or trigger (`trigger.py`) — takes the run
+over before applying any catch-up policy, so a period interrupted half-way is finished even after
+later fires. An owner renews its run while it fans out, so one that stopped is seen gone before
+its lease ends, and an operator can take its run over at once (`owners.py`). Fan-out is
 idempotent — jobs are enqueued by key, and a key that has an intent or an active job is skipped —
 so resuming an interrupted fan-out is simply running it again; the eligible-set callable needs no
 cursor.

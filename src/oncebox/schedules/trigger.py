@@ -13,9 +13,11 @@ Refused, before anything is written: an unknown schedule (`NotFound`), a paused 
 (`InvalidState`), one whose previous period is still fanning out unless its overlap is
 `parallel` (`InvalidState`: the caller tries again, as the ticker would wait), a drifted key
 template or period function (`KeyDrift`). `fire` runs the fan-out in the call, as `run_schedule`
-does; an HTTP trigger answers once the run is claimed (`claim`) and fans out after (`proceed`):
-a server that dies midway leaves a run whose lease runs out; the next trigger, or a ticker,
-claims it then and resumes it.
+does; an HTTP trigger answers once the run is claimed (`claim`) and fans out after (`proceed`).
+A server that dies midway leaves a run whose lease runs out, and where no ticker runs (a
+cron-only deployment) nothing else would finish it: so every trigger first claims this
+schedule's stalled runs — with the ticker's claim, fenced on the lease having run out, so one
+trigger or ticker takes each — and fans them out, oldest first, before the latest period.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from oncebox.errors import InvalidState
 from oncebox.runtime import Runtime
 from oncebox.schedules.fanout import FanOut, FanOutResult
 from oncebox.schedules.schedule import Schedule
+from oncebox.store.base import ScheduleRunRow
 
 TOLERANCE = timedelta(minutes=1)  # how early a trigger may arrive and still fire its period
 
@@ -34,17 +37,25 @@ TOLERANCE = timedelta(minutes=1)  # how early a trigger may arrive and still fir
 @dataclass(frozen=True)
 class Fired:
     """What a trigger did: the period it chose and why, and the fan-out (`claimed` False: the
-    period's run was already claimed — by the ticker, or an earlier trigger)."""
+    period's run was already claimed — by the ticker, or an earlier trigger); `resumed`: the
+    stalled runs it claimed, fanned out first (the chosen period among them when its own run
+    had stalled)."""
 
     schedule: str
     period: str
     fire_at: datetime
     now: datetime
     fan_out: FanOutResult
+    resumed: tuple[FanOutResult, ...] = ()
 
     @property
     def claimed(self) -> bool:
         return self.fan_out.claimed
+
+    @property
+    def proceeds(self) -> bool:
+        """Whether `proceed` has anything to fan out."""
+        return self.claimed or bool(self.resumed)
 
 
 class ScheduleTrigger:
@@ -75,19 +86,35 @@ class ScheduleTrigger:
         self.runtime.key_guard.require_task(self.runtime.registry.resolve(schedule.task))
         fire_at = schedule.latest_fire(state.now + self.tolerance)
         period = schedule.period_of(fire_at)
+        stalled = self._stalled(schedule)
         if schedule.overlap != "parallel":  # the schedule's overlap policy, as the ticker's
-            busy = store.schedule_run_busy(schedule.name, period)
+            busy = store.schedule_run_busy(schedule.name, period)  # (a stalled run is not)
             if busy is not None:
                 raise InvalidState(
                     f"schedule {schedule.name!r}: period {busy} is still fanning out "
                     f"(overlap={schedule.overlap!r}); {period} was not fired — try again later"
                 )
-        late = state.now - fire_at > schedule.grace
-        outcome = self.fan_out.claim(schedule, period, fire_at, late=late)
+        # the ticker's claim: only while the lease has run out, so each is resumed by one
+        claims = [
+            self.fan_out.claim(schedule, run.period, run.fire_at, late=True) for run in stalled
+        ]
+        resumed = tuple(claim for claim in claims if claim.claimed)
+        outcome = next((claim for claim in resumed if claim.period == period), None)
+        if outcome is None:
+            late = state.now - fire_at > schedule.grace
+            outcome = self.fan_out.claim(schedule, period, fire_at, late=late)
         store.schedule_state_advance(schedule.name, fire_at)
-        return Fired(schedule.name, period, fire_at, state.now, outcome)
+        return Fired(schedule.name, period, fire_at, state.now, outcome, resumed)
+
+    def _stalled(self, schedule: Schedule) -> list[ScheduleRunRow]:
+        """This schedule's runs whose owner's lease ran out, oldest first."""
+        return self.runtime.store.schedule_run_stalled(schedule.name)
 
     def proceed(self, schedule: Schedule, fired: Fired) -> Fired:
-        """Fan out a claimed run (one not claimed: nothing to do)."""
-        self.fan_out.fan(schedule, fired.fan_out)
+        """Fan out the resumed runs, oldest first, then the period's own (one not claimed:
+        nothing to do)."""
+        for run in fired.resumed:
+            self.fan_out.fan(schedule, run)
+        if not any(run is fired.fan_out for run in fired.resumed):
+            self.fan_out.fan(schedule, fired.fan_out)
         return fired

@@ -696,6 +696,23 @@ class ScheduleRunRow:
     eligible_count: int | None
     enqueued_count: int
     late: bool
+    renewed_at: datetime | None = None  # its owner's last sign of life (schedules/owners.py)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRunTakeOver:
+    """An operator takes a running fan-out whose owner is gone — only while the run is still as
+    they read it (`seen_*`) — audited with `actor` and `reason`."""
+
+    schedule: str
+    period: str
+    owner: str
+    lease_for: timedelta
+    seen_owner: str
+    seen_lease_expires_at: datetime
+    seen_renewed_at: datetime | None
+    actor: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,6 +736,11 @@ class PeriodStats:
     held_subjects: int = 0  # jobs not dead with a message held ambiguous
     pruned: int = 0  # done jobs pruned, counted as their run's summary kept them (job_prune)
     duplicates: int = 0  # possible duplicate sends among its messages still kept
+    # a running fan-out's owner, its lease and its last renewal (None when done)
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    renewed_at: datetime | None = None
+    started_at: datetime | None = None
 
     @property
     def coverage(self) -> float | None:
@@ -1277,7 +1299,22 @@ class Store(Protocol):
     def schedule_run_finish(
         self, schedule: str, period: str, owner: str, eligible: int, enqueued: int
     ) -> bool: ...
+    def schedule_run_renew(self, schedule: str, period: str, owner: str) -> bool:
+        """An owner's sign of life while it fans out (False: its run was taken over or is
+        done)."""
+        ...
+
+    def schedule_run_take_over(self, take: ScheduleRunTakeOver) -> int | None:
+        """Take a gone owner's running fan-out, audited; the audit row's id, or None when the
+        run is no longer as it was read (nothing written)."""
+        ...
+
     def schedule_run_busy(self, schedule: str, period: str) -> str | None: ...
+    def schedule_run_get(self, schedule: str, period: str) -> ScheduleRunRow | None: ...
+    def schedule_run_running(self) -> list[ScheduleRunRow]:
+        """Every fan-out running now, of every schedule."""
+        ...
+
     def schedule_run_list(self, schedule: str, limit: int = 50) -> list[ScheduleRunRow]: ...
     def schedule_run_stalled(self, schedule: str) -> list[ScheduleRunRow]:
         """Runs interrupted half-way: `running`, with their owner's lease run out."""

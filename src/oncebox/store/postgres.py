@@ -62,6 +62,7 @@ from oncebox.store.base import (
     OutboxLeaseParams,
     RelayedFinish,
     RescuedJob,
+    ScheduleRunTakeOver,
     SchemaStatus,
     T,
     WorkerBeat,
@@ -660,6 +661,11 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
     def key_canary_accept(self, canary: KeyCanary, actor: str, reason: str) -> int:
         params = {**canary_params(canary), "actor": actor, "reason": reason}
         return int(self._apply("key_canary_accept", params).first("id"))
+
+    @operation
+    def schedule_run_take_over(self, take: ScheduleRunTakeOver) -> int | None:
+        audit_id = self._apply("schedule_run_take_over", self._take_over(take)).first("audit_id")
+        return None if audit_id is None else int(audit_id)
 
     # -- workers -------------------------------------------------------------------------------
 

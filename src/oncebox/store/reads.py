@@ -306,6 +306,15 @@ class ReadOperations:
         return self._records(ScheduleRunRow, "schedule_run_stalled", {"schedule": schedule})
 
     @operation
+    def schedule_run_get(self, schedule: str, period: str) -> ScheduleRunRow | None:
+        params = {"schedule": schedule, "period": period}
+        return self._record(ScheduleRunRow, "schedule_run_get", params)
+
+    @operation
+    def schedule_run_running(self) -> list[ScheduleRunRow]:
+        return self._records(ScheduleRunRow, "schedule_run_running", {})
+
+    @operation
     def backlog_list(self) -> list[BacklogRow]:
         return self._records(BacklogRow, "backlog_list", {})
 

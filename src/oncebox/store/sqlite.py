@@ -65,6 +65,7 @@ from oncebox.store.base import (
     RelayedFinish,
     RelayedRow,
     RescuedJob,
+    ScheduleRunTakeOver,
     SchemaStatus,
     WorkerBeat,
     WorkKind,
@@ -631,6 +632,14 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
             }
             tx.fetch("key_canary_accept", params)
             return int(tx.fetch("key_canary_accept__audit", params).first("id"))
+
+    @operation
+    def schedule_run_take_over(self, take: ScheduleRunTakeOver) -> int | None:
+        params = self._take_over(take)
+        with self._transaction() as tx:
+            if not tx.fetch("schedule_run_take_over", params).rows:
+                return None
+            return int(tx.fetch("schedule_run_take_over__audit", params).first("id"))
 
     # -- workers -------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from oncebox.store.base import (
     ReportedHold,
     RescueDecision,
     ScheduleRunClaim,
+    ScheduleRunTakeOver,
     ScheduleState,
     SeenHold,
     T,
@@ -652,6 +653,29 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             "owner": owner,
             **self._span("lease", lease_for),
             "enqueued": enqueued,
+        }
+
+    @operation
+    def schedule_run_renew(self, schedule: str, period: str, owner: str) -> bool:
+        params = {"schedule": schedule, "period": period, "owner": owner}
+        return bool(self._apply("schedule_run_renew", params).rows)
+
+    def _take_over(self, take: ScheduleRunTakeOver) -> dict[str, Any]:
+        """The take-over's parameters: the run as it was read (`seen_*`, also as text for the
+        audit row's details), the new owner and lease, who and why."""
+        seen_renewed = take.seen_renewed_at
+        return {
+            "schedule": take.schedule,
+            "period": take.period,
+            "owner": take.owner,
+            **self._span("lease", take.lease_for),
+            "seen_owner": take.seen_owner,
+            "seen_lease": self._at(take.seen_lease_expires_at),
+            "seen_renewed": self._at(seen_renewed),
+            "seen_lease_text": take.seen_lease_expires_at.isoformat(),
+            "seen_renewed_text": None if seen_renewed is None else seen_renewed.isoformat(),
+            "actor": take.actor,
+            "reason": take.reason,
         }
 
     @operation

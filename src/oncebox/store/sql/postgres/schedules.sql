@@ -14,13 +14,14 @@ FROM (SELECT __S__.oncebox_now() AS now) c
 ON CONFLICT (name) DO NOTHING;
 
 -- name: schedule_state_advance
--- no fence: the last fire only ever moves forward (the later instant wins)
+-- no fence: the mark only moves forward (the greater of the two), whoever writes it
 UPDATE __S__.oncebox_schedules
 SET last_fire_at = GREATEST(COALESCE(last_fire_at, %(at)s), %(at)s),
     updated_at = (SELECT __S__.oncebox_now())
 WHERE name = %(name)s;
 
 -- name: schedule_state_pause
+-- no fence: an operator's pause or resume is the latest word on it (audited)
 -- Pause or resume; resuming starts from now: fires missed while paused are skipped on purpose.
 -- no fence: an operator's pause or resume, audited (schedule_state_pause__audit); the last one
 --   wins
@@ -43,6 +44,7 @@ VALUES (__S__.oncebox_now(), %(actor)s, CASE WHEN %(paused)s THEN 'pause' ELSE '
 SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
+-- no fence: what the declaring code says, the same from every process of a release
 -- The SLO the declaring code gives the schedule (NULLs: none); a row unchanged is not written.
 -- no fence: follows the declaring code; the last declaration wins
 UPDATE __S__.oncebox_schedules
@@ -69,18 +71,20 @@ ORDER BY name;
 -- name: schedule_run_claim
 -- Take a period's fan-out: a new run, a run whose owner's lease ran out, or — a manual re-run —
 -- a finished one. Returns a row only when this owner now has it.
+-- A running run only once its lease ran out, a finished one only for a re-run:
 -- fence: state, lease_expires_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedule_runs AS r
-    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late, renewed_at)
 SELECT %(schedule)s, %(period)s, %(fire_at)s::timestamptz, 'running', %(owner)s,
-       clock.now + make_interval(secs => %(lease_s)s), clock.now, %(late)s
+       clock.now + make_interval(secs => %(lease_s)s), clock.now, %(late)s, clock.now
 FROM clock
 ON CONFLICT (schedule, period) DO UPDATE
 SET state = 'running',
     owner = excluded.owner,
     lease_expires_at = excluded.lease_expires_at,
     started_at = excluded.started_at,
+    renewed_at = excluded.renewed_at,
     finished_at = NULL
 WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
    OR (r.state = 'done' AND %(rescan)s)
@@ -91,10 +95,65 @@ RETURNING r.owner;
 -- fence: owner, state
 UPDATE __S__.oncebox_schedule_runs
 SET lease_expires_at = (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s),
+    renewed_at = (SELECT __S__.oncebox_now()),
     enqueued_count = enqueued_count + %(enqueued)s
 WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
   AND state = 'running'
 RETURNING period;
+
+-- name: schedule_run_renew
+-- An owner's sign of life while it fans out (schedules/owners.py), batches or not: the lease is
+-- kept by progress alone (schedule_run_extend); nothing if the run was taken over or finished.
+-- fence: owner, state
+UPDATE __S__.oncebox_schedule_runs
+SET renewed_at = (SELECT __S__.oncebox_now())
+WHERE schedule = %(schedule)s AND period = %(period)s AND owner = %(owner)s
+  AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_take_over
+-- An operator takes a running fan-out whose owner is gone, at once, audited in the same
+-- statement: only while the run is as the operator read it — an owner that renewed, extended,
+-- finished or was replaced since leaves it alone (no row).
+-- fence: owner, lease_expires_at, renewed_at, state
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+taken AS (
+    UPDATE __S__.oncebox_schedule_runs r
+    SET owner = %(owner)s, lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        started_at = clock.now, renewed_at = clock.now
+    FROM clock
+    WHERE r.schedule = %(schedule)s AND r.period = %(period)s AND r.state = 'running'
+      AND r.owner = %(seen_owner)s AND r.lease_expires_at = %(seen_lease)s::timestamptz
+      AND r.renewed_at IS NOT DISTINCT FROM %(seen_renewed)s::timestamptz
+    RETURNING r.schedule, r.period, clock.now
+),
+audited AS (
+    INSERT INTO __S__.oncebox_audit
+        (at, actor, action, target_kind, target_id, target_key, reason, details)
+    SELECT now, %(actor)s, 'take-over', 'schedule', NULL, schedule, %(reason)s,
+           jsonb_build_object('period', period, 'owner', %(owner)s::text,
+                              'owner_before', %(seen_owner)s::text,
+                              'renewed_at_before', %(seen_renewed_text)s::text,
+                              'lease_expires_at_before', %(seen_lease_text)s::text)
+    FROM taken
+    RETURNING id
+)
+SELECT id AS audit_id FROM audited;
+
+-- name: schedule_run_get
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late, renewed_at
+FROM __S__.oncebox_schedule_runs
+WHERE schedule = %(schedule)s AND period = %(period)s;
+
+-- name: schedule_run_running
+-- Every fan-out running now, of every schedule (`status`: who owns each, and whether it is
+-- alive); the partial index holds only these.
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late, renewed_at
+FROM __S__.oncebox_schedule_runs
+WHERE state = 'running'
+ORDER BY schedule, period;
 
 -- name: schedule_run_finish
 -- fence: owner, state
@@ -118,7 +177,7 @@ LIMIT 1;
 
 -- name: schedule_run_list
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
-       scans, eligible_count, enqueued_count, late
+       scans, eligible_count, enqueued_count, late, renewed_at
 FROM __S__.oncebox_schedule_runs
 WHERE schedule = %(schedule)s
 ORDER BY started_at DESC, period DESC
@@ -128,7 +187,7 @@ LIMIT %(limit)s;
 -- Fan-outs interrupted half-way: still `running`, their owner's lease run out. The scheduler
 -- resumes them before any catch-up policy applies; oldest first.
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
-       scans, eligible_count, enqueued_count, late
+       scans, eligible_count, enqueued_count, late, renewed_at
 FROM __S__.oncebox_schedule_runs
 WHERE schedule = %(schedule)s AND state = 'running'
   AND lease_expires_at < (SELECT __S__.oncebox_now())
@@ -146,7 +205,7 @@ ORDER BY started_at, period;
 -- still kept (a pruned job's are not summarised).
 WITH runs AS (
     SELECT period, state, eligible_count, enqueued_count, fire_at, pruned_done, pruned_sent,
-           pruned_on_time
+           pruned_on_time, owner, lease_expires_at, renewed_at, started_at
     FROM __S__.oncebox_schedule_runs
     WHERE schedule = %(schedule)s
     ORDER BY period DESC
@@ -208,11 +267,18 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        CASE WHEN %(window_s)s::float8 IS NULL OR r.fire_at IS NULL THEN NULL
             ELSE COALESCE(p.on_time, 0) + r.pruned_on_time END AS on_time,
        COALESCE(p.duplicates, 0)::bigint AS duplicates,
-       r.pruned_done AS pruned
+       r.pruned_done AS pruned,
+       -- who holds a running fan-out (schedules/owners.py judges whether it is alive)
+       CASE WHEN r.state = 'running' THEN r.owner END AS owner,
+       CASE WHEN r.state = 'running' THEN r.lease_expires_at END AS lease_expires_at,
+       CASE WHEN r.state = 'running' THEN r.renewed_at END AS renewed_at,
+       r.started_at
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
+-- A finished run with no job of its period left, judged in this statement:
+-- fence: state, finished_at
 -- Delete a batch of one schedule's finished runs that finished before the cutoff (the store is
 -- given the longer of the retention and the schedule's catch-up window), oldest first, once no
 -- job of the period is left: a run is its period's summary, and the jobs still read through it.

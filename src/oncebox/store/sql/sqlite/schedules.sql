@@ -10,14 +10,13 @@ VALUES (:name, 0, :now - :grace_us, :now)
 ON CONFLICT (name) DO NOTHING;
 
 -- name: schedule_state_advance
--- no fence: the last fire only ever moves forward (the later instant wins)
+-- no fence: the mark only moves forward (the greater of the two), whoever writes it
 UPDATE oncebox_schedules
 SET last_fire_at = max(COALESCE(last_fire_at, :at), :at), updated_at = :now
 WHERE name = :name;
 
 -- name: schedule_state_pause
--- no fence: an operator's pause or resume, audited (schedule_state_pause__audit); the last one
---   wins
+-- no fence: an operator's pause or resume is the latest word on it (audited)
 INSERT INTO oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
 VALUES (:name, :paused, :now, :now)
 ON CONFLICT (name) DO UPDATE
@@ -35,7 +34,7 @@ VALUES (:now, :actor, CASE WHEN :paused THEN 'pause' ELSE 'resume' END, 'schedul
 SELECT name, paused, last_fire_at FROM oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
--- no fence: follows the declaring code; the last declaration wins
+-- no fence: what the declaring code says, the same from every process of a release
 UPDATE oncebox_schedules
 SET slo_window_s = :window_s, slo_target = :target
 WHERE name = :name
@@ -55,15 +54,18 @@ WHERE slo_window_s IS NOT NULL
 ORDER BY name;
 
 -- name: schedule_run_claim
+-- See the PostgreSQL statement.
+-- A running run only once its lease ran out, a finished one only for a re-run:
 -- fence: state, lease_expires_at
 INSERT INTO oncebox_schedule_runs AS r
-    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late)
-VALUES (:schedule, :period, :fire_at, 'running', :owner, :now + :lease_us, :now, :late)
+    (schedule, period, fire_at, state, owner, lease_expires_at, started_at, late, renewed_at)
+VALUES (:schedule, :period, :fire_at, 'running', :owner, :now + :lease_us, :now, :late, :now)
 ON CONFLICT (schedule, period) DO UPDATE
 SET state = 'running',
     owner = excluded.owner,
     lease_expires_at = excluded.lease_expires_at,
     started_at = excluded.started_at,
+    renewed_at = excluded.renewed_at,
     finished_at = NULL
 WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)
    OR (r.state = 'done' AND :rescan)
@@ -72,9 +74,50 @@ RETURNING owner;
 -- name: schedule_run_extend
 -- fence: owner, state
 UPDATE oncebox_schedule_runs
-SET lease_expires_at = :now + :lease_us, enqueued_count = enqueued_count + :enqueued
+SET lease_expires_at = :now + :lease_us, renewed_at = :now,
+    enqueued_count = enqueued_count + :enqueued
 WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
 RETURNING period;
+
+-- name: schedule_run_renew
+-- See the PostgreSQL statement.
+-- fence: owner, state
+UPDATE oncebox_schedule_runs
+SET renewed_at = :now
+WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'
+RETURNING period;
+
+-- name: schedule_run_take_over
+-- See the PostgreSQL statement; its audit row is the next step, in the same transaction.
+-- fence: owner, lease_expires_at, renewed_at, state
+UPDATE oncebox_schedule_runs
+SET owner = :owner, lease_expires_at = :now + :lease_us, started_at = :now, renewed_at = :now
+WHERE schedule = :schedule AND period = :period AND state = 'running'
+  AND owner = :seen_owner AND lease_expires_at = :seen_lease
+  AND renewed_at IS :seen_renewed
+RETURNING schedule, period;
+
+-- name: schedule_run_take_over__audit
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, 'take-over', 'schedule', NULL, :schedule, :reason,
+        json_object('period', :period, 'owner', :owner, 'owner_before', :seen_owner,
+                    'renewed_at_before', :seen_renewed_text,
+                    'lease_expires_at_before', :seen_lease_text))
+RETURNING id;
+
+-- name: schedule_run_get
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late, renewed_at
+FROM oncebox_schedule_runs
+WHERE schedule = :schedule AND period = :period;
+
+-- name: schedule_run_running
+-- See the PostgreSQL query.
+SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
+       scans, eligible_count, enqueued_count, late, renewed_at
+FROM oncebox_schedule_runs
+WHERE state = 'running'
+ORDER BY schedule, period;
 
 -- name: schedule_run_finish
 -- fence: owner, state
@@ -96,7 +139,7 @@ LIMIT 1;
 
 -- name: schedule_run_list
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
-       scans, eligible_count, enqueued_count, late
+       scans, eligible_count, enqueued_count, late, renewed_at
 FROM oncebox_schedule_runs
 WHERE schedule = :schedule
 ORDER BY started_at DESC, period DESC
@@ -106,7 +149,7 @@ LIMIT :limit;
 -- Fan-outs interrupted half-way: still `running`, their owner's lease run out. The scheduler
 -- resumes them before any catch-up policy applies; oldest first.
 SELECT schedule, period, fire_at, state, owner, lease_expires_at, started_at, finished_at,
-       scans, eligible_count, enqueued_count, late
+       scans, eligible_count, enqueued_count, late, renewed_at
 FROM oncebox_schedule_runs
 WHERE schedule = :schedule AND state = 'running' AND lease_expires_at < :now
 ORDER BY started_at, period;
@@ -115,7 +158,7 @@ ORDER BY started_at, period;
 -- See the PostgreSQL query; :window_us is the SLO's window in microseconds (or NULL).
 WITH runs AS (
     SELECT period, state, eligible_count, enqueued_count, fire_at, pruned_done, pruned_sent,
-           pruned_on_time
+           pruned_on_time, owner, lease_expires_at, renewed_at, started_at
     FROM oncebox_schedule_runs
     WHERE schedule = :schedule
     ORDER BY period DESC
@@ -172,11 +215,17 @@ SELECT r.period, r.state, r.eligible_count AS eligible, r.enqueued_count AS enqu
        CASE WHEN :window_us IS NULL OR r.fire_at IS NULL THEN NULL
             ELSE COALESCE(p.on_time, 0) + r.pruned_on_time END AS on_time,
        COALESCE(p.duplicates, 0) AS duplicates,
-       r.pruned_done AS pruned
+       r.pruned_done AS pruned,
+       CASE WHEN r.state = 'running' THEN r.owner END AS owner,
+       CASE WHEN r.state = 'running' THEN r.lease_expires_at END AS lease_expires_at,
+       CASE WHEN r.state = 'running' THEN r.renewed_at END AS renewed_at,
+       r.started_at
 FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
+-- A finished run with no job of its period left, judged in this statement:
+-- fence: state, finished_at
 -- See the PostgreSQL statement.
 -- fence: state, finished_at
 DELETE FROM oncebox_schedule_runs

@@ -246,6 +246,7 @@ TABLE oncebox_schedule_runs
   pruned_sent bigint NOT NULL DEFAULT 0
   pruned_on_time bigint NOT NULL DEFAULT 0
   pruned_window_s double precision
+  renewed_at timestamp with time zone
   CONSTRAINT CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
   CONSTRAINT PRIMARY KEY (schedule, period)
 

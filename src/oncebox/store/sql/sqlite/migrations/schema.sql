@@ -297,7 +297,7 @@ CREATE TABLE oncebox_schedule_runs (
     scans INTEGER NOT NULL DEFAULT 0,
     eligible_count INTEGER,
     enqueued_count INTEGER NOT NULL DEFAULT 0,
-    late INTEGER NOT NULL DEFAULT 0, pruned_done INTEGER NOT NULL DEFAULT 0, pruned_sent INTEGER NOT NULL DEFAULT 0, pruned_on_time INTEGER NOT NULL DEFAULT 0, pruned_window_s REAL,
+    late INTEGER NOT NULL DEFAULT 0, pruned_done INTEGER NOT NULL DEFAULT 0, pruned_sent INTEGER NOT NULL DEFAULT 0, pruned_on_time INTEGER NOT NULL DEFAULT 0, pruned_window_s REAL, renewed_at INTEGER,
     PRIMARY KEY (schedule, period)
 ) STRICT;
 
