@@ -20,8 +20,10 @@ Names keep the letters, digits, `_` and `-` of Q; any other character becomes `-
 carries oncebox's id and headers as message attributes (SQS mints message ids of its own). An
 unrecorded message's attempt is SQS's receive count, and its retry makes it invisible for its
 delay (at most 12 hours) rather than sending a copy, which FIFO queues could not delay. A FIFO
-message's group is its `x-oncebox-group` header (else its id) and its deduplication id a SHA-256
-of its oncebox id: SQS drops a second copy sent within five minutes. An unrecorded task must
+message's group is a SHA-256 of its `x-oncebox-group` header — a relayed job's `group_by` value,
+which SQS's 128 characters of ASCII punctuation and letters might not hold — else its id, and
+its deduplication id a SHA-256 of its oncebox id: SQS drops a second copy sent within five
+minutes. An unrecorded task must
 make no more attempts than `max_deliveries` (its attempt is SQS's receive count): said when it
 is published.
 
@@ -230,7 +232,12 @@ class SqsQueue:
             "MessageAttributes": attributes,
         }
         if self.fifo:
-            entry["MessageGroupId"] = str(message.headers.get(GROUP, message.message_id))
+            group = message.headers.get(GROUP)
+            entry["MessageGroupId"] = (
+                message.message_id
+                if group is None
+                else hashlib.sha256(str(group).encode()).hexdigest()
+            )
             entry["MessageDeduplicationId"] = hashlib.sha256(
                 message.message_id.encode()
             ).hexdigest()

@@ -42,6 +42,11 @@ guarantee rests on, in every process of a run, and names the scenario that must 
     stale-given-back   a broker consumer gives a stale copy (its job moved on) back to the queue
                        instead of acknowledging it → `broker-kill-consumer.committed` fails (B1:
                        the copies a lost acknowledgement left stay in RabbitMQ)
+    no-group-head-fence  the relay trigger publishes a group's job whenever no earlier job of
+                       its group waits, though another is the head already (the fence reverted;
+                       PostgreSQL: the trigger is rewritten in each database a store opens) →
+                       `tests/test_relay_group_heads.py::test_a_group_has_two_heads_without_its_fence`
+                       (a batch's job decided after a later enqueue's: two heads)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -105,6 +110,12 @@ MUTATIONS = {
             "stale-given-back",
             "acknowledging stale broker copies",
             "broker-kill-consumer.committed",
+            ("postgres",),
+        ),
+        Mutation(
+            "no-group-head-fence",
+            "one head per group in the broker",
+            "tests/test_relay_group_heads.py::test_a_group_has_two_heads_without_its_fence",
             ("postgres",),
         ),
     )
@@ -186,6 +197,8 @@ def apply(store: Any, names: tuple[str, ...]) -> None:
     """Rewrite this process's copy of the store's queries, and replace what the mutations
     replace in this process."""
     rewrite_queries(store._q, store.dialect, names)  # a test switch reaches inside, on purpose
+    if "no-group-head-fence" in names and store.dialect == "postgres":
+        unfence_group_heads(store)
     for name in names:
         if name in _PROCESS_WIDE and name not in _APPLIED:  # once per process
             _APPLIED.add(name)
@@ -236,6 +249,36 @@ def _stale_given_back() -> None:
         self._quietly(self.queue.give_back, stale)
 
     _patch(BrokerTransport, "_settle_stale", give_back)
+
+
+# The relay trigger's head fence (PostgreSQL 0019): no other job of the group relayed with its
+# publish written. `AND false` makes that NOT EXISTS always true.
+_HEAD_FENCE = "AND g.id <> j.id"
+
+
+def unfence_group_heads(store: Any) -> None:
+    """Rewrite the relay trigger's function in `store`'s database without its head fence (the
+    function is schema, not a named query: each database a mutated store opens is rewritten)."""
+    with store.connect(autocommit=True) as conn:
+        name = f"{store.schema}.oncebox_jobs_relay"
+        [(definition,)] = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (name,))
+        if f"{_HEAD_FENCE} AND false" in definition:
+            return
+        if definition.count(_HEAD_FENCE) != 1:
+            raise RuntimeError(f"mutation cannot find {_HEAD_FENCE!r} in {name}: update it")
+        conn.execute(definition.replace(_HEAD_FENCE, f"{_HEAD_FENCE} AND false"))
+
+
+def _no_group_head_fence() -> None:
+    from oncebox.store.postgres import PostgresStore  # noqa: PLC0415
+
+    opened = PostgresStore.__init__
+
+    def init(self: Any, url: str, **kwargs: Any) -> None:
+        opened(self, url, **kwargs)
+        unfence_group_heads(self)
+
+    _patch(PostgresStore, "__init__", init)
 
 
 def _ignore_window() -> None:
@@ -414,4 +457,5 @@ _PROCESS_WIDE = {
     "strand-on-outage": _strand_on_outage,
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
+    "no-group-head-fence": _no_group_head_fence,
 }
