@@ -47,6 +47,10 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        PostgreSQL: the trigger is rewritten in each database a store opens) →
                        `tests/test_relay_group_heads.py::test_a_group_has_two_heads_without_its_fence`
                        (a batch's job decided after a later enqueue's: two heads)
+    counted-give-back  a broker consumer gives back what it releases unrun, and closes on what
+                       its prefetch holds, as failed deliveries its broker counts (the fix
+                       reverted) → `tests/test_given_up.py::test_a_worker_stopping_buries_jobs_
+                       that_never_ran_without_the_hand_back` (jobs that never ran buried dead)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -110,6 +114,13 @@ MUTATIONS = {
             "stale-given-back",
             "acknowledging stale broker copies",
             "broker-kill-consumer.committed",
+            ("postgres",),
+        ),
+        Mutation(
+            "counted-give-back",
+            "handing back unrun deliveries uncounted",
+            "tests/test_given_up.py::"
+            "test_a_worker_stopping_buries_jobs_that_never_ran_without_the_hand_back",
             ("postgres",),
         ),
         Mutation(
@@ -279,6 +290,25 @@ def _no_group_head_fence() -> None:
         unfence_group_heads(self)
 
     _patch(PostgresStore, "__init__", init)
+
+
+def _counted_give_back() -> None:
+    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
+
+    released = BrokerTransport.release
+
+    def release(self: Any, deliveries: Any, delay: timedelta) -> None:
+        if delay > timedelta(0):
+            released(self, deliveries, delay)
+            return
+        for received in filter(None, map(self._take, deliveries)):
+            self._quietly(self.queue.give_back, [received])
+
+    def close(self: Any) -> None:
+        self.queue.close()  # what its prefetch held returns with the connection, counted
+
+    _patch(BrokerTransport, "release", release)
+    _patch(BrokerTransport, "close", close)
 
 
 def _ignore_window() -> None:
@@ -458,4 +488,5 @@ _PROCESS_WIDE = {
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
     "no-group-head-fence": _no_group_head_fence,
+    "counted-give-back": _counted_give_back,
 }
