@@ -147,6 +147,18 @@ class RabbitQueue:
     def declare(self) -> None:
         """Declare the queue, its dead letters and its retry ladder (idempotent). A queue of
         that name declared otherwise (a classic queue, other arguments) is `BrokerRefused`."""
+        try:
+            self._declare()
+        except BrokerRefused as exc:
+            if "inequivalent arg" not in str(exc):
+                raise
+            raise BrokerRefused(
+                f"{exc} — its arguments were set when it was first declared (another "
+                "max_deliveries, or an earlier oncebox) and cannot change: delete the queue "
+                "once it is drained, and it is declared afresh"
+            ) from None
+
+    def _declare(self) -> None:
         with self._wire("declare"):
             channel = self._open()
             quorum = {"x-queue-type": "quorum"}
