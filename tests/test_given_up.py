@@ -1,8 +1,10 @@
-"""What a broker stops delivering (SQS's redrive, JetStream's `MaxDeliver`) becomes an oncebox
-dead letter: a relayed job's row turns `dead` under its key, with the reason, and is replayable
-like any dead job; an unrecorded message moves to the queue's dead letters with the reason; and
-nothing is left where only the sweep looks. Before, such a job waited `relayed` for ever, its
-message set aside where no one read it."""
+"""What a broker stops delivering (SQS's redrive, JetStream's `MaxDeliver`, RabbitMQ's quorum-queue
+delivery limit) becomes an oncebox dead letter: a relayed job's row turns `dead` under its key,
+with the reason, and is replayable like any dead job; an unrecorded message moves to the queue's
+dead letters with the reason; and nothing is left where only the sweep looks. Before, such a job
+waited `relayed` for ever, its message set aside where no one read it (on RabbitMQ, in its dead
+letters). A delivery handed back unrun — a worker stopping — took no worker down, and is not
+counted as one. The machine's RabbitMQ and NATS, the tests' SQS server; never a mock."""
 
 from __future__ import annotations
 
@@ -14,17 +16,20 @@ from typing import Any
 
 import pytest
 
-from oncebox import Box, ConfigurationError, JobContext, Retry, WorkerConfig
+from oncebox import Box, ConfigurationError, ConsumerConfig, JobContext, Retry, WorkerConfig
 from oncebox.brokers.messages import Message
+from oncebox.brokers.rabbitmq import RabbitQueue
 from oncebox.brokers.sqs import ERROR, MAX_MESSAGE_BYTES, dead_copy, message_size
+from oncebox.chaos.mutations import mutated
 from oncebox.dead_letters import DeadFilter
 from oncebox.errors import StoreUnavailable
 from oncebox.queue.brokered import wire_for
 from oncebox.transports.broker import BrokerTransport
 from oncebox.transports.given_up import GivenUpSweep, GivenUpSweepResult
-from support.brokers import NATS_URL, reachable, sqs_url
+from support.brokers import AMQP_URL, NATS_URL, reachable, sqs_url
 from support.db import create_effects, effects, record_effect
 from support.transports import consume_rounds
+from support.waiting import wait_until
 
 PERIOD = "2026-W49"
 MOST = 2  # the brokers' max_deliveries in these tests
@@ -40,13 +45,15 @@ class Held:
     sweep: GivenUpSweep
 
 
-@pytest.fixture(params=["sqs", "nats"])
+@pytest.fixture(params=["sqs", "nats", "rabbitmq"])
 def held(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Held]:
     if request.param == "sqs":
         endpoint = request.getfixturevalue("sqs_endpoint")
         broker = f"{sqs_url(endpoint, visibility=HOLD_S)}&max_deliveries={MOST}"
-    else:
+    elif request.param == "nats":
         broker = f"{reachable(NATS_URL)}?ack_wait={HOLD_S}&max_deliveries={MOST}"
+    else:  # a hold that lasts while its connection does
+        broker = f"{reachable(AMQP_URL)}?max_deliveries={MOST}"
     queue = f"given-up-{uuid.uuid4().hex[:8]}"
     box = Box(pg_url, secret="given-up-tests-secret-0123456789")
     create_effects(box)
@@ -74,20 +81,24 @@ def held(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Held]:
 
 
 def die_holding_it(held: Held, sweep: bool = True) -> int:
-    """Take the queue's message and give it back unsettled, `MOST` times (each a worker that
-    died with it), then until the broker has set it aside, sweep (or, without `sweep`, look);
-    how many the sweep buried. Each round waits on the broker's own long poll, never a sleep."""
-    for _ in range(MOST):
-        [taken] = held.wire.receive(1)
-        held.wire.give_back([taken])
-    for _ in range(20):
-        assert held.wire.receive(1) == []  # given up on: not delivered again
-        if not sweep and held.wire.depth("given_up"):
-            return 0
-        swept = held.sweep.run_once() if sweep else GivenUpSweepResult()
-        if buried := swept.dead_jobs + swept.dead_letters:
-            return buried
-    raise AssertionError("the broker never set the message aside")
+    """Take the queue's message and give it back as a failed delivery, `MOST` times (each a
+    worker that died with it), then until the broker has set it aside, sweep (or, without
+    `sweep`, look); how many the sweep buried. Each round waits on the broker's own long poll,
+    never a sleep."""
+    try:
+        for _ in range(MOST):
+            [taken] = held.wire.receive(1)
+            held.wire.give_back([taken])
+        for _ in range(20):
+            assert held.wire.receive(1) == []  # given up on: not delivered again
+            if not sweep and held.wire.depth("given_up"):
+                return 0
+            swept = held.sweep.run_once() if sweep else GivenUpSweepResult()
+            if buried := swept.dead_jobs + swept.dead_letters:
+                return buried
+        raise AssertionError("the broker never set the message aside")
+    finally:
+        held.wire.close()  # its consumer gone (RabbitMQ's would take the next message)
 
 
 @pytest.mark.postgres
@@ -186,6 +197,10 @@ def test_an_unrecorded_task_retrying_past_its_brokers_deliveries_is_refused(held
     def stubborn(ctx: JobContext, n: int) -> None:
         pass
 
+    if not held.wire.attempt_is_delivery_count:  # RabbitMQ: the attempt travels in a header
+        held.box.publish_unrecorded("stubborn", n=1)
+        assert held.wire.depth() == 1
+        return
     with pytest.raises(ConfigurationError, match=f"gives a message up after {MOST} deliveries"):
         held.box.publish_unrecorded("stubborn", n=1)
     assert held.wire.depth() == 0
@@ -207,3 +222,62 @@ def test_a_dead_letter_near_sqs_s_cap_keeps_room_for_its_error():
     copy = dead_copy(Message(body, "m-1", {"x-oncebox-channel": "c"}), {ERROR: "e" * 4_000})
     assert message_size(copy.body, {**copy.headers, "oncebox-id": "x" * 64}) <= MAX_MESSAGE_BYTES
     assert str(copy.headers[ERROR]).startswith("eee") and str(copy.headers[ERROR]).endswith("…")
+
+
+def holding(lane: RabbitQueue, probe: RabbitQueue, jobs: int) -> Callable[[], bool]:
+    """Has the lane's prefetch brought every message of the queue no receive took (the jobs'
+    own, less those RabbitMQ set aside)? Then none is still on its way when the lane closes."""
+    return lambda: lane.prefetched() == jobs - probe.depth("given_up")
+
+
+def stop_round_after_round(held: Held) -> tuple[list[str], list[str]]:
+    """Two jobs; round after round a worker takes one and stops before running it (on
+    RabbitMQ, its lane's prefetch holding the rest when it closes); then a worker stays, and
+    the sweep runs until neither job waits. The keys that ran, and those buried dead."""
+    box = held.box
+    for customer in (11, 12):
+        box.enqueue("weekly_digest", customer_id=customer, period=PERIOD)
+    assert box.dispatcher().run_once().sent == 2
+    for _ in range(MOST + 1):
+        stopping = lane(held)
+        consumer = box.consumer(ConsumerConfig(batch_size=1, max_batch_size=1), transport=stopping)
+        consumer.stopping = lambda: True
+        try:
+            consumer.run_once()
+            if isinstance(stopping.queue, RabbitQueue):
+                wire = held.wire
+                wait_until(holding(stopping.queue, wire, 2), what="the rest in the prefetch")
+        finally:
+            consumer.session.close()
+            stopping.close()
+    staying = lane(held)
+    try:
+        consume_rounds(box, staying)
+    finally:
+        staying.close()
+    wait_until(
+        lambda: (held.sweep.run_once(), not box.store.job_count_by_state()["relayed"])[1],
+        what="every job run, or swept from what its broker gave up on",
+    )
+    dead = [d.key for d in box.dead_letters(DeadFilter(limit=10))]
+    return sorted(key for key, _ in effects(box)), sorted(str(key) for key in dead)
+
+
+@pytest.mark.postgres
+def test_a_worker_stopping_however_often_spends_none_of_its_jobs_deliveries(held: Held):
+    """A job handed back unrun — a copy, the original acknowledged; on RabbitMQ what the
+    lane's prefetch held too, when it closes — took no worker down: the broker, which gives a
+    message up after `MOST` unsettled deliveries, counts none of those rounds, and both jobs run
+    once a worker stays, each on its first attempt."""
+    keys = [f"weekly-digest/customer-{c}/{PERIOD}" for c in (11, 12)]
+    assert stop_round_after_round(held) == (keys, [])
+    assert sorted(effects(held.box)) == [(key, "attempt 1") for key in keys]
+
+
+@pytest.mark.postgres
+def test_a_worker_stopping_buries_jobs_that_never_ran_without_the_hand_back(held: Held):
+    """Each round counted as a delivery that took a worker down, as before: a job never run is
+    given up on by its broker, and buried dead."""
+    with mutated("counted-give-back"):
+        ran, dead = stop_round_after_round(held)
+    assert dead and not set(dead) & set(ran), (ran, dead)

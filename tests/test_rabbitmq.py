@@ -124,6 +124,20 @@ def test_a_publish_the_broker_cannot_route_raises_and_an_unreachable_broker_says
         gone.declare()
 
 
+def test_a_queue_declared_with_another_delivery_limit_is_refused_saying_what_to_do(queue):
+    """RabbitMQ keeps a queue's arguments from its first declare: a changed `max_deliveries`
+    (or a queue an earlier oncebox declared) cannot be applied, and the refusal says so."""
+    name = queue.name.removeprefix("oncebox.")
+    other = RabbitQueue(f"{queue.url}?max_deliveries=3", name)
+    try:
+        with pytest.raises(BrokerRefused, match=r"x-delivery-limit.*delete the queue once"):
+            other.declare()
+    finally:
+        other.close()
+    with pytest.raises(ConfigurationError, match="max_deliveries is a number, at least 1"):
+        RabbitQueue(f"{queue.url}?max_deliveries=0", name)
+
+
 def test_a_batch_is_taken_at_its_commit_and_a_message_the_broker_cannot_route_is_named(queue):
     assert queue.publish_batch([message(n) for n in range(5)]) == set()
     assert queue.depth() == 5  # every one taken at the commit

@@ -5,6 +5,8 @@ relayed to SQS (standard and FIFO) and settled once however often SQS delivers t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -188,3 +190,44 @@ def test_a_fifo_copy_sent_within_five_minutes_is_dropped_even_after_the_first_wa
     finally:
         wire.delete()
         wire.close()
+
+
+def test_a_fifo_relay_puts_a_groups_jobs_in_one_message_group(pg_url: str, sqs_endpoint: str):
+    """The relay's publish names its job's group, so SQS FIFO serialises the group's messages
+    too (under a digest: a `group_by` value need not be what MessageGroupId takes); a job
+    without a group — or a publish written before publishes named theirs — is a group of its
+    own, its token."""
+    queue = f"legs-{uuid.uuid4().hex[:8]}"
+    broker = sqs_url(sqs_endpoint, fifo=True)
+    box = sqs_box(pg_url, broker, queue)
+
+    @box.task(key="leg/{n}", queue=queue, group_by="shipment")
+    def leg(ctx: JobContext, shipment: str, n: int) -> None:
+        pass
+
+    wire = SqsQueue(broker, queue, wait_s=1)
+    wire.declare()
+    try:
+        shipment = "Zürich → Genève #7"
+        box.enqueue("leg", shipment=shipment, n=0)
+        loner = box.enqueue("weekly_digest", customer_id=1, period=PERIOD).job_id
+        assert box.dispatcher().run_once().sent == 2
+        answer = wire._sqs().receive_message(
+            QueueUrl=wire._url(wire.name),
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            AttributeNames=["MessageGroupId"],
+        )
+        sent = {
+            json.loads(m["Body"])["task"]: (json.loads(m["Body"]), m["Attributes"])
+            for m in answer.get("Messages", [])
+        }
+        body, attributes = sent["leg"]
+        assert body["group"] == shipment
+        assert attributes["MessageGroupId"] == hashlib.sha256(shipment.encode()).hexdigest()
+        body, attributes = sent["weekly_digest"]
+        assert "group" not in body and attributes["MessageGroupId"] == f"relay-{loner}-1"
+    finally:
+        wire.delete()
+        wire.close()
+        box.close()

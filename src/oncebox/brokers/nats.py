@@ -34,6 +34,7 @@ import contextlib
 import json
 import re
 import threading
+import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -63,6 +64,9 @@ async def _reported_by_the_wire(exc: Exception) -> None:
 
 class NatsQueue:
     """One oncebox queue on JetStream, for one lane or relay (a connection of its own)."""
+
+    # an unrecorded message's attempt is JetStream's delivery count: a copy would start it again
+    attempt_is_delivery_count = True
 
     def __init__(self, url: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> None:
         parts = urlsplit(url)
@@ -305,8 +309,25 @@ class NatsQueue:
         self._settle(received, "ack")
 
     def give_back(self, received: Sequence[Received]) -> None:
-        """Delivered again at once (a negative acknowledgement)."""
+        """Delivered again at once (a negative acknowledgement): that delivery counts."""
         self._settle(received, "nak")
+
+    def hand_back(self, received: Sequence[Received]) -> None:
+        """Back to the queue unrun, no delivery spent: a copy each under a `Nats-Msg-Id` of its
+        own (the stream would drop the same id within its duplicate window), then the originals
+        acknowledged. Only for a message whose attempt is not its delivery count (a relayed
+        job's publish, which carries its attempt in its body); a consumer that dies in between
+        leaves both, and the job's row absorbs the second."""
+        if not received:
+            return
+        copies = []
+        for one in received:
+            message = one.message
+            headers = {k: v for k, v in message.headers.items() if k != ATTEMPT}
+            base = message.message_id.partition("~")[0]
+            copies.append(Message(message.body, f"{base}~{uuid.uuid4().hex[:12]}", headers))
+        self.publish(copies)
+        self.ack(received)
 
     def extend(self, received: Sequence[Received], seconds: float) -> None:
         """Still working: `ack_wait` starts again (JetStream's in-progress acknowledgement)."""

@@ -8,7 +8,22 @@ For an oncebox queue Q, all durable, all named `oncebox.Q…` so several apps ca
   delay and are dead-lettered back into `oncebox.Q` — delayed retry without the
   delayed-message plugin, which Debian's server does not ship. Delays are rounded up to a
   ladder (`RETRY_LADDER_MS`), so a handful of queues serve every backoff;
-- `oncebox.Q.dead`: the dead letters, each carrying its key and attempt history in headers.
+- `oncebox.Q.dead`: the dead letters, each carrying its key and attempt history in headers;
+- `oncebox.Q.given-up`: where RabbitMQ itself sets a message aside once it has been delivered
+  `max_deliveries` times (a URL option, 50 by default: the quorum queue's `x-delivery-limit`)
+  and never settled — a handler that takes its worker down, workers that keep dying. Nothing
+  consumes it but the workers' sweep (`transports/given_up.py`), which makes each an oncebox
+  dead letter: a relayed job's row turns `dead`, an unrecorded message moves to `.dead` with
+  the reason. A queue's arguments cannot change once declared: a queue declared with another
+  `max_deliveries`, or by an oncebox before this one, is refused (`BrokerRefused`) until it is
+  deleted.
+
+A message goes back to the queue in one of two ways. `give_back` returns it as a failed
+delivery, which RabbitMQ counts toward the limit (a reject: RabbitMQ 4.3 no longer counts a
+negative acknowledgement); `hand_back` returns one that never ran — a worker shutting down, the
+prefetch it had not taken — as a copy published before the original is acknowledged, which no
+version counts (RabbitMQ before 4.3 counts every return). Its attempt travels in its headers or
+its body, so the copy is the same message to its consumer; it joins the back of the queue.
 
 Every publish waits for the broker's confirm and is mandatory: a message the broker could not
 route or did not take raises `BrokerRefused`, and nothing is acknowledged before what replaces it
@@ -36,11 +51,15 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from oncebox.brokers.messages import Message, Received
-from oncebox.errors import BrokerRefused, BrokerUnavailable
+from oncebox.brokers.messages import GivenUp, Message, Received
+from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
 PREFIX = "oncebox."
 PERSISTENT = 2  # AMQP delivery mode: written to disk (pika.DeliveryMode.Persistent)
+MAX_DELIVERIES = 50  # the quorum queue's delivery limit, in deliveries, unless the URL says
+OPTIONS = ("max_deliveries",)  # oncebox's own options in a RabbitMQ URL, not pika's
+# what RabbitMQ writes on a delivery, not part of the message a copy carries
+_DELIVERY_HEADERS = ("x-delivery-count", "x-acquired-count")
 # retry delays a queue is declared for, in ms: a wanted delay is rounded up to the next one
 RETRY_LADDER_MS = (
     250,
@@ -67,9 +86,21 @@ class RabbitQueue:
     """One oncebox queue on one RabbitMQ connection (one thread's: pika's blocking connection is
     not shared)."""
 
+    # a delivery's attempt travels in its headers (unrecorded) or body (relayed), never in
+    # RabbitMQ's delivery count: a copy is the same message (`transports/broker.py`)
+    attempt_is_delivery_count = False
+
     def __init__(self, url: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> None:
         self.url = url
         self.name = f"{PREFIX}{queue}"
+        self.given_up_name = f"{self.name}.given-up"
+        ours = dict(q for q in parse_qsl(urlsplit(url).query) if q[0] in OPTIONS)
+        try:
+            self.delivery_limit = int(ours.get("max_deliveries", MAX_DELIVERIES))
+        except ValueError:
+            self.delivery_limit = 0
+        if self.delivery_limit < 1:
+            raise ConfigurationError("a RabbitMQ broker's max_deliveries is a number, at least 1")
         self.prefetch = prefetch
         self.wait_s = wait_s  # how long `receive` waits for a first message
         self._connection: pika.BlockingConnection | None = None
@@ -116,17 +147,39 @@ class RabbitQueue:
     def declare(self) -> None:
         """Declare the queue, its dead letters and its retry ladder (idempotent). A queue of
         that name declared otherwise (a classic queue, other arguments) is `BrokerRefused`."""
+        try:
+            self._declare()
+        except BrokerRefused as exc:
+            if "inequivalent arg" not in str(exc):
+                raise
+            raise BrokerRefused(
+                f"{exc} — its arguments were set when it was first declared (another "
+                "max_deliveries, or an earlier oncebox) and cannot change: delete the queue "
+                "once it is drained, and it is declared afresh"
+            ) from None
+
+    def _declare(self) -> None:
         with self._wire("declare"):
             channel = self._open()
             quorum = {"x-queue-type": "quorum"}
-            # a message the broker itself gives up on (RabbitMQ 4's default delivery limit, 20
-            # deliveries without an acknowledgement) goes to the dead letters, not nowhere
+            # what RabbitMQ gives up on is set aside for the sweep; what the sweep fails to
+            # settle (RabbitMQ 4 limits every quorum queue's deliveries) goes to the dead
+            # letters, not nowhere
+            given_up = {
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.given_up_name,
+                # RabbitMQ counts returns: `delivery_limit` deliveries, then set aside
+                "x-delivery-limit": self.delivery_limit - 1,
+            }
             dead_letters = {
                 "x-dead-letter-exchange": "",
                 "x-dead-letter-routing-key": f"{self.name}.dead",
             }
-            channel.queue_declare(self.name, durable=True, arguments={**quorum, **dead_letters})
+            channel.queue_declare(self.name, durable=True, arguments={**quorum, **given_up})
             channel.queue_declare(f"{self.name}.dead", durable=True, arguments=quorum)
+            channel.queue_declare(
+                self.given_up_name, durable=True, arguments={**quorum, **dead_letters}
+            )
             for delay in RETRY_LADDER_MS:
                 channel.queue_declare(
                     self._retry_queue(delay),
@@ -154,13 +207,19 @@ class RabbitQueue:
         """Remove the queue and its companions (tests, and an app retiring a queue)."""
         with self._wire("delete"):
             channel = self._open()
-            names = (self.name, f"{self.name}.dead", *map(self._retry_queue, RETRY_LADDER_MS))
+            names = (
+                self.name,
+                f"{self.name}.dead",
+                self.given_up_name,
+                *map(self._retry_queue, RETRY_LADDER_MS),
+            )
             for name in names:
                 channel.queue_delete(name)
 
     def depth(self, which: str = "") -> int:
-        """Messages ready in the queue (`which`: "" or "dead"), not counting unacknowledged."""
-        name = self.name if not which else f"{self.name}.{which}"
+        """Messages ready in the queue (`which`: "", "dead" or "given_up": set aside, not yet
+        swept), not counting unacknowledged."""
+        name = {"": self.name, "given_up": self.given_up_name}.get(which, f"{self.name}.{which}")
         with self._wire("read"):
             declared = self._open().queue_declare(name, passive=True)
         return int(declared.method.message_count or 0)
@@ -286,12 +345,53 @@ class RabbitQueue:
                     channel.basic_ack(int(one.tag))
 
     def give_back(self, received: Sequence[Received]) -> None:
-        """Back to the queue at once, for another consumer (a shutdown, a release)."""
+        """Back to the queue at once as a failed delivery, which RabbitMQ counts toward its
+        delivery limit (a consumer that failed with it, its store away mid-batch)."""
         channel = self._channel_of(received)
         with self._wire("give back to"):
             for one in received:
                 if channel is not None:
-                    channel.basic_nack(int(one.tag), requeue=True)
+                    channel.basic_reject(int(one.tag), requeue=True)
+
+    def hand_back(self, received: Sequence[Received]) -> None:
+        """Back to the queue unrun (a shutdown, a release), no delivery spent: a copy each,
+        confirmed, then the originals acknowledged. A consumer that dies in between leaves both:
+        the job's row or the claim absorbs the second."""
+        if not received:
+            return
+        self._channel_of(received)  # gone: the broker delivers them again; publish no copy
+        self.publish([_copy(one.message) for one in received])
+        self.ack(received)
+
+    def prefetched(self) -> int:
+        """Messages the prefetch brought to this connection that no `receive` took yet."""
+        channel, connection = self._channel, self._connection
+        if channel is None or connection is None or not channel.is_open:
+            return 0
+        with self._wire("read from"):
+            connection.process_data_events(0)  # what has arrived
+            return channel.get_waiting_message_count()
+
+    def hand_back_prefetched(self) -> None:
+        """Hand back what the prefetch brought and no one took, before a consumer's connection
+        closes (its worker stopping): closed with it, they would return as deliveries RabbitMQ
+        counts. The consumer is cancelled before they are acknowledged, so nothing more comes
+        (a delivery still on its way then is refused by the client, and counted)."""
+        waiting = self.prefetched()
+        channel = self._channel
+        if not waiting or channel is None:
+            return
+        with self._wire("hand back to"):
+            taken: list[Received] = []
+            for method, properties, body in channel.consume(self.name, inactivity_timeout=0):
+                if method is None or properties is None or body is None:
+                    break
+                message = Message(body, properties.message_id or "", properties.headers or {})
+                taken.append(Received(message, int(method.delivery_tag or 0), True, self._opened))
+                if len(taken) >= waiting:
+                    break
+            channel.cancel()
+        self.hand_back(taken)
 
     def _channel_of(self, received: Sequence[Received]) -> BlockingChannel | None:
         """The channel that delivered `received`, if it is still the open one: a delivery tag
@@ -328,6 +428,42 @@ class RabbitQueue:
         self.publish([dead], to=f"{self.name}.dead")
         self.ack([received])
 
+    # -- what RabbitMQ gave up on ---------------------------------------------------------------
+
+    def given_up(self, limit: int) -> list[GivenUp]:
+        """Up to `limit` messages RabbitMQ set aside after `max_deliveries` deliveries, held
+        (unacknowledged) by this connection until `bury`."""
+        channel = self._open()
+        found: list[GivenUp] = []
+        with self._wire("read what was given up in"):
+            while len(found) < limit:
+                method, properties, body = channel.basic_get(self.given_up_name)
+                if method is None or properties is None or body is None:
+                    break
+                raw = body.encode() if isinstance(body, str) else body  # pika's stubs say str
+                message = Message(raw, properties.message_id or "", properties.headers or {})
+                held = Received(message, int(method.delivery_tag or 0), True, self._opened)
+                found.append(GivenUp(message, self.delivery_limit, held))
+        return found
+
+    def bury(self, given: GivenUp, headers: Mapping[str, Any] | None) -> None:
+        """Done with a message RabbitMQ gave up on: with `headers`, moved to the dead letters
+        with them merged in (an unrecorded message); without, acknowledged (a relayed job, whose
+        row the sweep made dead first)."""
+        held: Received = given.handle
+        if headers is not None:
+            self._channel_of([held])  # gone: set aside again; publish no copy
+            message = _copy(given.message)
+            dead = Message(message.body, message.message_id, {**message.headers, **headers})
+            self.publish([dead], to=f"{self.name}.dead")
+        self.ack([held])
+
+
+def _copy(message: Message) -> Message:
+    """`message` as it was published, without what RabbitMQ wrote on its delivery."""
+    headers = {k: v for k, v in message.headers.items() if k not in _DELIVERY_HEADERS}
+    return Message(message.body, message.message_id, headers)
+
 
 def _parameters(url: str) -> pika.URLParameters:
     """The connection's parameters, as the URL gives them, with two defaults of oncebox's: no
@@ -335,7 +471,7 @@ def _parameters(url: str) -> pika.URLParameters:
     would cut a lane that runs a long batch; a dead process closes its socket anyway), and a
     publish blocked by a broker alarm gives up after 30 s instead of hanging."""
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
+    query = {k: v for k, v in parse_qsl(parts.query) if k not in OPTIONS}
     query.setdefault("heartbeat", "0")
     query.setdefault("blocked_connection_timeout", "30")
     return pika.URLParameters(urlunsplit(parts._replace(query=urlencode(query))))
@@ -343,5 +479,5 @@ def _parameters(url: str) -> pika.URLParameters:
 
 def _shown(url: str) -> str:
     """The URL without its password, for a message."""
-    params = pika.URLParameters(url)
+    params = _parameters(url)
     return f"amqp://{params.host}:{params.port}{params.virtual_host and '/' + params.virtual_host}"

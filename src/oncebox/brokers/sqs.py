@@ -9,8 +9,9 @@ queues, `visibility=SECONDS` (the lease: 30 by default), `wait=SECONDS` (the lon
   message received and neither deleted nor extended in time is received again;
 - `oncebox-Q-redriven`: its redrive target. SQS moves a message there once it has been received
   `max_deliveries` times without being deleted — a handler that kills its worker, workers that
-  keep dying or overrunning their lease (every receive counts: a give-back on shutdown, a claim
-  that waited too long, a batch received while the store was away). Nothing consumes it but the
+  keep dying or overrunning their lease (every receive counts: a claim that waited too long, a
+  batch received while the store was away; an unrecorded message given back on shutdown — a
+  relayed job's is handed back as a copy, see `hand_back`). Nothing consumes it but the
   workers' sweep (`transports/given_up.py`), which makes each an oncebox dead letter: a
   relayed job's row turns `dead` (its key kept: SQS mints new message ids, the job's id travels in
   the body), an unrecorded message moves to `oncebox-Q-dead` with the reason;
@@ -20,8 +21,10 @@ Names keep the letters, digits, `_` and `-` of Q; any other character becomes `-
 carries oncebox's id and headers as message attributes (SQS mints message ids of its own). An
 unrecorded message's attempt is SQS's receive count, and its retry makes it invisible for its
 delay (at most 12 hours) rather than sending a copy, which FIFO queues could not delay. A FIFO
-message's group is its `x-oncebox-group` header (else its id) and its deduplication id a SHA-256
-of its oncebox id: SQS drops a second copy sent within five minutes. An unrecorded task must
+message's group is a SHA-256 of its `x-oncebox-group` header — a relayed job's `group_by` value,
+which SQS's 128 characters of ASCII punctuation and letters might not hold — else its id, and
+its deduplication id a SHA-256 of its oncebox id: SQS drops a second copy sent within five
+minutes. An unrecorded task must
 make no more attempts than `max_deliveries` (its attempt is SQS's receive count): said when it
 is published.
 
@@ -36,6 +39,7 @@ import hashlib
 import json
 import math
 import re
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -84,6 +88,14 @@ def dead_copy(message: Message, headers: Mapping[str, Any]) -> Message:
     return Message(message.body, message.message_id, merged)
 
 
+def _copy(message: Message) -> Message:
+    """A received message to send again as a new one: an id of its own (`<id>~<nonce>`), and
+    without the attempt its receive count gave it."""
+    headers = {k: v for k, v in message.headers.items() if k != ATTEMPT}
+    base = message.message_id.partition("~")[0]
+    return Message(message.body, f"{base}~{uuid.uuid4().hex[:12]}", headers)
+
+
 def _batches(messages: Sequence[Message]) -> Iterator[Sequence[Message]]:
     """Consecutive runs of at most `BATCH` messages and `MAX_MESSAGE_BYTES` together: SQS
     refuses a longer batch call whole."""
@@ -100,6 +112,9 @@ def _batches(messages: Sequence[Message]) -> Iterator[Sequence[Message]]:
 
 class SqsQueue:
     """One oncebox queue on SQS, for one lane or relay (its own boto3 client)."""
+
+    # an unrecorded message's attempt is SQS's receive count: a copy would start it again
+    attempt_is_delivery_count = True
 
     def __init__(self, url: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> None:
         parts = urlsplit(url)
@@ -230,7 +245,12 @@ class SqsQueue:
             "MessageAttributes": attributes,
         }
         if self.fifo:
-            entry["MessageGroupId"] = str(message.headers.get(GROUP, message.message_id))
+            group = message.headers.get(GROUP)
+            entry["MessageGroupId"] = (
+                message.message_id
+                if group is None
+                else hashlib.sha256(str(group).encode()).hexdigest()
+            )
             entry["MessageDeduplicationId"] = hashlib.sha256(
                 message.message_id.encode()
             ).hexdigest()
@@ -324,8 +344,19 @@ class SqsQueue:
         self._batched("delete_message_batch", received)
 
     def give_back(self, received: Sequence[Received]) -> None:
-        """Visible again at once, for another consumer."""
+        """Visible again at once, for another consumer: its next receive counts."""
         self._batched("change_message_visibility_batch", received, VisibilityTimeout=0)
+
+    def hand_back(self, received: Sequence[Received]) -> None:
+        """Back to the queue unrun, no receive spent: a copy each under an id of its own (FIFO
+        would drop the same id within five minutes), then the originals deleted. Only for a
+        message whose attempt is not its receive count (a relayed job's publish, which carries
+        its attempt in its body); a consumer that dies in between leaves both, and the job's row
+        absorbs the second."""
+        if not received:
+            return
+        self.publish([_copy(one.message) for one in received])
+        self.ack(received)
 
     def extend(self, received: Sequence[Received], seconds: float) -> None:
         """Keep holding: invisible for `seconds` more (the lease's heartbeat)."""

@@ -100,7 +100,7 @@ def run_queue(url: str) -> Iterator[str]:
 def left_in_broker(url: str, queue: str) -> dict[str, int]:
     """What the broker still holds for the run's queue, read once every worker has exited:
     visible messages (no consumer holds any now), messages in flight, messages it gave up on
-    that no sweep made dead letters (SQS, NATS: `transports/given_up.py`), and dead letters."""
+    that no sweep made dead letters (`transports/given_up.py`), and dead letters."""
     wire = wire_for(url, queue)
     try:
         in_flight = getattr(wire, "in_flight", None)  # SQS: held until a timeout runs out

@@ -87,6 +87,15 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        those it leased → `tests/test_task_limits.py::test_a_limited_lease_spends_
                        tokens_on_a_job_it_skipped_without_its_fence` (PostgreSQL: a row another
                        transaction holds drains the bucket while nothing runs)
+    no-group-head-fence  the relay trigger publishes a group's job whenever no earlier job of
+                       its group waits, though another is the head already (the fence reverted;
+                       PostgreSQL: the trigger is rewritten in each database a store opens) →
+                       `tests/test_relay_group_heads.py::test_a_group_has_two_heads_without_its_fence`
+                       (a batch's job decided after a later enqueue's: two heads)
+    counted-give-back  a broker consumer gives back what it releases unrun, and closes on what
+                       its prefetch holds, as failed deliveries its broker counts (the fix
+                       reverted) → `tests/test_given_up.py::test_a_worker_stopping_buries_jobs_
+                       that_never_ran_without_the_hand_back` (jobs that never ran buried dead)
 
 They exist only for the harness's own tests (`oncebox chaos --mutation NAME`); nothing else can
 switch them on.
@@ -226,6 +235,18 @@ MUTATIONS = {
             "spending only what a limited lease leased",
             "tests/test_task_limits.py::"
             "test_a_limited_lease_spends_tokens_on_a_job_it_skipped_without_its_fence",
+        ),
+        Mutation(
+            "counted-give-back",
+            "handing back unrun deliveries uncounted",
+            "tests/test_given_up.py::"
+            "test_a_worker_stopping_buries_jobs_that_never_ran_without_the_hand_back",
+            ("postgres",),
+        ),
+        Mutation(
+            "no-group-head-fence",
+            "one head per group in the broker",
+            "tests/test_relay_group_heads.py::test_a_group_has_two_heads_without_its_fence",
             ("postgres",),
         ),
     )
@@ -386,6 +407,8 @@ def apply(store: Any, names: tuple[str, ...]) -> None:
     """Rewrite this process's copy of the store's queries, and replace what the mutations
     replace in this process."""
     rewrite_queries(store._q, store.dialect, names)  # a test switch reaches inside, on purpose
+    if "no-group-head-fence" in names and store.dialect == "postgres":
+        unfence_group_heads(store)
     for name in names:
         if name in _PROCESS_WIDE and name not in _APPLIED:  # once per process
             _APPLIED.add(name)
@@ -445,6 +468,55 @@ def _aio_ignores_cancel() -> None:
         return await asyncio.to_thread(call, *args, **kwargs)  # a cancel leaves the thread going
 
     _patch(aio, "in_thread", in_thread)
+
+
+# The relay trigger's head fence (PostgreSQL 0023): no other job of the group relayed with its
+# publish written. `AND false` makes that NOT EXISTS always true.
+_HEAD_FENCE = "AND g.id <> j.id"
+
+
+def unfence_group_heads(store: Any) -> None:
+    """Rewrite the relay trigger's function in `store`'s database without its head fence (the
+    function is schema, not a named query: each database a mutated store opens is rewritten)."""
+    with store.connect(autocommit=True) as conn:
+        name = f"{store.schema}.oncebox_jobs_relay"
+        [(definition,)] = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (name,))
+        if f"{_HEAD_FENCE} AND false" in definition:
+            return
+        if definition.count(_HEAD_FENCE) != 1:
+            raise RuntimeError(f"mutation cannot find {_HEAD_FENCE!r} in {name}: update it")
+        conn.execute(definition.replace(_HEAD_FENCE, f"{_HEAD_FENCE} AND false"))
+
+
+def _no_group_head_fence() -> None:
+    from oncebox.store.postgres import PostgresStore  # noqa: PLC0415
+
+    opened = PostgresStore.__init__
+
+    def init(self: Any, url: str, **kwargs: Any) -> None:
+        opened(self, url, **kwargs)
+        unfence_group_heads(self)
+
+    _patch(PostgresStore, "__init__", init)
+
+
+def _counted_give_back() -> None:
+    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
+
+    released = BrokerTransport.release
+
+    def release(self: Any, deliveries: Any, delay: timedelta) -> None:
+        if delay > timedelta(0):
+            released(self, deliveries, delay)
+            return
+        for received in filter(None, map(self._take, deliveries)):
+            self._quietly(self.queue.give_back, [received])
+
+    def close(self: Any) -> None:
+        self.queue.close()  # what its prefetch held returns with the connection, counted
+
+    _patch(BrokerTransport, "release", release)
+    _patch(BrokerTransport, "close", close)
 
 
 def _ignore_window() -> None:
@@ -648,4 +720,6 @@ _PROCESS_WIDE = {
     "clock-never-lapses": _clock_never_lapses,
     "greedy-writer": _greedy_writer,
     "aio-ignores-cancel": _aio_ignores_cancel,
+    "no-group-head-fence": _no_group_head_fence,
+    "counted-give-back": _counted_give_back,
 }

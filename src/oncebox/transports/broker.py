@@ -3,7 +3,8 @@
 Whichever broker holds the queue (its wire: `brokers/`), two kinds of message arrive, told apart
 by their body:
 
-- **a job's publish** (`{"job": id, "run": n, "task": ..., "args": ...}`), written by the relay
+- **a job's publish** (`{"job": id, "run": n, "task": ..., "args": ..., "group": ...}`, the group
+  only for a job of one), written by the relay
   (migration 0016: the job is `relayed` in the store, and the outbox dispatcher publishes each
   attempt). Before anything runs, the batch's rows are read in one statement: a message is
   current when its job is still relayed at attempt n - 1. Any other copy lost a race — a lost
@@ -21,10 +22,22 @@ by their body:
   attempt + 1, to wait its backoff (`Wire.retry`), then acknowledged; dead published to the
   dead letters with the error, then acknowledged.
 
-Either way, a delivery given back (shutdown, a claim that waited too long) returns to the queue,
+Either way, a delivery released (a shutdown, a claim that waited too long) returns to the queue,
 and a consumer that dies after its commit and before its acknowledgement leaves the message with
 the broker, which delivers it again: the job's row (recorded) or the claim (unrecorded) absorbs
 it — the lost-ack window the key exists for.
+
+A broker counts the deliveries it made of a message and gives up after its limit (SQS's
+`max_deliveries`, JetStream's `MaxDeliver`, RabbitMQ's delivery limit: `transports/given_up.py`
+makes each a dead letter): a count of the workers it took down. A delivery handed back unrun —
+the worker is stopping, a limit's slot is wanted elsewhere — took no worker down, so it is
+handed back as a copy, the original acknowledged: the broker sees a new message, and no delivery
+spent. That is the same message to its consumer wherever its attempt is not the broker's count:
+any message on RabbitMQ (the attempt in a header), a relayed job's publish anywhere (the attempt
+in its body). An unrecorded message on SQS or JetStream, whose attempt is the delivery count, is
+made deliverable again instead, and that delivery counts; so does a release after a delay there
+(SQS's visibility, a delayed negative acknowledgement). A delivery dropped (the store went away
+mid-batch, its settlement refused) is given back as a failed one, counted.
 """
 
 from __future__ import annotations
@@ -99,11 +112,13 @@ class Wire(Protocol):
     """What a transport needs of a broker's queue (`brokers/`): one lane's connection."""
 
     name: str
+    attempt_is_delivery_count: bool  # an unrecorded message's attempt: the broker's count?
 
     def receive(self, limit: int) -> list[Received]: ...
     def publish(self, messages: Sequence[Message]) -> None: ...
     def ack(self, received: Sequence[Received]) -> None: ...
     def give_back(self, received: Sequence[Received]) -> None: ...
+    def hand_back(self, received: Sequence[Received]) -> None: ...
     def retry(self, received: Received, delay_ms: float, headers: Mapping[str, Any]) -> object: ...
     def dead(self, received: Received, headers: Mapping[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -289,19 +304,26 @@ class BrokerTransport:
                 self._quietly(self.queue.dead, received, error)
 
     def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
-        """Give deliveries back, the attempt not spent: after at least `delay` (the wire's
-        retry), or at once."""
-        for received in filter(None, map(self._take, deliveries)):
+        """Give deliveries back unrun, the attempt not spent: after at least `delay` (the
+        wire's retry), or at once — handed back as a copy where that is the same message, so
+        no delivery is spent either (see the module docstring)."""
+        for delivery in deliveries:
+            received = self._take(delivery)
+            if received is None:
+                continue
             if delay > timedelta(0):
                 attempt = int(received.message.headers.get(ATTEMPT, 1))
                 wait_ms = delay / timedelta(milliseconds=1)
                 self._quietly(self.queue.retry, received, wait_ms, {ATTEMPT: attempt})
+            elif delivery.job_id is not None or not self.queue.attempt_is_delivery_count:
+                self._quietly(self.queue.hand_back, [received])
             else:
                 self._quietly(self.queue.give_back, [received])
 
     def drop(self, deliveries: Sequence[Delivery]) -> None:
-        """Back to the queue for whoever takes it next (the broker would otherwise hold them
-        until this connection closes or their visibility runs out)."""
+        """Back to the queue for whoever takes it next, as a failed delivery the broker counts
+        (it would otherwise hold them until this connection closes or their visibility runs
+        out)."""
         for received in filter(None, map(self._take, deliveries)):
             self._quietly(self.queue.give_back, [received])
 
@@ -338,6 +360,11 @@ class BrokerTransport:
         return False
 
     def close(self) -> None:
+        """What the prefetch brought and this lane never took is handed back unrun (RabbitMQ:
+        closed with the connection, it would return as counted deliveries); then closed."""
+        hand_back = getattr(self.queue, "hand_back_prefetched", None)
+        if hand_back is not None:
+            self._quietly(hand_back)
         self.queue.close()
 
     def _take(self, delivery: Delivery) -> Received | None:

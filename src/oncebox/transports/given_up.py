@@ -4,10 +4,11 @@ A broker delivers again a message its consumer never settled: the consumer died,
 it past its lease. A message that takes down every worker that runs it (a handler that exhausts
 memory or crashes the interpreter) would be delivered for ever, a worker lost each time, while
 its job waited `relayed` and looked merely slow. So the broker stops after `max_deliveries`
-(SQS's redrive policy, JetStream's `MaxDeliver`) and sets the message aside where nothing but
-this sweep reads it (SQS: `oncebox-Q-redriven`; JetStream: the `MAX_DELIVERIES` advisories its
-`_GIVEN_UP` stream keeps). Each worker sweeps the broker-held queues it serves, on a lane of its
-own (a slow broker delays nothing else):
+(SQS's redrive policy, JetStream's `MaxDeliver`, RabbitMQ's quorum-queue delivery limit) and
+sets the message aside where nothing but this sweep reads it (SQS: `oncebox-Q-redriven`;
+JetStream: the `MAX_DELIVERIES` advisories its `_GIVEN_UP` stream keeps; RabbitMQ: the queue
+`oncebox.Q.given-up` it dead-letters to). Each worker sweeps the broker-held queues it serves, on
+a lane of its own (a slow broker delays nothing else):
 
 - a relayed job's message: the job's row turns `dead`, fenced on the attempt the message
   carried, with the reason — in `dlq list` under its key (SQS mints message ids of its own; the
@@ -20,8 +21,10 @@ own (a slow broker delays nothing else):
   pass: the row's fence makes the second burial a no-op (an unrecorded message may then reach
   the dead letters twice).
 
-RabbitMQ's quorum queues dead-letter by themselves at their own delivery limit (`.dead`): no
-set-aside place to sweep, and no connection opened for them.
+A delivery handed back unrun (a worker stopping) is not one that took a worker down, and is not
+counted as one where a copy is the same message (`transports/broker.py`): the reason below says
+so only where the count may hold such deliveries — SQS and JetStream count an unrecorded
+message's every delivery, and a release after a delay.
 """
 
 from __future__ import annotations
@@ -42,16 +45,24 @@ from oncebox.transports.broker import parse_message
 
 log = logging.getLogger("oncebox.transports")
 ERROR = "x-oncebox-error"
-SWEPT = ("sqs", "nats")  # the brokers that set a message aside for a sweep
-SHOWN = {"sqs": "SQS", "nats": "JetStream"}
+SWEPT = ("sqs", "nats", "rabbitmq")  # the brokers that set a message aside for a sweep
+SHOWN = {"sqs": "SQS", "nats": "JetStream", "rabbitmq": "RabbitMQ"}
 
 
-def reason(given: GivenUp, kind: str) -> str:
-    return (
-        f"{SHOWN.get(kind, kind)} gave it up after {given.deliveries} deliveries, none "
-        "settled: a handler that takes its worker down, or workers that keep dying or "
-        "outrunning their lease"
+def reason(given: GivenUp, kind: str, *, recorded: bool) -> str:
+    """Why a message is dead: the deliveries its broker counted, and what they can have been
+    (a delivery handed back unrun is counted only where the module docstring says)."""
+    shown = SHOWN.get(kind, kind)
+    said = (
+        f"{shown} gave it up after {given.deliveries} deliveries, none settled: a handler "
+        "that takes its worker down, or workers that keep dying or outrunning their lease"
     )
+    if kind == "rabbitmq":
+        return said
+    unrun = "its claim waiting too long for its key's lock"
+    if not recorded:
+        unrun = f"its worker stopping, or {unrun}"
+    return f"{said}; {shown} also counts each delivery handed back unrun ({unrun})"
 
 
 @dataclass(frozen=True)
@@ -141,10 +152,10 @@ class GivenUpSweep:
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 unrecorded.append((one, f"not an oncebox message: {exc!r}"))
                 continue
-            why = reason(one, kind)
             if isinstance(parsed, tuple) or now is None:
-                unrecorded.append((one, why))
+                unrecorded.append((one, reason(one, kind, recorded=False)))
                 continue
+            why = reason(one, kind, recorded=True)
             finish = RelayedFinish(
                 id=parsed.job,
                 run=parsed.run,

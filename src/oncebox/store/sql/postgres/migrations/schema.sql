@@ -493,14 +493,22 @@ BEGIN
             WHERE h.state = 'relayed'
         ) d;
     END IF;
-    -- a job of a group waits while an earlier job of its group waits or runs
+    -- a job of a group waits while an earlier job of its group waits or runs, and while
+    -- another job of its group is the head: relayed with its attempt's publish written, so
+    -- decided under this lock before, whatever its id (an id is taken at insert, the decision
+    -- when the statement ends: a long batch's job may be decided after a later one's)
     SELECT array_agg(j.id ORDER BY j.id) INTO due
     FROM __S__.oncebox_jobs j
     WHERE j.id = ANY(due) AND j.state = 'relayed'
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM __S__.oncebox_jobs g
             WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
-              AND g.state IN ('ready', 'leased', 'relayed')));
+              AND g.state IN ('ready', 'leased', 'relayed')))
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            JOIN __S__.oncebox_outbox o ON o.key = '~relay/' || g.id || '/' || (g.attempt + 1)
+            WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id <> j.id
+              AND g.state = 'relayed'));
     IF due IS NULL THEN
         RETURN NULL;
     END IF;
@@ -509,7 +517,9 @@ BEGIN
          trace_context)
     SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
            '~broker.' || j.queue,
-           jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task, 'args', j.args),
+           jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task, 'args', j.args)
+               || CASE WHEN j.group_key IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('group', j.group_key) END,
            'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
            (SELECT __S__.oncebox_now()), j.trace_context
     FROM __S__.oncebox_jobs j
