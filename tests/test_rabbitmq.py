@@ -124,18 +124,70 @@ def test_a_publish_the_broker_cannot_route_raises_and_an_unreachable_broker_says
         gone.declare()
 
 
-def test_a_queue_declared_with_another_delivery_limit_is_refused_saying_what_to_do(queue):
+def test_a_queue_declared_with_another_delivery_limit_is_used_as_it_is_saying_so(queue, caplog):
     """RabbitMQ keeps a queue's arguments from its first declare: a changed `max_deliveries`
-    (or a queue an earlier oncebox declared) cannot be applied, and the refusal says so."""
+    cannot be applied. The queue is used as it is — refusing it would stop a deploy's new
+    workers beside the old — and a warning says what to do to apply it."""
     name = queue.name.removeprefix("oncebox.")
     other = RabbitQueue(f"{queue.url}?max_deliveries=3", name)
     try:
-        with pytest.raises(BrokerRefused, match=r"x-delivery-limit.*delete the queue once"):
+        with caplog.at_level("WARNING", logger="oncebox.rabbitmq"):
             other.declare()
+        other.publish([message(1)])
+        assert [r.message.message_id for r in receive_all(other, 1)] == ["job-1"]
     finally:
         other.close()
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "oncebox.rabbitmq"]
+    assert "declared by an earlier oncebox or with another max_deliveries" in warning
+    assert "max_deliveries=3" in warning and "delete the queue once it is drained" in warning
     with pytest.raises(ConfigurationError, match="max_deliveries is a number, at least 1"):
         RabbitQueue(f"{queue.url}?max_deliveries=0", name)
+
+
+def test_a_queue_an_earlier_oncebox_declared_keeps_working_beside_the_new_release():
+    """A rolling deploy: the main queue as the release before this one declared it (dead
+    letters straight to `.dead`, no delivery limit) is used as it is by the new workers."""
+    import pika
+
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    url = reachable(AMQP_URL)
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        connection.channel().queue_declare(
+            f"oncebox.{name}",
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": f"oncebox.{name}.dead",
+            },
+        )
+    new = RabbitQueue(url, name, prefetch=10, wait_s=0.5)
+    try:
+        new.declare()
+        new.publish([message(7)])
+        received = receive_all(new, 1)
+        assert [r.message.message_id for r in received] == ["job-7"]
+        new.ack(received)
+        assert new.depth() == 0 and new.depth("given_up") == 0
+    finally:
+        new.delete()
+        new.close()
+
+
+def test_a_classic_queue_of_the_same_name_is_refused():
+    import pika
+
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    url = reachable(AMQP_URL)
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        connection.channel().queue_declare(f"oncebox.{name}", durable=True)
+    new = RabbitQueue(url, name)
+    try:
+        with pytest.raises(BrokerRefused, match="inequivalent arg"):
+            new.declare()
+    finally:
+        new.delete()
+        new.close()
 
 
 def test_a_batch_is_taken_at_its_commit_and_a_message_the_broker_cannot_route_is_named(queue):

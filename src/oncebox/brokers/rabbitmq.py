@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -54,10 +55,15 @@ from pika.adapters.blocking_connection import BlockingChannel
 from oncebox.brokers.messages import GivenUp, Message, Received
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
+log = logging.getLogger("oncebox.rabbitmq")
+
 PREFIX = "oncebox."
 PERSISTENT = 2  # AMQP delivery mode: written to disk (pika.DeliveryMode.Persistent)
 MAX_DELIVERIES = 50  # the quorum queue's delivery limit, in deliveries, unless the URL says
 OPTIONS = ("max_deliveries",)  # oncebox's own options in a RabbitMQ URL, not pika's
+# the main queue's arguments this release added: a queue declared without them is kept as it is
+_LIMIT_ARGUMENTS = ("x-delivery-limit", "x-dead-letter-routing-key")
+_KEPT_AS_DECLARED: set[str] = set()  # the queues this process has warned about
 # what RabbitMQ writes on a delivery, not part of the message a copy carries
 _DELIVERY_HEADERS = ("x-delivery-count", "x-acquired-count")
 # retry delays a queue is declared for, in ms: a wanted delay is rounded up to the next one
@@ -146,36 +152,27 @@ class RabbitQueue:
 
     def declare(self) -> None:
         """Declare the queue, its dead letters and its retry ladder (idempotent). A queue of
-        that name declared otherwise (a classic queue, other arguments) is `BrokerRefused`."""
-        try:
-            self._declare()
-        except BrokerRefused as exc:
-            if "inequivalent arg" not in str(exc):
-                raise
-            raise BrokerRefused(
-                f"{exc} — its arguments were set when it was first declared (another "
-                "max_deliveries, or an earlier oncebox) and cannot change: delete the queue "
-                "once it is drained, and it is declared afresh"
-            ) from None
-
-    def _declare(self) -> None:
+        that name declared otherwise (a classic queue) is `BrokerRefused`. One declared by an
+        oncebox before delivery limits, or with another `max_deliveries`, is used as it is,
+        with a warning: RabbitMQ fixes a queue's arguments at its first declare, and refusing
+        it would stop a rolling deploy's new workers beside the old ones."""
+        quorum = {"x-queue-type": "quorum"}
+        # what RabbitMQ gives up on is set aside for the sweep; what the sweep fails to settle
+        # (RabbitMQ 4 limits every quorum queue's deliveries) goes to the dead letters, not
+        # nowhere
+        given_up = {
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.given_up_name,
+            # RabbitMQ counts returns: `delivery_limit` deliveries, then set aside
+            "x-delivery-limit": self.delivery_limit - 1,
+        }
+        dead_letters = {
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": f"{self.name}.dead",
+        }
+        self._declare_main({**quorum, **given_up})
         with self._wire("declare"):
             channel = self._open()
-            quorum = {"x-queue-type": "quorum"}
-            # what RabbitMQ gives up on is set aside for the sweep; what the sweep fails to
-            # settle (RabbitMQ 4 limits every quorum queue's deliveries) goes to the dead
-            # letters, not nowhere
-            given_up = {
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": self.given_up_name,
-                # RabbitMQ counts returns: `delivery_limit` deliveries, then set aside
-                "x-delivery-limit": self.delivery_limit - 1,
-            }
-            dead_letters = {
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": f"{self.name}.dead",
-            }
-            channel.queue_declare(self.name, durable=True, arguments={**quorum, **given_up})
             channel.queue_declare(f"{self.name}.dead", durable=True, arguments=quorum)
             channel.queue_declare(
                 self.given_up_name, durable=True, arguments={**quorum, **dead_letters}
@@ -189,6 +186,27 @@ class RabbitQueue:
                         "x-dead-letter-exchange": "",
                         "x-dead-letter-routing-key": self.name,
                     },
+                )
+
+    def _declare_main(self, arguments: dict[str, object]) -> None:
+        try:
+            with self._wire("declare"):
+                self._open().queue_declare(self.name, durable=True, arguments=arguments)
+        except BrokerRefused as exc:
+            if not any(f"inequivalent arg '{name}'" in str(exc) for name in _LIMIT_ARGUMENTS):
+                raise
+            with self._wire("declare"):
+                self._open().queue_declare(self.name, durable=True, passive=True)
+            if self.name not in _KEPT_AS_DECLARED:
+                _KEPT_AS_DECLARED.add(self.name)
+                log.warning(
+                    "RabbitMQ queue %r was declared by an earlier oncebox or with another "
+                    "max_deliveries, and its arguments cannot change: it is used as it is, so "
+                    "RabbitMQ does not set a message aside after max_deliveries=%d deliveries "
+                    "there; to apply it, delete the queue once it is drained (it is declared "
+                    "afresh)",
+                    self.name,
+                    self.delivery_limit,
                 )
 
     @contextlib.contextmanager
