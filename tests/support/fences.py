@@ -8,7 +8,9 @@ its comment lines what makes it a compare-and-set on what its writer decided fro
                                              earlier in the same transaction
     -- no fence: <why none is needed>        e.g. a prune of rows no one acts on any more
 
-Only counter increments need nothing (`value = c.value + excluded.value`: increments commute).
+One declaration a statement, the last of its comment lines (a long one wraps onto the lines
+below it). Only counter increments need nothing (`value = c.value + excluded.value`: increments
+commute).
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ from pathlib import Path
 from oncebox.store.sqlfiles import query_files
 
 _NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
-# a declaration, and its continuation lines (indented after the `--`)
-_FENCE = re.compile(r"^--\s*fence:\s*(.+(?:\n--   .+)*)$", re.MULTILINE)
-_NO_FENCE = re.compile(r"^--\s*no fence:\s*(.+(?:\n--   .+)*)$", re.MULTILINE)
+_DECLARATION = re.compile(r"^--\s*(no fence|fence):\s*(.*)$")
 # increments of the sharded counters and depths: they commute, whoever writes first
 _INCREMENT = re.compile(
     r"ON CONFLICT \([a-z_, ]+\)\s+DO UPDATE SET value = [a-z]\.value \+ excluded\.value",
@@ -41,6 +41,7 @@ class Write:
     code: str  # the statement without its comments
     fence: tuple[str, ...]  # the declared fence's terms; empty with `no fence`
     no_fence: str | None  # the reason none is needed
+    declarations: int  # how many declaration lines its comments hold (one is right)
 
 
 def code_of(sql: str) -> str:
@@ -59,8 +60,22 @@ def writes(sql: str) -> bool:
     return bool(_WRITE.search(_LOCKING.sub("", code)))
 
 
-def _joined(declaration: str) -> str:
-    return " ".join(part.removeprefix("--").strip() for part in declaration.split("\n"))
+def declaration_of(sql: str) -> tuple[str | None, str, int]:
+    """The statement's declaration: its kind (`fence`, `no fence`), its text — from its line to
+    the end of the comment lines above the statement, so a long one wraps — and how many
+    declaration lines the comments hold."""
+    header: list[str] = []
+    for line in sql.strip("\n").splitlines():
+        if not line.startswith("--"):
+            break
+        header.append(line)
+    starts = [i for i, line in enumerate(header) if _DECLARATION.match(line)]
+    if not starts:
+        return None, "", 0
+    first = _DECLARATION.match(header[starts[0]])
+    assert first is not None
+    rest = [line.removeprefix("--").strip() for line in header[starts[0] + 1 :]]
+    return first.group(1), " ".join([first.group(2).strip(), *rest]).strip(), len(starts)
 
 
 def statements(dialect: str) -> dict[str, tuple[str, str]]:
@@ -82,10 +97,10 @@ def fenced_writes(dialect: str) -> list[Write]:
     for name, (file, sql) in statements(dialect).items():
         if not writes(sql):
             continue
-        fences = [_joined(d) for d in _FENCE.findall(sql)]
-        terms = tuple(t.strip() for line in fences for t in line.split(",") if t.strip())
-        reasons = " ".join(_joined(d) for d in _NO_FENCE.findall(sql))
-        found.append(Write(dialect, file, name, code_of(sql), terms, reasons or None))
+        kind, text, count = declaration_of(sql)
+        terms = tuple(t.strip() for t in text.split(",") if t.strip()) if kind == "fence" else ()
+        reason = text if kind == "no fence" else None
+        found.append(Write(dialect, file, name, code_of(sql), terms, reason, count))
     return found
 
 

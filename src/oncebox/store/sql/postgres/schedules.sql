@@ -21,10 +21,8 @@ SET last_fire_at = GREATEST(COALESCE(last_fire_at, %(at)s), %(at)s),
 WHERE name = %(name)s;
 
 -- name: schedule_state_pause
--- no fence: an operator's pause or resume is the latest word on it (audited)
 -- Pause or resume; resuming starts from now: fires missed while paused are skipped on purpose.
--- no fence: an operator's pause or resume, audited (schedule_state_pause__audit); the last one
---   wins
+-- no fence: an operator's pause or resume is the latest word on it (audited)
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 INSERT INTO __S__.oncebox_schedules AS s (name, paused, last_fire_at, updated_at)
 SELECT %(name)s, %(paused)s, clock.now, clock.now FROM clock
@@ -44,9 +42,8 @@ VALUES (__S__.oncebox_now(), %(actor)s, CASE WHEN %(paused)s THEN 'pause' ELSE '
 SELECT name, paused, last_fire_at FROM __S__.oncebox_schedules ORDER BY name;
 
 -- name: schedule_slo_set
--- no fence: what the declaring code says, the same from every process of a release
 -- The SLO the declaring code gives the schedule (NULLs: none); a row unchanged is not written.
--- no fence: follows the declaring code; the last declaration wins
+-- no fence: what the declaring code says, the same from every process of a release
 UPDATE __S__.oncebox_schedules
 SET slo_window_s = %(window_s)s::float8, slo_target = %(target)s::float8
 WHERE name = %(name)s
@@ -277,11 +274,10 @@ FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
--- A finished run with no job of its period left, judged in this statement:
--- fence: state, finished_at
 -- Delete a batch of one schedule's finished runs that finished before the cutoff (the store is
 -- given the longer of the retention and the schedule's catch-up window), oldest first, once no
 -- job of the period is left: a run is its period's summary, and the jobs still read through it.
+-- A finished run with no job of its period left, judged in this statement:
 -- fence: state, finished_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (

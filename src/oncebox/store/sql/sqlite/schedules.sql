@@ -224,8 +224,6 @@ FROM runs r LEFT JOIN per_period p ON p.period = r.period
 ORDER BY r.period DESC;
 
 -- name: schedule_run_prune
--- A finished run with no job of its period left, judged in this statement:
--- fence: state, finished_at
 -- See the PostgreSQL statement.
 -- fence: state, finished_at
 DELETE FROM oncebox_schedule_runs
