@@ -18,6 +18,7 @@ from oncebox import Box, JobContext
 from oncebox.chaos.mutations import mutated
 from oncebox.store.base import RelayedFinish
 from support.brokers import AMQP_URL
+from support.contract import opened_session
 from support.waiting import wait_until
 
 QUEUE = "legs"
@@ -129,5 +130,49 @@ def test_a_replayed_older_job_waits_for_the_head_its_group_has(pg_url: str):
         assert heads(pg_url, "1") == ["leg/1/1"]
         box.cancel("leg/1/1", reason="the head ends")
         assert heads(pg_url, "1") == ["leg/1/0"]
+    finally:
+        box.close()
+
+
+def retry_the_head(box: Box, key: str) -> None:
+    """The head's delivery failed: the consumer settles it relayed at its next attempt (as
+    `job_settle_relayed` does after a failed handler), which the relay must publish."""
+    [job] = [j for j in box.store.job_find_by_key(key) if j.state == "relayed"]
+    finish = RelayedFinish(job.id, job.attempt + 1, "ready", None, timedelta(0), "boom", "w", T0)
+    with opened_session(box.store) as session, session.transaction() as tx:
+        assert tx.job_settle_relayed([finish]) == {job.id}
+
+
+@pytest.mark.postgres
+def test_a_head_retried_while_a_replayed_older_job_waits_is_published_again(pg_url: str):
+    """The head keeps its group while it retries, whatever older job waits behind it: its next
+    attempt is published, and the older job only once the head ends — never neither."""
+    box = legs_box(pg_url)
+    try:
+        first = box.enqueue("leg", shipment=1, n=0).job_id
+        box.enqueue("leg", shipment=1, n=1)
+        assert first is not None
+        buried = RelayedFinish(first, 1, "dead", None, timedelta(0), "refused", "w", T0)
+        assert box.store.job_bury_relayed([buried]) == {first}
+        box.replay("leg/1/0", reason="the depot takes it now")
+        assert box.store.job_relay_adopt([QUEUE], ["leg"], 10) == 1
+        assert heads(pg_url, "1") == ["leg/1/1"]
+        retry_the_head(box, "leg/1/1")
+        assert heads(pg_url, "1") == ["leg/1/1"]  # its second attempt, published
+        box.cancel("leg/1/1", reason="the head ends")
+        assert heads(pg_url, "1") == ["leg/1/0"]
+    finally:
+        box.close()
+
+
+@pytest.mark.postgres
+def test_a_head_retried_while_the_batchs_older_job_waits_is_published_again(pg_url: str):
+    assert race_a_batch_held_by_a_key(pg_url) == ["leg/1/2"]
+    box = legs_box(pg_url)
+    try:
+        retry_the_head(box, "leg/1/2")
+        assert heads(pg_url, "1") == ["leg/1/2"]
+        box.cancel("leg/1/2", reason="the head ends")
+        assert heads(pg_url, "1") == ["leg/1/1"]
     finally:
         box.close()

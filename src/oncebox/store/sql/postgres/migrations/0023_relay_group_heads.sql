@@ -8,6 +8,10 @@
 -- other job of its group is relayed with its current attempt's publish written (that row is the
 -- head's mark: the relay's outbox rows are kept while their job is), and still only while no
 -- earlier job of its group waits or runs; when the head ends, the earliest waiting job is next.
+-- A head stays the head while it retries: a relayed job at a new attempt was delivered, so it
+-- is its group's head, and its next attempt is published whatever waits behind it (an older
+-- job waiting behind a later head must not hold that head's retry back, or neither is
+-- published and the group stops).
 -- The order promised: a group's jobs run one at a time, and a job enqueued after another's
 -- enqueue committed runs after it; of enqueues that overlap, either may go first.
 --
@@ -15,7 +19,8 @@
 -- messages itself (SQS FIFO's MessageGroupId) does so too; a publish written before has none.
 CREATE OR REPLACE FUNCTION __S__.oncebox_jobs_relay() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    due bigint[];  -- the jobs whose next attempt is to be published now
+    due bigint[];  -- the jobs whose next attempt is to be published now, if their turn has come
+    retried bigint[];  -- heads at a new attempt: published now
 BEGIN
     -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
     -- the jobs table read here already holds the statement's own rows
@@ -46,9 +51,8 @@ BEGIN
             FROM relay_new n JOIN relay_old o ON o.id = n.id
         )
         SELECT array_agg(id) INTO due FROM (
-            -- relayed now, or relayed at a new attempt: publish that attempt
-            SELECT id FROM changed
-            WHERE state = 'relayed' AND (was <> 'relayed' OR next_attempt)
+            -- relayed now (a replay, an adoption): publish its attempt when its turn comes
+            SELECT id FROM changed WHERE state = 'relayed' AND was <> 'relayed'
             UNION
             -- a group's head ended: its next job is the head now
             SELECT h.id
@@ -61,6 +65,10 @@ BEGIN
                           ORDER BY g.id LIMIT 1) h
             WHERE h.state = 'relayed'
         ) d;
+        -- relayed at a new attempt: delivered, so the head (or in no group)
+        SELECT array_agg(n.id) INTO retried
+        FROM relay_new n JOIN relay_old o ON o.id = n.id
+        WHERE n.state = 'relayed' AND o.state = 'relayed' AND n.attempt <> o.attempt;
     END IF;
     -- a job of a group waits while an earlier job of its group waits or runs, and while
     -- another job of its group is the head: relayed with its attempt's publish written, so
@@ -78,6 +86,7 @@ BEGIN
             JOIN __S__.oncebox_outbox o ON o.key = '~relay/' || g.id || '/' || (g.attempt + 1)
             WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id <> j.id
               AND g.state = 'relayed'));
+    due := due || retried;
     IF due IS NULL THEN
         RETURN NULL;
     END IF;

@@ -446,7 +446,8 @@ END
 
 FUNCTION oncebox_jobs_relay
 DECLARE
-    due bigint[];  -- the jobs whose next attempt is to be published now
+    due bigint[];  -- the jobs whose next attempt is to be published now, if their turn has come
+    retried bigint[];  -- heads at a new attempt: published now
 BEGIN
     -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
     -- the jobs table read here already holds the statement's own rows
@@ -477,9 +478,8 @@ BEGIN
             FROM relay_new n JOIN relay_old o ON o.id = n.id
         )
         SELECT array_agg(id) INTO due FROM (
-            -- relayed now, or relayed at a new attempt: publish that attempt
-            SELECT id FROM changed
-            WHERE state = 'relayed' AND (was <> 'relayed' OR next_attempt)
+            -- relayed now (a replay, an adoption): publish its attempt when its turn comes
+            SELECT id FROM changed WHERE state = 'relayed' AND was <> 'relayed'
             UNION
             -- a group's head ended: its next job is the head now
             SELECT h.id
@@ -492,6 +492,10 @@ BEGIN
                           ORDER BY g.id LIMIT 1) h
             WHERE h.state = 'relayed'
         ) d;
+        -- relayed at a new attempt: delivered, so the head (or in no group)
+        SELECT array_agg(n.id) INTO retried
+        FROM relay_new n JOIN relay_old o ON o.id = n.id
+        WHERE n.state = 'relayed' AND o.state = 'relayed' AND n.attempt <> o.attempt;
     END IF;
     -- a job of a group waits while an earlier job of its group waits or runs, and while
     -- another job of its group is the head: relayed with its attempt's publish written, so
@@ -509,6 +513,7 @@ BEGIN
             JOIN __S__.oncebox_outbox o ON o.key = '~relay/' || g.id || '/' || (g.attempt + 1)
             WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id <> j.id
               AND g.state = 'relayed'));
+    due := due || retried;
     IF due IS NULL THEN
         RETURN NULL;
     END IF;
