@@ -14,9 +14,11 @@ For an oncebox queue Q, all durable, all named `oncebox.Q…` so several apps ca
   and never settled — a handler that takes its worker down, workers that keep dying. Nothing
   consumes it but the workers' sweep (`transports/given_up.py`), which makes each an oncebox
   dead letter: a relayed job's row turns `dead`, an unrecorded message moves to `.dead` with
-  the reason. A queue's arguments cannot change once declared: a queue declared with another
-  `max_deliveries`, or by an oncebox before this one, is refused (`BrokerRefused`) until it is
-  deleted.
+  the reason. A queue's arguments cannot change once declared: a main queue declared with
+  another `max_deliveries`, or by an oncebox before this one, is used as it is (refusing it
+  would stop a rolling deploy's new workers), with a warning — there RabbitMQ sets nothing
+  aside at our limit (RabbitMQ 4's own default of 20 dead-letters to `.dead`, and such a job
+  waits `relayed`) until the queue is deleted once drained and declared afresh.
 
 A message goes back to the queue in one of two ways. `give_back` returns it as a failed
 delivery, which RabbitMQ counts toward the limit (a reject: RabbitMQ 4.3 no longer counts a
