@@ -137,3 +137,46 @@ def test_a_trigger_without_its_resume_loses_a_dead_fan_outs_period(store_url):
         later, found = trigger_after_a_dead_fan_out(store_url, 1)
     assert later.resumed == (), later
     assert found == sorted(keys([1, 2]) + keys(range(1, 6), "2026-W34")), found  # 3-5 lost
+
+
+def test_a_triggers_queued_run_is_renewed_while_it_waits_its_turn(store_url, monkeypatch):
+    """A trigger claims every stalled run and its own period at once, then fans them out one
+    after another: the runs waiting their turn are its own too, renewed meanwhile, so `status`
+    does not call their owner gone (nor an operator take them over) while it is at work."""
+    from oncebox.schedules import owners
+    from oncebox.status import status_data
+    from support.waiting import wait_until
+
+    monkeypatch.setattr(owners, "RENEW_EVERY", timedelta(milliseconds=20))
+    box = scheduled_box(store_url, customers=5, batch_size=2)
+    held_up = points.Pause()
+    try:
+        with FrozenClock(box, at=MONDAY_W33) as clock:
+            die_after_the_answer(box, 1)
+            clock.advance(timedelta(days=7))
+            schedule = box.schedules["weekly-digest"]
+            trigger = ScheduleTrigger(box.runtime, "the-next-server")
+            fired = trigger.claim(schedule)
+            assert [r.period for r in fired.resumed] == ["2026-W33"], fired
+            fanning = threading.Thread(target=trigger.proceed, args=(schedule, fired))
+            with points.installed({"scheduler.between_batches": held_up}):
+                fanning.start()
+                assert held_up.reached.wait(30)  # W33 resumed, its first batch in; W34 waits
+                later = clock.advance(timedelta(minutes=1))
+
+                def queued_renewed() -> object:
+                    run = box.store.schedule_run_get("weekly-digest", "2026-W34")
+                    return run is not None and run.renewed_at == later
+
+                wait_until(queued_renewed, what="the queued W34 run renewed at the new instant")
+                owners_seen = {
+                    (f["period"], f["owner"], f["owner_live"])
+                    for f in status_data(box, 3)["fan_outs"]
+                }
+                assert ("2026-W34", "the-next-server", True) in owners_seen, owners_seen
+                held_up.release()
+                fanning.join(30)
+        assert digest_keys(box) == sorted(keys(range(1, 6)) + keys(range(1, 6), "2026-W34"))
+    finally:
+        held_up.release()
+        box.close()

@@ -22,12 +22,14 @@ trigger or ticker takes each — and fans them out, oldest first, before the lat
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from oncebox.errors import InvalidState
 from oncebox.runtime import Runtime
 from oncebox.schedules.fanout import FanOut, FanOutResult
+from oncebox.schedules.owners import renewing
 from oncebox.schedules.schedule import Schedule
 from oncebox.store.base import ScheduleRunRow
 
@@ -112,9 +114,26 @@ class ScheduleTrigger:
 
     def proceed(self, schedule: Schedule, fired: Fired) -> Fired:
         """Fan out the resumed runs, oldest first, then the period's own (one not claimed:
-        nothing to do)."""
-        for run in fired.resumed:
-            self.fan_out.fan(schedule, run)
-        if not any(run is fired.fan_out for run in fired.resumed):
-            self.fan_out.fan(schedule, fired.fan_out)
+        nothing to do). The runs waiting their turn are this trigger's too: each is renewed
+        until its fan-out starts (which renews it from then on), so no one judges its owner
+        gone — nor takes it over, nor resumes it beside this one — while an earlier run fans
+        out."""
+        runs = list(fired.resumed)
+        if not any(run is fired.fan_out for run in runs):
+            runs.append(fired.fan_out)
+        queued = [run for run in runs if run.claimed]
+        waiting: dict[int, contextlib.ExitStack] = {}
+        try:
+            for run in queued:
+                waiting[id(run)] = stack = contextlib.ExitStack()
+                stack.enter_context(
+                    renewing(self.runtime.store, schedule.name, run.period, self.fan_out.owner)
+                )
+            for run in runs:
+                if id(run) in waiting:
+                    waiting.pop(id(run)).close()
+                self.fan_out.fan(schedule, run)
+        finally:
+            for stack in waiting.values():
+                stack.close()
         return fired
