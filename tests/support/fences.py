@@ -54,6 +54,22 @@ def code_of(sql: str) -> str:
     return "\n".join(lines)
 
 
+# what a statement writes or returns, not what it compares: a SET list (up to the clause after
+# it), an INSERT's column list, a RETURNING list (up to the end of its CTE or statement)
+_NOT_CONDITIONS = (
+    re.compile(r"\bSET\b.*?(?=\bFROM\b|\bWHERE\b|\bRETURNING\b|$)", re.IGNORECASE | re.DOTALL),
+    re.compile(r"\bINSERT INTO\s+\S+(\s+AS\s+\w+)?\s*\([^)]*\)", re.IGNORECASE),
+    re.compile(r"\bRETURNING\b[^;]*?(?=\n\)|$)", re.IGNORECASE | re.DOTALL),
+)
+
+
+def conditions_of(code: str) -> str:
+    """The statement without what it writes or returns: where its fence must be."""
+    for pattern in _NOT_CONDITIONS:
+        code = pattern.sub(" ", code)
+    return code
+
+
 def writes(sql: str) -> bool:
     """Whether a statement changes existing rows (beyond counter increments)."""
     code = _INCREMENT.sub("", code_of(sql))
