@@ -453,8 +453,11 @@ class WriteOperations(ReadOperations, Generic[Tx]):
             was = row["reported"]
             advanced = event.stage is not None and (was is None or was in event.below)
             deltas = {"provider_events": 1}
-            # counted on the row whether or not it moves the stage: the resolver's fence
-            tx.fetch("outbox_report", {"id": outbox_id, "stage": event.stage if advanced else None})
+            # counted on the row whether or not it moves the stage — the resolver's fence — but
+            # for a sent row (opens, clicks), which no one judges again, only when it moves
+            if advanced or row["state"] != "sent":
+                stage_now = event.stage if advanced else None
+                tx.fetch("outbox_report", {"id": outbox_id, "stage": stage_now})
             if advanced:
                 deltas[f"reports:{event.channel}:{event.stage}"] = 1
                 if was is None:

@@ -23,9 +23,10 @@ SELECT id, channel, state, reported FROM __S__.oncebox_outbox WHERE id = %(id)s 
 
 -- name: outbox_report
 -- One more event names the row: counted on it (`events`), and the furthest stage moved on when
--- the event advanced it (`stage`; NULL: it did not). Every event's transaction writes the row,
--- so a resolver's write waiting for it re-reads the count once it commits and stops
--- (outbox_resolve): a count of the events table would be read as that write began.
+-- the event advanced it (`stage`; NULL: it did not). Every event's transaction writes the row
+-- (a sent row's only when the stage moves: no one judges it again), so a resolver's write
+-- waiting for it re-reads the count once it commits and stops (outbox_resolve): a count of the
+-- events table would be read as that write began.
 -- fence: locked by outbox_report_lock
 UPDATE __S__.oncebox_outbox
 SET events = events + 1,
