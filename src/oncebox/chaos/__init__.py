@@ -12,9 +12,10 @@ per key what broke.
     workload.py    the workload, its processes, the   recording.py  provider wrapper for history
                    real-clock timing                  checker.py    the invariants
     runner.py      RunContext: clock, spawn, drain,   rows.py       what the checker reads
-                   settle on the real clock           mutations.py  switches that must make it
-    scenarios.py   the scenarios                                    fail
-    report.py      the table and JSON                 violation.py  one broken invariant
+                   settle on the real clock           mutations.py  breakages that must make a
+    scenarios.py   the scenarios                                    scenario or a test fail
+    report.py      the table and JSON                 switches.py   their process-wide patches
+                                                      violation.py  one broken invariant
 """
 
 from __future__ import annotations
