@@ -19,30 +19,14 @@ from oncebox.api.deliveries import create_receiver
 from oncebox.cli.app import main
 from oncebox.cli.prometheus import reports as report_metrics
 from oncebox.outbox.resolver import AmbiguityResolver
-from oncebox.providers import Outgoing, Receipt, SendAmbiguous
+from oncebox.providers import Outgoing, Receipt
 from oncebox.status import status_data
 from oncebox.testing import drain
 from support.contract import advance
 from support.outbox import enqueue_customers
-from support.reports import SECRET, SECRET_ENV, signed
+from support.reports import SECRET, SECRET_ENV, LostAcks, signed
 
 KEY = "weekly-digest/customer-{}/2026-W33"
-
-
-class LostAcks:
-    """Takes every message and never answers (a lost acknowledgement); not idempotent, so each
-    unknown outcome is held."""
-
-    name = "lost-acks"
-    idempotent = False
-    idempotency_window = None
-
-    def __init__(self) -> None:
-        self.received: list[str] = []
-
-    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
-        self.received.append(outgoing.token)
-        raise SendAmbiguous("connection lost after DATA")
 
 
 class Lookup(LostAcks):

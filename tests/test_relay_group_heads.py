@@ -19,6 +19,7 @@ from oncebox.chaos.mutations import mutated
 from oncebox.store.base import RelayedFinish
 from support.brokers import AMQP_URL
 from support.contract import opened_session
+from support.db import lock_waits
 from support.waiting import wait_until
 
 QUEUE = "legs"
@@ -51,16 +52,6 @@ def heads(url: str, group: str) -> list[str]:
     return [str(key) for (key,) in rows]
 
 
-def waiting_on_a_lock(url: str) -> int:
-    """How many other sessions of this test's database wait for a lock."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def race_a_batch_held_by_a_key(url: str) -> list[str]:
     """A batch [leg 1/1, leg 2/0] inserts leg 1/1 (its id taken), then waits on leg 2/0's key,
     which another transaction holds uncommitted; meanwhile leg 1/2 — shipment 1 too, a higher
@@ -81,7 +72,7 @@ def race_a_batch_held_by_a_key(url: str) -> list[str]:
         batcher = threading.Thread(target=batch)
         batcher.start()
         wait_until(
-            lambda: waiting_on_a_lock(url),
+            lambda: lock_waits(url),
             what="the batch's insert of leg/2/0 to wait for the holder's row",
         )
         box.enqueue("leg", shipment=1, n=2)

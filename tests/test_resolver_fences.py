@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from starlette.testclient import TestClient
 
@@ -21,32 +20,17 @@ from oncebox.api.deliveries import create_receiver
 from oncebox.chaos.mutations import mutated
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.outbox.resolver import AmbiguityResolver, ResolverResult
-from oncebox.providers import Outgoing, Receipt, SendAmbiguous
+from oncebox.providers import Outgoing, Receipt
 from oncebox.store.base import OutboxRow
 from oncebox.testing import drain
 from support.contract import advance
+from support.db import lock_waits
 from support.outbox import enqueue_customers
-from support.reports import SECRET, SECRET_ENV
+from support.reports import SECRET, SECRET_ENV, LostAcks
 from support.waiting import wait_until
 from test_provider_reports import event, post
 
 KEY = "weekly-digest/customer-1/2026-W33"
-
-
-class LostAcks:
-    """Takes every message and never answers; not idempotent, so each unknown outcome is held.
-    Counts what it took (the sends a person would see)."""
-
-    name = "lost-acks"
-    idempotent = False
-    idempotency_window: timedelta | None = None
-
-    def __init__(self) -> None:
-        self.received: list[str] = []
-
-    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
-        self.received.append(outgoing.token)
-        raise SendAmbiguous("connection lost after DATA")
 
 
 class Finds(LostAcks):
@@ -323,15 +307,6 @@ def test_a_report_recorded_after_the_resolvers_check_is_resent_over_without_its_
     with mutated("resolver-report-race"):
         raced = reported_while_judged(mail_box, client_for, store_url, "email.failed")
     assert raced.sends == 2, raced
-
-
-def lock_waits(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        found = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        ).fetchone()
-    return int(found[0]) if found else 0
 
 
 def reported_while_written(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+
 from oncebox import Box
 from oncebox.store.postgres import PostgresStore
 from oncebox.store.sqlite import SqliteStore
@@ -42,3 +44,14 @@ def record_effect(ctx: Any, note: str = "") -> None:
 
 def effects(box: Box) -> list[tuple[Any, ...]]:
     return sql(box, "SELECT key, note FROM effects ORDER BY key, note")
+
+
+def lock_waits(url: str) -> int:
+    """How many sessions of the PostgreSQL database at `url` wait for a lock right now: how a
+    race test knows the other transaction has reached the row it must wait for."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return int(row[0]) if row else 0

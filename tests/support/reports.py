@@ -1,13 +1,15 @@
 """Provider reports in tests: the signing secret and a Svix-signed request, as a provider sends
-its delivery events."""
+its delivery events, and a provider whose every acknowledgement is lost."""
 
 from __future__ import annotations
 
 import json
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from oncebox import clock
+from oncebox.providers import Outgoing, Receipt, SendAmbiguous
 from oncebox.providers.webhook_signatures import sign_webhook, signing_key
 
 SECRET_ENV = "ONCEBOX_TEST_REPORTS_SECRET"
@@ -33,3 +35,19 @@ def signed(
         f"{prefix}-signature": signature,
         "content-type": "application/json",
     }
+
+
+class LostAcks:
+    """Takes every message and never answers (a lost acknowledgement); not idempotent, so each
+    unknown outcome is held. `received` is what it took: the sends a recipient would see."""
+
+    name = "lost-acks"
+    idempotent = False
+    idempotency_window: timedelta | None = None
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+
+    def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
+        self.received.append(outgoing.token)
+        raise SendAmbiguous("connection lost after DATA")
