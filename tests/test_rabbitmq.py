@@ -14,6 +14,7 @@ import pytest
 from oncebox import Box, ConfigurationError, JobContext
 from oncebox.brokers.messages import Message, Received
 from oncebox.brokers.rabbitmq import RETRY_LADDER_MS, RabbitQueue, retry_delay_ms
+from oncebox.chaos.mutations import mutated
 from oncebox.errors import BrokerRefused, BrokerUnavailable
 from oncebox.testing import drain
 from support.brokers import AMQP_URL, reachable
@@ -287,3 +288,29 @@ def test_a_rabbitmq_channel_must_name_its_queue(tmp_path):
             box.channel("events", provider="amqp://127.0.0.1/")
     finally:
         box.close()
+
+
+def set_aside_after_its_deliveries(url: str, most: int = 2) -> bool:
+    """A message taken and given back as failed `most` times (each a worker that died with it):
+    whether RabbitMQ then set it aside for the sweep instead of delivering it again."""
+    queue = RabbitQueue(f"{url}?max_deliveries={most}", f"test-{uuid.uuid4().hex[:10]}", wait_s=1)
+    try:
+        queue.declare()
+        queue.publish([message(1)])
+        for _ in range(most):
+            [taken] = receive_all(queue, 1)
+            queue.give_back([taken])
+        again = queue.receive(1)
+        return not again and queue.depth("given_up") == 1
+    finally:
+        queue.delete()
+        queue.close()
+
+
+def test_a_message_no_one_settles_is_set_aside_after_max_deliveries():
+    assert set_aside_after_its_deliveries(reachable(AMQP_URL))
+
+
+def test_a_message_no_one_settles_is_delivered_for_ever_without_the_delivery_limit():
+    with mutated("rabbitmq-no-delivery-limit"):
+        assert not set_aside_after_its_deliveries(reachable(AMQP_URL))

@@ -92,6 +92,10 @@ guarantee rests on, in every process of a run, and names the scenario that must 
                        PostgreSQL: the trigger is rewritten in each database a store opens) →
                        `tests/test_relay_group_heads.py::test_a_group_has_two_heads_without_its_fence`
                        (a batch's job decided after a later enqueue's: two heads)
+    rabbitmq-no-delivery-limit  a RabbitMQ queue is declared as before the fix, without
+                       `x-delivery-limit` → `tests/test_rabbitmq.py::test_a_message_no_one_
+                       settles_is_delivered_for_ever_without_the_delivery_limit` fails (a
+                       message no one settles is delivered again, never set aside)
     counted-give-back  a broker consumer gives back what it releases unrun, and closes on what
                        its prefetch holds, as failed deliveries its broker counts (the fix
                        reverted) → `tests/test_given_up.py::test_a_worker_stopping_buries_jobs_
@@ -232,6 +236,13 @@ MUTATIONS = {
             "spending only what a limited lease leased",
             "tests/test_task_limits.py::"
             "test_a_limited_lease_spends_tokens_on_a_job_it_skipped_without_its_fence",
+        ),
+        Mutation(
+            "rabbitmq-no-delivery-limit",
+            "RabbitMQ setting a message aside after max_deliveries",
+            "tests/test_rabbitmq.py::"
+            "test_a_message_no_one_settles_is_delivered_for_ever_without_the_delivery_limit",
+            ("postgres",),
         ),
         Mutation(
             "counted-give-back",

@@ -265,6 +265,19 @@ def _install_ack_on_receipt() -> None:
     patch(assembly, "TableTransport", AckOnReceipt)
 
 
+def _rabbitmq_without_delivery_limit() -> None:
+    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415
+
+    declared = RabbitQueue._declare_main
+
+    def declare(self: Any, arguments: dict[str, object]) -> None:
+        # the topology before the fix: no limit of ours, dead letters straight to `.dead`
+        before = {k: v for k, v in arguments.items() if k != "x-delivery-limit"}
+        declared(self, {**before, "x-dead-letter-routing-key": f"{self.name}.dead"})
+
+    patch(RabbitQueue, "_declare_main", declare)
+
+
 PROCESS_WIDE = {
     "ack-before-commit": _install_ack_on_receipt,
     "ignore-window": _ignore_window,
@@ -283,6 +296,7 @@ PROCESS_WIDE = {
     "aio-ignores-cancel": _aio_ignores_cancel,
     "no-group-head-fence": _no_group_head_fence,
     "counted-give-back": _counted_give_back,
+    "rabbitmq-no-delivery-limit": _rabbitmq_without_delivery_limit,
 }
 
 
