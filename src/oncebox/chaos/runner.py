@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import multiprocessing
 import os
 import random
@@ -295,10 +296,13 @@ class RunContext:
             clock_holder_main, "clock-holder", (self.workload, "clock-holder", frozen_at, held)
         )
 
-    def spawn_publisher(self, name: str, customers: list[int], period: str, gate: Gate) -> Any:
+    def spawn_publisher(
+        self, name: str, customers: list[int], period: str, gate: Gate, started: Any = None
+    ) -> Any:
         """Another process of the app, enqueueing these digests again, one at a time, from
-        `gate.reached` until `gate.release`."""
-        return self._start(publisher_main, name, (self.workload, name, customers, period, gate))
+        `gate.reached` until `gate.release` (`started`, an event, set after its first)."""
+        target = functools.partial(publisher_main, started=started)
+        return self._start(target, name, (self.workload, name, customers, period, gate))
 
     def spawn_taker(self, name: str, seconds: float, gate: Gate) -> Any:
         """A process taking the email channel's tokens as fast as it can, from `gate.reached`."""

@@ -708,12 +708,18 @@ def sqlite_writer_contention(run: RunContext) -> None:
     fan_out = run.fan_out_now()
     customers = [c for c in run.active_customers() if c != run.poison]
     publishing = run.gate()  # reached: start publishing; release: stop
+    started = [run.event() for _ in range(4)]
     publishers = [
-        run.spawn_publisher(f"publisher-{i}", customers[i::4], fan_out.period, publishing)
+        run.spawn_publisher(
+            f"publisher-{i}", customers[i::4], fan_out.period, publishing, started[i]
+        )
         for i in range(4)
     ]
-    worker = run.spawn("drainer", lanes=CONSUME)
     publishing.reached.set()
+    for i, event in enumerate(started):  # every publisher at work before the worker's first
+        if not event.wait(120):  # batch, however slowly a loaded machine starts processes
+            raise RuntimeError(f"publisher-{i} made no enqueue within 120 s")
+    worker = run.spawn("drainer", lanes=CONSUME)
     run.join(worker)
     publishing.release.set()
     for publisher in publishers:

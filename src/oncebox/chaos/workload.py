@@ -402,11 +402,18 @@ def clock_holder_main(workload: Workload, name: str, frozen_at: datetime, held: 
 
 
 def publisher_main(
-    workload: Workload, name: str, customers: list[int], period: str, gate: Gate
+    workload: Workload,
+    name: str,
+    customers: list[int],
+    period: str,
+    gate: Gate,
+    *,
+    started: Any = None,
 ) -> None:
     """Another process of the app, enqueueing the week's digests again one at a time (each a
     write that finds its key taken), from `gate.reached` until `gate.release`: whether each
-    enqueue committed goes into the history."""
+    enqueue committed goes into the history. `started` (an event) is set once its first enqueue
+    has ended, so a scenario can start its worker only once every publisher is at work."""
     logging.basicConfig(level=workload.log_level, format=f"{name}: %(levelname)s %(message)s")
     box = build(workload, name)
     history = HistoryWriter(Path(workload.history), name, workload.seed)
@@ -421,6 +428,8 @@ def publisher_main(
                 history.write("enqueue", "ok", f"customer-{customer}")
             except StoreUnavailable as exc:
                 history.write("enqueue", "fail", f"customer-{customer}", str(exc)[:300])
+            if started is not None:
+                started.set()
             clock.sleep(pace.uniform(0.02, 0.12))  # the app's own pace between two requests
     finally:
         history.close()
