@@ -19,11 +19,11 @@ demo: $(STAMP)
 test: $(STAMP) system-packages lint typecheck pytest
 
 # Debian packages some tests need (promtool and prometheus, for the alerting rules and a real
-# scrape; chromium and its driver, for the console's end-to-end tests); installed when missing,
-# as root.
+# scrape; chromium and its driver, for the console's end-to-end tests; PostgreSQL's client
+# programs and curl, for the examples' READMEs); installed when missing, as root.
 system-packages:
 	@.ci/system-packages prometheus:promtool chromium:chromium chromium-driver:chromedriver \
-		pgbouncer:pgbouncer curl:curl jq:jq
+		pgbouncer:pgbouncer curl:curl jq:jq postgresql-client:createdb
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

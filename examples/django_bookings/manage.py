@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Django's command-line utility for the bookings example (see README.md)."""
+"""Django's command-line utility for the bookings example: README.md beside it says how to run
+the project, from a clone to the guest's email."""
 
 from __future__ import annotations
 

@@ -7,12 +7,8 @@ in the claim's transaction and writes through the ORM (`ctx.session`): the hold'
 intent and the email's outbox row commit together, so a retry or a redelivery cannot expire a
 hold twice or email its guest twice.
 
-Run it (PostgreSQL; the tables are created at start-up):
-
-    export BOOKINGS_DB=postgresql://localhost/bookings ONCEBOX_EMAIL=file://outbox
-    oncebox migrate --db "$BOOKINGS_DB"
-    uvicorn examples.fastapi_bookings.app:app           # the web app
-    oncebox worker --app examples.fastapi_bookings.app  # its worker
+How to run it, from a clone to the guest's email (PostgreSQL; the tables are created at
+start-up): README.md beside this file.
 
 Traced when `opentelemetry-instrumentation-fastapi` is installed: a hold's request, its expiry
 job and the guest's email form one trace (run both under `opentelemetry-instrument` to export

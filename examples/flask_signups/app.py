@@ -6,11 +6,8 @@ registered) leaves no job. The handler marks the customer welcomed through the O
 (`ctx.session`) and writes the email's outbox row, in the claim's transaction: a retried or
 redelivered job cannot welcome anyone twice.
 
-Run it (SQLite by default, or PostgreSQL; the tables are created at start-up):
-
-    export SIGNUPS_DB=sqlite:///signups.db ONCEBOX_EMAIL=file://outbox
-    flask --app examples.flask_signups.app run            # the web app
-    oncebox worker --app examples.flask_signups.app       # its worker
+How to run it, from a clone to the welcome email (SQLite or PostgreSQL; the tables are created
+at start-up): README.md beside this file.
 
 Traced when `opentelemetry-instrumentation-flask` is installed: a sign-up's request, its welcome
 job and the email form one trace (run both under `opentelemetry-instrument` to export it).

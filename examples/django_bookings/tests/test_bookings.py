@@ -9,13 +9,13 @@ each test uses holds (and keys) of its own.
 
 from __future__ import annotations
 
-import os
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from holds.models import Hold, HoldEvent
 from holds.tasks import HOLD_FOR, expire_hold
@@ -31,7 +31,7 @@ ONCE = Retry(max_attempts=1)
 
 
 def emails_to(address: str) -> list[str]:
-    outbox = Path(os.environ["ONCEBOX_EMAIL"].removeprefix("file://"))
+    outbox = Path(settings.ONCEBOX["EMAIL"].removeprefix("file://"))
     return [p.read_text() for p in outbox.glob("*.eml") if address in p.read_text()]
 
 
