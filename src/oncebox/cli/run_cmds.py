@@ -13,8 +13,9 @@ from wsgiref.simple_server import WSGIServer
 
 import click
 
-from oncebox.box import Box
+from oncebox.box import DEFAULT_URL, Box
 from oncebox.cli.common import (
+    DEFAULT_FILE,
     app_option,
     backlog_lines,
     db_option,
@@ -25,6 +26,7 @@ from oncebox.cli.common import (
     print_json,
     reported,
     say,
+    say_default_created,
 )
 from oncebox.errors import InvalidArguments
 from oncebox.jobs.codec import MAX_DEPTH
@@ -37,11 +39,12 @@ from oncebox.store import open_store
 @db_option
 def migrate(db: str | None) -> None:
     """Apply the schema migrations this oncebox knows (safe to run repeatedly, and to run
-    before new workers start)."""
-    if not db:
-        fail("--db URL is required (or set ONCEBOX_DB)", 2)
+    before new workers start). Without --db, to Box()'s default database, ./oncebox.db."""
+    fresh = not db and not DEFAULT_FILE.exists()
     with reported():
-        store = open_store(db, migrate=False)
+        store = open_store(db or DEFAULT_URL, migrate=False)
+        if fresh:
+            say_default_created()
         try:
             applied = store.schema_migrate()
             status = store.schema_status()

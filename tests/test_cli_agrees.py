@@ -1,0 +1,73 @@
+"""The command line agrees with the library: without `--db` it uses the database `Box()` uses,
+and says so once, when it creates it; the `--app` the docs give for the README's module loads
+it; a worker says what it runs when it starts and what it held when it stops; `chaos --help`
+names the scenarios; `plan` asks for every missing input at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import CODE, TESTS
+from test_readme import readme_example
+
+ROOT = Path(__file__).resolve().parent.parent
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("ONCEBOX_")}
+
+
+def oncebox(cwd: Path, *args: str, env: dict[str, str] | None = None):
+    """A real `oncebox` in `cwd`, with no ONCEBOX_* variable unless given: as a new user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "oncebox.cli", *args],
+        cwd=cwd,
+        env={**CLEAN, "PYTHONPATH": os.pathsep.join([str(TESTS), str(CODE)]), **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def notice(cwd: Path) -> str:
+    return (
+        "no database given (--db or ONCEBOX_DB): using sqlite:///oncebox.db, a SQLite file "
+        f"in {cwd}"
+    )
+
+
+def test_without_a_database_commands_use_the_one_box_uses_and_say_so_once(tmp_path):
+    (tmp_path / "freight.py").write_text(readme_example())
+    first = oncebox(tmp_path, "worker", "--app", "freight", "--until-idle")
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.splitlines() == [notice(tmp_path)], first.stderr  # no timestamp, once
+    assert (tmp_path / "oncebox.db").is_file()
+
+    status = oncebox(tmp_path, "status")
+    assert status.returncode == 0, status.stderr
+    assert "database   sqlite:///oncebox.db" in status.stdout
+    again = oncebox(tmp_path, "worker", "--app", "freight", "--until-idle")
+    assert again.returncode == 0, again.stderr
+    assert (status.stderr, again.stderr) == ("", "")  # said when it was created, not every time
+
+
+@pytest.mark.parametrize("command", [["status"], ["jobs", "list"], ["dlq", "list"]])
+def test_a_read_only_command_finds_no_default_database_and_creates_none(tmp_path, command):
+    result = oncebox(tmp_path, *command)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.splitlines() == [
+        f"oncebox: no SQLite database at {tmp_path / 'oncebox.db'} (no --db or ONCEBOX_DB "
+        "given: the default is sqlite:///oncebox.db, as for Box())"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_without_a_database_migrates_the_default_one_and_says_so(tmp_path):
+    result = oncebox(tmp_path, "migrate")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [notice(tmp_path)]
+    assert "applied migration(s) 1, 2" in result.stdout
+    assert (tmp_path / "oncebox.db").is_file()
