@@ -6,6 +6,7 @@ names the scenarios; `plan` asks for every missing input at once."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,19 @@ def test_migrate_without_a_database_migrates_the_default_one_and_says_so(tmp_pat
     assert result.stderr.splitlines() == [notice(tmp_path)]
     assert "applied migration(s) 1, 2" in result.stdout
     assert (tmp_path / "oncebox.db").is_file()
+
+
+def test_the_app_the_docs_name_for_the_readmes_module_loads_it(tmp_path):
+    (tmp_path / "freight.py").write_text(readme_example())
+    named = {
+        (path.relative_to(ROOT).as_posix(), app)
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for app in re.findall(r"--app[ =](freight(?:[.:]\w+)?)\b", path.read_text())
+    }
+    assert ("README.md", "freight") in named, named
+    failed = {}
+    for where, app in sorted(named):
+        result = oncebox(tmp_path, "status", "--app", app, "--db", "sqlite:///freight.db")
+        if result.returncode != 0:
+            failed[(where, app)] = result.stderr.strip()
+    assert failed == {}

@@ -176,7 +176,13 @@ def _find_box(app: str, module_name: str, attr: str) -> Box:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            fail(f"cannot import app module {module_name!r}: {exc}", 2)
+            parent, _, child = module_name.rpartition(".")
+            hint = (
+                f" (an attribute is named after a colon: {parent}:{child})"
+                if "is not a package" in str(exc)
+                else ""
+            )
+            fail(f"cannot import app module {module_name!r}: {exc}{hint}", 2)
         raise
     candidates = (
         [getattr(module, attr, None)]
