@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from oncebox.lanes.worker import WorkerResult
+from oncebox.outbox.dispatcher import DispatcherResult
 from test_cli import CODE, TESTS
 from test_readme import readme_example
 
@@ -88,3 +90,38 @@ def test_the_app_the_docs_name_for_the_readmes_module_loads_it(tmp_path):
         if result.returncode != 0:
             failed[(where, app)] = result.stderr.strip()
     assert failed == {}
+
+
+def test_a_worker_says_what_it_runs_when_it_starts(tmp_path):
+    (tmp_path / "freight.py").write_text(readme_example())
+    result = oncebox(tmp_path, "worker", "--app", "freight", "--until-idle", "--concurrency", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (
+        "worker started: sqlite:///oncebox.db · app freight · tasks weekly_digest · "
+        "channels email · concurrency 2 · scheduler on"
+    ), result.stdout
+    assert result.stdout.splitlines()[1].startswith("worker stopped: 0 completed")
+
+
+@pytest.mark.postgres
+def test_a_workers_start_line_masks_the_password_and_says_the_scheduler_is_off(pg_url, tmp_path):
+    db = f"{pg_url}{'&' if '?' in pg_url else '?'}password=s3cret"
+    result = oncebox(
+        tmp_path, "worker", "--app", "support.cli_app", "--db", db, "--until-idle",
+        env={"ONCEBOX_SECRET": "cli-tests-secret-0123456789"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    start = result.stdout.splitlines()[0]
+    assert start.startswith("worker started: postgresql://"), result.stdout
+    assert "password=***" in start and "s3cret" not in result.stdout + result.stderr
+    assert start.endswith(
+        " · app support.cli_app · tasks greet · channels email · concurrency 1 · scheduler off"
+    ), start
+
+
+def test_the_stop_summary_counts_the_sends_held_ambiguous():
+    result = WorkerResult(dispatched=DispatcherResult(sent=3, ambiguous=2))
+    assert str(result) == (
+        "worker stopped: 0 completed, 0 duplicate(s) absorbed, 0 retried, 0 dead; "
+        "3 message(s) sent, 2 held (ambiguous)"
+    )

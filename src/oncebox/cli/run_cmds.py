@@ -31,7 +31,7 @@ from oncebox.cli.common import (
 from oncebox.errors import InvalidArguments
 from oncebox.jobs.codec import MAX_DEPTH
 from oncebox.jobs.tasks import Task
-from oncebox.lanes.worker import WorkerConfig
+from oncebox.lanes.worker import WorkerConfig, WorkerStarted
 from oncebox.store import open_store
 
 
@@ -115,16 +115,15 @@ def worker(
         box = load_app(app, db, email)
         names = tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None
         exporter = None if metrics_bind is None else process_exporter(box, metrics_bind)
+        config = WorkerConfig(
+            concurrency=concurrency,
+            queues=names,
+            until_idle=until_idle,
+            simulated_time=simulated_time,
+            idle_horizon=timedelta(seconds=horizon),
+        )
         try:
-            result = box.work(
-                config=WorkerConfig(
-                    concurrency=concurrency,
-                    queues=names,
-                    until_idle=until_idle,
-                    simulated_time=simulated_time,
-                    idle_horizon=timedelta(seconds=horizon),
-                )
-            )
+            result = box.worker(config).run(on_start=lambda started: say(start_line(app, started)))
         finally:
             if exporter is not None:
                 exporter.shutdown()
@@ -136,6 +135,27 @@ def worker(
         for line in backlog_lines(result.remaining, result.unserved, result.now):
             say(f"  {line}")
         sys.exit(REMAINS)
+
+
+def start_line(app: str | None, started: WorkerStarted) -> str:
+    """A worker's first line: where it works, whose code, what it serves, how."""
+    return " · ".join(
+        [
+            f"worker started: {started.where}",
+            f"app {app}",
+            f"tasks {_names(started.tasks)}",
+            f"channels {_names(started.channels)}",
+            f"concurrency {started.concurrency}",
+            f"scheduler {'on' if started.scheduler else 'off'}",
+        ]
+    )
+
+
+def _names(names: tuple[str, ...], shown: int = 8) -> str:
+    if not names:
+        return "none"
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def process_exporter(box: Box, bind: str) -> WSGIServer:
