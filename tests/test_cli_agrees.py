@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from oncebox.chaos.scenarios import SCENARIOS
+from oncebox.cli.app import main
 from oncebox.lanes.worker import WorkerResult
 from oncebox.outbox.dispatcher import DispatcherResult
 from test_cli import CODE, TESTS
@@ -125,3 +128,23 @@ def test_the_stop_summary_counts_the_sends_held_ambiguous():
         "worker stopped: 0 completed, 0 duplicate(s) absorbed, 0 retried, 0 dead; "
         "3 message(s) sent, 2 held (ambiguous)"
     )
+
+
+def test_chaos_help_names_every_scenario():
+    result = CliRunner().invoke(main, ["chaos", "--help"])
+    assert result.exit_code == 0, result.output
+    words = set(re.findall(r"[\w.-]+", result.output))
+    assert [name for name in SCENARIOS if name not in words] == [], result.output
+
+
+def test_the_command_line_starts_without_the_chaos_scenarios():
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, oncebox.cli.app; print(sorted(sys.modules))"],
+        env={**CLEAN, "PYTHONPATH": str(CODE)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert "'oncebox.chaos.scenarios'" not in probe.stdout
