@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from oncebox import Box
 from oncebox.chaos.scenarios import SCENARIOS
 from oncebox.cli.app import main
 from oncebox.lanes.worker import WorkerResult
 from oncebox.outbox.dispatcher import DispatcherResult
+from oncebox.periods import iso_week
 from test_cli import CODE, TESTS
 from test_readme import readme_example
 
@@ -148,3 +150,28 @@ def test_the_command_line_starts_without_the_chaos_scenarios():
     )
     assert probe.returncode == 0, probe.stderr
     assert "'oncebox.chaos.scenarios'" not in probe.stdout
+
+
+def test_plan_asks_for_every_missing_input_at_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    box = Box(url)
+    try:
+
+        @box.task(key="weekly-digest/customer-{customer_id}/{period}")
+        def weekly_digest(ctx, customer_id: int, period: str) -> None:
+            pass
+
+        @box.schedule("weekly-digest", cron="0 9 * * MON", period=iso_week, task=weekly_digest)
+        def active_customers(ctx):  # the README's schedule: no SLO
+            return []
+
+        box.ticker().run_once()  # the database knows the schedule; no scan has finished
+    finally:
+        box.close()
+    result = oncebox(tmp_path, "plan", "--db", url)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert "--eligible" in line and "--window" in line, line
+    given = oncebox(tmp_path, "plan", "--db", url, "--eligible", "300")
+    assert given.returncode == 2 and "--eligible" not in given.stderr, given.stderr
+    assert "--window" in given.stderr
