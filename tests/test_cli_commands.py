@@ -471,8 +471,11 @@ def test_an_ambiguous_smtp_send_is_listed_shown_and_resolved_with_an_audit(freig
         sink.script("drop")  # the first message arrives; its acknowledgement is lost
         env = {**env, "ONCEBOX_EMAIL": sink.url}
         run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
-        assert run(env, "worker", "--until-idle").returncode == 0
+        worked = run(env, "worker", "--until-idle")
+        assert worked.returncode == 0, worked.stderr
         assert len(sink.received) == 1
+    stopped = worked.stdout.splitlines()[-1]
+    assert stopped.endswith("; 0 message(s) sent, 1 held (ambiguous)"), worked.stdout
     [row] = ok_json(run(env, "outbox", "list", "--state", "ambiguous", "--json"))
     assert (row["to"], row["key"]) == (
         ["ops1@customer.example"],

@@ -41,7 +41,7 @@ def test_the_example_app_works_with_status_worker_and_schedule_run_after_the_dem
     assert "0 enqueued" in rerun.stdout
     worker = oncebox(tmp_path, "worker", *APP, "--until-idle")
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert worker.stdout.startswith("worker stopped: 0 completed")
+    assert worker.stdout.splitlines()[-1].startswith("worker stopped: 0 completed")
 
 
 def test_importing_the_example_package_opens_no_database(tmp_path):

@@ -70,6 +70,8 @@ from oncebox.timers.sweeper import SweepContext, Sweeper, make_sweeper
 __all__ = ["Box", "EnqueueManyResult", "EnqueueResult"]
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_URL = "sqlite:///oncebox.db"
+# logged when a Box falls back to DEFAULT_URL; the CLI says it in its own words (cli/common.py)
+DEFAULT_NOTICE = "no database given (Box(url) or ONCEBOX_DB): using %s, a SQLite file in %s"
 log = logging.getLogger("oncebox")
 RESERVED_ARGS = frozenset({"connection", "run_at", "delay", "priority"})
 
@@ -90,11 +92,7 @@ class Box(Operations):
         url = url if url is not None else os.environ.get("ONCEBOX_DB")
         if store is None and not url:
             url = DEFAULT_URL  # the embedded default: zero set-up, and it says so
-            log.warning(
-                "no database given (Box(url) or ONCEBOX_DB): using %s, a SQLite file in %s",
-                url,
-                os.getcwd(),
-            )
+            log.warning(DEFAULT_NOTICE, url, os.getcwd())
         metrics = Metrics()
         if store is None:
             store = open_store(str(url), metrics=metrics)

@@ -4,12 +4,12 @@ runs it again and compares. So a sample is what the command prints, not what som
 printing.
 
 It runs in a new temporary directory, as a user would in an empty one: the demo with 40 customers
-for a fixed past week (2026-W49), then a session against its database with the logistics app
-(`freightapp.py`, three lines), replaying, resolving, cancelling, discarding, accepting drifted
-keys, and finally a clock a killed process left frozen. A few side scenes use databases of their
-own (a fresh one to migrate, a second freight database without a secret, a shop with a delayed
-job, the chaos harness) and run beside the main one, as do read-only commands between two writes:
-the whole story stays well under a minute on two cores.
+for a fixed past week (2026-W49), then a session against its database with the shipped logistics
+app (`--app oncebox.examples.logistics`: no module to write), replaying, resolving, cancelling,
+discarding, accepting drifted keys, and finally a clock a killed process left frozen. A few side
+scenes use databases of their own (a fresh one to migrate, a second freight database without a
+secret, a shop with a delayed job, the chaos harness) and run beside the main one, as do
+read-only commands between two writes: the whole story stays well under a minute on two cores.
 
 Run it: `make doc-samples` (or `python tests/support/doc_story.py [--check]`).
 """
@@ -53,7 +53,8 @@ from support.doc_story_apps import HOLD_CLOCK, MODULES
 
 PERIOD = "2026-W49"  # a past week: the demo simulates it on a clock behind the real one
 DEMO_DB = "sqlite:///oncebox-demo.db"
-SESSION = {"ONCEBOX_DB": DEMO_DB, "ONCEBOX_APP": "freightapp", "USER": "ops-alice"}
+FREIGHT = "oncebox.examples.logistics"  # the demo's own app, as shipped
+SESSION = {"ONCEBOX_DB": DEMO_DB, "ONCEBOX_APP": FREIGHT, "USER": "ops-alice"}
 DOCUMENTS = ("cli.md", "runbook.md", "deploy.md")
 
 # -- the main session ----------------------------------------------------------------------------
@@ -81,7 +82,7 @@ def demo(story: Story) -> None:
         story.cmd(
             "schedule-list-db-only", "schedule list", env={"ONCEBOX_APP": ""}, comment="--db only"
         )
-        story.cmd("schedule-list", "schedule list", comment="with ONCEBOX_APP=freightapp")
+        story.cmd("schedule-list", "schedule list", comment=f"with ONCEBOX_APP={FREIGHT}")
         story.cmd("schedule-list-json", "schedule list --json")
 
 
@@ -284,7 +285,7 @@ def key_drift(story: Story) -> None:
     )
     with story.reads():
         story.cmd("keys-check-v2-accepted", "keys check", env=v2)
-        old = {"ONCEBOX_APP": "freightapp"}
+        old = {"ONCEBOX_APP": FREIGHT}
         story.cmd("keys-check-old-code", "keys check", env=old, code=1)
         story.cmd("audit-list-accept-keys", "audit list --action accept-keys")
 

@@ -1,11 +1,9 @@
 """The user's modules of the docs' story (tests/support/doc_story.py), written into its directory
-before it starts: the freight app, three other versions of its code that meet the same database
+before it starts: three other versions of the freight app's code that meet the same database
 (the key-drift guard's examples), a module pinned to another database, a shop, and a process that
 freezes the database's clock until it is killed."""
 
 from __future__ import annotations
-
-FREIGHTAPP = "from oncebox.examples.logistics.app import build_box\n\nbox = build_box()\n"
 
 # Another module on the same database: its digest task mints other keys, it declares a schedule
 # named like the task, and it lacks the freight app's schedule.
@@ -98,7 +96,6 @@ sys.stdin.read()
 
 
 MODULES = {
-    "freightapp.py": FREIGHTAPP,
     "invoicing.py": INVOICING,
     "freightapp_renamed.py": RENAMED,
     "freightapp_v2.py": FREIGHTAPP_V2,

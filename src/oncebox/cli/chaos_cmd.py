@@ -17,7 +17,26 @@ def _scenario_names() -> list[str]:
     return ["ci", "all", *SCENARIOS]
 
 
-@click.command()
+class _Chaos(click.Command):
+    """`oncebox chaos`, whose help ends with every scenario's name, whole (not broken at a
+    hyphen) so that it can be copied: the harness is imported to list them only when the help
+    is shown, so the command line still starts without it."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        names = _scenario_names()[2:]
+        with formatter.section(f"Scenarios ({len(names)}, for --scenario)"):
+            width = max(formatter.width - formatter.current_indent, 40)
+            line = ""
+            for name in names:
+                if line and len(line) + 2 + len(name) > width:
+                    formatter.write(f"{'':{formatter.current_indent}}{line}\n")
+                    line = ""
+                line = f"{line}  {name}" if line else name
+            formatter.write(f"{'':{formatter.current_indent}}{line}\n")
+
+
+@click.command(cls=_Chaos)
 @click.option(
     "--db",
     metavar="URL",
@@ -31,7 +50,7 @@ def _scenario_names() -> list[str]:
     default="ci",
     show_default=True,
     metavar="NAME|ci|all",
-    help="One scenario, the CI set (no server restart, no soak), or all.",
+    help="One scenario (listed below), the CI set (no server restart, no soak), or all.",
 )
 @click.option(
     "--customers",

@@ -17,11 +17,12 @@ import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 
-from oncebox.box import Box
+from oncebox.box import DEFAULT_NOTICE, DEFAULT_URL, Box
 from oncebox.errors import (
     ConfigurationError,
     EnqueueError,
@@ -145,7 +146,9 @@ def limit_option(default: int = 50) -> Callable[[F], F]:
 
 def load_app(app: str | None, db: str | None, email: str | None = None) -> Box:
     """Import the user's module and return its Box. A production command never falls back to
-    an example app: without `--app` this is a usage error."""
+    an example app: without `--app` this is a usage error. Without `--db` the module's Box
+    chooses (`Box()`: ./oncebox.db); the library's notice of that default is said once, in the
+    command's words, by the command that creates the file (`say_default_created`)."""
     if not app:
         fail("--app MODULE is required (or set ONCEBOX_APP): the module that holds your Box", 2)
     if db:
@@ -154,11 +157,32 @@ def load_app(app: str | None, db: str | None, email: str | None = None) -> Box:
         os.environ["ONCEBOX_EMAIL"] = email
     module_name, _, attr = app.partition(":")
     sys.path.insert(0, os.getcwd())
+    fresh = not DEFAULT_FILE.exists()
+    with _default_notice_held() as held:
+        box = _find_box(app, module_name, attr)
+    if held and fresh and DEFAULT_FILE.exists():
+        say_default_created()
+    if db and box.store.url != db:
+        fail(
+            f"--db {redact(db)} differs from the database of {app} ({box.where}); create the "
+            "Box with Box() so it reads ONCEBOX_DB",
+            2,
+        )
+    return box
+
+
+def _find_box(app: str, module_name: str, attr: str) -> Box:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            fail(f"cannot import app module {module_name!r}: {exc}", 2)
+            parent, _, child = module_name.rpartition(".")
+            hint = (
+                f" (an attribute is named after a colon: {parent}:{child})"
+                if "is not a package" in str(exc)
+                else ""
+            )
+            fail(f"cannot import app module {module_name!r}: {exc}{hint}", 2)
         raise
     candidates = (
         [getattr(module, attr, None)]
@@ -169,13 +193,41 @@ def load_app(app: str | None, db: str | None, email: str | None = None) -> Box:
     box = next((c for c in candidates if isinstance(c, Box)), None)
     if box is None:
         fail(f"{app} holds no oncebox.Box (expected an attribute named {attr or 'box'!r})", 2)
-    if db and box.store.url != db:
-        fail(
-            f"--db {redact(db)} differs from the database of {app} ({box.where}); create the "
-            "Box with Box() so it reads ONCEBOX_DB",
-            2,
-        )
     return box
+
+
+DEFAULT_FILE = Path(DEFAULT_URL.removeprefix("sqlite:///"))  # relative: in the current folder
+
+
+def say_default_created() -> None:
+    """The library's notice (`box.DEFAULT_NOTICE`) as the command line says it: once, when a
+    command creates the default database, on one line without a log prefix."""
+    say(
+        f"no database given (--db or ONCEBOX_DB): using {DEFAULT_URL}, a SQLite file in "
+        f"{os.getcwd()}",
+        err=True,
+    )
+
+
+@contextmanager
+def _default_notice_held() -> Iterator[list[logging.LogRecord]]:
+    """While the user's module builds its Box, hold back the library's notice that it fell back
+    to the default database: the caller says it once, if this command created the file — not as
+    a timestamped warning on every command."""
+    held: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        if record.msg == DEFAULT_NOTICE:
+            held.append(record)
+            return False
+        return True
+
+    logger = logging.getLogger("oncebox")
+    logger.addFilter(keep)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(keep)
 
 
 def is_id(key_or_id: str) -> bool:
@@ -195,14 +247,21 @@ def id_or_key(key_or_id: str, what: str) -> str:
 
 def box_for_admin(app: str | None, db: str | None) -> Box:
     """Inspection and operator commands need only the database; the app is loaded when given
-    (for its tasks, channels and schedules)."""
+    (for its tasks, channels and schedules). Without either, the database is `Box()`'s default,
+    ./oncebox.db — read as it is: a file that does not exist is an error, never created."""
     if app:
         box = load_app(app, db)
         check_runnable(box.store.schema_status(), box.where)
         return box
-    if not db:
-        fail("--db URL (or --app MODULE) is required", 2)
-    box = Box(store=open_store(db, migrate=False, must_exist=True))
+    try:
+        store = open_store(db or DEFAULT_URL, migrate=False, must_exist=True)
+    except NotFound as exc:
+        if db:
+            raise
+        raise NotFound(
+            f"{exc} (no --db or ONCEBOX_DB given: the default is {DEFAULT_URL}, as for Box())"
+        ) from None
+    box = Box(store=store)
     check_runnable(box.store.schema_status(), box.where)
     return box
 

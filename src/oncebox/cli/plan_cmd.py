@@ -90,38 +90,40 @@ def gather(
     known = [entry[0] for entry in store.schedule_state_list()]
     if name is None:
         if len(known) != 1:
-            raise ConfigurationError(f"give --schedule: the database knows {len(known)} schedules")
+            among = f" ({', '.join(sorted(known))})" if known else ""
+            raise ConfigurationError(
+                f"give --schedule: the database knows {len(known)} schedules{among}"
+            )
         name = known[0]
     elif name not in known:
         raise ConfigurationError(f"no schedule {name!r} in {box.where}")
     latest = next((p for p in store.schedule_period_stats(name, 10) if p.eligible), None)
     counted = complete(store.counter_list())
     slo = store.schedule_slo_list().get(name)
+    missing: list[str] = []  # every input the plan needs and cannot find: asked for at once
+    if eligible is not None:
+        subjects: Input[Any] = Input(eligible, "given")
+    elif latest is not None:
+        subjects = Input(latest.eligible, "measured", f"{latest.period}'s scan")
+    else:
+        missing.append(f"--eligible (no period of {name} has a finished scan)")
+    if window is not None:
+        within: Input[Any] = Input(parse_window(window), "given")
+    elif slo is not None:
+        within = Input(slo[0], "declared", "the schedule's SLO")
+    else:
+        missing.append(f"--window (schedule {name} declares no SLO)")
+    if missing:
+        raise ConfigurationError("give " + " and ".join(missing))
     return {
         "schedule": name,
-        "eligible": (
-            Input(eligible, "given")
-            if eligible is not None
-            else Input(latest.eligible, "measured", f"{latest.period}'s scan")
-            if latest is not None and latest.eligible
-            else _missing("--eligible: no period of it has a finished scan")
-        ),
+        "eligible": subjects,
         "attempts": _attempts(attempts, counted),
-        "window": (
-            Input(parse_window(window), "given")
-            if window is not None
-            else Input(slo[0], "declared", "the schedule's SLO")
-            if slo is not None
-            else _missing("--window: the schedule declares no SLO")
-        ),
+        "window": within,
         "rate_limit_per_s": _rate(box, rate),
         "per_lane_per_s": _pace(box, name, latest.period if latest else None, per_lane),
         "lanes": Input(lanes, "given") if lanes is not None else Input(1, "assumed"),
     }
-
-
-def _missing(what: str) -> Input[Any]:
-    raise ConfigurationError(f"give {what}")
 
 
 def _attempts(given: float | None, counted: dict[str, int]) -> Input[float]:

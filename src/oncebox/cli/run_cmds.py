@@ -13,8 +13,9 @@ from wsgiref.simple_server import WSGIServer
 
 import click
 
-from oncebox.box import Box
+from oncebox.box import DEFAULT_URL, Box
 from oncebox.cli.common import (
+    DEFAULT_FILE,
     app_option,
     backlog_lines,
     db_option,
@@ -25,11 +26,12 @@ from oncebox.cli.common import (
     print_json,
     reported,
     say,
+    say_default_created,
 )
 from oncebox.errors import InvalidArguments
 from oncebox.jobs.codec import MAX_DEPTH
 from oncebox.jobs.tasks import Task
-from oncebox.lanes.worker import WorkerConfig
+from oncebox.lanes.worker import WorkerConfig, WorkerStarted
 from oncebox.store import open_store
 
 
@@ -37,11 +39,12 @@ from oncebox.store import open_store
 @db_option
 def migrate(db: str | None) -> None:
     """Apply the schema migrations this oncebox knows (safe to run repeatedly, and to run
-    before new workers start)."""
-    if not db:
-        fail("--db URL is required (or set ONCEBOX_DB)", 2)
+    before new workers start). Without --db, to Box()'s default database, ./oncebox.db."""
+    fresh = not db and not DEFAULT_FILE.exists()
     with reported():
-        store = open_store(db, migrate=False)
+        store = open_store(db or DEFAULT_URL, migrate=False)
+        if fresh:
+            say_default_created()
         try:
             applied = store.schema_migrate()
             status = store.schema_status()
@@ -112,16 +115,15 @@ def worker(
         box = load_app(app, db, email)
         names = tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None
         exporter = None if metrics_bind is None else process_exporter(box, metrics_bind)
+        config = WorkerConfig(
+            concurrency=concurrency,
+            queues=names,
+            until_idle=until_idle,
+            simulated_time=simulated_time,
+            idle_horizon=timedelta(seconds=horizon),
+        )
         try:
-            result = box.work(
-                config=WorkerConfig(
-                    concurrency=concurrency,
-                    queues=names,
-                    until_idle=until_idle,
-                    simulated_time=simulated_time,
-                    idle_horizon=timedelta(seconds=horizon),
-                )
-            )
+            result = box.worker(config).run(on_start=lambda started: say(start_line(app, started)))
         finally:
             if exporter is not None:
                 exporter.shutdown()
@@ -133,6 +135,27 @@ def worker(
         for line in backlog_lines(result.remaining, result.unserved, result.now):
             say(f"  {line}")
         sys.exit(REMAINS)
+
+
+def start_line(app: str | None, started: WorkerStarted) -> str:
+    """A worker's first line: where it works, whose code, what it serves, how."""
+    return " · ".join(
+        [
+            f"worker started: {started.where}",
+            f"app {app}",
+            f"tasks {_names(started.tasks)}",
+            f"channels {_names(started.channels)}",
+            f"concurrency {started.concurrency}",
+            f"scheduler {'on' if started.scheduler else 'off'}",
+        ]
+    )
+
+
+def _names(names: tuple[str, ...], shown: int = 8) -> str:
+    if not names:
+        return "none"
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def process_exporter(box: Box, bind: str) -> WSGIServer:

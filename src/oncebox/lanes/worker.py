@@ -159,7 +159,7 @@ class WorkerResult:
         text = (
             f"worker stopped: {consumed.completed} completed, {consumed.duplicates} "
             f"duplicate(s) absorbed, {consumed.retried} retried, {consumed.dead} dead; "
-            f"{dispatched.sent} message(s) sent"
+            f"{dispatched.sent} message(s) sent, {dispatched.ambiguous} held (ambiguous)"
         )
         for row in self.remaining:
             what = "job(s) of task" if row.kind == "job" else "message(s) on channel"
@@ -167,6 +167,20 @@ class WorkerResult:
             if row.kind == "job" and row.name in self.unserved:
                 text += " (no live worker serves this task)"
         return text
+
+
+@dataclass(frozen=True)
+class WorkerStarted:
+    """What a worker runs, told once its checks have passed and before its lanes start
+    (`Worker.run(on_start=…)`): `oncebox worker` prints it as its first line. `where` is the
+    store without its password; `channels` are those it delivers (a broker queue's relay
+    channel is not one of yours, and is left out)."""
+
+    where: str
+    tasks: tuple[str, ...]
+    channels: tuple[str, ...]
+    concurrency: int
+    scheduler: bool
 
 
 class Worker:
@@ -241,8 +255,9 @@ class Worker:
         if not self.config.simulated_time:
             refuse_foreign_clock(self.runtime)
 
-    def run(self) -> WorkerResult:
-        """Run until stopped (or idle, with `until_idle`)."""
+    def run(self, on_start: Callable[[WorkerStarted], None] | None = None) -> WorkerResult:
+        """Run until stopped (or idle, with `until_idle`); `on_start` hears what it runs once
+        its checks have passed, before any lane starts."""
         self._preflight()
         # before any lane: this code's limits hold their jobs against another release's rescuer
         self.runtime.limit_declarations.declare_all()
@@ -257,6 +272,16 @@ class Worker:
             if self.config.schedule and self.runtime.schedules
             else None
         )
+        if on_start is not None:
+            on_start(
+                WorkerStarted(
+                    where=self.runtime.where,
+                    tasks=self._beat().tasks,
+                    channels=tuple(c for c in sorted(channels) if not c.startswith(RELAY_PREFIX)),
+                    concurrency=self.config.concurrency,
+                    scheduler=ticker is not None,
+                )
+            )
         if self.config.until_idle:  # what is due now is part of "until idle"
             if ticker is not None:
                 ticker.run_once()
