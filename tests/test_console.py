@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Box, Concurrency, JobContext, Retry
+from oncebox import Box, Concurrency, JobContext, Retry, ScheduleContext, Slo
 from oncebox.console import ConsoleSettings, create_app
 from oncebox.console.users import hash_password, parse_users
+from oncebox.jobs.periods import iso_week
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.schedules.fanout import FanOut
@@ -666,5 +667,68 @@ def test_a_fan_out_whose_owner_is_gone_is_an_alert_and_its_period_says_whose_it_
         assert alert in unescape(overview), overview
         assert re.search(r"owner vm-7:4242:manual <span class=\"tag bad\">gone</span>", periods)
         assert "lease ends 2026-08-10T09:05:00Z" in periods
+    finally:
+        box.close()
+
+
+NO_SHIPMENTS = "no shipments for {}\nin {}"  # two lines (the traceback quotes the raise)
+
+
+def week_box(path: Path) -> Box:
+    """A fanned-out week of four customers' digests: customer 2's message refused for good (dead),
+    3's held, 4's job raised (dead, its error a traceback); 1's sent."""
+    box = Box(f"sqlite:///{path}", secret="console-test-secret-0123456789")
+    box.channel("email", provider=ScriptedProvider())
+
+    @box.task(key="weekly-digest/customer-{customer}/{period}", retry=Retry(max_attempts=1))
+    def digest(ctx: JobContext, customer: int, period: str) -> None:
+        if customer == 4:
+            raise ValueError(NO_SHIPMENTS.format(XSS, period))
+        ctx.outbox.email(to=f"c{customer}@freight.example", subject="Your week", text="Hello")
+
+    @box.schedule(
+        "weekly-digest", cron="0 9 * * MON", period=iso_week, task=digest, slo=Slo("4h", 0.5)
+    )
+    def customers(ctx: ScheduleContext) -> Any:
+        for customer in (1, 2, 3, 4):
+            yield {"customer": customer, "period": ctx.period}
+
+    box.run_schedule("weekly-digest", "2026-W33")
+    box.work(until_idle=True)
+    return box
+
+
+DEAD_JOB_KEY = "weekly-digest/customer-4/2026-W33"
+
+
+def test_the_held_send_form_makes_the_operator_choose_what_happened(tmp_path):
+    """Neither answer is chosen in advance: "it arrived" recorded by default would mark a lost
+    message as sent. A form sent without a choice is refused, and nothing changes."""
+    box = week_box(tmp_path / "held.db")
+    try:
+        [held] = box.store.outbox_find_by_key("weekly-digest/customer-3/2026-W33")
+        assert held.state == "ambiguous"
+        web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+        page = web.get("/held").text
+        [form] = re.findall(
+            r'<form method="post" action="[^"]*/held/resolve".*?</form>', page, re.S
+        )
+        choices = re.findall(r"<input[^>]*name=\"resolution\"[^>]*>", form)
+        assert sorted(re.search(r'value="(\w+)"', c).group(1) for c in choices) == [  # type: ignore[union-attr]
+            "resend",
+            "sent",
+        ], form
+        assert all("required" in c and "checked" not in c for c in choices), choices
+        assert "selected" not in form
+        [fields] = form_fields(page, "/held/resolve")
+        done = web.post(
+            "/held/resolve", data={**fields, "reason": "looks fine"}, headers={"origin": BASE}
+        )
+        assert done.status_code == 303
+        notice = unescape(web.get(done.headers["location"]).text)
+        assert "Nothing resolved: say whether the message arrived" in notice, notice
+        row = box.store.outbox_get(held.id)
+        assert row is not None and row.state == "ambiguous"
+        assert box.store.audit_search(AuditFilter(limit=10)) == []
     finally:
         box.close()

@@ -1,6 +1,6 @@
 """The console end to end in a real headless Chromium: log in, read the overview against the store,
 open a key's receipt chain, dry-run and confirm a replay of a dead message and see it delivered,
-resolve a held send.
+resolve a held send (choosing what happened: the form chooses nothing in advance).
 Skipped loudly outside CI when Debian's chromium or chromedriver cannot be installed."""
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def submit(driver, form_css: str, **fields: str) -> None:
     form = driver.find_element(By.CSS_SELECTOR, form_css)
     for name, value in fields.items():
         element = form.find_element(By.NAME, name)
-        if element.tag_name == "select":
+        if element.get_attribute("type") == "radio":
+            form.find_element(By.CSS_SELECTOR, f'input[name="{name}"][value="{value}"]').click()
+        elif element.tag_name == "select":
             element.find_element(By.CSS_SELECTOR, f'option[value="{value}"]').click()
         else:
             element.clear()
@@ -144,11 +146,20 @@ def test_an_operator_logs_in_reads_the_week_replays_a_dead_letter_and_resolves_a
         assert message.state == "sent" and message.receipt == "r-c2@freight.example"
         assert "r-c2@freight.example" in driver.find_element(By.TAG_NAME, "main").text
 
-        # the held send: resolved as sent, with the provider's receipt
+        # the held send: the form chooses nothing in advance, so sending it as it comes is
+        # refused by the browser; resolved as sent, with the provider's receipt
+        held_key = "weekly-digest/customer-3"
         driver.get(f"{base}/held")
+        form = driver.find_element(By.CSS_SELECTOR, "form.act")
+        choices = form.find_elements(By.NAME, "resolution")
+        assert [c.is_selected() for c in choices] == [False, False]
+        submit(driver, "form.act", reason="provider log")
+        assert driver.execute_script("return arguments[0].checkValidity()", form) is False
+        assert choices[0].get_attribute("validationMessage")  # what the browser says
+        assert box.store.outbox_find_by_key(held_key)[0].state == "ambiguous"
         submit(driver, "form.act", resolution="sent", receipt="prov-7", reason="provider log")
         wait_until(lambda: "recorded as sent" in driver.page_source, what="the resolve notice")
-        [held] = box.store.outbox_find_by_key("weekly-digest/customer-3")
+        [held] = box.store.outbox_find_by_key(held_key)
         assert (held.state, held.receipt) == ("sent", "prov-7")
         actors = {a.actor for a in box.store.audit_search(AuditFilter(limit=10))}
         assert actors == {"olga"}
