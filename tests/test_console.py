@@ -701,6 +701,48 @@ def week_box(path: Path) -> Box:
 DEAD_JOB_KEY = "weekly-digest/customer-4/2026-W33"
 
 
+def test_a_periods_page_shows_a_dead_jobs_first_line_and_its_traceback_behind_a_disclosure(
+    tmp_path,
+):
+    box = week_box(tmp_path / "week.db")
+    try:
+        [job] = box.store.job_find_by_key(DEAD_JOB_KEY)
+        assert job.state == "dead" and job.last_error and "\n" in job.last_error
+        page = logged_in(create_app(box, ConsoleSettings(users=USERS)), "vic").get(
+            "/periods/weekly-digest/2026-W33"
+        )
+        row = re.search(rf"<tr><td>{job.id}</td>.*?</tr>", page.text, re.S)
+        assert row, page.text
+        why = re.search(
+            r"<details><summary>(.*?)</summary><pre>(.*?)</pre></details>", row.group(0), re.S
+        )
+        assert why, row.group(0)  # the first line, and the rest behind a disclosure
+        summary, rest = unescape(why.group(1)), unescape(why.group(2))
+        assert summary == f"ValueError: no shipments for {XSS}"
+        assert rest.startswith("in 2026-W33\n") and 'File "' in rest and "\n" in rest
+        assert "\\n" not in row.group(0)  # no line break shown as an escape
+        assert "<script>" not in row.group(0) and "&lt;script&gt;" in why.group(1)
+    finally:
+        box.close()
+
+
+def error_cells(html: str) -> list[str]:
+    return re.findall(r'<td class="error">(.*?)</td>', html, re.S)
+
+
+def test_a_row_without_an_error_shows_no_error_mark(app, store_box):
+    """A healthy row's error cell is empty, not a red dash: red means something failed."""
+    web = logged_in(app, "vic")
+    jobs = web.get("/jobs").text
+    failed = [j for j in store_box.store.job_list(JobFilter(limit=50)) if j.last_error]
+    assert len(error_cells(jobs)) == len(failed), error_cells(jobs)
+    for path in ["/outbox", "/keys/digest/customer-1", "/jobs", "/dead", "/held"]:
+        page = web.get(path).text
+        assert [c for c in error_cells(page) if c.strip() in ("", "—")] == [], path
+    chain = web.get("/keys/digest/customer-1").text  # a first-try send: one healthy attempt
+    assert error_cells(chain) == [], error_cells(chain)
+
+
 def test_the_held_send_form_makes_the_operator_choose_what_happened(tmp_path):
     """Neither answer is chosen in advance: "it arrived" recorded by default would mark a lost
     message as sent. A form sent without a choice is refused, and nothing changes."""

@@ -38,13 +38,16 @@ def _age(seconds: float | None) -> str:
     return f"{minutes}m {secs}s" if minutes else f"{secs}s"
 
 
-def _lines(value: object) -> str:
-    """Like `text`, keeping line breaks (an error's traceback, a provider's reply)."""
-    return "—" if value is None else "\n".join(printable(line) for line in str(value).splitlines())
-
-
 def _first_line(value: object) -> str:
     return "—" if value is None else _text((str(value).splitlines() or [""])[0])
+
+
+def _after_first_line(value: object) -> str:
+    """An error's lines after its first (a traceback, a provider's reply): shown behind a
+    disclosure whose summary is the first; empty when there is nothing more."""
+    if value is None:
+        return ""
+    return "\n".join(printable(line) for line in str(value).splitlines()[1:]).strip("\n")
 
 
 def _text(value: object) -> str:
@@ -74,8 +77,8 @@ def templates() -> Jinja2Templates:
         when=_when,
         age=_age,
         text=_text,
-        lines=_lines,
         first_line=_first_line,
+        after_first_line=_after_first_line,
         pretty_json=_pretty_json,
         kept=kept,
         kind_label=KIND_LABELS.get,
