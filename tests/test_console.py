@@ -743,6 +743,33 @@ def test_a_row_without_an_error_shows_no_error_mark(app, store_box):
     assert error_cells(chain) == [], error_cells(chain)
 
 
+def test_a_count_of_one_is_singular_on_the_overview(app, store_box):
+    status = status_data(store_box, periods=1)
+    assert (status["jobs"]["dead"], status["outbox"]["dead"], status["ambiguous"]) == (1, 1, 1)
+    assert status["jobs"]["ready"] == 1  # the export waiting on its limit
+    page = " ".join(unescape(re.sub(r"<[^>]+>", " ", logged_in(app, "vic").get("/").text)).split())
+    assert "1 job, 1 message" in page
+    assert "1 held send " in page and "1 job ready" in page and "2 dead letters" in page
+    assert not re.search(r"\b1 (jobs|messages|held sends|dead letters|live workers)\b", page)
+
+
+def test_a_one_letter_batch_is_named_in_the_singular(tmp_path):
+    box = dead_world(tmp_path)
+    try:
+        app = create_app(box, ConsoleSettings(users=USERS))
+        web = logged_in(app)
+        page = web.get("/dead/plan", params={"do": "replay", "error": "down 1"}).text
+        assert 'data-figure="planned">1<' in page and "these 1" not in page
+        [fields] = form_fields(page, "/dead/batch")
+        done = web.post("/dead/batch", data={**fields, "reason": "r"}, headers={"origin": BASE})
+        batch_id = done.headers["location"].rsplit("/", 1)[1]
+        wait_until(lambda: app.state.batches.get(batch_id).finished, what="the batch")
+        shown = " ".join(re.sub(r"<[^>]+>", " ", web.get(done.headers["location"]).text).split())
+        assert "Replaying 1 dead letter " in shown, shown
+    finally:
+        box.close()
+
+
 def test_the_held_send_form_makes_the_operator_choose_what_happened(tmp_path):
     """Neither answer is chosen in advance: "it arrived" recorded by default would mark a lost
     message as sent. A form sent without a choice is refused, and nothing changes."""

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.console.batches import REPLAY_PER_SECOND, Batches
-from oncebox.console.render import render
+from oncebox.console.render import counted, noun, render
 from oncebox.console.sessions import Session
 from oncebox.console.trends import Trends
 from oncebox.dead_letters import DeadFilter, DiscardPlan, Kind, ReplayPlan
@@ -80,19 +80,22 @@ def _overview(request: Request) -> dict[str, Any]:
             " every worker reads this time."
         )
     for task in status["unserved_tasks"]:
+        waiting = task["waiting"]
         alerts.append(
-            f"{task['waiting']} jobs of task {task['task']} wait and no live worker runs it."
+            f"{counted(waiting, 'job')} of task {task['task']} {noun(waiting, 'waits', 'wait')} "
+            "and no live worker runs it."
         )
     for quiet in status["quiet_limits"]:
+        waiting = quiet["waiting"]
         alerts.append(
-            f"{quiet['waiting']} jobs of task {quiet['task']} wait on limits no process has "
-            f"declared since {quiet['last_declared_at']}: freed from {quiet['freed_at']} by a "
-            "worker that runs the task without limits."
+            f"{counted(waiting, 'job')} of task {quiet['task']} {noun(waiting, 'waits', 'wait')} "
+            f"on limits no process has declared since {quiet['last_declared_at']}: freed from "
+            f"{quiet['freed_at']} by a worker that runs the task without limits."
         )
     if status["past_lease"]["jobs"] or status["past_lease"]["messages"]:
         alerts.append(
-            f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "
-            f"{status['past_lease']['messages']} messages (a worker died or is stuck)."
+            f"Leases past their deadline: {counted(status['past_lease']['jobs'], 'job')}, "
+            f"{counted(status['past_lease']['messages'], 'message')} (a worker died or is stuck)."
         )
     for run in status["fan_outs"]:
         if not run["owner_live"]:

@@ -50,6 +50,16 @@ def _after_first_line(value: object) -> str:
     return "\n".join(printable(line) for line in str(value).splitlines()[1:]).strip("\n")
 
 
+def noun(count: int, one: str, many: str | None = None) -> str:
+    """`one` for a count of one, else its plural (`many`, or `one` + "s")."""
+    return one if count == 1 else many or f"{one}s"
+
+
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """`1 job`, `2 jobs`: a count with its noun agreeing."""
+    return f"{count} {noun(count, one, many)}"
+
+
 def _text(value: object) -> str:
     """User-controlled text made inert for display (control and bidi characters shown as
     escapes), then HTML-escaped by autoescape."""
@@ -79,6 +89,8 @@ def templates() -> Jinja2Templates:
         text=_text,
         first_line=_first_line,
         after_first_line=_after_first_line,
+        noun=noun,  # {{ n | noun('job') }}: the noun alone, after a figure shown apart
+        counted=counted,  # {{ n | counted('job') }}: "1 job", "2 jobs"
         pretty_json=_pretty_json,
         kept=kept,
         kind_label=KIND_LABELS.get,
