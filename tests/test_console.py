@@ -801,3 +801,49 @@ def test_the_held_send_form_makes_the_operator_choose_what_happened(tmp_path):
         assert box.store.audit_search(AuditFilter(limit=10)) == []
     finally:
         box.close()
+
+
+def period_figures(html: str) -> dict[str, str]:
+    return dict(re.findall(r'data-period-figure="(\w+)">(\d+)<', html))
+
+
+def test_after_a_replay_the_period_figures_agree_with_the_tiles(tmp_path):
+    """The period figures are kept between pages (they read every job of their periods): a page
+    that finds the store moved since recomputes them with its tiles, so a replay shows at once in
+    both, and the page says they are current."""
+    box = week_box(tmp_path / "replay.db")
+    try:
+        web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+        before = web.get("/").text
+        assert dict(re.findall(r'data-figure="(\w+)">(\d+)<', before))["dead"] == "2"
+        assert period_figures(before)["dead"] == "2"  # customer 4's job, 2's message
+        [fields] = form_fields(web.get(f"/keys/{DEAD_JOB_KEY}").text, "/dead/replay")
+        web.post("/dead/replay", data={**fields, "reason": "fixed"}, headers={"origin": BASE})
+        for path in ["/", "/overview/tiles"]:
+            after = web.get(path).text
+            assert dict(re.findall(r'data-figure="(\w+)">(\d+)<', after))["dead"] == "1", path
+            assert period_figures(after)["dead"] == "1", path
+            assert period_figures(after)["pending"] == "1", path  # the replayed job waits
+            assert "no job or message has moved since" in after, path
+        assert period_figures(web.get("/periods").text)["dead"] == "1"
+    finally:
+        box.close()
+
+
+def test_period_figures_too_costly_to_recompute_on_a_page_say_how_old_they_are(
+    tmp_path, monkeypatch
+):
+    box = week_box(tmp_path / "costly.db")
+    try:
+        web = logged_in(create_app(box, ConsoleSettings(users=USERS)))
+        assert period_figures(web.get("/").text)["dead"] == "2"
+        monkeypatch.setattr("oncebox.status.RECOMPUTE_ON_READ_WITHIN", 0.0)
+        box.replay(DEAD_JOB_KEY, reason="fixed", actor="olga")
+        for path in ["/", "/periods"]:
+            page = " ".join(unescape(web.get(path).text).split())
+            assert period_figures(page)["dead"] == "2", path  # as they were
+            assert re.search(
+                r"Period figures as of \d+s ago: jobs or messages have moved since", page
+            ), path
+    finally:
+        box.close()

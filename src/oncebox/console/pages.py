@@ -21,7 +21,14 @@ from oncebox.durations import parse_duration
 from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import key_problem
 from oncebox.receipts import receipt_chain
-from oncebox.status import JOB_STATES, OUTBOX_STATES, Figures, PeriodFigures, status_data
+from oncebox.status import (
+    JOB_STATES,
+    OUTBOX_STATES,
+    Figures,
+    PeriodFigures,
+    status_data,
+    store_depths,
+)
 from oncebox.store.base import (
     AuditFilter,
     JobFilter,
@@ -64,14 +71,22 @@ def _before(request: Request) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
-def figures_of(request: Request) -> Figures:
+def figures_of(request: Request) -> tuple[Figures, dict[str, Any]]:
+    """The schedules' period figures for a page, as of the store's depths the page reads now
+    (`PeriodFigures.agreeing`), and what the page says of their age: how old, and whether jobs
+    or messages moved since they were read (then they may disagree with the page's other
+    figures)."""
     figures: PeriodFigures = request.app.state.figures
-    return figures.latest()
+    asked = monotonic()
+    depths = store_depths(box_of(request))
+    latest = figures.agreeing(depths)
+    behind = latest.at < asked and latest.depths != depths
+    return latest, {"age_s": monotonic() - latest.at, "behind": behind}
 
 
 def _overview(request: Request) -> dict[str, Any]:
     box = box_of(request)
-    figures = figures_of(request)
+    figures, figures_age = figures_of(request)
     status = status_data(box, periods=1, schedules=figures.schedules)
     alerts: list[str] = []
     if status["clock"]["mode"] != "real":
@@ -105,7 +120,7 @@ def _overview(request: Request) -> dict[str, Any]:
                 f"{run['lease_ends_at']}. Take it over now: oncebox schedule run "
                 f"{run['schedule']} --period {run['period']} --take-over --reason …"
             )
-    return {"status": status, "alerts": alerts, "figures_age": monotonic() - figures.at}
+    return {"status": status, "alerts": alerts, "figures_age": figures_age}
 
 
 def overview(request: Request, session: Session) -> Response:
@@ -113,8 +128,9 @@ def overview(request: Request, session: Session) -> Response:
 
 
 def overview_tiles(request: Request, session: Session) -> Response:
-    """The overview's figures alone: the page refreshes them in place (htmx)."""
-    return render(request, session, "_tiles.html", **_overview(request))
+    """The overview's figures alone, its tiles and its schedules' current periods read together:
+    the page refreshes both in place at once (htmx, the schedules out of band)."""
+    return render(request, session, "_overview_figures.html", **_overview(request))
 
 
 def trends(request: Request, session: Session) -> Response:
@@ -123,13 +139,9 @@ def trends(request: Request, session: Session) -> Response:
 
 
 def periods(request: Request, session: Session) -> Response:
-    figures = figures_of(request)
+    figures, figures_age = figures_of(request)
     return render(
-        request,
-        session,
-        "periods.html",
-        schedules=figures.schedules,
-        figures_age=monotonic() - figures.at,
+        request, session, "periods.html", schedules=figures.schedules, figures_age=figures_age
     )
 
 
