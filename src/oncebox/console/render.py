@@ -32,10 +32,12 @@ def _age(seconds: float | None) -> str:
     days, rest = left.days, left.seconds
     hours, minutes, secs = rest // 3600, rest % 3600 // 60, rest % 60
     if days:
-        return f"{days}d {hours}h"
+        return f"{days}d {hours}h" if hours else f"{days}d"
     if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m {secs}s" if secs else f"{minutes}m"
+    return f"{secs}s"
 
 
 def _first_line(value: object) -> str:
