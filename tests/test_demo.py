@@ -254,3 +254,20 @@ def test_status_counts_what_the_demo_absorbed_and_what_the_rows_hold(tmp_path, m
     # the lost acknowledgements: resent under the same key, none held
     assert counters["sends_resent"] >= attempts["ambiguous"] == 3
     assert counters["sends_lease_expired"] >= attempts["lease_expired"] >= 1
+
+
+def test_the_demo_declares_its_promise_and_status_judges_the_week_by_it(tmp_path, monkeypatch):
+    """The weekly digest promises delivery within 4 h of the Monday fire: status (and so the
+    console's SLO columns) judges the week by it, the poison customer its one miss."""
+    report = run_demo(tmp_path, monkeypatch, customers=10)
+    box = Box(f"sqlite:///{tmp_path / demo.DEFAULT_DB}")
+    try:
+        [schedule] = status_data(box, 1)["schedules"]
+    finally:
+        box.close()
+    assert schedule["slo"] == {"deliver_within_s": 4 * 3600.0, "target": 0.99}, schedule
+    [week] = schedule["periods"]
+    judged = week["slo"]
+    assert judged is not None, week
+    assert (judged["on_time"], judged["misses"]) == (report.eligible - 1, 1), judged
+    assert judged["sli"] == round((report.eligible - 1) / report.eligible, 4)

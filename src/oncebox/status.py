@@ -127,8 +127,17 @@ def status_data(
 PERIODS = 3  # recent periods per schedule, as `status` shows by default
 REFRESH_EVERY = 30.0  # seconds: the period figures' shortest refresh interval
 REFRESH_SHARE = 0.1  # ... lengthened so that refreshing takes at most this share of the time
+RECOMPUTE_ON_READ_WITHIN = 0.25  # seconds: figures this quick are recomputed by a page's read
 
 log = logging.getLogger("oncebox.status")
+
+
+def store_depths(box: Box) -> tuple[int, ...]:
+    """The jobs and messages per state, from the depths the triggers keep (a cheap read). Any
+    job or message that changes state changes them: period figures read with other depths may
+    be out of date."""
+    jobs, outbox = box.store.job_count_by_state(), box.store.outbox_count_by_state()
+    return tuple(jobs[s] for s in JOB_STATES) + tuple(outbox[s] for s in OUTBOX_STATES)
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,7 @@ class Figures:
     schedules: list[dict[str, Any]]
     at: float  # monotonic instant they were read
     took: float  # seconds the reading took
+    depths: tuple[int, ...] = ()  # the store's depths just before (`store_depths`)
 
 
 class PeriodFigures:
@@ -148,11 +158,13 @@ class PeriodFigures:
         self.periods = periods
         self._latest: Figures | None = None
         self._lock = threading.Lock()
+        self._recomputing = threading.Lock()
 
     def refresh(self) -> Figures:
         started = monotonic()
+        depths = store_depths(self.box)
         schedules = schedule_figures(self.box, self.periods, self.box.store.clock_now())
-        figures = Figures(schedules, started, monotonic() - started)
+        figures = Figures(schedules, started, monotonic() - started, depths)
         with self._lock:
             self._latest = figures
         return figures
@@ -161,6 +173,22 @@ class PeriodFigures:
         with self._lock:
             latest = self._latest
         return latest if latest is not None else self.refresh()
+
+    def agreeing(self, depths: tuple[int, ...]) -> Figures:
+        """Figures read with `depths` (what a page has just read, `store_depths`), so that a
+        page's tiles and its period figures tell of the same moment — a replay shows in both at
+        once. Recomputed here, by the page's read, when jobs or messages moved since the kept
+        ones were read and reading them took at most `RECOMPUTE_ON_READ_WITHIN`; pages read at
+        once share one recomputation. Costlier figures are left to the background (`run`):
+        the page gets the kept ones, whose `depths` then differ, and says how old they are."""
+        latest = self.latest()
+        if latest.depths == depths or latest.took > RECOMPUTE_ON_READ_WITHIN:
+            return latest
+        with self._recomputing:
+            latest = self.latest()  # another page may have recomputed them meanwhile
+            if latest.depths == depths:
+                return latest
+            return self.refresh()
 
     def run(self, stop: threading.Event) -> None:
         took = self.latest().took

@@ -92,8 +92,15 @@ def resolve(request: Request, session: Session, form: Any) -> Response:
     box = box_of(request)
     where = _back(request, form, str(request.url_for("held")))
     resolution = _field(form, "resolution")
-    if resolution not in ("sent", "resend"):
-        return _done(request, session, where, "error", "Choose sent or resend.")
+    if resolution not in ("sent", "resend"):  # the form chooses neither in advance
+        return _done(
+            request,
+            session,
+            where,
+            "error",
+            "Nothing resolved: say whether the message arrived (record it as sent) or not "
+            "(resend it, same key).",
+        )
     try:
         done = box.resolve(
             _target(form),

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.console.batches import REPLAY_PER_SECOND, Batches
-from oncebox.console.render import render
+from oncebox.console.render import counted, noun, render
 from oncebox.console.sessions import Session
 from oncebox.console.trends import Trends
 from oncebox.dead_letters import DeadFilter, DiscardPlan, Kind, ReplayPlan
@@ -21,7 +21,14 @@ from oncebox.durations import parse_duration
 from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import key_problem
 from oncebox.receipts import receipt_chain
-from oncebox.status import JOB_STATES, OUTBOX_STATES, Figures, PeriodFigures, status_data
+from oncebox.status import (
+    JOB_STATES,
+    OUTBOX_STATES,
+    Figures,
+    PeriodFigures,
+    status_data,
+    store_depths,
+)
 from oncebox.store.base import (
     AuditFilter,
     JobFilter,
@@ -64,14 +71,22 @@ def _before(request: Request) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
-def figures_of(request: Request) -> Figures:
+def figures_of(request: Request) -> tuple[Figures, dict[str, Any]]:
+    """The schedules' period figures for a page, as of the store's depths the page reads now
+    (`PeriodFigures.agreeing`), and what the page says of their age: how old, and whether jobs
+    or messages moved since they were read (then they may disagree with the page's other
+    figures)."""
     figures: PeriodFigures = request.app.state.figures
-    return figures.latest()
+    asked = monotonic()
+    depths = store_depths(box_of(request))
+    latest = figures.agreeing(depths)
+    behind = latest.at < asked and latest.depths != depths
+    return latest, {"age_s": monotonic() - latest.at, "behind": behind}
 
 
 def _overview(request: Request) -> dict[str, Any]:
     box = box_of(request)
-    figures = figures_of(request)
+    figures, figures_age = figures_of(request)
     status = status_data(box, periods=1, schedules=figures.schedules)
     alerts: list[str] = []
     if status["clock"]["mode"] != "real":
@@ -80,19 +95,22 @@ def _overview(request: Request) -> dict[str, Any]:
             " every worker reads this time."
         )
     for task in status["unserved_tasks"]:
+        waiting = task["waiting"]
         alerts.append(
-            f"{task['waiting']} jobs of task {task['task']} wait and no live worker runs it."
+            f"{counted(waiting, 'job')} of task {task['task']} {noun(waiting, 'waits', 'wait')} "
+            "and no live worker runs it."
         )
     for quiet in status["quiet_limits"]:
+        waiting = quiet["waiting"]
         alerts.append(
-            f"{quiet['waiting']} jobs of task {quiet['task']} wait on limits no process has "
-            f"declared since {quiet['last_declared_at']}: freed from {quiet['freed_at']} by a "
-            "worker that runs the task without limits."
+            f"{counted(waiting, 'job')} of task {quiet['task']} {noun(waiting, 'waits', 'wait')} "
+            f"on limits no process has declared since {quiet['last_declared_at']}: freed from "
+            f"{quiet['freed_at']} by a worker that runs the task without limits."
         )
     if status["past_lease"]["jobs"] or status["past_lease"]["messages"]:
         alerts.append(
-            f"Leases past their deadline: {status['past_lease']['jobs']} jobs, "
-            f"{status['past_lease']['messages']} messages (a worker died or is stuck)."
+            f"Leases past their deadline: {counted(status['past_lease']['jobs'], 'job')}, "
+            f"{counted(status['past_lease']['messages'], 'message')} (a worker died or is stuck)."
         )
     for run in status["fan_outs"]:
         if not run["owner_live"]:
@@ -102,7 +120,7 @@ def _overview(request: Request) -> dict[str, Any]:
                 f"{run['lease_ends_at']}. Take it over now: oncebox schedule run "
                 f"{run['schedule']} --period {run['period']} --take-over --reason …"
             )
-    return {"status": status, "alerts": alerts, "figures_age": monotonic() - figures.at}
+    return {"status": status, "alerts": alerts, "figures_age": figures_age}
 
 
 def overview(request: Request, session: Session) -> Response:
@@ -110,8 +128,9 @@ def overview(request: Request, session: Session) -> Response:
 
 
 def overview_tiles(request: Request, session: Session) -> Response:
-    """The overview's figures alone: the page refreshes them in place (htmx)."""
-    return render(request, session, "_tiles.html", **_overview(request))
+    """The overview's figures alone, its tiles and its schedules' current periods read together:
+    the page refreshes both in place at once (htmx, the schedules out of band)."""
+    return render(request, session, "_overview_figures.html", **_overview(request))
 
 
 def trends(request: Request, session: Session) -> Response:
@@ -120,13 +139,9 @@ def trends(request: Request, session: Session) -> Response:
 
 
 def periods(request: Request, session: Session) -> Response:
-    figures = figures_of(request)
+    figures, figures_age = figures_of(request)
     return render(
-        request,
-        session,
-        "periods.html",
-        schedules=figures.schedules,
-        figures_age=monotonic() - figures.at,
+        request, session, "periods.html", schedules=figures.schedules, figures_age=figures_age
     )
 
 

@@ -32,19 +32,34 @@ def _age(seconds: float | None) -> str:
     days, rest = left.days, left.seconds
     hours, minutes, secs = rest // 3600, rest % 3600 // 60, rest % 60
     if days:
-        return f"{days}d {hours}h"
+        return f"{days}d {hours}h" if hours else f"{days}d"
     if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
-
-
-def _lines(value: object) -> str:
-    """Like `text`, keeping line breaks (an error's traceback, a provider's reply)."""
-    return "—" if value is None else "\n".join(printable(line) for line in str(value).splitlines())
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m {secs}s" if secs else f"{minutes}m"
+    return f"{secs}s"
 
 
 def _first_line(value: object) -> str:
     return "—" if value is None else _text((str(value).splitlines() or [""])[0])
+
+
+def _after_first_line(value: object) -> str:
+    """An error's lines after its first (a traceback, a provider's reply): shown behind a
+    disclosure whose summary is the first; empty when there is nothing more."""
+    if value is None:
+        return ""
+    return "\n".join(printable(line) for line in str(value).splitlines()[1:]).strip("\n")
+
+
+def noun(count: int, one: str, many: str | None = None) -> str:
+    """`one` for a count of one, else its plural (`many`, or `one` + "s")."""
+    return one if count == 1 else many or f"{one}s"
+
+
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """`1 job`, `2 jobs`: a count with its noun agreeing."""
+    return f"{count} {noun(count, one, many)}"
 
 
 def _text(value: object) -> str:
@@ -74,8 +89,10 @@ def templates() -> Jinja2Templates:
         when=_when,
         age=_age,
         text=_text,
-        lines=_lines,
         first_line=_first_line,
+        after_first_line=_after_first_line,
+        noun=noun,  # {{ n | noun('job') }}: the noun alone, after a figure shown apart
+        counted=counted,  # {{ n | counted('job') }}: "1 job", "2 jobs"
         pretty_json=_pretty_json,
         kept=kept,
         kind_label=KIND_LABELS.get,
