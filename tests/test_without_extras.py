@@ -4,7 +4,7 @@ missing extra says which one to install, in one line, exit 2 — never a ModuleN
 
 Each check runs in a process that cannot import the extras' modules (support/without_extras),
 so this suite, which has every extra installed, sees what such an install sees. The real
-installs, from the built wheel, are tests/install_check.py's (`make install-test`)."""
+installs, from the built wheel, are tests/test_install.py's (`make install-test`)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_a_worker_works_the_readme_example_without_the_extras(tmp_path):
     assert_clean(oncebox("status", "--db", db, cwd=tmp_path), "oncebox status")
     worker = oncebox("worker", "--app", "freight", "--db", db, "--until-idle", cwd=tmp_path)
     assert_clean(worker, "oncebox worker")
-    assert worker.stdout.startswith("worker stopped: 0 completed"), worker.stdout
+    assert "worker stopped: 0 completed" in worker.stdout, worker.stdout
 
 
 @pytest.mark.parametrize(
@@ -180,7 +180,6 @@ for attempt in (box.use_sqlalchemy, lambda: box.publish_unrecorded(parcel, n=1))
     assert "pip install 'oncebox[rabbitmq]'" in rabbitmq, rabbitmq
 
 
-@pytest.mark.slow
 def test_django_projects_commands_run_with_the_django_extra_alone(tmp_path):
     env = {
         "BOOKINGS_DB": f"sqlite:///{tmp_path / 'bookings.db'}",
