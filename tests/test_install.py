@@ -32,6 +32,7 @@ import httpx
 import pytest
 
 from support.brokers import AMQP_URL, NATS_URL, reachable, sqs_url
+from support.console_browser import free_port
 from support.waiting import wait_until
 from test_example_django import ENQUEUE
 from test_readme import readme_example, readme_output
@@ -202,12 +203,6 @@ def first_steps(venv: Venv) -> None:
 
 
 # -- each extra's own command ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:
