@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-packages lint typecheck pytest bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots fences-table
+.PHONY: demo test system-packages lint typecheck pytest install-test bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots fences-table
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/oncebox demo
 
-test: $(STAMP) system-packages lint typecheck pytest
+test: $(STAMP) system-packages lint typecheck pytest install-test
 
 # Debian packages some tests need (promtool and prometheus, for the alerting rules and a real
 # scrape; chromium and its driver, for the console's end-to-end tests; PostgreSQL's client
@@ -37,6 +37,13 @@ typecheck: $(STAMP)
 # queue names; `pytest` alone runs it in one process.
 pytest: $(STAMP)
 	$(BIN)/pytest -n 2
+
+# oncebox as users install it (tests/test_install.py): the sdist and the wheel built as a release
+# builds them, the wheel installed by pip into a new virtual environment without extras and with
+# each extra alone, and in each the first commands a newcomer runs. After the suite: the suite's
+# own run leaves these tests out (marker `install`).
+install-test: $(STAMP)
+	$(BIN)/pytest -n 2 -m install tests/test_install.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/core.py

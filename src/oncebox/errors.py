@@ -2,7 +2,8 @@
 
     OnceboxError
     ├── ConfigurationError          a task, template, URL or setting is wrong (fix the code/config)
-    │   └── KeyTemplateError        a key template is malformed or names a missing argument
+    │   ├── KeyTemplateError        a key template is malformed or names a missing argument
+    │   └── MissingExtra            what was asked for needs an extra that is not installed
     ├── EnqueueError                a job was refused at enqueue; nothing was written
     │   ├── InvalidKey              the rendered key breaks the key rules
     │   ├── InvalidArguments        args are not JSON, or do not fit the task's signature
@@ -48,6 +49,17 @@ class ConfigurationError(OnceboxError):
 
 class KeyTemplateError(ConfigurationError):
     """A key template is malformed or refers to an argument the task does not have."""
+
+
+class MissingExtra(ConfigurationError):
+    """What was asked for (the console, a broker's queue, handlers' SQLAlchemy sessions) needs
+    one of oncebox's extras, which is not installed: the message names the one to install."""
+
+    def __init__(self, extra: str, what: str, module: str | None) -> None:
+        missing = f" (no module named {module!r})" if module else ""
+        super().__init__(f"{what} needs an extra: pip install 'oncebox[{extra}]'{missing}")
+        self.extra = extra
+        self.module = module
 
 
 class EnqueueError(OnceboxError):

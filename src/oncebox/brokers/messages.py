@@ -6,6 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# SQS's cap per message (body and attributes), and per batch: here, without boto3, for an enqueue
+# to refuse early what the relay could never publish
+SQS_MAX_MESSAGE_BYTES = 1_048_576
+
 
 @dataclass(frozen=True)
 class Message:

@@ -49,10 +49,10 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from oncebox.brokers.messages import GivenUp, Message, Received
+from oncebox.brokers.messages import SQS_MAX_MESSAGE_BYTES, GivenUp, Message, Received
 from oncebox.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 
-MAX_MESSAGE_BYTES = 1_048_576  # SQS's cap per message (body and attributes), and per batch
+MAX_MESSAGE_BYTES = SQS_MAX_MESSAGE_BYTES  # per message (body and attributes), and per batch
 BATCH = 10  # SQS's most per batch call
 MAX_DELIVERIES = 50  # the redrive policy's maxReceiveCount unless the URL says otherwise
 MAX_INVISIBLE_S = 43_200  # 12 hours: SQS's longest visibility timeout

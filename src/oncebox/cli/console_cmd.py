@@ -14,6 +14,7 @@ import click
 from oncebox.cli.common import app_option, box_for_admin, db_option, fail, reported, say
 from oncebox.console.users import hash_password, parse_users
 from oncebox.errors import ConfigurationError
+from oncebox.extras import needs
 
 F = TypeVar("F", bound=Callable[..., Any])
 USERS_ENV = "ONCEBOX_CONSOLE_USERS"
@@ -79,7 +80,7 @@ def checked_web_options(bind: str, root_path: str) -> tuple[str, int]:
 def run_web(
     web: Any, host: str, port: int, root_path: str, forwarded_allow_ips: str | None
 ) -> None:
-    """Serve `web` with uvicorn until interrupted (imported by the caller's extra check)."""
+    """Serve `web` with uvicorn until interrupted (the caller has checked its extra: `needs`)."""
     import uvicorn  # noqa: PLC0415
 
     sys.stdout.flush()  # what was said at start, before the server runs (a log or a pipe reads it)
@@ -120,13 +121,10 @@ def console(
     Every page needs a login."""
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        # the console's extra (Starlette, uvicorn) may not be installed
+    with reported(), needs("console", "the console"):
         import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
-    except ImportError as exc:
-        fail(f"the console needs its extra: pip install 'oncebox[console]' ({exc})", 1)
     host, port = checked_web_options(bind, root_path)
     users, source = console_users(users_file)
     with reported():

@@ -17,6 +17,7 @@ from oncebox.cli.console_cmd import (
     run_web,
     web_options,
 )
+from oncebox.extras import needs
 from oncebox.store.migrations import check_runnable
 
 if TYPE_CHECKING:
@@ -51,12 +52,10 @@ def serve(
     """The HTTP API for your Box's tasks and schedules: enqueue from any language, read a key's
     receipts and the periods, replay a dead letter, fire a schedule from an outside cron.
     Every route needs an API key (oncebox api-keys create); GET /openapi.json describes it."""
-    try:
+    with reported(), needs("console", "the HTTP API"):
         import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.api import ApiSettings, create_api  # noqa: PLC0415
-    except ImportError as exc:
-        fail(f"the API needs the console's extra: pip install 'oncebox[console]' ({exc})", 1)
     host, port = checked_web_options(bind, root_path)
     if users_file is not None and not with_console:
         fail("--users-file is the console's: add --console", 2)
@@ -122,18 +121,16 @@ def receive(
     """Receive the providers' signed delivery webhooks alone (no API, no console): each event is
     recorded against its message, and a held send the provider says it took is settled. Point
     the provider's webhook at /CHANNEL for each channel declared with reports=."""
-    try:
+    with reported(), needs("console", "the delivery webhooks' receiver"):
         import uvicorn  # noqa: F401, PLC0415
-    except ImportError as exc:
-        fail(f"the receiver needs the console's extra: pip install 'oncebox[console]' ({exc})", 1)
+
+        from oncebox.api.deliveries import create_receiver, reporting_channels  # noqa: PLC0415
     host, port = checked_web_options(bind, root_path)
     with reported():
         box = load_app(app, db)
         check_runnable(box.store.schema_status(), box.where)
     shown = f"[{host}]" if ":" in host else host
     base = f"http://{shown}:{port}{root_path}"
-    from oncebox.api.deliveries import create_receiver, reporting_channels  # noqa: PLC0415
-
     channels = reporting_channels(box)
     if not channels:
         fail(

@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from oncebox.errors import ConfigurationError
+from oncebox.extras import needs
 from oncebox.inert import redact
 from oncebox.providers.base import (
     Outgoing,
@@ -69,7 +70,8 @@ def from_url(url: str) -> Provider:
 
             return SmtpProvider(url)
         if scheme in {"amqp", "amqps"}:
-            from oncebox.providers.rabbitmq import RabbitMQProvider  # noqa: PLC0415 (pika lazily)
+            with needs("rabbitmq", "a RabbitMQ channel"):
+                from oncebox.providers.rabbitmq import RabbitMQProvider  # noqa: PLC0415 (pika)
 
             return RabbitMQProvider(url)
         if scheme in {"resend", "resend+http", "resend+https"}:

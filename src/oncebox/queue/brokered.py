@@ -15,7 +15,9 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from oncebox.brokers.messages import SQS_MAX_MESSAGE_BYTES
 from oncebox.errors import ConfigurationError, InvalidArguments
+from oncebox.extras import needs
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import Task
 from oncebox.outbox.channels import Channel
@@ -78,19 +80,20 @@ def broker_kind(broker: str) -> str:
 
 def wire_for(broker: str, queue: str, *, prefetch: int = 100, wait_s: float = 1.0) -> Any:
     """A connection to `queue` on its broker (`brokers/`), imported only when used: each broker's
-    client is an extra."""
+    client is an extra, named when it is missing."""
     kind = broker_kind(broker)
-    if kind == "sqs":
-        from oncebox.brokers.sqs import SqsQueue  # noqa: PLC0415 (boto3, an extra)
+    with needs(kind, f"queue {queue!r} (broker {kind})"):
+        if kind == "sqs":
+            from oncebox.brokers.sqs import SqsQueue  # noqa: PLC0415 (boto3)
 
-        return SqsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
-    if kind == "nats":
-        from oncebox.brokers.nats import NatsQueue  # noqa: PLC0415 (nats-py, an extra)
+            return SqsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
+        if kind == "nats":
+            from oncebox.brokers.nats import NatsQueue  # noqa: PLC0415 (nats-py)
 
-        return NatsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
-    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika, an extra)
+            return NatsQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
+        from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415 (pika)
 
-    return RabbitQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
+        return RabbitQueue(broker, queue, prefetch=prefetch, wait_s=wait_s)
 
 
 def check_message_size(broker: str, task: Task, args_json: str) -> None:
@@ -98,13 +101,11 @@ def check_message_size(broker: str, task: Task, args_json: str) -> None:
     1 MiB per message, body and attributes)."""
     if broker_kind(broker) != "sqs":
         return
-    from oncebox.brokers.sqs import MAX_MESSAGE_BYTES  # noqa: PLC0415
-
     size = len(args_json.encode()) + ENVELOPE_BYTES
-    if size > MAX_MESSAGE_BYTES:
+    if size > SQS_MAX_MESSAGE_BYTES:
         raise InvalidArguments(
             f"task {task.name!r}: its arguments ({len(args_json.encode())} bytes) and their "
-            f"envelope exceed the {MAX_MESSAGE_BYTES} bytes SQS takes per message; its queue "
+            f"envelope exceed the {SQS_MAX_MESSAGE_BYTES} bytes SQS takes per message; its queue "
             f"{task.queue!r} is held by SQS"
         )
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from oncebox.errors import ConfigurationError
+from oncebox.extras import needs
 from oncebox.store.base import HandlerConnection
 from oncebox.store.guard import refusal
 
@@ -64,11 +65,9 @@ class ClaimSessions:
     """The Engine and Session options of one box; `open(guarded)` gives a handler its Session."""
 
     def __init__(self, dialect: str, options: Mapping[str, Any]) -> None:
-        try:
+        with needs("sqlalchemy", "box.use_sqlalchemy()"):
             import sqlalchemy as sa  # noqa: PLC0415 (optional)
             from sqlalchemy.pool import NullPool  # noqa: PLC0415 (optional)
-        except ImportError:
-            raise ConfigurationError(NOT_CONFIGURED) from None
         clash = _OURS & set(options)
         if clash:
             raise ConfigurationError(
