@@ -23,10 +23,11 @@ from oncebox.outbox.tokens import derive_token
 DIGEST_KEY = "weekly-digest/customer-{customer_id}/{period}"
 HOLD_KEY = "hold-expired/hold-{hold_id}"
 SENDER = "Northwind Freight <digest@freight.example>"
-# The digest's promise: 99 % of the week's active customers have it within 4 h of the Monday
+# The digest's promise: 97 % of the week's active customers have it within 4 h of the Monday
 # fire. `oncebox status`, the metrics and the console judge each week by it (docs/guide.md,
-# "The promise"); the demo's poison customer is its one miss.
-DIGEST_SLO = Slo(deliver_within="4h", target=0.99)
+# "The promise"); the demo's poison customer is its one miss, within the budget from the docs'
+# 40 customers to `make demo`'s 300.
+DIGEST_SLO = Slo(deliver_within="4h", target=0.97)
 
 _templates = Environment(
     loader=PackageLoader("oncebox.examples.logistics", "templates"),
