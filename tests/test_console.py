@@ -573,7 +573,8 @@ def test_a_periods_page_names_its_undelivered_subjects_and_why(tmp_path):
     [(sli, misses)] = re.findall(
         r"<td>(\d+\.\d\d) %</td>\s*<td class=\"\">(1 / \d+)</td>", overview
     )
-    assert float(sli) > 99 and misses == "1 / 2", (sli, misses)
+    # 97 % of the week's ~270 eligible customers on time allows 8 misses; the poison is the one
+    assert float(sli) > 99 and misses == "1 / 8", (sli, misses)
     box.close()
 
 
