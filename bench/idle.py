@@ -1,6 +1,7 @@
 """Workload 7: how many statements an idle worker sends, across all its lanes (PostgreSQL).
 
-    .venv/bin/python bench/idle.py [--seconds 30] [--postgres URL] [--pg-bin DIR] [--json PATH]
+    .venv/bin/python bench/idle.py [--seconds 30] [--warmup 5] [--ready-timeout 120]
+                                   [--postgres URL] [--pg-bin DIR] [--json PATH]
 
 A worker process (consumer, dispatcher, scheduler, sweeper, rescuer, pruner lanes; one task,
 one schedule, one sweeper, one channel) runs on a fresh database with nothing to do. The target
@@ -9,8 +10,11 @@ are the fallback), so the database lives on a private PostgreSQL cluster started
 measurement in a temporary directory (`--pg-bin`'s initdb and pg_ctl, a free port on 127.0.0.1,
 trust auth; as the `postgres` user when run as root, since initdb refuses root), with
 `pg_stat_statements` preloaded, tracking every statement (`track = all`, `track_utility = on`,
-so BEGIN, COMMIT, LISTEN and SET count). After a warm-up the counters are reset; at the end of
-the window, three counts:
+so BEGIN, COMMIT, LISTEN and SET count). The worker runs in a process of its own (this script
+with `--worker`); the warm-up starts once it has printed its start line — the one `oncebox
+worker` prints, from `Worker.run(on_start=…)` — however long it takes to import (up to
+`--ready-timeout`; a worker that exits first or stays silent fails the run, its output shown).
+After the warm-up the counters are reset; at the end of the window, three counts:
 - the headline, the server's: `calls` in pg_stat_statements of the top-level statements run in
   the worker's database (the measuring connection uses another database, so it is not counted),
   with the statements and how often each ran; statements run inside functions are reported apart
@@ -32,7 +36,6 @@ import argparse
 import collections
 import contextlib
 import json
-import multiprocessing
 import os
 import pwd
 import signal
@@ -46,7 +49,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -55,6 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from core import postgres_url, sqlite_url
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
+READY = "worker started: "  # how `oncebox worker`'s first line begins (cli/run_cmds.py)
+WHO = "bench/idle.py"  # the app its start line names
+READY_TIMEOUT = 120.0  # seconds a worker gets to import, check its store and say it started
 CLUSTER_SETTINGS = """
 # bench/idle.py: a throwaway cluster that counts every statement
 port = {port}
@@ -127,29 +133,75 @@ def count_sqlite_transactions(log: list[tuple[float, str]]) -> None:
 
 
 def idle_worker(url: str, log_path: str) -> None:
+    """The worker process (`idle.py --worker URL LOG`): prints `oncebox worker`'s start line once
+    its checks have passed, works until SIGTERM, and writes the transactions it started to
+    `log_path` as it ends."""
     from oncebox import Box, JobContext, ScheduleContext, SweepContext
+    from oncebox.cli.run_cmds import start_line
     from oncebox.jobs.periods import iso_week
 
-    box = Box(url)  # the worker stores a secret of its own (a new connection: counted or not)
-    box.channel("email", provider="null:")
-
-    @box.task(key="idle/{n}")
-    def task(ctx: JobContext, n: int) -> None:
-        pass
-
-    @box.schedule("weekly", cron="0 9 * * MON", period=iso_week, task=task)
-    def nobody(ctx: ScheduleContext) -> Any:
-        return []
-
-    @box.sweeper("nothing-due", every=timedelta(seconds=30))
-    def sweep(ctx: SweepContext) -> int:
-        return 0
-
     log: list[tuple[float, str]] = []
-    count_transactions(log)
-    count_sqlite_transactions(log)
-    box.work()  # until SIGTERM (a graceful stop)
-    Path(log_path).write_text(json.dumps(log))
+    # until the worker's own handler replaces it: a SIGTERM unwinds, so the log is still written
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        box = Box(url)  # the worker stores a secret of its own (a new connection: counted or not)
+        box.channel("email", provider="null:")
+
+        @box.task(key="idle/{n}")
+        def task(ctx: JobContext, n: int) -> None:
+            pass
+
+        @box.schedule("weekly", cron="0 9 * * MON", period=iso_week, task=task)
+        def nobody(ctx: ScheduleContext) -> Any:
+            return []
+
+        @box.sweeper("nothing-due", every=timedelta(seconds=30))
+        def sweep(ctx: SweepContext) -> int:
+            return 0
+
+        count_transactions(log)
+        count_sqlite_transactions(log)
+        # what `box.work()` runs, telling its start as `oncebox worker` does; until SIGTERM
+        box.worker().run(on_start=lambda started: print(start_line(WHO, started), flush=True))
+    finally:
+        Path(log_path).write_text(json.dumps(log))
+
+
+class Running(Protocol):
+    """What `wait_until_ready` asks of the worker's process (a `subprocess.Popen`)."""
+
+    def poll(self) -> int | None: ...
+
+
+def wait_until_ready(worker: Running, output: Path, timeout: float) -> str:
+    """Until the worker has printed its start line (whole, in `output`, where its stdout and
+    stderr go); returns that line. SystemExit, with the worker's output, if it exits first or
+    has not said it within `timeout` seconds (a benchmark's bound, not a test's)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code = worker.poll()  # before reading: an exited worker's output is all there
+        said = output.read_text(errors="replace") if output.exists() else ""
+        whole = said.split("\n")[:-1]  # a last line without its newline is still being written
+        started = [line for line in whole if line.startswith(READY)]
+        if started:
+            return started[0]
+        if code is not None:
+            raise SystemExit(
+                f"the idle worker exited (code {code}) before it was ready; its output:\n"
+                f"{tail(said)}"
+            )
+        if time.monotonic() >= deadline:
+            raise SystemExit(
+                f"the idle worker was not ready within {timeout:g} s (no line beginning "
+                f"{READY!r}); its output:\n{tail(said)}"
+            )
+        time.sleep(0.05)  # a benchmark's poll, not a test's synchronisation
+
+
+def tail(said: str, width: int = 4000) -> str:
+    """The end of a worker's output, for an error message."""
+    said = said.strip()
+    return ("…" + said[-width:] if len(said) > width else said) or "(nothing)"
 
 
 def free_port() -> int:
@@ -272,14 +324,20 @@ class ServerCount:
         }
 
 
-def measure(server: str, seconds: float, warmup: float, pg_bin: Path = PG_BIN) -> dict[str, Any]:
+def measure(
+    server: str,
+    seconds: float,
+    warmup: float,
+    pg_bin: Path = PG_BIN,
+    ready_timeout: float = READY_TIMEOUT,
+) -> dict[str, Any]:
     """Workload 7 on PostgreSQL: on a private cluster, `per_s` is the top-level statements per
     second the server counted in the worker's database; if that cluster cannot be started, on a
     fresh database of `server`, `per_s` is the worker's own transactions per second, and
     `fallback` says why (also printed to stderr)."""
     try:
         with private_cluster(pg_bin) as admin:
-            figures = measure_on(admin, seconds, warmup, statements=True)
+            figures = measure_on(admin, seconds, warmup, True, ready_timeout)
             return {"counted_by": "pg_stat_statements", **figures, "fallback": None}
     except ClusterUnavailable as exc:
         reason = str(exc)
@@ -288,18 +346,24 @@ def measure(server: str, seconds: float, warmup: float, pg_bin: Path = PG_BIN) -
         "the transactions the worker starts instead, on the --postgres server !!!",
         file=sys.stderr,
     )
-    figures = measure_on(server, seconds, warmup, statements=False)
+    figures = measure_on(server, seconds, warmup, False, ready_timeout)
     return {"counted_by": "worker", **figures, "per_s": figures["worker_per_s"], "fallback": reason}
 
 
-def measure_on(server: str, seconds: float, warmup: float, statements: bool) -> dict[str, Any]:
+def measure_on(
+    server: str,
+    seconds: float,
+    warmup: float,
+    statements: bool,
+    ready_timeout: float = READY_TIMEOUT,
+) -> dict[str, Any]:
     """Workload 7 on a fresh database of `server`; with `statements`, the server's counts."""
     with postgres_url(server)() as url:
         database = url.rsplit("/", 1)[1]
         with psycopg.connect(server, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()
             counted = ServerCount(conn, database, statements)
-            figures = watch_idle(url, seconds, warmup, counted)
+            figures = watch_idle(url, seconds, warmup, counted, ready_timeout)
     per_s = figures["statements_per_s"] if statements else figures["worker_per_s"]
     return {
         "seconds": seconds,
@@ -309,23 +373,36 @@ def measure_on(server: str, seconds: float, warmup: float, statements: bool) -> 
     }
 
 
-def measure_sqlite(seconds: float, warmup: float) -> dict[str, Any]:
+def measure_sqlite(
+    seconds: float, warmup: float, ready_timeout: float = READY_TIMEOUT
+) -> dict[str, Any]:
     """Workload 7 on a temporary SQLite file (the listener watches its files; no queries):
     `per_s` is the worker's own transactions per second."""
     with sqlite_url() as url:
-        figures = watch_idle(url, seconds, warmup, None)
+        figures = watch_idle(url, seconds, warmup, None, ready_timeout)
     return {"seconds": seconds, "counted_by": "worker", "per_s": figures["worker_per_s"], **figures}
 
 
 def watch_idle(
-    url: str, seconds: float, warmup: float, server: ServerCount | None
+    url: str,
+    seconds: float,
+    warmup: float,
+    server: ServerCount | None,
+    ready_timeout: float = READY_TIMEOUT,
 ) -> dict[str, Any]:
+    """The worker's process from its start to its graceful stop: `warmup` then `seconds` of
+    window, both counted from its start line (`wait_until_ready`), never from its spawn."""
     with tempfile.TemporaryDirectory() as folder:
-        log_path = str(Path(folder) / "transactions.json")
-        context = multiprocessing.get_context("spawn")
-        worker = context.Process(target=idle_worker, args=(url, log_path), daemon=True)
-        worker.start()
+        log_path, output = Path(folder) / "transactions.json", Path(folder) / "worker.out"
+        with output.open("w") as out:
+            worker = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--worker", url, str(log_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
+            ready = wait_until_ready(worker, output, ready_timeout)
             time.sleep(warmup)  # a benchmark's window, not a test's synchronisation
             if server:
                 server.start()
@@ -334,18 +411,36 @@ def watch_idle(
             end = time.time()
             counted = server.finish(seconds) if server else {}
         finally:
-            if worker.pid is not None:
-                os.kill(worker.pid, signal.SIGTERM)
-            worker.join(30)
-        if not Path(log_path).exists():
-            raise SystemExit("the idle worker did not write its transaction log (did it crash?)")
-        window = [what for at, what in json.loads(Path(log_path).read_text()) if start <= at < end]
+            stop(worker)
+        said = output.read_text(errors="replace")
+        if not log_path.exists():
+            raise SystemExit(
+                f"the idle worker did not write its transaction log (exit code "
+                f"{worker.returncode}); its output:\n{tail(said)}"
+            )
+        rest = [line for line in said.splitlines() if line != ready]
+        if rest:  # what it said beside its start line (warnings): shown, not swallowed
+            print("\n".join(f"idle worker: {line}" for line in rest), file=sys.stderr)
+        window = [what for at, what in json.loads(log_path.read_text()) if start <= at < end]
     return {
         **counted,
         "worker_transactions": len(window),
         "worker_per_s": len(window) / seconds,
         "by_statement": dict(collections.Counter(window).most_common()),
+        "window_start": start,
+        "window_end": end,
     }
+
+
+def stop(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (graceful: the worker writes its log), then SIGKILL after 30 s."""
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(5)
 
 
 def show(figures: dict[str, Any], key: str, width: int = 6) -> None:
@@ -364,10 +459,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pg-bin", type=Path, default=PG_BIN, help="initdb and pg_ctl's folder")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=READY_TIMEOUT,
+        help="seconds the worker gets to print its start line",
+    )
+    parser.add_argument("--worker", nargs=2, metavar=("URL", "LOG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:  # the worker's own process (`watch_idle`)
+        idle_worker(*args.worker)
+        return 0
     # a SIGTERM unwinds (stopping the worker and the private cluster) instead of killing outright
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    figures = measure(args.postgres, args.seconds, args.warmup, args.pg_bin)
+    figures = measure(args.postgres, args.seconds, args.warmup, args.pg_bin, args.ready_timeout)
     seconds = f"{args.seconds:g} s"
     if figures["fallback"] is None:
         print(
@@ -391,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         f"counted {figures['server_per_s']:.2f}/s in that database (a lagging cross-check)"
     )
     show(figures, "by_statement")
-    local = measure_sqlite(args.seconds, args.warmup)
+    local = measure_sqlite(args.seconds, args.warmup, args.ready_timeout)
     print(
         f"idle worker on SQLite: {local['worker_transactions']} transactions in "
         f"{seconds} = {local['per_s']:.2f}/s (target ≤ 2/s)"
