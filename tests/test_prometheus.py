@@ -174,3 +174,39 @@ def test_a_worker_serves_its_own_figures_and_none_of_the_stores(freight):  # noq
         served = scrape(url)
         assert not any(name.startswith("oncebox_jobs_enqueued") for name in served)
         assert served["oncebox_store_operation_errors_total{operation=job_lease}"] == 0
+
+
+def test_the_exporter_can_be_stopped_as_soon_as_it_says_it_serves(tmp_path, monkeypatch):
+    """Whoever reads "serving …" may send SIGTERM at once (a supervisor, a test): the handler that
+    stops it cleanly is in place before the line is printed, not after."""
+    from click.testing import CliRunner
+
+    from oncebox import Box
+    from oncebox.cli import metrics_cmd
+    from oncebox.cli.app import main
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    Box(url).close()  # a database to serve
+    seen: list[object] = []
+
+    def say(line: str) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        seen.append(handler)
+        if callable(handler):
+            handler(signal.SIGTERM, None)  # stop it as a reader of the line would
+        else:
+            raise AssertionError(f"{line!r} printed before its SIGTERM handler was installed")
+
+    monkeypatch.setattr(metrics_cmd, "say", say)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        ran = CliRunner().invoke(
+            main,
+            ["metrics", "--bind", "127.0.0.1:0", "--db", url],
+            catch_exceptions=False,
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert ran.exit_code == 0, ran.output
+    assert len(seen) == 1 and callable(seen[0]), seen

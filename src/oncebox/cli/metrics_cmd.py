@@ -78,16 +78,18 @@ def metrics(bind: str, app: str | None, db: str | None) -> None:
         figures = PeriodFigures(box)
         figures.refresh()  # a store that cannot be read is said now, not at the first scrape
         server = serve(bind, StoreCollector(box, figures))
-    say(f"serving {address(server)} for {box.where}")
     stop = threading.Event()
-    threading.Thread(target=figures.run, args=(stop,), name="oncebox-periods", daemon=True).start()
 
     def handle(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    # Before the line that says it serves: whoever reads that line may stop it at once, and a
+    # SIGTERM before the handler ends the process by the signal (-15), not cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handle)
+    say(f"serving {address(server)} for {box.where}")
+    threading.Thread(target=figures.run, args=(stop,), name="oncebox-periods", daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
