@@ -28,6 +28,20 @@ TEST_SECRET = "test-secret-not-for-production"
 REQUIRE_PG = os.environ.get("CI", "").lower() == "true" or os.environ.get(
     "ONCEBOX_REQUIRE_POSTGRES"
 ) in {"1", "true", "yes"}
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """pytest-xdist's controller starts the docs' story in the background when the run includes
+    its tests (support/shared_story.py): the test processes then find the samples waiting."""
+    config = session.config
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    chosen = {Path(arg.split("::")[0]).resolve() for arg in config.args}
+    if chosen & {TESTS, TESTS.parent, TESTS / "test_doc_samples.py"}:
+        from support import shared_story
+
+        shared_story.start(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
 
 
 def _admin() -> psycopg.Connection:

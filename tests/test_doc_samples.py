@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from oncebox.store.sqlfiles import load_migrations
+from support import shared_story
 from support.doc_samples import Block, blocks, expected, mask
 from support.doc_story import documents, record
 from test_readme import readme_example
@@ -30,8 +31,11 @@ MARKED = [block for doc in documents() for block in blocks(doc)]
 
 
 @pytest.fixture(scope="module")
-def samples() -> dict[str, str]:
-    return record()
+def samples(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, str]:
+    """One run of the story for the session (support/shared_story.py)."""
+    if worker_id == "master":  # one process: nobody to share with
+        return record()
+    return shared_story.samples(tmp_path_factory.getbasetemp().parent)
 
 
 @pytest.mark.slow
