@@ -11,6 +11,7 @@ fails the run.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ REQUIRE_PG = os.environ.get("CI", "").lower() == "true" or os.environ.get(
     "ONCEBOX_REQUIRE_POSTGRES"
 ) in {"1", "true", "yes"}
 TESTS = Path(__file__).resolve().parent
+STORY = pytest.StashKey[subprocess.Popen[bytes]]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -41,7 +43,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if chosen & {TESTS, TESTS.parent, TESTS / "test_doc_samples.py"}:
         from support import shared_story
 
-        shared_story.start(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+        story = shared_story.start(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+        config.stash[STORY] = story
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    story = session.config.stash.get(STORY, None)
+    if story is not None:
+        from support import shared_story
+
+        shared_story.stop(story)
 
 
 def _admin() -> psycopg.Connection:

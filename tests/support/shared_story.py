@@ -22,13 +22,14 @@ TESTS = Path(__file__).resolve().parents[1]
 LOCK, KEPT, LOG = "doc-samples.lock", "doc-samples.json", "doc-samples.log"
 
 
-def start(shared: Path) -> None:
+def start(shared: Path) -> subprocess.Popen[bytes]:
     """The story in a process of its own, writing into `shared`; the lock is taken here, before
-    any test process can look, and held by the child until it exits."""
+    any test process can look, and held by the child until it exits (`stop` at the session's
+    end)."""
     shared.mkdir(parents=True, exist_ok=True)
     with (shared / LOCK).open("w") as lock, (shared / LOG).open("w") as log:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "support.shared_story", str(shared)],
             cwd=TESTS,
             env={**os.environ, "PYTHONPATH": str(TESTS)},
@@ -38,6 +39,14 @@ def start(shared: Path) -> None:
             start_new_session=True,  # a Ctrl-C of the suite is not the story's to answer
         )
     # the parent's descriptor is closed here; the lock lives on in the child's copy
+
+
+def stop(story: subprocess.Popen[bytes]) -> None:
+    """At the session's end: a story no test waited for (a selection without doc samples, an
+    interrupted run) is stopped, and every story is reaped."""
+    if story.poll() is None:
+        story.kill()
+    story.wait()
 
 
 def samples(shared: Path) -> dict[str, str]:
