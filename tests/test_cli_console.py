@@ -167,6 +167,6 @@ def test_a_request_through_a_proxy_not_trusted_is_warned_about_once_on_stderr(db
     assert warnings == [
         "oncebox: warning: requests arrive through a proxy at 127.0.0.1 (they carry "
         "x-forwarded-for) but --forwarded-allow-ips is not set: every client is seen as "
-        "127.0.0.1, so the console's login throttle counts them all as one address; if "
-        "127.0.0.1 is your proxy, start with --forwarded-allow-ips 127.0.0.1\n"
+        "127.0.0.1, so what counts per address (the console's login throttle) counts them all "
+        "as one; if 127.0.0.1 is your proxy, start with --forwarded-allow-ips 127.0.0.1\n"
     ], said

@@ -42,8 +42,8 @@ class UntrustedProxyWarning:
                 self.warn(
                     f"requests arrive through a proxy at {proxy} (they carry "
                     f"{header.decode('latin-1')}) but --forwarded-allow-ips is not set: every "
-                    f"client is seen as {proxy}, so the console's login throttle counts them all "
-                    f"as one address; if {proxy} is your proxy, start with "
+                    f"client is seen as {proxy}, so what counts per address (the console's login "
+                    f"throttle) counts them all as one; if {proxy} is your proxy, start with "
                     f"--forwarded-allow-ips {proxy}"
                 )
         await self.app(scope, receive, send)
