@@ -79,9 +79,11 @@ def test_hash_password_prints_a_hash_that_verifies_the_password():
 
 
 @contextmanager
-def console_process(db: str, *extra: str) -> Iterator[tuple[str, str]]:
+def console_process(
+    db: str, *extra: str, stderr: list[str] | None = None
+) -> Iterator[tuple[str, str]]:
     """`oncebox console` in a process of its own: its base URL and the login link it printed,
-    once it answers."""
+    once it answers; what it writes to stderr goes to `stderr`, line by line, as it comes."""
     port = free_port()
     command = [sys.executable, "-m", "oncebox.cli", "console", "--db", db]
     with subprocess.Popen(
@@ -94,6 +96,11 @@ def console_process(db: str, *extra: str) -> Iterator[tuple[str, str]]:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
         reader.start()
+        errors = stderr if stderr is not None else []
+        error_reader = threading.Thread(
+            target=lambda: errors.extend(process.stderr or []), daemon=True
+        )
+        error_reader.start()
         try:
 
             def printed_link() -> str:
@@ -115,6 +122,7 @@ def console_process(db: str, *extra: str) -> Iterator[tuple[str, str]]:
             process.terminate()
             process.wait(30)
             reader.join(30)
+            error_reader.join(30)
 
 
 @pytest.mark.slow
@@ -131,7 +139,8 @@ def test_without_users_it_prints_a_login_link_that_works_and_nothing_opens_witho
 @pytest.mark.parametrize("trusted", [False, True])
 def test_a_proxys_forwarded_scheme_counts_only_from_the_addresses_it_is_told_to_trust(db, trusted):
     extra = ["--forwarded-allow-ips", "127.0.0.1"] if trusted else []
-    with console_process(db, *extra) as (_base, link):
+    said: list[str] = []
+    with console_process(db, *extra, stderr=said) as (_base, link):
         logged_in = httpx.get(link, headers={"x-forwarded-proto": "https"})
         assert logged_in.status_code == 303
         cookie = logged_in.headers["set-cookie"]
@@ -139,3 +148,25 @@ def test_a_proxys_forwarded_scheme_counts_only_from_the_addresses_it_is_told_to_
         # are https); untrusted: the header is anyone's, and ignored
         assert ("Secure" in cookie) is trusted
         assert logged_in.headers["location"].startswith("https://" if trusted else "http://")
+    # the warning comes before the answer: the process has written it by now (or never will)
+    assert any("forwarded-allow-ips is not set" in line for line in said) is not trusted
+
+
+@pytest.mark.slow
+def test_a_request_through_a_proxy_not_trusted_is_warned_about_once_on_stderr(db):
+    """Issue 44 item 3: behind a proxy without --forwarded-allow-ips every client is the
+    proxy's address to the login throttle; the first forwarded request says so, once."""
+    said: list[str] = []
+    with console_process(db, stderr=said) as (base, _link):
+        assert httpx.get(f"{base}/login").status_code == 200  # not through a proxy: nothing
+        for _ in range(3):
+            httpx.get(f"{base}/login", headers={"x-forwarded-for": "198.51.100.7"})
+        wait_until(lambda: any("forwarded-allow-ips" in line for line in said), what="a warning")
+        httpx.get(f"{base}/login", headers={"x-forwarded-for": "198.51.100.8"})
+    warnings = [line for line in said if "forwarded-allow-ips" in line]
+    assert warnings == [
+        "oncebox: warning: requests arrive through a proxy at 127.0.0.1 (they carry "
+        "x-forwarded-for) but --forwarded-allow-ips is not set: every client is seen as "
+        "127.0.0.1, so what counts per address (the console's login throttle) counts them all "
+        "as one; if 127.0.0.1 is your proxy, start with --forwarded-allow-ips 127.0.0.1\n"
+    ], said

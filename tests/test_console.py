@@ -171,7 +171,7 @@ def test_every_action_is_refused_without_a_session(app, path, store_box):
     assert len(store_box.store.audit_search(AuditFilter(limit=1000))) == before
 
 
-def test_a_wrong_password_is_refused_and_repeated_failures_lock_the_name_out(app):
+def test_a_wrong_password_is_refused_and_repeated_failures_stop_the_address_for_the_name(app):
     web = client(app)
     for _ in range(5):
         refused = web.post(
@@ -186,8 +186,8 @@ def test_a_wrong_password_is_refused_and_repeated_failures_lock_the_name_out(app
         data={"name": "olga", "password": PASSWORDS["olga"], "login_csrf": login_form_token(web)},
         headers={"origin": BASE},
     )
-    assert locked.status_code == 429  # even the right password, until the window passes
-    assert "Too many failed logins" in locked.text
+    assert locked.status_code == 429  # even the right password from there, until the window
+    assert "Too many failed logins" in locked.text  # passes (test_console_login.py: elsewhere)
 
 
 def test_a_login_from_another_origin_or_without_the_form_token_is_refused(app):

@@ -1,9 +1,9 @@
-"""Console sessions end when idle or old, logins are throttled per name and per address, and an
-action id is taken once (on a clock the test moves)."""
+"""Console sessions end when idle or old, and an action id is taken once (on a clock the test
+moves). The login throttle's tests are in test_console_throttle.py."""
 
 from __future__ import annotations
 
-from oncebox.console.sessions import LoginThrottle, Sessions
+from oncebox.console.sessions import Sessions
 
 
 class Clock:
@@ -53,19 +53,3 @@ def test_an_action_id_is_taken_once_and_later_submits_get_its_first_result():
     assert sessions.claim_action(session, "a1", "/elsewhere") == "/dead"  # in flight
     sessions.remember(session, "a1", "/keys/k/1")
     assert sessions.claim_action(session, "a1", "/elsewhere") == "/keys/k/1"
-
-
-def test_failed_logins_lock_a_name_and_an_address_until_the_window_passes():
-    clock = Clock()
-    throttle = LoginThrottle(allowed=3, window_s=100, clock=clock)
-    for _ in range(3):
-        assert throttle.retry_after("user:olga", "address:1.2.3.4") == 0
-        throttle.failed("user:olga", "address:1.2.3.4")
-        clock.now += 10
-    assert (
-        throttle.retry_after("user:olga", "address:9.9.9.9") == 70
-    )  # until the oldest failure (t=1000) leaves the window
-    assert throttle.retry_after("user:vic", "address:1.2.3.4") == 70  # the address too
-    assert throttle.retry_after("user:vic", "address:9.9.9.9") == 0
-    clock.now += 71
-    assert throttle.retry_after("user:olga", "address:1.2.3.4") == 0

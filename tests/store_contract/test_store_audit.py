@@ -1,11 +1,13 @@
 """The audit log, read back on every store: every operator action leaves one row, newest
-first, found by target, action or key, paged by id."""
+first, found by target, action or key, paged by id; an entry of no row's (a refused login) is
+appended at the store's time."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
-from oncebox.store.base import Audit, AuditFilter, OperatorAction, Store
+from oncebox.store.base import Audit, AuditEntry, AuditFilter, OperatorAction, Store
 from support.contract import T0, advance, dead_job, insert
 
 
@@ -50,3 +52,20 @@ def test_audit_search_filters_by_action_key_and_pages_by_id(store: Store):
     older = store.audit_search(AuditFilter(before_id=newest[0].id, limit=2))
     assert [a.action for a in newest + older] == ["resume", "pause", "replay"]
     assert store.audit_search(AuditFilter(target_id=cancelled, action="replay")) == []
+
+
+def test_audit_append_writes_an_entry_of_no_row_at_the_stores_time(store: Store):
+    advance(store, timedelta(minutes=5))
+    details = json.dumps({"why": "wrong-password", "name": "vic", "refusals": 1})
+    first = store.audit_append(
+        AuditEntry("203.0.113.9", "login-refused", "login", "wrong password for 'vic'", details)
+    )
+    second = store.audit_append(AuditEntry("console", "login-refused", "login", "summary"))
+    assert second > first
+    entries = store.audit_search(AuditFilter(action="login-refused"))
+    assert [(a.id, a.at, a.actor, a.target_kind, a.target_id, a.target_key) for a in entries] == [
+        (second, T0 + timedelta(minutes=5), "console", "login", None, None),
+        (first, T0 + timedelta(minutes=5), "203.0.113.9", "login", None, None),
+    ]
+    assert json.loads(entries[1].details or "") == json.loads(details)
+    assert entries[0].details is None and entries[1].reason == "wrong password for 'vic'"

@@ -80,8 +80,15 @@ def checked_web_options(bind: str, root_path: str) -> tuple[str, int]:
 def run_web(
     web: Any, host: str, port: int, root_path: str, forwarded_allow_ips: str | None
 ) -> None:
-    """Serve `web` with uvicorn until interrupted (the caller has checked its extra: `needs`)."""
+    """Serve `web` with uvicorn until interrupted (the caller has checked its extra: `needs`).
+    Without `--forwarded-allow-ips`, the first request through a proxy says on stderr that
+    every client is seen as the proxy's address."""
     import uvicorn  # noqa: PLC0415
+
+    from oncebox.console.forwarded import UntrustedProxyWarning  # noqa: PLC0415 (Starlette)
+
+    if forwarded_allow_ips is None:
+        web = UntrustedProxyWarning(web, lambda text: say(f"oncebox: warning: {text}", err=True))
 
     sys.stdout.flush()  # what was said at start, before the server runs (a log or a pipe reads it)
     uvicorn.run(

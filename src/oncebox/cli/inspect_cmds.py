@@ -360,7 +360,8 @@ def jobs_cancel(
 
 @click.group()
 def audit() -> None:
-    """The audit log: every operator action, with who and why."""
+    """The audit log: every operator action, with who and why, and every refused console
+    login, with its address."""
 
 
 @audit.command("list")
@@ -379,6 +380,7 @@ def audit() -> None:
             "resume",
             "accept-keys",
             "clock-reset",
+            "login-refused",
         ]
     ),
     help="Only entries of this action.",

@@ -17,8 +17,10 @@ from oncebox.box import Box
 from oncebox.console import actions, login, pages
 from oncebox.console.batches import Batches
 from oncebox.console.guard import SecurityHeaders, action, page
+from oncebox.console.refusals import RefusedLogins
 from oncebox.console.render import templates
-from oncebox.console.sessions import LoginThrottle, Sessions
+from oncebox.console.sessions import Sessions
+from oncebox.console.throttle import LoginLimits, LoginThrottle
 from oncebox.console.trends import Trends
 from oncebox.console.users import User, new_token
 from oncebox.status import PeriodFigures
@@ -28,10 +30,12 @@ PERIODS_SHOWN = 12  # periods per schedule on the periods page (the overview sho
 
 @dataclass(frozen=True)
 class ConsoleSettings:
-    """`users` empty: a login token is made at start (`ConsoleApp.token`), nothing is open."""
+    """`users` empty: a login token is made at start (`ConsoleApp.token`), nothing is open.
+    `login`: the login throttle's limits and the audit's budget for refused logins."""
 
     users: dict[str, User] = field(default_factory=dict)
     title: str = "oncebox"
+    login: LoginLimits = field(default_factory=LoginLimits)
 
 
 def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
@@ -94,6 +98,7 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
     app.state.users = settings.users
     app.state.token = None if settings.users else new_token()
     app.state.sessions = Sessions()
-    app.state.throttle = LoginThrottle()
+    app.state.throttle = LoginThrottle(settings.login)
+    app.state.refusals = RefusedLogins(box.store, settings.login)
     app.state.templates = templates()
     return app

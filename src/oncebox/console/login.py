@@ -1,5 +1,6 @@
-"""Logging in and out. With users configured, a name and password (throttled per name and per
-client address); with none, the token printed at start (`/login?token=...`)."""
+"""Logging in and out. With users configured, a name and password, throttled (`throttle.py`)
+and every refusal audited with its address (`refusals.py`); with none, the token printed at
+start (`/login?token=...`)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,21 @@ from oncebox.console.guard import (
     sessions_of,
     set_session_cookie,
 )
+from oncebox.console.refusals import RefusedLogins, Why
 from oncebox.console.render import render
-from oncebox.console.users import verify_password
+from oncebox.console.throttle import UNKNOWN, LoginThrottle, address_key
+from oncebox.console.users import MAX_NAME_CHARS, verify_password
 
 TOKEN_USER = "token"  # noqa: S105 (a user name: the actor after a token login)
 
 
-def _login_form(request: Request, error: str | None = None, status_code: int = 200) -> Response:
+def _login_form(
+    request: Request, error: str | None = None, status_code: int = 200, retry_after: int = 0
+) -> Response:
     nonce = secrets.token_urlsafe(24)
     response = render(request, None, "login.html", status_code, login_csrf=nonce, error=error)
+    if retry_after:
+        response.headers["Retry-After"] = str(retry_after)
     response.set_cookie(
         LOGIN_COOKIE,
         nonce,
@@ -83,16 +90,29 @@ async def login_submit(request: Request) -> Response:
     name, password = form.get("name"), form.get("password")
     if not isinstance(name, str) or not isinstance(password, str) or not name or not password:
         return _login_form(request, "Give a name and a password.", 400)
-    address = f"address:{request.client.host if request.client else '?'}"
-    throttle = request.app.state.throttle
-    wait = throttle.retry_after(f"user:{name}", address)
-    if wait > 0:
-        return _login_form(request, f"Too many failed logins; try again in {int(wait) + 1} s.", 429)
-    user = users.get(name)
+    address = request.client.host if request.client else "?"
+    throttle: LoginThrottle = request.app.state.throttle
+    refusals: RefusedLogins = request.app.state.refusals
+    too_long = len(name) > MAX_NAME_CHARS  # no user has such a name: nothing of it is kept
+    user = None if too_long else users.get(name)
+    # the throttle counts a failure before the (slow) verification: concurrent guesses see it
+    verdict = throttle.attempt(user.name if user else UNKNOWN, address_key(address))
+    if not verdict.allowed:
+        if verdict.audited:  # else counted in this (name, address)'s entry of the window
+            await run_in_threadpool(refusals.record, verdict, address, name, "throttled")
+        wait = verdict.wait_s
+        return _login_form(
+            request, f"Too many failed logins; try again in {wait} s.", 429, retry_after=wait
+        )
+    if too_long:
+        await run_in_threadpool(refusals.record, verdict, address, name, "name-too-long")
+        return _login_form(request, f"A user name is at most {MAX_NAME_CHARS} characters.", 401)
     if not await run_in_threadpool(verify_password, user, password):
-        throttle.failed(f"user:{name}", address)
+        why: Why = "wrong-password" if user else "unknown-name"
+        await run_in_threadpool(refusals.record, verdict, address, name, why)
         return _login_form(request, "Wrong name or password.", 401)
-    throttle.succeeded(f"user:{name}")
+    assert user is not None
+    throttle.succeeded(verdict)
     return _logged_in(request, user.name, user.role)
 
 

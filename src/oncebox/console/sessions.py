@@ -1,4 +1,5 @@
-"""Logged-in sessions, login throttling and the memory of actions already taken.
+"""Logged-in sessions and the memory of actions already taken (the login throttle is
+`throttle.py`).
 
 Sessions live in the console process's memory: a restart logs everyone out, and a second console
 process keeps its own (run one console, or pin clients to one). Each has a random id (the
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,8 +20,6 @@ from oncebox.console.users import Role
 
 IDLE_S = 30 * 60.0
 LIFETIME_S = 12 * 3600.0
-FAILURES_ALLOWED = 5  # per user name and per client address, within the window
-FAILURE_WINDOW_S = 15 * 60.0
 ACTIONS_REMEMBERED = 500
 
 
@@ -117,47 +115,3 @@ class Sessions:
         ]
         for sid in gone:
             del self._by_id[sid]
-
-
-class LoginThrottle:
-    """At most FAILURES_ALLOWED failed logins per user name and per client address within the
-    window; past that, every attempt is refused (right password or not) until the oldest
-    failure leaves the window."""
-
-    def __init__(
-        self,
-        *,
-        allowed: int = FAILURES_ALLOWED,
-        window_s: float = FAILURE_WINDOW_S,
-        clock: Callable[[], float] = monotonic,
-    ) -> None:
-        self._allowed, self._window_s, self._clock = allowed, window_s, clock
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, who: str, now: float) -> deque[float]:
-        failures = self._failures.setdefault(who, deque())
-        while failures and now - failures[0] > self._window_s:
-            failures.popleft()
-        return failures
-
-    def retry_after(self, *who: str) -> float:
-        """Seconds until an attempt by these (name, address) is allowed; 0 when it is now."""
-        now = self._clock()
-        with self._lock:
-            waits = [
-                self._window_s - (now - recent[0])
-                for w in who
-                if len(recent := self._recent(w, now)) >= self._allowed
-            ]
-        return max(waits, default=0.0)
-
-    def failed(self, *who: str) -> None:
-        now = self._clock()
-        with self._lock:
-            for w in who:
-                self._recent(w, now).append(now)
-
-    def succeeded(self, name: str) -> None:
-        with self._lock:
-            self._failures.pop(name, None)

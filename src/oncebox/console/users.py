@@ -23,6 +23,7 @@ ROLES: tuple[Role, ...] = ("operator", "viewer")
 # scrypt's cost: 2^15 x 8 x 1 takes ~50 ms and 32 MiB here, per login attempt, which is the point
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
 _MAX_MEM = 64 * 1024 * 1024
+MAX_NAME_CHARS = 64  # a user's name; a login with a longer one is refused before anything else
 # a login as someone unknown still pays for a hash, so a name's existence does not show in timing
 _DUMMY_SALT = b"oncebox-console-no-such-user"
 
@@ -100,7 +101,7 @@ def parse_users(text: str, where: str) -> dict[str, User]:
             raise ConfigurationError(
                 f"{where}, entry {number}: the role is operator or viewer, not {role!r}"
             )
-        if not name.isprintable() or len(name) > 64:
+        if not name.isprintable() or len(name) > MAX_NAME_CHARS:
             raise ConfigurationError(f"{where}, entry {number}: a user name of printable text")
         try:
             _parsed_hash(password_hash)

@@ -561,6 +561,19 @@ def reason_text(reason: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """An audit entry that goes with no change of a row of its own: a refused console login.
+    `details` is JSON text (or None); every text in it is the caller's to make inert."""
+
+    actor: str
+    action: str
+    target_kind: str
+    reason: str
+    details: str | None = None
+    target_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Audit:
     """Who did it and why, for an operator action that has no row id of its own."""
 
@@ -1191,6 +1204,9 @@ class Store(Protocol):
     # audit
     def audit_list(self, target_id: int | None = None, limit: int = 100) -> list[AuditRow]: ...
     def audit_search(self, where: AuditFilter) -> list[AuditRow]: ...
+    def audit_append(self, entry: AuditEntry) -> int:
+        """Write `entry` at the store's time, in a transaction of its own; its id."""
+        ...
 
     # outbox
     def outbox_lease(self, params: OutboxLeaseParams) -> list[OutboxLeased]: ...

@@ -36,6 +36,7 @@ from oncebox.store.base import (
     ApiRequestClaim,
     ApiRequestRow,
     Audit,
+    AuditEntry,
     BucketDecision,
     BucketState,
     DiscardResult,
@@ -588,6 +589,20 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     @operation
     def api_request_prune(self, limit: int) -> int:
         return len(self._apply("api_request_prune", {"limit": limit}).rows)
+
+    # -- the audit log -------------------------------------------------------------------------
+
+    @operation
+    def audit_append(self, entry: AuditEntry) -> int:
+        params = {
+            "actor": entry.actor,
+            "action": entry.action,
+            "target_kind": entry.target_kind,
+            "target_key": entry.target_key,
+            "reason": entry.reason,
+            "details": entry.details,
+        }
+        return int(self._apply("audit_append", params).first("id"))
 
     # -- the key-drift guard -------------------------------------------------------------------
 

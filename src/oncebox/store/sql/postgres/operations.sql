@@ -1,4 +1,5 @@
--- What operators read across the tables: the audit log, the status instants.
+-- What operators read across the tables (the audit log, the status instants), and the audit
+-- entries that go with no change of a row of their own.
 -- PostgreSQL; this folder's conventions are in store/sqlfiles.py.
 
 -- name: audit_list
@@ -10,6 +11,14 @@ WHERE (%(target_id)s::bigint IS NULL OR target_id = %(target_id)s::bigint)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: audit_append
+-- An entry that goes with no change of a row of its own (a refused console login).
+INSERT INTO __S__.oncebox_audit
+    (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (__S__.oncebox_now(), %(actor)s, %(action)s, %(target_kind)s, NULL, %(target_key)s,
+        %(reason)s, %(details)s::jsonb)
+RETURNING id;
 
 -- name: status_times
 -- The instants operators and the demo watch: the oldest due ready job, the next job and message

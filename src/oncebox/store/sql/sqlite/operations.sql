@@ -1,4 +1,5 @@
--- What operators read across the tables: the audit log, the status instants.
+-- What operators read across the tables (the audit log, the status instants), and the audit
+-- entries that go with no change of a row of their own.
 -- SQLite; this folder's conventions are in store/sqlfiles.py.
 
 -- name: audit_list
@@ -10,6 +11,12 @@ WHERE (:target_id IS NULL OR target_id = :target_id)
   AND (:before_id IS NULL OR id < :before_id)
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: audit_append
+-- An entry that goes with no change of a row of its own (a refused console login).
+INSERT INTO oncebox_audit (at, actor, action, target_kind, target_id, target_key, reason, details)
+VALUES (:now, :actor, :action, :target_kind, NULL, :target_key, :reason, :details)
+RETURNING id;
 
 -- name: status_times
 -- See the PostgreSQL query: each instant is the first entry of an index.
