@@ -5,6 +5,7 @@ answer side by side."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -161,7 +162,46 @@ def test_serve_answers_the_api_and_the_console_side_by_side(db, tmp_path):
         assert login.status_code == 200 and "oncebox" in login.text
         assert httpx.get(f"{base}/console/", timeout=10).status_code == 303  # a login first
     text = "".join(said)
-    assert "oncebox API for" in text and f"{base}/console/login?token=" in text
+    assert "oncebox API for" in text and f"{base}/console/login#token=" in text
+
+
+@pytest.mark.slow
+def test_serve_refuses_other_hosts_and_scopes_the_consoles_cookie_to_its_path(db, tmp_path):
+    env = {"ONCEBOX_DB": db, "ONCEBOX_EMAIL": f"file://{tmp_path / 'sent'}"}
+    public = "https://ops.example"
+    args = ["serve", "--app", "support.cli_freight", "--console", "--public-url", public]
+    with served(args, env, "/openapi.json") as (base, said):
+        forged = {"host": "evil.example:18080"}
+        for path in ["/openapi.json", "/v1/periods", "/console/login", "/console/"]:
+            refused = httpx.get(base + path, headers=forged, timeout=10)
+            assert refused.status_code == 400, (path, refused.status_code, refused.text)
+            assert len(refused.text.strip().splitlines()) == 1, refused.text
+        # the public URL's host is served (the proxy passes it through), and so is the bind's
+        proxied = {"host": "ops.example", "origin": public}
+        assert httpx.get(base + "/openapi.json", headers=proxied, timeout=10).status_code == 401
+        [line] = [x for x in said if "log in at " in x]
+        link = line.split("log in at ")[1].strip()
+        assert link.startswith(f"{public}/console/login#token="), link
+        with httpx.Client(base_url=base, timeout=10) as web:
+            page = web.get("/console/login", headers=proxied)
+            nonce = re.search(r'name="login_csrf" value="([^"]+)"', page.text)
+            assert nonce, page.text
+            token = link.partition("#token=")[2]
+            # the form's Secure cookie, as a browser speaking HTTPS to the proxy returns it
+            cookie = f"oncebox_login={page.cookies['oncebox_login']}"
+            done = web.post(
+                "/console/login",
+                data={"token": token, "login_csrf": nonce.group(1)},
+                headers={**proxied, "cookie": cookie},
+            )
+        assert (done.status_code, done.headers["location"]) == (303, "/console/"), done.text
+        [cookie] = [
+            c for c in done.headers.get_list("set-cookie") if c.startswith("oncebox_session=")
+        ]
+        attributes = {a.strip().split("=")[0].lower(): a.strip() for a in cookie.split(";")[1:]}
+        assert attributes["path"] == "Path=/console", cookie
+        assert attributes["samesite"].lower() in ("samesite=strict", "samesite=lax"), cookie
+        assert "httponly" in attributes and "secure" in attributes, cookie  # the URL is https
 
 
 @pytest.mark.parametrize(

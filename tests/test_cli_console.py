@@ -4,11 +4,14 @@ login link when no user is configured."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -78,12 +81,27 @@ def test_hash_password_prints_a_hash_that_verifies_the_password():
     assert not verify_password(User("x", "viewer", hashed), "correct horse!")
 
 
+@dataclass
+class Console:
+    """`oncebox console` running: its base URL, what it printed so far, its process."""
+
+    base: str
+    lines: list[str]
+    process: subprocess.Popen[str]
+
+    def links(self) -> list[str]:
+        """Every login link it printed, in order."""
+        return [x.split("log in at ")[1].strip() for x in list(self.lines) if "log in at " in x]
+
+    @property
+    def link(self) -> str:
+        return self.links()[0]
+
+
 @contextmanager
-def console_process(
-    db: str, *extra: str, stderr: list[str] | None = None
-) -> Iterator[tuple[str, str]]:
-    """`oncebox console` in a process of its own: its base URL and the login link it printed,
-    once it answers; what it writes to stderr goes to `stderr`, line by line, as it comes."""
+def console_process(db: str, *extra: str, stderr: list[str] | None = None) -> Iterator[Console]:
+    """`oncebox console` in a process of its own, once it printed its login link and answers;
+    what it writes to stderr goes to `stderr`, line by line, as it comes."""
     port = free_port()
     command = [sys.executable, "-m", "oncebox.cli", "console", "--db", db]
     with subprocess.Popen(
@@ -93,8 +111,10 @@ def console_process(
         text=True,
         env={**os.environ, "PYTHONPATH": str(TESTS)},
     ) as process:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+        console = Console(f"http://127.0.0.1:{port}", [], process)
+        reader = threading.Thread(
+            target=lambda: console.lines.extend(process.stdout or []), daemon=True
+        )
         reader.start()
         errors = stderr if stderr is not None else []
         error_reader = threading.Thread(
@@ -102,22 +122,16 @@ def console_process(
         )
         error_reader.start()
         try:
-
-            def printed_link() -> str:
-                said = [x for x in lines if "log in at " in x]
-                return said[0].split("log in at ")[1].strip() if said else ""
-
-            link = wait_until(printed_link, what="the login link", timeout=60)
-            base = f"http://127.0.0.1:{port}"
+            wait_until(console.links, what="the login link", timeout=60)
 
             def up() -> bool:
                 try:
-                    return httpx.get(f"{base}/", timeout=2).status_code == 303
+                    return httpx.get(f"{console.base}/", timeout=2).status_code == 303
                 except httpx.TransportError:
                     return False
 
             wait_until(up, what="the console to answer", timeout=60)
-            yield base, link
+            yield console
         finally:
             process.terminate()
             process.wait(30)
@@ -125,14 +139,108 @@ def console_process(
             error_reader.join(30)
 
 
+def follow_login_link(
+    web: httpx.Client, link: str, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    """What a browser does with the printed link: it opens the address; a token after `#`
+    never leaves the browser, and the login page's script posts it with the form."""
+    address, _, fragment = link.partition("#")
+    page = web.get(address, headers=headers)
+    if not fragment.startswith("token=") or page.status_code != 200:
+        return page
+    nonce = re.search(r'name="login_csrf" value="([^"]+)"', page.text)
+    assert nonce, page.text
+    parts = httpx.URL(address)
+    origin = f"{parts.scheme}://{(headers or {}).get('host') or parts.netloc.decode()}"
+    # the form's cookie as the browser returns it (over HTTPS to a proxy, when it is Secure)
+    cookie = f"oncebox_login={page.cookies['oncebox_login']}"
+    return web.post(
+        address,
+        data={"token": fragment.removeprefix("token="), "login_csrf": nonce.group(1)},
+        headers={"origin": origin, "cookie": cookie, **(headers or {})},
+    )
+
+
 @pytest.mark.slow
 def test_without_users_it_prints_a_login_link_that_works_and_nothing_opens_without_it(db):
-    with console_process(db) as (base, link), httpx.Client(base_url=base) as web:
-        assert link.startswith(f"{base}/login?token=")
+    with console_process(db) as console, httpx.Client(base_url=console.base) as web:
+        assert console.link.startswith(f"{console.base}/login")
         assert web.get("/jobs").status_code == 303  # to the login form
-        assert web.get("/login?token=guessed").status_code == 403
-        assert web.get(link).status_code == 303
+        assert follow_login_link(web, f"{console.base}/login#token=guessed").status_code == 403
+        assert follow_login_link(web, console.link).status_code == 303
         assert web.get("/jobs").status_code == 200
+
+
+@pytest.mark.slow
+def test_the_printed_link_logs_in_once_and_its_token_stays_out_of_the_address(db):
+    with console_process(db) as console:
+        with httpx.Client(base_url=console.base) as first:
+            assert follow_login_link(first, console.link).status_code == 303
+            assert first.get("/jobs").status_code == 200
+        with httpx.Client(base_url=console.base) as second:
+            again = follow_login_link(second, console.link)
+            assert again.status_code == 403, again.text
+            assert second.get("/jobs").status_code == 303  # still to the login form
+        # the token travels after `#`: no request line, access log or proxy log holds it
+        address, _, fragment = console.link.partition("#")
+        assert "?" not in address and fragment.startswith("token="), console.link
+
+
+@pytest.mark.slow
+def test_sighup_prints_a_new_link_and_the_old_one_dies(db):
+    with console_process(db) as console:
+        old = console.link
+        console.process.send_signal(signal.SIGHUP)
+        new = wait_until(lambda: console.links()[1:], what="a second login link")[0]
+        assert new != old
+        with httpx.Client(base_url=console.base) as web:
+            assert follow_login_link(web, old).status_code == 403
+            assert follow_login_link(web, new).status_code == 303
+            assert web.get("/jobs").status_code == 200
+        assert console.process.poll() is None  # the signal renewed the link, it did not stop it
+
+
+@pytest.mark.slow
+def test_a_request_naming_another_host_is_refused_in_one_line(db):
+    with console_process(db) as console:
+        port = console.base.rsplit(":", 1)[1]
+        for path in ["/", "/login", "/static/console.css"]:
+            refused = httpx.get(console.base + path, headers={"host": "evil.example:18080"})
+            assert refused.status_code == 400, (path, refused.status_code, refused.text)
+            assert len(refused.text.strip().splitlines()) == 1, refused.text
+            assert "evil.example" in refused.text and "--public-url" in refused.text
+        # the loopback names are this server's own, whichever a browser on this host uses
+        for host in [f"localhost:{port}", f"127.0.0.1:{port}"]:
+            assert httpx.get(console.base + "/", headers={"host": host}).status_code == 303
+
+
+@pytest.mark.slow
+def test_the_login_redirect_and_the_origin_check_never_follow_the_host_header(db):
+    with console_process(db) as console:
+        port = console.base.rsplit(":", 1)[1]
+        forged = {"host": "evil.example:18080"}
+        with httpx.Client(base_url=console.base) as web:
+            done = follow_login_link(web, console.link, forged)
+            assert "evil.example" not in done.headers.get("location", ""), done.headers
+            assert done.status_code == 400, (done.status_code, done.text)
+        with httpx.Client(base_url=console.base) as web:
+            # a Host this server answers to: the redirect names no host at all
+            done = follow_login_link(web, console.link, {"host": f"localhost:{port}"})
+            assert (done.status_code, done.headers["location"]) == (303, "/")
+            # a change whose Origin is a forged host's is refused, whatever Host says
+            nonce = re.search(r'name="csrf" value="([^"]+)"', web.get("/dead").text)
+            assert nonce
+            for origin, host in [
+                ("http://evil.example:18080", f"127.0.0.1:{port}"),
+                ("http://evil.example:18080", "evil.example:18080"),
+            ]:
+                refused = web.post(
+                    "/logout",
+                    data={"csrf": nonce.group(1)},
+                    headers={"origin": origin, "host": host},
+                )
+                assert refused.status_code in (400, 403), (origin, host, refused.status_code)
+            assert web.get("/jobs").status_code == 200  # still logged in: nothing happened
 
 
 @pytest.mark.slow
@@ -140,14 +248,17 @@ def test_without_users_it_prints_a_login_link_that_works_and_nothing_opens_witho
 def test_a_proxys_forwarded_scheme_counts_only_from_the_addresses_it_is_told_to_trust(db, trusted):
     extra = ["--forwarded-allow-ips", "127.0.0.1"] if trusted else []
     said: list[str] = []
-    with console_process(db, *extra, stderr=said) as (_base, link):
-        logged_in = httpx.get(link, headers={"x-forwarded-proto": "https"})
-        assert logged_in.status_code == 303
+    with (
+        console_process(db, *extra, stderr=said) as console,
+        httpx.Client(base_url=console.base) as web,
+    ):
+        logged_in = follow_login_link(web, console.link, {"x-forwarded-proto": "https"})
+        assert logged_in.status_code == 303, logged_in.text
         cookie = logged_in.headers["set-cookie"]
-        # trusted: the proxy said the browser spoke HTTPS, so the cookie is Secure (and links
-        # are https); untrusted: the header is anyone's, and ignored
+        # trusted: the proxy said the browser spoke HTTPS, so the cookie is Secure; untrusted:
+        # the header is anyone's, and ignored
         assert ("Secure" in cookie) is trusted
-        assert logged_in.headers["location"].startswith("https://" if trusted else "http://")
+        assert logged_in.headers["location"] == "/"  # a path: it names no scheme nor host
     # the warning comes before the answer: the process has written it by now (or never will)
     assert any("forwarded-allow-ips is not set" in line for line in said) is not trusted
 
@@ -157,7 +268,8 @@ def test_a_request_through_a_proxy_not_trusted_is_warned_about_once_on_stderr(db
     """Issue 44 item 3: behind a proxy without --forwarded-allow-ips every client is the
     proxy's address to the login throttle; the first forwarded request says so, once."""
     said: list[str] = []
-    with console_process(db, stderr=said) as (base, _link):
+    with console_process(db, stderr=said) as console:
+        base = console.base
         assert httpx.get(f"{base}/login").status_code == 200  # not through a proxy: nothing
         for _ in range(3):
             httpx.get(f"{base}/login", headers={"x-forwarded-for": "198.51.100.7"})

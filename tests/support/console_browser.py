@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -16,6 +17,7 @@ from starlette.applications import Starlette
 
 from oncebox import Box
 from oncebox.console import ConsoleSettings, create_app
+from oncebox.public_url import for_server
 from support.binaries import require
 from support.waiting import wait_until
 
@@ -27,9 +29,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(box: Box, settings: ConsoleSettings) -> Iterator[tuple[str, Starlette]]:
-    """The console over `box`, served until the block ends: its base URL and its app."""
+def served(
+    box: Box, settings: ConsoleSettings, *, checked: bool = False
+) -> Iterator[tuple[str, Starlette]]:
+    """The console over `box`, served until the block ends: its base URL and its app;
+    `checked`: knowing its public URL (the bind address), as `oncebox console` serves it."""
     port = free_port()
+    if checked:
+        settings = replace(settings, public_url=for_server(None, "127.0.0.1", port, ""))
     app = create_app(box, settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="console", daemon=True)

@@ -4,17 +4,22 @@ password hash for the users file."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from oncebox.cli.common import app_option, box_for_admin, db_option, fail, reported, say
+from oncebox.console.login_token import LoginToken, login_link
 from oncebox.console.users import hash_password, parse_users
 from oncebox.errors import ConfigurationError
 from oncebox.extras import needs
+from oncebox.public_url import WILDCARD, HostCheck, PublicUrl, for_server, parse
 
 F = TypeVar("F", bound=Callable[..., Any])
 USERS_ENV = "ONCEBOX_CONSOLE_USERS"
@@ -48,14 +53,26 @@ def console_users(users_file: Path | None) -> tuple[dict[str, Any], str]:
 
 
 def web_options(func: F) -> F:
-    """What `console` and `serve` share: where to listen, and how a reverse proxy fronts it."""
+    """What `console` and `serve` share: where to listen, where browsers and callers reach it,
+    and how a reverse proxy fronts it."""
     for option in reversed(
         [
             click.option(
                 "--bind", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve on."
             ),
             click.option(
-                "--root-path", default="", help="The path prefix a reverse proxy serves it under."
+                "--public-url",
+                "public_urls",
+                multiple=True,
+                help="The URL browsers and callers use (https://ops.example/oncebox); requests "
+                "naming another host are refused. Default: the bind address. Repeat it for "
+                "another name callers use (links show the first).",
+            ),
+            click.option(
+                "--root-path",
+                default="",
+                help="The path prefix a reverse proxy serves it under (default: the public "
+                "URL's path).",
             ),
             click.option(
                 "--forwarded-allow-ips",
@@ -69,18 +86,56 @@ def web_options(func: F) -> F:
     return func
 
 
-def checked_web_options(bind: str, root_path: str) -> tuple[str, int]:
-    """The host and port to listen on; a bad `--bind` or `--root-path` exits 2."""
+@dataclass(frozen=True)
+class Served:
+    """Where a command serves: the address it listens on, its root path, its public URL."""
+
+    host: str
+    port: int
+    root_path: str
+    public: PublicUrl
+
+    @property
+    def base(self) -> str:
+        """What its start lines show: the public URL, root path included, no trailing slash."""
+        return self.public.base
+
+
+def checked_web_options(bind: str, root_path: str, public_urls: Sequence[str]) -> Served:
+    """Where to listen and be reached; a bad `--bind`, `--root-path` or `--public-url`, or a
+    public URL whose path is not the root path, exits 2 (a public URL's path is the root path
+    when `--root-path` is not given; without a path, it takes `--root-path`). Listening on
+    every address without a public URL is said: only the loopback names are answered then."""
     host, port = bind_address(bind)
     if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
         fail(f"--root-path {root_path!r}: a path such as /oncebox (a leading /, no trailing /)", 2)
-    return host, port
+    first = public_urls[0] if public_urls else None
+    try:
+        public = for_server(first, host, port, root_path, public_urls[1:])
+        paths = [(url, parse(url)[3]) for url in public_urls]
+    except ConfigurationError as exc:
+        fail(f"--public-url: {exc}", 2)
+    prefix = root_path or public.path
+    for url, path in paths:
+        if path and path != prefix:  # a URL without a path is an origin: the root path follows
+            fail(
+                f"--public-url {url!r}: its path is {path or '/'!r}, the root path "
+                f"{prefix or '/'!r}: give the same prefix (or --public-url alone)",
+                2,
+            )
+    if first is None and host.lower() in WILDCARD:
+        say(
+            f"listening on every address ({host}) without --public-url: only requests for "
+            "localhost, 127.0.0.1 or ::1 are answered; give --public-url with the URL browsers "
+            "and callers use",
+            err=True,
+        )
+    return Served(host, port, public.path, public)
 
 
-def run_web(
-    web: Any, host: str, port: int, root_path: str, forwarded_allow_ips: str | None
-) -> None:
-    """Serve `web` with uvicorn until interrupted (the caller has checked its extra: `needs`).
+def run_web(web: Any, served: Served, forwarded_allow_ips: str | None) -> None:
+    """Serve `web` with uvicorn until interrupted (the caller has checked its extra: `needs`),
+    refusing a request whose Host is not this server's (`oncebox.public_url.HostCheck`).
     Without `--forwarded-allow-ips`, the first request through a proxy says on stderr that
     every client is seen as the proxy's address."""
     import uvicorn  # noqa: PLC0415
@@ -92,15 +147,34 @@ def run_web(
 
     sys.stdout.flush()  # what was said at start, before the server runs (a log or a pipe reads it)
     uvicorn.run(
-        web,
-        host=host,
-        port=port,
-        root_path=root_path,
+        HostCheck(web, served.public),
+        host=served.host,
+        port=served.port,
+        root_path=served.root_path,
         proxy_headers=forwarded_allow_ips is not None,
         forwarded_allow_ips=forwarded_allow_ips or "",
         server_header=False,
         log_level="warning",
     )
+
+
+def say_login_link(base: str, login_token: LoginToken) -> None:
+    """Print a new one-time login link on this terminal, and print another on each SIGHUP (each
+    kills the one before)."""
+    minutes = round(login_token.ttl_s / 60)
+
+    def said() -> None:
+        say(f"no users configured: log in at {login_link(base, login_token.renew())}")
+        say(
+            f"(the link works once, within {minutes} minutes; `kill -HUP {os.getpid()}` prints "
+            "a new one)"
+        )
+        sys.stdout.flush()
+
+    said()
+    if hasattr(signal, "SIGHUP"):
+        # off the signal handler: it may interrupt a print, or `exchange` holding the lock
+        signal.signal(signal.SIGHUP, lambda _n, _f: threading.Thread(target=said).start())
 
 
 @click.group(invoke_without_command=True)
@@ -117,6 +191,7 @@ def console(
     ctx: click.Context,
     *,
     bind: str,
+    public_urls: tuple[str, ...],
     users_file: Path | None,
     root_path: str,
     forwarded_allow_ips: str | None,
@@ -132,19 +207,17 @@ def console(
         import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
-    host, port = checked_web_options(bind, root_path)
+    served = checked_web_options(bind, root_path, public_urls)
     users, source = console_users(users_file)
     with reported():
         box = box_for_admin(app, db)
-    web = create_app(box, ConsoleSettings(users=users))
-    shown = f"[{host}]" if ":" in host else host
-    base = f"http://{shown}:{port}{root_path}"
-    say(f"oncebox console for {box.where} at {base}/")
+    web = create_app(box, ConsoleSettings(users=users, public_url=served.public))
+    say(f"oncebox console for {box.where} at {served.base}/")
     if users:
         say(f"{len(users)} user(s) from {source}")
     else:
-        say(f"no users configured: log in at {base}/login?token={web.state.token}")
-    run_web(web, host, port, root_path, forwarded_allow_ips)
+        say_login_link(served.base, web.state.login_token)
+    run_web(web, served, forwarded_allow_ips)
 
 
 @console.command("hash-password")

@@ -15,6 +15,7 @@ from oncebox.cli.console_cmd import (
     checked_web_options,
     console_users,
     run_web,
+    say_login_link,
     web_options,
 )
 from oncebox.extras import needs
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 def serve(
     *,
     bind: str,
+    public_urls: tuple[str, ...],
     with_console: bool,
     users_file: Path | None,
     root_path: str,
@@ -56,15 +58,14 @@ def serve(
         import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.api import ApiSettings, create_api  # noqa: PLC0415
-    host, port = checked_web_options(bind, root_path)
+    served = checked_web_options(bind, root_path, public_urls)
     if users_file is not None and not with_console:
         fail("--users-file is the console's: add --console", 2)
     with reported():
         box = load_app(app, db)
         check_runnable(box.store.schema_status(), box.where)
         keys = [k for k in box.store.api_key_list() if k.revoked_at is None]
-    shown = f"[{host}]" if ":" in host else host
-    base = f"http://{shown}:{port}{root_path}"
+    base = served.base
     web = create_api(box, ApiSettings(base_url=base))
     say(f"oncebox API for {box.where} at {base}/ ({len(box.registry.all())} task(s))")
     if not keys:
@@ -77,18 +78,18 @@ def serve(
         from oncebox.console.app import ConsoleSettings, create_app  # noqa: PLC0415
 
         users, source = console_users(users_file)
-        console = create_app(box, ConsoleSettings(users=users))
+        console = create_app(box, ConsoleSettings(users=users, public_url=served.public))
         others["/console"] = console
         if users:
             say(f"console at {base}/console/, {len(users)} user(s) from {source}")
         else:
-            token = console.state.token
-            say(f"console at {base}/console/; log in at {base}/console/login?token={token}")
+            say(f"console at {base}/console/")
+            say_login_link(f"{base}/console", console.state.login_token)
     if others:
         from oncebox.api.mounts import beside  # noqa: PLC0415
 
         web = beside(web, others)
-    run_web(web, host, port, root_path, forwarded_allow_ips)
+    run_web(web, served, forwarded_allow_ips)
 
 
 def _receiver(box: Box, base: str) -> Any | None:
@@ -113,6 +114,7 @@ def _receiver(box: Box, base: str) -> Any | None:
 def receive(
     *,
     bind: str,
+    public_urls: tuple[str, ...],
     root_path: str,
     forwarded_allow_ips: str | None,
     app: str | None,
@@ -125,12 +127,11 @@ def receive(
         import uvicorn  # noqa: F401, PLC0415
 
         from oncebox.api.deliveries import create_receiver, reporting_channels  # noqa: PLC0415
-    host, port = checked_web_options(bind, root_path)
+    served = checked_web_options(bind, root_path, public_urls)
     with reported():
         box = load_app(app, db)
         check_runnable(box.store.schema_status(), box.where)
-    shown = f"[{host}]" if ":" in host else host
-    base = f"http://{shown}:{port}{root_path}"
+    base = served.base
     channels = reporting_channels(box)
     if not channels:
         fail(
@@ -142,4 +143,4 @@ def receive(
         web = create_receiver(box)
     for name in channels:
         say(f"provider reports for channel {name!r}: POST {base}/{name}")
-    run_web(web, host, port, root_path, forwarded_allow_ips)
+    run_web(web, served, forwarded_allow_ips)

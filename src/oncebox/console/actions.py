@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from oncebox.console.batches import Batches
-from oncebox.console.guard import sessions_of
+from oncebox.console.guard import path_for, sessions_of
 from oncebox.console.pages import box_of
 from oncebox.console.sessions import Session
 from oncebox.errors import ConfigurationError, InvalidState, NotFound
@@ -49,7 +49,7 @@ def _done(request: Request, session: Session, where: str, level: str, text: str)
 
 def replay(request: Request, session: Session, form: Any) -> Response:
     box = box_of(request)
-    where = _back(request, form, str(request.url_for("dead")))
+    where = _back(request, form, path_for(request, "dead"))
     try:
         kind = _kind(form)
         done = box.replay(
@@ -72,7 +72,7 @@ def discard(request: Request, session: Session, form: Any) -> Response:
     """A dead job abandoned (cancelled, its key free again) or a dead message no provider takes
     discarded (its key kept aside), as `oncebox dlq discard` does."""
     box = box_of(request)
-    where = _back(request, form, str(request.url_for("dead")))
+    where = _back(request, form, path_for(request, "dead"))
     try:
         done = box.discard_dead(
             _target(form), reason=_field(form, "reason"), actor=session.user, kind=_kind(form)
@@ -90,7 +90,7 @@ def discard(request: Request, session: Session, form: Any) -> Response:
 
 def resolve(request: Request, session: Session, form: Any) -> Response:
     box = box_of(request)
-    where = _back(request, form, str(request.url_for("held")))
+    where = _back(request, form, path_for(request, "held"))
     resolution = _field(form, "resolution")
     if resolution not in ("sent", "resend"):  # the form chooses neither in advance
         return _done(
@@ -126,18 +126,18 @@ def run_batch(request: Request, session: Session, form: Any) -> Response:
     batches: Batches = request.app.state.batches
     reason = _field(form, "reason")
     if not reason:
-        return _done(request, session, str(request.url_for("dead")), "error", "Give a reason.")
+        return _done(request, session, path_for(request, "dead"), "error", "Give a reason.")
     plan = batches.take(session.id, _field(form, "plan"))
     if plan is None:
         return _done(
             request,
             session,
-            str(request.url_for("dead")),
+            path_for(request, "dead"),
             "error",
             "That dry run is no longer kept (confirmed already, or too old): run it again.",
         )
     try:
         batch = batches.start(plan, user=session.user, reason=reason)
     except ConfigurationError as exc:
-        return _done(request, session, str(request.url_for("dead")), "error", str(exc))
-    return RedirectResponse(request.url_for("dead_batch", batch=batch.id), status_code=303)
+        return _done(request, session, path_for(request, "dead"), "error", str(exc))
+    return RedirectResponse(path_for(request, "dead_batch", batch=batch.id), status_code=303)

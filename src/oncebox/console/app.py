@@ -18,11 +18,13 @@ from oncebox.console import actions, login, pages
 from oncebox.console.batches import Batches
 from oncebox.console.guard import SecurityHeaders, action, page
 from oncebox.console.refusals import RefusedLogins
+from oncebox.console.login_token import LoginToken
 from oncebox.console.render import templates
 from oncebox.console.sessions import Sessions
 from oncebox.console.throttle import LoginLimits, LoginThrottle
 from oncebox.console.trends import Trends
-from oncebox.console.users import User, new_token
+from oncebox.console.users import User
+from oncebox.public_url import HostCheck, PublicUrl
 from oncebox.status import PeriodFigures
 
 PERIODS_SHOWN = 12  # periods per schedule on the periods page (the overview shows the latest)
@@ -30,12 +32,20 @@ PERIODS_SHOWN = 12  # periods per schedule on the periods page (the overview sho
 
 @dataclass(frozen=True)
 class ConsoleSettings:
-    """`users` empty: a login token is made at start (`ConsoleApp.token`), nothing is open.
-    `login`: the login throttle's limits and the audit's budget for refused logins."""
+    """`users` empty: a one-time login token is made at start (`app.state.login_token`,
+    `console.login_token`), nothing is open. `login`: the login throttle's limits and the
+    audit's budget for refused logins.
+
+    `public_url`: where browsers reach the console (`PublicUrl.of("https://ops.example/ops")`;
+    `oncebox console` gives its `--public-url` or bind address). Given, a request naming
+    another host is refused (400), a change counts only from its origins and cookies are
+    `Secure` when it is https. None: the app it is mounted in checks `Host` itself (Starlette's
+    `TrustedHostMiddleware`), and the request's own origin is the console's."""
 
     users: dict[str, User] = field(default_factory=dict)
     title: str = "oncebox"
     login: LoginLimits = field(default_factory=LoginLimits)
+    public_url: PublicUrl | None = None
 
 
 def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
@@ -89,14 +99,17 @@ def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
             for thread in threads:
                 thread.join(10)
 
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan)
+    middleware = [Middleware(SecurityHeaders)]
+    if settings.public_url is not None:
+        middleware.insert(0, Middleware(HostCheck, public=settings.public_url))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.figures = figures
     app.state.trends = trends
     app.state.batches = Batches(box)
     app.state.box = box
     app.state.settings = settings
     app.state.users = settings.users
-    app.state.token = None if settings.users else new_token()
+    app.state.login_token = None if settings.users else LoginToken()
     app.state.sessions = Sessions()
     app.state.throttle = LoginThrottle(settings.login)
     app.state.refusals = RefusedLogins(box.store, settings.login)

@@ -1,6 +1,10 @@
 """Deny by default: the headers every response carries, the session every page needs, and the
 checks every change passes (operator role, CSRF token, same origin, one-time action id).
 
+Nothing is derived from the `Host` header, which is the client's to write: redirects are paths,
+and a change counts as this console's own when its `Origin` is one of the public URL's origins
+(`oncebox.public_url`; the CLI always gives one, and refuses requests naming another host).
+
 Everything the console shows is user-controlled text — keys, arguments, errors, provider replies —
 and is escaped by the templates (autoescape); the Content-Security-Policy allows no inline script
 or style at all, so an escaping slip still cannot run anything.
@@ -19,6 +23,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from oncebox.console.sessions import Session, Sessions
+from oncebox.public_url import PublicUrl
 
 SESSION_COOKIE = "oncebox_session"
 LOGIN_COOKIE = "oncebox_login"  # the login form's own CSRF token (no session exists yet)
@@ -72,23 +77,42 @@ def current_session(request: Request) -> Session | None:
     return sessions_of(request).get(request.cookies.get(SESSION_COOKIE))
 
 
+def public_url_of(request: Request) -> PublicUrl | None:
+    public: PublicUrl | None = request.app.state.settings.public_url
+    return public
+
+
+def cookie_path(request: Request) -> str:
+    """The console's own path (its root path, `/` at the root): its cookies go nowhere else on
+    the host — not to an API or an app served beside it."""
+    return request.scope.get("root_path") or "/"
+
+
+def cookie_secure(request: Request) -> bool:
+    """Over HTTPS — the public URL's scheme, or a trusted proxy's word for this request."""
+    public = public_url_of(request)
+    return request.url.scheme == "https" or (public is not None and public.secure)
+
+
 def set_session_cookie(request: Request, response: Response, session_id: str) -> None:
     response.set_cookie(
         SESSION_COOKIE,
         session_id,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
-        path=_cookie_path(request),
+        secure=cookie_secure(request),
+        path=cookie_path(request),
     )
 
 
 def clear_session_cookie(request: Request, response: Response) -> None:
-    response.delete_cookie(SESSION_COOKIE, path=_cookie_path(request))
+    response.delete_cookie(SESSION_COOKIE, path=cookie_path(request))
 
 
-def _cookie_path(request: Request) -> str:
-    return (request.scope.get("root_path") or "") + "/"
+def path_for(request: Request, name: str, **params: Any) -> str:
+    """The path of the console's route `name`, root path included, with no scheme or host: a
+    link or redirect that cannot name another server, whatever the request's `Host` said."""
+    return request.url_for(name, **params).path
 
 
 def page(handler: PageFn) -> Handler:
@@ -97,25 +121,50 @@ def page(handler: PageFn) -> Handler:
     async def guarded(request: Request) -> Response:
         session = current_session(request)
         if session is None:
-            return RedirectResponse(request.url_for("login"), status_code=303)
+            return RedirectResponse(path_for(request, "login"), status_code=303)
         request.state.session = session
         return await run_in_threadpool(handler, request, session)
 
     return guarded
 
 
+def _origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _own_origin(request: Request, claimed: str) -> bool:
+    """`claimed` is one of the public URL's origins; without a public URL (the console mounted
+    in an app that checks `Host` itself), the request's own origin."""
+    public = public_url_of(request)
+    if public is not None:
+        return public.accepts_origin(claimed)
+    own = f"{request.url.scheme}://{request.url.netloc}"
+    return hmac.compare_digest(claimed.encode(), own.encode())
+
+
 def same_origin(request: Request) -> bool:
-    """The request's Origin (or, lacking it, its Referer's origin) is this console's own. A POST
-    with neither is refused: browsers send Origin with every POST they make."""
+    """The request's Origin (or, lacking it, its Referer's origin) is this console's own. A
+    POST with neither is refused: browsers send Origin with every POST they make."""
     claimed = request.headers.get("origin")
     if claimed is None or claimed == "null":
         referer = request.headers.get("referer")
         if not referer:
             return False
+        claimed = _origin_of(referer)
+    return _own_origin(request, claimed)
+
+
+def _back_path(request: Request) -> str:
+    """Where the page the action was sent from is, as a path: the Referer's path when it is
+    one of this console's pages, else the overview's."""
+    referer = request.headers.get("referer")
+    if referer and _own_origin(request, _origin_of(referer)):
         parts = urlsplit(referer)
-        claimed = f"{parts.scheme}://{parts.netloc}"
-    own = f"{request.url.scheme}://{request.url.netloc}"
-    return hmac.compare_digest(claimed.encode(), own.encode())
+        root = request.scope.get("root_path") or ""
+        if parts.path.startswith(root + "/") and not parts.path.startswith("//"):
+            return parts.path + (f"?{parts.query}" if parts.query else "")
+    return path_for(request, "overview")
 
 
 def action(handler: ActionFn) -> Handler:
@@ -141,8 +190,7 @@ def action(handler: ActionFn) -> Handler:
         if not isinstance(action_id, str) or not 16 <= len(action_id) <= 64:
             return PlainTextResponse("refused: the form has no action id", status_code=400)
         sessions = sessions_of(request)
-        back = request.headers.get("referer") or str(request.url_for("overview"))
-        first = sessions.claim_action(session, action_id, back)
+        first = sessions.claim_action(session, action_id, _back_path(request))
         if first is not None:  # taken before (or being taken now): its result, not a second go
             sessions.notify(session, "info", "That action was already taken; shown once.")
             return RedirectResponse(first, status_code=303)

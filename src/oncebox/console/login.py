@@ -1,6 +1,7 @@
 """Logging in and out. With users configured, a name and password, throttled (`throttle.py`)
-and every refusal audited with its address (`refusals.py`); with none, the token printed at
-start (`/login?token=...`)."""
+and every refusal audited with its address (`refusals.py`); with none, the one-time token of the
+link printed at start (`/login#token=…`, posted by the login page's script:
+`console.login_token`)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,45 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from oncebox.console.guard import (
     LOGIN_COOKIE,
     clear_session_cookie,
+    cookie_path,
+    cookie_secure,
     current_session,
+    path_for,
     same_origin,
     sessions_of,
     set_session_cookie,
 )
 from oncebox.console.refusals import RefusedLogins, Why
+from oncebox.console.login_token import LoginToken
 from oncebox.console.render import render
 from oncebox.console.throttle import UNKNOWN, LoginThrottle, address_key
 from oncebox.console.users import MAX_NAME_CHARS, verify_password
 
 TOKEN_USER = "token"  # noqa: S105 (a user name: the actor after a token login)
+LINK_REFUSED = (
+    "That login token is not valid: a token works once, within {minutes} minutes of being "
+    "printed. `kill -HUP` on the console's process prints a new link on its terminal."
+)
+LINK_IN_ADDRESS = (
+    "A login token in the address is refused, and spent (addresses are logged): use the link "
+    "as printed, with #token=, or paste the token below. `kill -HUP` on the console's process "
+    "prints a new link."
+)
 
 
 def _login_form(
     request: Request, error: str | None = None, status_code: int = 200, retry_after: int = 0
 ) -> Response:
     nonce = secrets.token_urlsafe(24)
-    response = render(request, None, "login.html", status_code, login_csrf=nonce, error=error)
+    response = render(
+        request,
+        None,
+        "login.html",
+        status_code,
+        login_csrf=nonce,
+        error=error,
+        token_login=not request.app.state.users,
+    )
     if retry_after:
         response.headers["Retry-After"] = str(retry_after)
     response.set_cookie(
@@ -39,8 +61,8 @@ def _login_form(
         nonce,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
-        path=(request.scope.get("root_path") or "") + "/",
+        secure=cookie_secure(request),
+        path=cookie_path(request),
         max_age=600,
     )
     return response
@@ -50,26 +72,34 @@ def _logged_in(request: Request, user: str, role: str) -> Response:
     sessions = sessions_of(request)
     sessions.end(request.cookies.get("oncebox_session"))  # never keep a session id across login
     session = sessions.start(user, "operator" if role == "operator" else "viewer")
-    response = RedirectResponse(request.url_for("overview"), status_code=303)
+    response = RedirectResponse(path_for(request, "overview"), status_code=303)
     set_session_cookie(request, response, session.id)
-    response.delete_cookie(LOGIN_COOKIE, path=(request.scope.get("root_path") or "") + "/")
+    response.delete_cookie(LOGIN_COOKIE, path=cookie_path(request))
     return response
 
 
+def _login_token(request: Request) -> LoginToken | None:
+    token: LoginToken | None = request.app.state.login_token
+    return token
+
+
 async def login_page(request: Request) -> Response:
-    token = request.query_params.get("token")
-    expected = request.app.state.token
-    if token is not None and expected is not None:
-        if hmac.compare_digest(token.encode(), expected.encode()):
-            return _logged_in(request, TOKEN_USER, "operator")
-        return _login_form(
-            request,
-            "That login link is not valid (the console prints a new one each time it starts).",
-            403,
-        )
+    in_address = request.query_params.get("token")
+    login_token = _login_token(request)
+    if in_address is not None and login_token is not None:
+        login_token.exchange(in_address)  # in an access log now: a live token is spent unused
+        return _login_form(request, LINK_IN_ADDRESS, 400)
     if current_session(request) is not None:
-        return RedirectResponse(request.url_for("overview"), status_code=303)
+        return RedirectResponse(path_for(request, "overview"), status_code=303)
     return _login_form(request)
+
+
+def _token_login(request: Request, offered: object) -> Response:
+    login_token = _login_token(request)
+    if isinstance(offered, str) and login_token is not None and login_token.exchange(offered):
+        return _logged_in(request, TOKEN_USER, "operator")
+    minutes = round(login_token.ttl_s / 60) if login_token is not None else 15
+    return _login_form(request, LINK_REFUSED.format(minutes=minutes), 403)
 
 
 async def login_submit(request: Request) -> Response:
@@ -82,11 +112,7 @@ async def login_submit(request: Request) -> Response:
         return _login_form(request, "The login form expired; please try again.", 400)
     users = request.app.state.users
     if not users:
-        return _login_form(
-            request,
-            "No users are configured: log in with the link the console printed when it started.",
-            400,
-        )
+        return _token_login(request, form.get("token"))
     name, password = form.get("name"), form.get("password")
     if not isinstance(name, str) or not isinstance(password, str) or not name or not password:
         return _login_form(request, "Give a name and a password.", 400)
@@ -126,6 +152,6 @@ async def logout(request: Request) -> Response:
         if not isinstance(token, str) or not hmac.compare_digest(token, session.csrf):
             return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
         sessions_of(request).end(session.id)
-    response = RedirectResponse(request.url_for("login"), status_code=303)
+    response = RedirectResponse(path_for(request, "login"), status_code=303)
     clear_session_cookie(request, response)
     return response

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.console.batches import REPLAY_PER_SECOND, Batches
+from oncebox.console.guard import path_for
 from oncebox.console.render import counted, noun, render
 from oncebox.console.sessions import Session
 from oncebox.console.trends import Trends
@@ -229,7 +230,7 @@ def key_search(request: Request, session: Session) -> Response:
         return render(
             request, session, "key.html", chain=None, key=key, error=problem, status_code=400
         )
-    return RedirectResponse(request.url_for("key", key=key), status_code=303)
+    return RedirectResponse(path_for(request, "key", key=key), status_code=303)
 
 
 def key_page(request: Request, session: Session) -> Response:

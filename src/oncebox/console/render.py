@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from oncebox.console.guard import sessions_of
+from oncebox.console.guard import path_for, sessions_of
 from oncebox.console.sessions import Session
 from oncebox.inert import printable
 from oncebox.retention.held import KIND_LABELS, kept
@@ -78,6 +78,13 @@ def _pretty_json(text: str | None) -> str:
         return printable(text)
 
 
+@jinja2.pass_context
+def _path_for(context: dict[str, Any], name: str, /, **params: Any) -> str:
+    """`url_for` in templates: a path (root path included), never scheme://host — a link
+    cannot name another server, whatever the request's `Host` said."""
+    return path_for(context["request"], name, **params)
+
+
 def templates() -> Jinja2Templates:
     folder = resources.files("oncebox.console") / "templates"
     env = jinja2.Environment(
@@ -85,6 +92,7 @@ def templates() -> Jinja2Templates:
         autoescape=True,  # every template, whatever its name
         undefined=jinja2.StrictUndefined,
     )
+    env.globals["url_for"] = _path_for  # before Jinja2Templates, which only sets a default
     env.filters.update(
         when=_when,
         age=_age,

@@ -3,8 +3,8 @@
 `operator` may act (replay, discard, resolve); `viewer` may only look. The same two roles are
 meant for the HTTP API's keys. Users come from `ONCEBOX_CONSOLE_USERS` or a file, one per line:
 `name role scrypt$...` (`oncebox console hash-password` prints the hash). With none configured
-the console makes a token at start and prints the login URL with it, as Jupyter does: nothing is
-ever served without a login.
+the console makes a one-time token at start and prints a login link with it
+(`console.login_token`): nothing is ever served without a login.
 """
 
 from __future__ import annotations
@@ -111,8 +111,3 @@ def parse_users(text: str, where: str) -> dict[str, User]:
             raise ConfigurationError(f"{where}, entry {number}: {name!r} is listed twice")
         users[name] = User(name, "operator" if role == "operator" else "viewer", password_hash)
     return users
-
-
-def new_token() -> str:
-    """The start-up login token when no user is configured."""
-    return secrets.token_urlsafe(24)
