@@ -92,7 +92,7 @@ from oncebox.providers.webhook_signatures import (
     verify_webhook,
     webhook_body,
 )
-from oncebox.url_options import number_option
+from oncebox.url_options import FLAGS, number_option
 
 __all__ = [
     "MAX_WEBHOOK_BYTES",
@@ -109,7 +109,7 @@ SECRET_ENV = "ONCEBOX_WEBHOOK_SECRET"  # noqa: S105 (the variable's name, not a 
 MAX_REPLY_BYTES = 16 * 1024
 QUOTED_REPLY_CHARS = 300
 OPTIONS = frozenset({"secret_env", "timeout", "receivers_dedupe", "dedupe_hours", "allow"})
-BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+BOOLEANS = FLAGS
 HOSTNAME = re.compile(
     r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
 )
