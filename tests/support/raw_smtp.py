@@ -77,9 +77,12 @@ class RecordingSmtp:
     STARTTLS — what a careless server does, or any server once an attacker on the path has
     stripped STARTTLS from its EHLO — and records every byte each client sends, so a test can
     show what crossed the wire in the clear. `host` may be a non-loopback address of this
-    machine. Accepts every command; `connected` is set once a client has said EHLO."""
+    machine. Accepts every command; `connected` is set once a client has said EHLO. `replies`
+    replaces the answer to a command (b"EHLO", or b"." for the end of a message's data) with
+    raw bytes: an endless multi-line reply, say."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", replies: dict[bytes, bytes] | None = None) -> None:
+        self.replies = replies or {}
         self.server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.server.bind((host, 0))
         self.server.listen()
@@ -116,7 +119,10 @@ class RecordingSmtp:
                 command = line[:4].upper()
                 if command in (b"EHLO", b"HELO"):
                     self.connected.set()
-                    conn.sendall(b"250-mx.example\r\n250-AUTH PLAIN\r\n250 8BITMIME\r\n")
+                    conn.sendall(
+                        self.replies.get(b"EHLO")
+                        or b"250-mx.example\r\n250-AUTH PLAIN\r\n250 8BITMIME\r\n"
+                    )
                 elif command == b"AUTH":
                     conn.sendall(b"235 2.7.0 authenticated\r\n")
                 elif command == b"DATA":
@@ -125,14 +131,14 @@ class RecordingSmtp:
                         self._heard(content)
                     with self._lock:
                         self.received += 1
-                    conn.sendall(b"250 2.0.0 queued\r\n")
+                    conn.sendall(self.replies.get(b".") or b"250 2.0.0 queued\r\n")
                 elif command == b"QUIT":
                     conn.sendall(b"221 bye\r\n")
                     break
                 else:
                     conn.sendall(b"250 2.1.0 ok\r\n")
         except OSError:
-            pass
+            pass  # the client hung up, possibly in the middle of an endless reply
         finally:
             reader.close()
             conn.close()

@@ -15,10 +15,13 @@ has meanwhile closed fails at MAIL, before anything was sent, and is replaced on
 Replies: 421 pauses the channel (SMTP has no Retry-After); other 4xx (451 greylisting, 452) are
 retried per message; 5xx (550 no such user) are permanent. A refused session (authentication,
 TLS) is the channel's problem, not the message's: the channel pauses and no attempt is spent.
+At most 16 KiB of each reply is read (`providers/replies.py`; smtplib caps a line, not how many
+lines a multi-line reply has): past it the connection is closed as if it were lost — nothing was
+sent before the end of the data, and after it the message may have been accepted.
 
-URL: `smtp://[user:password@]host[:port][?starttls=1&timeout=30&cafile=PATH]`, `smtps://…`
-(implicit TLS). Certificates are always verified (against the system's CAs, or `cafile`).
-The password may be given as `?password_env=NAME` instead, and is never logged.
+URL: `smtp://[user:password@]host[:port][?starttls=1&timeout=30&cafile=PATH&insecure_auth=1]`,
+`smtps://…` (implicit TLS). Certificates are always verified (against the system's CAs, or
+`cafile`). The password may be given as `?password_env=NAME` instead, and is never logged.
 
 Credentials cross the wire only inside TLS. Port 465 and `smtps://` speak TLS from the first byte;
 anywhere else a URL with credentials upgrades with STARTTLS, and a server that does not offer it
@@ -54,6 +57,7 @@ from oncebox.providers.base import (
     SendThrottled,
 )
 from oncebox.providers.email import check_email_payload, render
+from oncebox.providers.replies import CAP, MAX_REPLY_BYTES
 from oncebox.url_options import flag_option, number_option
 
 _EOL = re.compile(rb"\r\n|\r|\n")
@@ -133,9 +137,9 @@ class SmtpProvider:
         context = ssl.create_default_context(cafile=self.cafile)
         smtp: smtplib.SMTP
         if self.implicit_tls:
-            smtp = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout, context=context)
+            smtp = _CappedSmtpSsl(self.host, self.port, timeout=self.timeout, context=context)
         else:
-            smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
+            smtp = _CappedSmtp(self.host, self.port, timeout=self.timeout)
         try:
             smtp.ehlo()
             user, password = self.user, self._password
@@ -305,3 +309,49 @@ class SmtpProvider:
 class _StaleConnection(Exception):
     """A reused connection failed (or was timed out by the server: 421) before anything of the
     message was sent; `send` replaces it once."""
+
+
+class _ReplyTooLarge(OSError):
+    """A reply past the cap: smtplib closes the connection, as on any error reading a reply."""
+
+
+class _Budget:
+    """The server's side of a connection, as smtplib reads it (`readline`), with a budget of
+    MAX_REPLY_BYTES that `_budgeted` renews before each reply."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.left = MAX_REPLY_BYTES
+
+    def readline(self, size: int = -1) -> bytes:
+        line: bytes = self.file.readline(size)
+        self.left -= len(line)
+        if self.left < 0:
+            raise _ReplyTooLarge(f"an SMTP reply over {CAP}, not read past it")
+        return line
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _budgeted(smtp: smtplib.SMTP) -> None:
+    """Give the reply smtplib is about to read a fresh budget (the file is made anew after
+    STARTTLS, and wrapped then)."""
+    if smtp.file is None and smtp.sock is not None:
+        smtp.file = smtp.sock.makefile("rb")
+    if smtp.file is not None and not isinstance(smtp.file, _Budget):
+        smtp.file = _Budget(smtp.file)
+    if isinstance(smtp.file, _Budget):
+        smtp.file.left = MAX_REPLY_BYTES
+
+
+class _CappedSmtp(smtplib.SMTP):
+    def getreply(self) -> tuple[int, bytes]:
+        _budgeted(self)
+        return super().getreply()
+
+
+class _CappedSmtpSsl(smtplib.SMTP_SSL):
+    def getreply(self) -> tuple[int, bytes]:
+        _budgeted(self)
+        return super().getreply()
