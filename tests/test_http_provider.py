@@ -27,6 +27,7 @@ from oncebox.providers.base import (
     SendThrottled,
 )
 from oncebox.providers.http import HttpEmailProvider, parse_retry_after
+from oncebox.providers.replies import Reply, read_reply
 
 OUTGOING = Outgoing(
     1,
@@ -117,16 +118,20 @@ def deep_json(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
-def answer(status: int, body: bytes, content_type: str = "application/json") -> httpx2.Response:
-    return httpx2.Response(
+def answer(
+    status: int, body: bytes, content_type: str = "application/json"
+) -> tuple[httpx2.Response, Reply]:
+    """A response and its body as the provider reads it (what `_classify` takes)."""
+    response = httpx2.Response(
         status,
         content=body,
         headers={"content-type": content_type},
         request=httpx2.Request("POST", "http://fake.example/emails"),
     )
+    return response, read_reply(response)
 
 
-DEEP = b"[" * 10**5 + b"]" * 10**5
+DEEP = b"[" * 8000 + b"]" * 8000  # within the 16 KiB read of a reply, too deep for the parser
 
 
 @pytest.fixture
@@ -138,16 +143,17 @@ def http_provider() -> Iterator[HttpEmailProvider]:
 
 
 def test_a_body_too_deep_to_parse_counts_as_no_body_whatever_the_status(http_provider):
+    assert answer(200, DEEP)[1].refused is None  # read whole: it is the parser that gives up
     for status in (200, 201):
-        receipt = http_provider._classify(answer(status, DEEP))
+        receipt = http_provider._classify(*answer(status, DEEP))
         assert isinstance(receipt, Receipt) and receipt.provider_id is None
         assert len(receipt.detail) <= 600
     with pytest.raises(SendRetryable, match="in progress"):  # an unknown 409 code
-        http_provider._classify(answer(409, DEEP))
+        http_provider._classify(*answer(409, DEEP))
     with pytest.raises(SendPermanent, match="HTTP 422"):
-        http_provider._classify(answer(422, DEEP))
+        http_provider._classify(*answer(422, DEEP))
     with pytest.raises(SendRetryable, match="HTTP 503"):
-        http_provider._classify(answer(503, DEEP))
+        http_provider._classify(*answer(503, DEEP))
 
 
 def test_a_425_too_early_is_retryable_and_honours_retry_after():

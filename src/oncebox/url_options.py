@@ -26,3 +26,19 @@ def number_option(
             f"{name}={text[:40]!r} must be a number of {unit} from {low:g} to {high:g}"
         )
     return value
+
+
+FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def flag_option(options: Mapping[str, str], name: str) -> bool | None:
+    """`options[name]` as a yes/no (1/0, true/false, yes/no), None when absent: a value that is
+    none of these is refused, not read as "no" (a mistyped `starttls=ture` must not turn TLS
+    off)."""
+    text = options.get(name)
+    if text is None:
+        return None
+    value = FLAGS.get(text.strip().lower())
+    if value is None:
+        raise ConfigurationError(f"{name}={text[:40]!r} must be 1 or 0 (true/false, yes/no)")
+    return value

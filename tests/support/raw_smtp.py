@@ -70,3 +70,78 @@ class IdleTimeoutSmtp:
     def close(self) -> None:
         self.time_out_idle_clients()
         self.server.close()
+
+
+class RecordingSmtp:
+    """An SMTP server on a raw socket that offers `AUTH PLAIN` on a plain connection and no
+    STARTTLS — what a careless server does, or any server once an attacker on the path has
+    stripped STARTTLS from its EHLO — and records every byte each client sends, so a test can
+    show what crossed the wire in the clear. `host` may be a non-loopback address of this
+    machine. Accepts every command; `connected` is set once a client has said EHLO. `replies`
+    replaces the answer to a command (b"EHLO", or b"." for the end of a message's data) with
+    raw bytes: an endless multi-line reply, say."""
+
+    def __init__(self, host: str = "127.0.0.1", replies: dict[bytes, bytes] | None = None) -> None:
+        self.replies = replies or {}
+        self.server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.server.bind((host, 0))
+        self.server.listen()
+        self.host = host
+        self.port = self.server.getsockname()[1]
+        self.received = 0
+        self._transcript = bytearray()
+        self._lock = threading.Lock()
+        self.connected = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def transcript(self) -> bytes:
+        with self._lock:
+            return bytes(self._transcript)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _heard(self, line: bytes) -> None:
+        with self._lock:
+            self._transcript += line
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            conn.sendall(b"220 mx.example ESMTP\r\n")
+            while line := reader.readline():
+                self._heard(line)
+                command = line[:4].upper()
+                if command in (b"EHLO", b"HELO"):
+                    self.connected.set()
+                    conn.sendall(
+                        self.replies.get(b"EHLO")
+                        or b"250-mx.example\r\n250-AUTH PLAIN\r\n250 8BITMIME\r\n"
+                    )
+                elif command == b"AUTH":
+                    conn.sendall(b"235 2.7.0 authenticated\r\n")
+                elif command == b"DATA":
+                    conn.sendall(b"354 go ahead\r\n")
+                    while (content := reader.readline()) not in (b".\r\n", b""):
+                        self._heard(content)
+                    with self._lock:
+                        self.received += 1
+                    conn.sendall(self.replies.get(b".") or b"250 2.0.0 queued\r\n")
+                elif command == b"QUIT":
+                    conn.sendall(b"221 bye\r\n")
+                    break
+                else:
+                    conn.sendall(b"250 2.1.0 ok\r\n")
+        except OSError:
+            pass  # the client hung up, possibly in the middle of an endless reply
+        finally:
+            reader.close()
+            conn.close()
+
+    def close(self) -> None:
+        self.server.close()

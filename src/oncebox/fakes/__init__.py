@@ -1,7 +1,8 @@
 """Real servers that behave like the outside world, for tests and the failure-injection harness.
 
 - `SmtpSink`: an SMTP server on loopback (aiosmtpd) that records what it received and replies as
-  scripted: accept, 4xx/5xx replies, or accept-then-drop-the-connection (the lost acknowledgement).
+  scripted: accept, 4xx/5xx replies, or accept-then-drop-the-connection (the lost acknowledgement);
+  on request with STARTTLS or implicit TLS, a login (recorded in `logins`), or another address.
 - `FakeEmailApi`: an HTTP email API with idempotency keys, modelled on Resend: it stores the first
   response per key and replays it, answers 409 while a key is in flight or reused with another
   body, and can be scripted to throttle (429 + Retry-After), fail (5xx), or accept and then time

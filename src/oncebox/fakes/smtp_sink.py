@@ -43,7 +43,9 @@ class SmtpSink:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     tls_cert: str | None = None  # with tls_key: offer STARTTLS (and require it)
     tls_key: str | None = None
+    implicit_tls: bool = False  # with tls_cert and tls_key: TLS from the first byte (smtps://)
     login: tuple[str, str] | None = None  # require AUTH with these credentials
+    logins: list[str] = field(default_factory=list)  # who logged in, in order
     _controller: Any = None
 
     @property
@@ -74,9 +76,15 @@ class SmtpSink:
         if self.tls_cert and self.tls_key:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.tls_cert, self.tls_key)
-            options.update(tls_context=context, require_starttls=True)
+            if self.implicit_tls:
+                # aiosmtpd offers AUTH only after its own STARTTLS unless told the session is
+                # already private, as it is here (and then warns if AUTH is also required, so it
+                # is optional: `logins` shows who logged in)
+                options.update(ssl_context=context, auth_require_tls=False)
+            else:
+                options.update(tls_context=context, require_starttls=True)
         if self.login is not None:
-            options.update(auth_required=True, authenticator=_Authenticator(self.login))
+            options.update(auth_required=not self.implicit_tls, authenticator=_Authenticator(self))
         self._controller = Controller(_Handler(self), hostname=self.host, port=self.port, **options)
         self._controller.start()
         return self
@@ -94,16 +102,19 @@ class SmtpSink:
 
 
 class _Authenticator:
-    def __init__(self, login: tuple[str, str]) -> None:
-        self.login = login
+    def __init__(self, sink: SmtpSink) -> None:
+        self.sink = sink
 
     def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
         from aiosmtpd.smtp import AuthResult, LoginPassword  # noqa: PLC0415
 
         ok = (
             isinstance(data, LoginPassword)
-            and (data.login.decode(), data.password.decode()) == self.login
+            and (data.login.decode(), data.password.decode()) == self.sink.login
         )
+        if ok:
+            with self.sink._lock:
+                self.sink.logins.append(data.login.decode())
         return AuthResult(success=ok, handled=False)
 
 

@@ -3,7 +3,7 @@
 file://DIR            one .eml per message (the embedded default; idempotent forever)
 console:              print each message (development)
 null:                 accept everything (benchmarks)
-smtp://host:port      SMTP, optional STARTTLS and auth; smtps:// for implicit TLS
+smtp://host:port      SMTP; credentials only inside TLS (STARTTLS, or smtps:// / port 465)
 resend://             an HTTP email API with idempotency keys (resend+http://host for others)
 webhook+https://host/path
                       each message's JSON payload POSTed, signed (webhook+http:// for an

@@ -19,12 +19,16 @@ whole channel pauses until `Retry-After`; 409 "a request with this key is in pro
 retryable soon; 409 "this key was used with a different body" → permanent, and an alarm (content
 changed under a key); other 4xx → permanent. Redirects are never followed. A body that cannot be
 parsed (not JSON, not UTF-8, nested too deeply for the parser) counts as no body: a 2xx is still a
-receipt, without an id.
+receipt, without an id. At most 16 KiB of a reply is read, counted decompressed
+(`providers/replies.py`); a longer one, or one that cannot be decoded, is refused past the cap and
+counts as a body that cannot be parsed — the status still classifies the send, the reason says the
+reply was cut, and a lookup learns nothing from it ("unknown", never "not found").
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -48,6 +52,7 @@ from oncebox.providers.base import (
     StatusAnswer,
 )
 from oncebox.providers.email import check_email_payload, render
+from oncebox.providers.replies import Reply, read_reply
 from oncebox.url_options import number_option
 
 IN_PROGRESS = {"concurrent_idempotent_requests", "1601"}
@@ -83,11 +88,13 @@ def parse_retry_after(value: str | None, date_header: str | None = None) -> time
     return timedelta(seconds=max(seconds, 0.0)) if seconds < 1e9 else timedelta(days=36500)
 
 
-def _parsed(response: httpx2.Response) -> Any:
+def _parsed(reply: Reply) -> Any:
     """The body as JSON, or None when it is not JSON the parser can take (a deeply nested body
-    raises RecursionError from the parser, not ValueError)."""
+    raises RecursionError from the parser, not ValueError) or was not read whole."""
+    if reply.refused is not None:
+        return None
     try:
-        return response.json()
+        return json.loads(reply.body)
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
@@ -160,7 +167,10 @@ class HttpEmailProvider:
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         try:
-            response = self._client.post("/emails", json=self._body(outgoing), headers=headers)
+            with self._client.stream(
+                "POST", "/emails", json=self._body(outgoing), headers=headers
+            ) as response:
+                reply = read_reply(response)
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
             raise SendRetryable(f"{self.where}: not sent ({type(exc).__name__}: {exc})") from None
         except httpx2.TransportError as exc:
@@ -168,17 +178,18 @@ class HttpEmailProvider:
                 f"{self.where}: {type(exc).__name__} after the request was sent ({exc}); "
                 "it may have been accepted"
             ) from None
-        return self._classify(response)
+        return self._classify(response, reply)
 
-    def _classify(self, response: httpx2.Response) -> Receipt:
+    def _classify(self, response: httpx2.Response, reply: Reply) -> Receipt:
         status = response.status_code
-        text = response.text[:500]
-        body = _parsed(response)
-        reason = f"{self.where}: HTTP {status} {text}".strip()
+        text = reply.body[: 500 if reply.refused is None else 200].decode("utf-8", "replace")
+        cut = "" if reply.refused is None else f" … ({reply.refused})"
+        body = _parsed(reply)
+        reason = f"{self.where}: HTTP {status} {text}".strip() + cut
         if 200 <= status < 300:
             if isinstance(body, dict) and isinstance(body.get("id"), str):
                 return Receipt(body["id"], f"HTTP {status}")
-            return Receipt(None, f"HTTP {status} without a message id: {text!r}")
+            return Receipt(None, f"HTTP {status} without a message id: {text!r}{cut}")
         if status == 429:
             wait = parse_retry_after(
                 response.headers.get("retry-after"), response.headers.get("date")
@@ -215,12 +226,13 @@ class SearchableHttpEmailProvider(HttpEmailProvider):
     ) -> tuple[StatusAnswer, Receipt | None]:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            response = self._client.get(
-                "/emails", params={"message_id": outgoing.message_id}, headers=headers
-            )
+            with self._client.stream(
+                "GET", "/emails", params={"message_id": outgoing.message_id}, headers=headers
+            ) as response:
+                reply = read_reply(response)
         except httpx2.TransportError:
             return "unknown", None
-        body = _parsed(response)
+        body = _parsed(reply)  # None for a reply too long to read: no evidence either way
         data = body.get("data") if isinstance(body, dict) else None
         if response.status_code != 200 or not isinstance(data, list):
             return "unknown", None  # an answer it cannot read is no evidence either way

@@ -52,9 +52,10 @@ none); a failed lookup, connection refused or a connect timeout → retryable (n
 timeout or a lost connection after the request was written → ambiguous (above); 408, 425 and 5xx →
 retryable, after `Retry-After` if given; 429 → the whole channel pauses until `Retry-After`; 3xx,
 410 Gone and every other 4xx → permanent (a 401 or 403 on every message means the receiver and the
-channel disagree on the secret). Replies are untrusted: at most 16 KiB is read, and what a reason
-quotes of them is escaped (`inert.printable`). Reasons name the endpoint as `scheme://host[:port]`,
-without its path (a path may hold a capability token).
+channel disagree on the secret). Replies are untrusted: at most 16 KiB is read, counted
+decompressed (`providers/replies.py`; a reply cut short still leaves its status, which is what
+counts), and what a reason quotes of them is escaped (`inert.printable`). Reasons name the
+endpoint as `scheme://host[:port]`, without its path (a path may hold a capability token).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from oncebox.providers.base import (
     SendThrottled,
 )
 from oncebox.providers.http import parse_retry_after
+from oncebox.providers.replies import read_reply
 from oncebox.providers.webhook_signatures import (
     MAX_WEBHOOK_BYTES,
     WebhookRefused,
@@ -92,7 +94,7 @@ from oncebox.providers.webhook_signatures import (
     verify_webhook,
     webhook_body,
 )
-from oncebox.url_options import number_option
+from oncebox.url_options import FLAGS, number_option
 
 __all__ = [
     "MAX_WEBHOOK_BYTES",
@@ -106,10 +108,9 @@ __all__ = [
 ]
 
 SECRET_ENV = "ONCEBOX_WEBHOOK_SECRET"  # noqa: S105 (the variable's name, not a secret)
-MAX_REPLY_BYTES = 16 * 1024
 QUOTED_REPLY_CHARS = 300
 OPTIONS = frozenset({"secret_env", "timeout", "receivers_dedupe", "dedupe_hours", "allow"})
-BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+BOOLEANS = FLAGS
 HOSTNAME = re.compile(
     r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
 )
@@ -363,7 +364,7 @@ class WebhookProvider:
         headers = {
             "Host": self.authority,
             "Content-Type": "application/json",
-            "Accept-Encoding": "identity",  # a compressed reply would be read past its cap
+            "Accept-Encoding": "identity",  # replies are small; a compressed one is capped too
             "User-Agent": "oncebox-webhook",
             "webhook-id": idempotency_key,
             "webhook-timestamp": stamp,
@@ -385,7 +386,7 @@ class WebhookProvider:
             with self._client.stream(
                 "POST", url, content=body, headers=headers, extensions={"sni_hostname": self.host}
             ) as response:
-                return self._classify(response, _capped(response))
+                return self._classify(response, _reply(response))
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
             raise _NotConnected(f"{address}: {type(exc).__name__}: {exc}") from None
         except httpx2.TransportError as exc:
@@ -432,18 +433,13 @@ def _literal(host: str) -> Address | None:
         return None
 
 
-def _capped(response: httpx2.Response) -> bytes:
-    """At most MAX_REPLY_BYTES of the reply, as sent (no decoding: a compressed reply could
-    expand past any cap). A reply cut short still leaves its status, which is what counts."""
-    read = bytearray()
+def _reply(response: httpx2.Response) -> bytes:
+    """What is read of the reply (`read_reply`: at most 16 KiB, decoded); a reply cut short
+    still leaves its status, which is what counts."""
     try:
-        for chunk in response.iter_raw():
-            read += chunk
-            if len(read) >= MAX_REPLY_BYTES:
-                break
+        return read_reply(response).body
     except (httpx2.HTTPError, httpx2.StreamError):
-        pass
-    return bytes(read[:MAX_REPLY_BYTES])
+        return b""
 
 
 def _reply_id(reply: bytes) -> str | None:
