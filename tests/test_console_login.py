@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+import httpx2
 import pytest
 from starlette.testclient import TestClient
 
@@ -86,7 +87,7 @@ class Browser:
         assert found, html
         return found.group(1)
 
-    def login(self, name: str, password: str) -> httpx.Response:
+    def login(self, name: str, password: str) -> httpx2.Response:
         answer = self.web.post(
             "/login",
             data={"name": name, "password": password, "login_csrf": self.token},

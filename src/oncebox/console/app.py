@@ -17,8 +17,8 @@ from oncebox.box import Box
 from oncebox.console import actions, login, pages
 from oncebox.console.batches import Batches
 from oncebox.console.guard import SecurityHeaders, action, page
-from oncebox.console.refusals import RefusedLogins
 from oncebox.console.login_token import LoginToken
+from oncebox.console.refusals import RefusedLogins
 from oncebox.console.render import templates
 from oncebox.console.sessions import Sessions
 from oncebox.console.throttle import LoginLimits, LoginThrottle

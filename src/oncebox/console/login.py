@@ -23,8 +23,8 @@ from oncebox.console.guard import (
     sessions_of,
     set_session_cookie,
 )
-from oncebox.console.refusals import RefusedLogins, Why
 from oncebox.console.login_token import LoginToken
+from oncebox.console.refusals import RefusedLogins, Why
 from oncebox.console.render import render
 from oncebox.console.throttle import UNKNOWN, LoginThrottle, address_key
 from oncebox.console.users import MAX_NAME_CHARS, verify_password
