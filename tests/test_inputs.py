@@ -282,3 +282,25 @@ def test_a_webhook_url_with_a_port_out_of_range_is_a_configuration_error(port, s
             build(url)
         message = str(caught.value)
         assert said in message and "1-65535" in message and "webhook URL" in message, message
+
+
+# -- tokens compared ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/dead/replay", "/logout"])
+def test_a_csrf_token_that_is_not_ascii_is_refused_not_a_server_error(web, seeded, route):
+    console, _, _ = web
+    operator(seeded.console, console)
+    form = {"csrf": "tok\u00e9n", "action_id": action_id(), "id": "1", "reason": "r"}
+    answer = console.post(route, data=form, headers={"origin": "http://console.test"})
+    assert answer.status_code == 403, answer.text[:300]
+    assert one_line(answer.text) == "refused: missing or wrong CSRF token"
+
+
+def test_a_login_form_token_that_is_not_ascii_is_refused_not_a_server_error(web):
+    console, _, _ = web
+    console.cookies.set("oncebox_login", "nonce")
+    form = {"login_csrf": "n\u00f6nce", "name": "olga", "password": "x"}
+    answer = console.post("/login", data=form, headers={"origin": "http://console.test"})
+    assert answer.status_code == 400, answer.text[:300]
+    assert "The login form expired" in answer.text

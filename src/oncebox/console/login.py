@@ -15,6 +15,7 @@ from oncebox.console.guard import (
     clear_session_cookie,
     current_session,
     same_origin,
+    same_token,
     sessions_of,
     set_session_cookie,
 )
@@ -71,7 +72,7 @@ async def login_submit(request: Request) -> Response:
     form = await request.form()
     nonce = form.get("login_csrf")
     cookie = request.cookies.get(LOGIN_COOKIE)
-    if not isinstance(nonce, str) or not cookie or not hmac.compare_digest(nonce, cookie):
+    if not isinstance(nonce, str) or not cookie or not same_token(nonce, cookie):
         return _login_form(request, "The login form expired; please try again.", 400)
     users = request.app.state.users
     if not users:
@@ -103,7 +104,7 @@ async def logout(request: Request) -> Response:
     form = await request.form()
     token = form.get("csrf")
     if session is not None:
-        if not isinstance(token, str) or not hmac.compare_digest(token, session.csrf):
+        if not isinstance(token, str) or not same_token(token, session.csrf):
             return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
         sessions_of(request).end(session.id)
     response = RedirectResponse(request.url_for("login"), status_code=303)
