@@ -56,5 +56,5 @@ def is_digits(text: str) -> bool:
 
 
 def beyond_ids(text: str) -> str:
-    """What to say of an id past MAX_ROW_ID."""
-    return f"{text[:40]} is past the largest row id, {MAX_ROW_ID}"
+    """An id past MAX_ROW_ID, as a message names it."""
+    return f"{text[:40]} (row ids stop at {MAX_ROW_ID})"
