@@ -36,6 +36,7 @@ TITLES: dict[str, str] = {
     "signature-refused": "The delivery webhook's signature does not verify",
     "forbidden": "The API key lacks the scope this route needs",
     "rate-limited": "The API key's request budget is spent",
+    "auth-throttled": "Too many requests from this address with a missing or wrong API key",
     "not-found": "No such resource",
     "unknown-task": "No task of that name is registered",
     "method-not-allowed": "The route does not take that method",

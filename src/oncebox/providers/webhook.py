@@ -235,7 +235,7 @@ class WebhookProvider:
                 f"{', '.join(sorted(OPTIONS))}; the endpoint takes no query of its own)"
             )
         try:
-            self.host = _host(parts.hostname)
+            self.host = _host(parts.hostname or "")
             self.names, self.networks = _allow_list(options.get("allow", ""))
         except ConfigurationError as exc:
             raise ConfigurationError(f"webhook URL {shown!r}: {exc}") from None
