@@ -8,6 +8,7 @@ arbitrary input; these pin the cases found by hand."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -304,3 +305,22 @@ def test_a_login_form_token_that_is_not_ascii_is_refused_not_a_server_error(web)
     answer = console.post("/login", data=form, headers={"origin": "http://console.test"})
     assert answer.status_code == 400, answer.text[:300]
     assert "The login form expired" in answer.text
+
+
+# -- the API ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["a\x00b", "a\ud800b"], ids=["nul", "surrogate"])
+def test_an_api_replay_whose_reason_no_store_keeps_is_refused_with_what_is_wrong(
+    web, seeded, reason
+):
+    _, api, _ = web
+    [dead] = seeded.box.store.job_list(_dead_jobs())
+    answer = api.post(
+        f"/v1/dead-letters/{dead.id}/replay",
+        content=json.dumps({"reason": reason}),  # a lone surrogate as JSON's escape
+        headers={"Authorization": f"Bearer {seeded.token}", "Content-Type": "application/json"},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"].startswith("the reason holds a "), answer.json()
+    assert seeded.box.store.job_get(dead.id).state == "dead"
