@@ -222,7 +222,9 @@ def test_when_to_run_is_checked_before_the_enqueue(api, options):
 
 def test_unknown_tasks_routes_and_methods_are_problems_too(api):
     body = is_problem(api.post("/v1/tasks/nope/jobs", "app", digest()), 404, "unknown-task")
-    assert "weekly_digest" in body["detail"]  # the known tasks are named
+    assert body["detail"] == "no task named 'nope' is registered"  # not the others: item 9
+    batch = api.post("/v1/tasks/nope/jobs:batch", "app", {"jobs": [digest()["args"]]})
+    assert is_problem(batch, 404, "unknown-task")["detail"] == body["detail"]
     is_problem(api.get("/v1/nothing"), 404, "not-found")
     is_problem(api.client.delete(DIGEST, headers=api.headers("app")), 405, "method-not-allowed")
     is_problem(api.get("/v1/jobs/12345"), 404, "not-found")

@@ -632,7 +632,8 @@ def test_receivers_dedupe_declares_the_channel_idempotent_for_as_long_as_they_re
         ("webhook+https://hooks.acme.example/in?allow=10.0.0.0/33", "not a network"),
         ("webhook+https://hooks.acme.example/in?allow=bad_host!", "not a hostname"),
         ("webhook+https://hooks.acme.example/in?timeout=0", "timeout"),
-        ("webhook+https://hooks.acme.example:99999/in", "is malformed"),
+        ("webhook+https://hooks.acme.example:99999/in", "port 99999 is not a port"),
+        ("webhook+https://[hooks.acme.example/in", "is malformed"),
     ],
 )
 def test_bad_webhook_urls_are_refused_when_declared(url, why):

@@ -43,7 +43,13 @@ COUNTERS: dict[str, str] = {
     "provider_events_unmatched": "verified provider delivery events about no message of this "
     "database (another system's on the account, or pruned): acknowledged, not acted on",
     "provider_events_unreadable": "signed provider requests that are not a delivery event (no "
-    "type or data): acknowledged, not acted on",
+    "type or data, not a JSON object): acknowledged, not acted on",
+    "provider_events_unstorable": "signed provider delivery events holding text no store keeps "
+    "(a NUL, a lone surrogate): acknowledged, not recorded",
+    "api_auth_refused": "HTTP API requests refused for a missing, malformed, unknown, revoked or "
+    "wrong key (401)",
+    "api_auth_throttled": "HTTP API requests refused unread (429) because their address sent too "
+    "many of those in a window (ApiSettings.auth_failures)",
     "pruned_jobs": "finished jobs deleted by retention, with their attempts",
     "pruned_intents": "intents deleted under their task's keep_intents",
     "payloads_dropped": "sent messages whose payload (recipients, bodies) retention dropped",

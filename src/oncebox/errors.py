@@ -3,7 +3,8 @@
     OnceboxError
     ├── ConfigurationError          a task, template, URL or setting is wrong (fix the code/config)
     │   ├── KeyTemplateError        a key template is malformed or names a missing argument
-    │   └── MissingExtra            what was asked for needs an extra that is not installed
+    │   ├── MissingExtra            what was asked for needs an extra that is not installed
+    │   └── InvalidInput            a value from outside no store keeps (a NUL, an id past 2^63)
     ├── EnqueueError                a job was refused at enqueue; nothing was written
     │   ├── InvalidKey              the rendered key breaks the key rules
     │   ├── InvalidArguments        args are not JSON, or do not fit the task's signature
@@ -60,6 +61,12 @@ class MissingExtra(ConfigurationError):
         super().__init__(f"{what} needs an extra: pip install 'oncebox[{extra}]'{missing}")
         self.extra = extra
         self.module = module
+
+
+class InvalidInput(ConfigurationError):
+    """A value that came from outside — a filter, a form field, an id, an event's text — refused
+    where it arrived, before anything is read or written, saying what and where: text no store
+    keeps (a NUL, a lone surrogate), an id that is no row id (past 2^63 - 1; `oncebox.storable`)."""
 
 
 class EnqueueError(OnceboxError):

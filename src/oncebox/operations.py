@@ -42,6 +42,7 @@ from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.jobs.keys import validate_key
 from oncebox.metrics import Metrics
 from oncebox.runtime import Runtime
+from oncebox.storable import MAX_ROW_ID, checked_text, is_digits, row_id
 from oncebox.store.base import (
     DiscardResult,
     JobRow,
@@ -108,7 +109,8 @@ class Operations:
     def find(self, key_or_id: str | int) -> list[JobRow]:
         """Jobs for a key (its active job and the job that claimed it) or the job with an id."""
         if isinstance(key_or_id, int) or (isinstance(key_or_id, str) and _is_id(key_or_id)):
-            job = self.store.job_get(int(key_or_id))
+            found = _row_id(key_or_id)
+            job = None if found is None else self.store.job_get(found)
             return [job] if job is not None else []
         return self.store.job_find_by_key(validate_key(key_or_id))
 
@@ -359,7 +361,8 @@ class Operations:
 
     def _outbox_rows(self, key_or_id: str | int, is_id: bool) -> list[OutboxRow]:
         if is_id:
-            row = self.store.outbox_get(int(key_or_id))
+            found = _row_id(key_or_id)
+            row = None if found is None else self.store.outbox_get(found)
             return [row] if row is not None else []
         text = str(key_or_id)
         validate_key(text.replace("~", "-"))
@@ -400,6 +403,8 @@ class Operations:
         if resolution not in ("sent", "resend"):
             raise ConfigurationError("a resolution is 'sent' or 'resend'")
         reason = reason_text(reason)
+        if receipt is not None:
+            checked_text(receipt, "the receipt")
         is_id = isinstance(key_or_id, int) or _is_id(str(key_or_id))
         row = self._one_delivery(key_or_id, is_id, "ambiguous", "resolve")
         done = self.store.outbox_resolve(OperatorAction(row.id, actor, reason), resolution, receipt)
@@ -460,7 +465,14 @@ class Operations:
 
 def _is_id(text: str) -> bool:
     """A row id is ASCII digits: `str.isdigit()` is true of "²" too, which `int()` refuses."""
-    return text.isascii() and text.isdigit()
+    return is_digits(text)
+
+
+def _row_id(key_or_id: str | int) -> int | None:
+    """The id as a number, or None past what any store holds (no row has it)."""
+    if isinstance(key_or_id, int):
+        return key_or_id if 0 <= key_or_id <= MAX_ROW_ID else None
+    return row_id(key_or_id)
 
 
 def _done(verb: str) -> str:

@@ -19,15 +19,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from oncebox.api import describe, jobs, operate, reads
+from oncebox.api.auth_failures import AuthFailures
 from oncebox.api.budgets import Budgets
 from oncebox.api.guard import BODY_OVERHEAD, HEADERS, Answer, Call, Endpoint, serve
 from oncebox.api.problems import Problem
 from oncebox.api.settings import ApiSettings
 from oncebox.box import Box
+from oncebox.limits.rates import Limit
 
 log = logging.getLogger("oncebox.api")
 PRUNE_EVERY = timedelta(minutes=5)
 PRUNE_BATCH = 1000
+COUNT_EVERY = timedelta(seconds=10)
 
 
 def endpoints() -> list[Endpoint]:
@@ -184,18 +187,32 @@ def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
         except RuntimeError:  # shutting down: the claimed run is fanned out here, not dropped
             run()
 
+    failures = (
+        None
+        if settings.auth_failures is None
+        else AuthFailures(Limit.parse(settings.auth_failures))
+    )
+
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         stop = threading.Event()
-        pruner = threading.Thread(target=_prune, args=(box, stop), name="api-prune", daemon=True)
-        pruner.start()
+        threads = [threading.Thread(target=_prune, args=(box, stop), name="api-prune", daemon=True)]
+        if failures is not None:
+            threads.append(
+                threading.Thread(
+                    target=_count, args=(box, failures, stop), name="api-counts", daemon=True
+                )
+            )
+        for thread in threads:
+            thread.start()
         try:
             yield
         finally:
             stop.set()
             # the fan-outs already answered for finish first, off the event loop
             await anyio.to_thread.run_sync(executor.shutdown)
-            await anyio.to_thread.run_sync(pruner.join, 10)
+            for thread in threads:
+                await anyio.to_thread.run_sync(thread.join, 10)
 
     app = Starlette(
         routes=routes,
@@ -207,7 +224,20 @@ def create_api(box: Box, settings: ApiSettings | None = None) -> Starlette:
     app.state.budgets = Budgets(box.store)
     app.state.body_cap = box.max_payload_bytes + BODY_OVERHEAD
     app.state.defer = defer
+    app.state.auth_failures = failures
     return app
+
+
+def _count(box: Box, failures: AuthFailures, stop: threading.Event) -> None:
+    """Write the refused and throttled requests' counts now and then, and once more at stop."""
+    while True:
+        stopping = stop.wait(COUNT_EVERY.total_seconds())
+        try:
+            failures.flush(box.store)
+        except Exception:  # the store away: kept for the next round
+            log.warning("writing the API's refused-key counts failed", exc_info=True)
+        if stopping:
+            return
 
 
 def _prune(box: Box, stop: threading.Event) -> None:

@@ -27,14 +27,16 @@ from oncebox.api.problems import Problem, problem_of
 from oncebox.box import Box
 from oncebox.deliveries.events import provider_event, read_event
 from oncebox.deliveries.reports import Reports
-from oncebox.errors import InvalidArguments, StoreUnavailable
+from oncebox.errors import InvalidArguments, InvalidInput, StoreUnavailable
 from oncebox.inert import printable
 from oncebox.providers.webhook_signatures import (
     MAX_WEBHOOK_BYTES,
+    UnreadableBody,
     WebhookRefused,
     verify_webhook,
     webhook_headers,
 )
+from oncebox.storable import checked_text
 
 log = logging.getLogger("oncebox.deliveries")
 
@@ -67,6 +69,8 @@ def create_receiver(box: Box) -> Starlette:
             payload = verify_webhook(
                 secrets[name], request.headers, body, tolerance=channels[name].tolerance
             )
+        except UnreadableBody as unreadable:  # signed, so the provider's: not to be retried
+            return await run_in_threadpool(_unreadable, box, name, unreadable.reason)
         except WebhookRefused as refused:
             log.warning("channel %s: a delivery webhook refused: %s", name, refused.reason)
             return Problem(401, "signature-refused", refused.reason).response(request.url.path)
@@ -81,17 +85,31 @@ def create_receiver(box: Box) -> Starlette:
 def _record(
     box: Box, channel: str, headers: Mapping[str, str], payload: Mapping[str, Any]
 ) -> Response:
+    event_id, _stamp, _signature = webhook_headers(headers)
     try:
         read = read_event(payload)
+        checked_text(event_id, "the event's id")
     except InvalidArguments as exc:  # signed, so the provider's: acknowledged, not retried
-        log.warning("channel %s: a signed request that is not a delivery event: %s", channel, exc)
-        box.store.counter_add({"provider_events_unreadable": 1})
-        return JSONResponse({"outcome": "unreadable", "stage": None, "settled": False})
-    event_id, _stamp, _signature = webhook_headers(headers)
+        return _unreadable(box, channel, str(exc))
+    except InvalidInput as exc:  # the same: sending it again would not change it
+        log.warning("channel %s: a signed delivery event no store keeps: %s", channel, exc)
+        box.store.counter_add({"provider_events_unstorable": 1})
+        return _acknowledged("unstorable", str(exc))
     recorded = box.store.provider_event_record(provider_event(channel, event_id, read))
     return JSONResponse(
         {"outcome": recorded.outcome, "stage": read.stage, "settled": recorded.settled}
     )
+
+
+def _unreadable(box: Box, channel: str, reason: str) -> Response:
+    log.warning("channel %s: a signed request that is not a delivery event: %s", channel, reason)
+    box.store.counter_add({"provider_events_unreadable": 1})
+    return _acknowledged("unreadable", reason)
+
+
+def _acknowledged(outcome: str, detail: str) -> Response:
+    """A 2xx for a signed request recorded as nothing: a provider retries anything else."""
+    return JSONResponse({"outcome": outcome, "stage": None, "settled": False, "detail": detail})
 
 
 async def _capped(request: Request) -> bytes | None:

@@ -1,4 +1,5 @@
-"""Every route's way in, in order: the API key (401), its scope (403), its budget (429), the
+"""Every route's way in, in order: the caller's address, unless slowed for failed keys (429,
+`auth_failures.py`), the API key (401), its scope (403), its budget (429), the
 body — capped, JSON, parsed (413, 415, 400) — then, for a POST with an `Idempotency-Key`, the
 key's record (a replay, 409 or 422), and only then the route, in a worker thread (the store is
 synchronous). Nothing is written before every check has passed; an error is a problem detail.
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from oncebox.api import idempotency
+from oncebox.api.auth_failures import AuthFailures
 from oncebox.api.budgets import Budgets
 from oncebox.api.keys import ApiKey, Scope, authenticate
 from oncebox.api.problems import MEDIA_TYPE, Problem, problem_of
@@ -137,9 +139,29 @@ def _problem_response(problem: Problem, instance: str) -> Response:
     return response
 
 
-def admit(box: Box, budgets: Budgets, endpoint: Endpoint, authorization: str | None) -> ApiKey:
-    """The caller's live key, if it holds the endpoint's scope and has budget left."""
+def admit(
+    box: Box,
+    budgets: Budgets,
+    endpoint: Endpoint,
+    authorization: str | None,
+    caller: tuple[str, AuthFailures | None],
+) -> ApiKey:
+    """The caller's live key, if its address is not slowed for failed keys (`auth_failures`),
+    it holds the endpoint's scope and has budget left. `caller` is the client's address and
+    the app's failure counts (None: not counted)."""
+    address, failures = caller
+    attempt = None if failures is None else failures.begin(address, authorization)
+    if attempt is not None and attempt.wait is not None:
+        raise Problem(
+            429,
+            "auth-throttled",
+            "too many requests from this address with a missing or wrong API key; retry in "
+            f"{attempt.wait} s",
+            headers={"Retry-After": str(attempt.wait)},
+        )
     key = authenticate(box.store, authorization)
+    if failures is not None and attempt is not None:
+        failures.end(attempt, key)
     if key is None:
         raise Problem(
             401,
@@ -174,7 +196,10 @@ def _check_query(endpoint: Endpoint, names: Iterable[str]) -> None:
 async def _handle(endpoint: Endpoint, request: Request) -> Response:
     box: Box = request.app.state.box
     authorization = request.headers.get("authorization")
-    key = await run_in_threadpool(admit, box, request.app.state.budgets, endpoint, authorization)
+    caller = (request.client.host if request.client else "?", request.app.state.auth_failures)
+    key = await run_in_threadpool(
+        admit, box, request.app.state.budgets, endpoint, authorization, caller
+    )
     _check_query(endpoint, request.query_params)
     raw = b""
     body: Any = None

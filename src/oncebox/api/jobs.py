@@ -12,6 +12,7 @@ from urllib.parse import quote
 from oncebox import shapes
 from oncebox.api.guard import Answer, Call
 from oncebox.api.problems import Problem
+from oncebox.jobs.tasks import Task
 from oncebox.queue.enqueue import EnqueueResult
 
 MAX_DELAY = timedelta(days=366)
@@ -88,8 +89,18 @@ def _enqueued(result: EnqueueResult, task: str) -> dict[str, Any]:
     }
 
 
+def _task(call: Call) -> Task:
+    """The path's task; 404 naming only the name asked for — the registry's own error lists
+    every task, which is for the CLI's operator, not for any key holder (the discovery
+    routes describe the tasks a key may enqueue)."""
+    name = call.params["task"]
+    if name not in call.box.registry:
+        raise Problem(404, "unknown-task", f"no task named {name[:100]!r} is registered")
+    return call.box.registry.get(name)
+
+
 def enqueue(call: Call) -> Answer:
-    task = call.box.registry.get(call.params["task"])  # UnknownTask: 404
+    task = _task(call)
     body = _object(call.body, ("args", *_OPTIONS))
     args = body.get("args", {})
     if not isinstance(args, dict):
@@ -102,7 +113,7 @@ def enqueue(call: Call) -> Answer:
 
 
 def enqueue_batch(call: Call) -> Answer:
-    task = call.box.registry.get(call.params["task"])
+    task = _task(call)
     body = _object(call.body, ("jobs", *_OPTIONS))
     jobs = body.get("jobs")
     if not isinstance(jobs, list) or not jobs or len(jobs) > MAX_BATCH:

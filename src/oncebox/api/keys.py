@@ -104,9 +104,9 @@ def live_key(row: ApiKeyRow) -> ApiKey:
     return ApiKey(row.id, row.name, scopes, Limit.parse(row.rate))
 
 
-def authenticate(store: Store, authorization: str | None) -> ApiKey | None:
-    """The live key an `Authorization: Bearer obx_<id>_<secret>` header names; None for no
-    header, a malformed one, an unknown or revoked key, or a wrong secret."""
+def parse_token(authorization: str | None) -> tuple[int, str] | None:
+    """The key id and secret an `Authorization: Bearer obx_<id>_<secret>` header holds; None
+    for no header or a malformed one."""
     if authorization is None:
         return None
     scheme, _, token = authorization.strip().partition(" ")
@@ -114,7 +114,17 @@ def authenticate(store: Store, authorization: str | None) -> ApiKey | None:
     key_id, _, secret = rest.partition("_")
     if scheme.lower() != "bearer" or prefix != PREFIX or not _ID_RE.fullmatch(key_id) or not secret:
         return None
-    row = store.api_key_get(int(key_id))
+    return int(key_id), secret
+
+
+def authenticate(store: Store, authorization: str | None) -> ApiKey | None:
+    """The live key an `Authorization: Bearer obx_<id>_<secret>` header names; None for no
+    header, a malformed one, an unknown or revoked key, or a wrong secret."""
+    parsed = parse_token(authorization)
+    if parsed is None:
+        return None
+    key_id, secret = parsed
+    row = store.api_key_get(key_id)
     expected = _DUMMY if row is None else row.secret_sha256
     matches = hmac.compare_digest(digest(secret).encode(), expected.encode())
     if row is None or not matches or row.revoked_at is not None:

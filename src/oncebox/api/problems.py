@@ -36,6 +36,7 @@ TITLES: dict[str, str] = {
     "signature-refused": "The delivery webhook's signature does not verify",
     "forbidden": "The API key lacks the scope this route needs",
     "rate-limited": "The API key's request budget is spent",
+    "auth-throttled": "Too many requests from this address with a missing or wrong API key",
     "not-found": "No such resource",
     "unknown-task": "No task of that name is registered",
     "method-not-allowed": "The route does not take that method",
@@ -94,8 +95,8 @@ def problem_of(exc: OnceboxError) -> Problem:
     """The problem an oncebox error is, for a caller: their mistakes are 4xx, the store or a
     broker away is 503 with a Retry-After (nothing was written), anything else 500."""
     text = str(exc)
-    if isinstance(exc, UnknownTask):
-        return Problem(404, "unknown-task", text)
+    if isinstance(exc, UnknownTask):  # its text may list every task: not for any caller
+        return Problem(404, "unknown-task", "the task is not registered here")
     if isinstance(exc, PayloadTooLarge):
         return Problem(413, "payload-too-large", text)
     if isinstance(exc, (EnqueueError, ConfigurationError)):

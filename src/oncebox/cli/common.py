@@ -31,6 +31,7 @@ from oncebox.errors import (
     OnceboxError,
 )
 from oncebox.inert import printable, redact
+from oncebox.storable import MAX_ROW_ID, beyond_ids, is_digits, row_id
 from oncebox.store import open_store
 from oncebox.store.base import BacklogRow
 from oncebox.store.migrations import check_runnable
@@ -125,6 +126,15 @@ def actor_option(func: F) -> F:
         default=lambda: os.environ.get("USER", "cli"),
         show_default="$USER",
         help="Who; written to the audit log.",
+    )(func)
+
+
+def before_option(func: F) -> F:
+    return click.option(
+        "--before",
+        "before_id",
+        type=click.IntRange(0, MAX_ROW_ID),
+        help="Only ids below this (paging).",
     )(func)
 
 
@@ -233,15 +243,17 @@ def _default_notice_held() -> Iterator[list[logging.LogRecord]]:
 def is_id(key_or_id: str) -> bool:
     """Whether a KEY_OR_ID argument is a row id: ASCII digits only. `str.isdigit()` is true of
     superscripts and other scripts' digits too, which `int()` refuses or reads as a number."""
-    return key_or_id.isascii() and key_or_id.isdigit()
+    return is_digits(key_or_id)
 
 
 def id_or_key(key_or_id: str, what: str) -> str:
     """A KEY_OR_ID argument, refused as NotFound when it is digits but not ASCII ones ('²',
     '٤٢'): no row has such an id (ids are ASCII digits) nor such a key (keys are ASCII), and
-    the operations that take it would read it as an id."""
+    the operations that take it would read it as an id; or ASCII digits past any row id."""
     if key_or_id.isdigit() and not is_id(key_or_id):
         raise NotFound(f"no {what} with id or key {key_or_id!r}")
+    if is_id(key_or_id) and row_id(key_or_id) is None:
+        raise NotFound(f"no {what} with id {beyond_ids(key_or_id)}")
     return key_or_id
 
 

@@ -14,6 +14,7 @@ from oncebox.cli.common import (
     age,
     app_option,
     backlog_lines,
+    before_option,
     box_for_admin,
     db_option,
     fan_out_line,
@@ -251,7 +252,7 @@ def jobs() -> None:
 @click.option("--queue")
 @click.option("--schedule", help="Jobs enqueued by this schedule's fan-outs.")
 @click.option("--period", help="With --schedule: of this period.")
-@click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
+@before_option
 @limit_option()
 @app_option
 @db_option
@@ -385,7 +386,7 @@ def audit() -> None:
     ),
     help="Only entries of this action.",
 )
-@click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
+@before_option
 @limit_option()
 @app_option
 @db_option

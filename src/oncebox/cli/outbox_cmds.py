@@ -9,6 +9,7 @@ from oncebox import shapes
 from oncebox.cli.common import (
     actor_option,
     app_option,
+    before_option,
     box_for_admin,
     db_option,
     fail,
@@ -48,7 +49,7 @@ def outbox() -> None:
     type=click.Choice(STAGES),
     help="Only messages the provider's reports took this far (bounced, complained, …).",
 )
-@click.option("--before", "before_id", type=int, help="Only ids below this (paging).")
+@before_option
 @limit_option()
 @app_option
 @db_option

@@ -13,18 +13,27 @@ from oncebox.console.batches import Batches
 from oncebox.console.guard import path_for, sessions_of
 from oncebox.console.pages import box_of
 from oncebox.console.sessions import Session
-from oncebox.errors import ConfigurationError, InvalidState, NotFound
+from oncebox.errors import ConfigurationError, InvalidInput, InvalidState, NotFound
+from oncebox.storable import beyond_ids, checked_text, is_digits, row_id
+
+
+def _choice(form: Any, name: str) -> str:
+    """A field compared, never stored (a choice, a plan's id, where to go back to), trimmed."""
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) else ""
 
 
 def _field(form: Any, name: str) -> str:
+    """A text field, trimmed; text no store keeps is refused (`InvalidInput`: the action says
+    "Nothing …" and why)."""
     value = form.get(name)
-    return value.strip() if isinstance(value, str) else ""
+    return checked_text(value.strip(), f"the {name}") if isinstance(value, str) else ""
 
 
 def _back(request: Request, form: Any, fallback: str) -> str:
     """Where to go after the action: the form's `back` path when it is one of this console's
     own paths, else `fallback` (never an address the form could point elsewhere)."""
-    back = _field(form, "back")
+    back = _choice(form, "back")
     root = request.scope.get("root_path") or ""
     if back.startswith(root + "/") and not back.startswith("//") and "\\" not in back:
         return back
@@ -32,14 +41,17 @@ def _back(request: Request, form: Any, fallback: str) -> str:
 
 
 def _kind(form: Any) -> Literal["job", "delivery"]:
-    return "delivery" if _field(form, "kind") == "delivery" else "job"
+    return "delivery" if _choice(form, "kind") == "delivery" else "job"
 
 
 def _target(form: Any) -> int:
     value = _field(form, "id")
-    if not (value.isascii() and value.isdigit()):
+    if not is_digits(value):
         raise ConfigurationError("the form names no row")
-    return int(value)
+    found = row_id(value)
+    if found is None:
+        raise NotFound(f"no row with id {beyond_ids(value)}")
+    return found
 
 
 def _done(request: Request, session: Session, where: str, level: str, text: str) -> Response:
@@ -91,7 +103,7 @@ def discard(request: Request, session: Session, form: Any) -> Response:
 def resolve(request: Request, session: Session, form: Any) -> Response:
     box = box_of(request)
     where = _back(request, form, path_for(request, "held"))
-    resolution = _field(form, "resolution")
+    resolution = _choice(form, "resolution")
     if resolution not in ("sent", "resend"):  # the form chooses neither in advance
         return _done(
             request,
@@ -124,10 +136,13 @@ def resolve(request: Request, session: Session, form: Any) -> Response:
 def run_batch(request: Request, session: Session, form: Any) -> Response:
     """Confirm a dry run: its plan, taken once, runs in the background; to its progress page."""
     batches: Batches = request.app.state.batches
-    reason = _field(form, "reason")
+    try:
+        reason = _field(form, "reason")
+    except InvalidInput as exc:
+        return _done(request, session, path_for(request, "dead"), "error", f"Not run: {exc}")
     if not reason:
         return _done(request, session, path_for(request, "dead"), "error", "Give a reason.")
-    plan = batches.take(session.id, _field(form, "plan"))
+    plan = batches.take(session.id, _choice(form, "plan"))
     if plan is None:
         return _done(
             request,

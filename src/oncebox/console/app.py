@@ -16,7 +16,7 @@ from starlette.staticfiles import StaticFiles
 from oncebox.box import Box
 from oncebox.console import actions, login, pages
 from oncebox.console.batches import Batches
-from oncebox.console.guard import SecurityHeaders, action, page
+from oncebox.console.guard import Handler, PageFn, SecurityHeaders, action, page
 from oncebox.console.login_token import LoginToken
 from oncebox.console.refusals import RefusedLogins
 from oncebox.console.render import templates
@@ -48,33 +48,38 @@ class ConsoleSettings:
     public_url: PublicUrl | None = None
 
 
+def view(handler: PageFn) -> Handler:
+    """A page behind a login, which answers input it refuses with a 400 page (`refusing`)."""
+    return page(pages.refusing(handler))
+
+
 def create_app(box: Box, settings: ConsoleSettings | None = None) -> Starlette:
     """The console over `box`'s store. Under a path prefix, mount it or pass the prefix as the
     ASGI `root_path` (uvicorn's --root-path): every link and cookie follows it."""
     settings = settings or ConsoleSettings()
     static = resources.files("oncebox.console") / "static"
     routes = [
-        Route("/", page(pages.overview), name="overview"),
-        Route("/overview/tiles", page(pages.overview_tiles), name="overview_tiles"),
-        Route("/trends.json", page(pages.trends), name="trends"),
+        Route("/", view(pages.overview), name="overview"),
+        Route("/overview/tiles", view(pages.overview_tiles), name="overview_tiles"),
+        Route("/trends.json", view(pages.trends), name="trends"),
         Route("/login", login.login_page, name="login"),
         Route("/login", login.login_submit, methods=["POST"], name="login_submit"),
         Route("/logout", login.logout, methods=["POST"], name="logout"),
-        Route("/periods", page(pages.periods), name="periods"),
-        Route("/periods/{schedule}/{period}", page(pages.period_detail), name="period"),
-        Route("/jobs", page(pages.jobs), name="jobs"),
-        Route("/outbox", page(pages.outbox), name="outbox"),
-        Route("/keys", page(pages.key_search), name="key_search"),
-        Route("/keys/{key:path}", page(pages.key_page), name="key"),
-        Route("/dead", page(pages.dead), name="dead"),
-        Route("/dead/plan", page(pages.dead_plan), name="dead_plan"),
+        Route("/periods", view(pages.periods), name="periods"),
+        Route("/periods/{schedule}/{period}", view(pages.period_detail), name="period"),
+        Route("/jobs", view(pages.jobs), name="jobs"),
+        Route("/outbox", view(pages.outbox), name="outbox"),
+        Route("/keys", view(pages.key_search), name="key_search"),
+        Route("/keys/{key:path}", view(pages.key_page), name="key"),
+        Route("/dead", view(pages.dead), name="dead"),
+        Route("/dead/plan", view(pages.dead_plan), name="dead_plan"),
         Route("/dead/batch", action(actions.run_batch), methods=["POST"], name="run_batch"),
-        Route("/dead/batches/{batch}", page(pages.dead_batch), name="dead_batch"),
+        Route("/dead/batches/{batch}", view(pages.dead_batch), name="dead_batch"),
         Route("/dead/replay", action(actions.replay), methods=["POST"], name="replay"),
         Route("/dead/discard", action(actions.discard), methods=["POST"], name="discard"),
-        Route("/held", page(pages.held), name="held"),
+        Route("/held", view(pages.held), name="held"),
         Route("/held/resolve", action(actions.resolve), methods=["POST"], name="resolve"),
-        Route("/audit", page(pages.audit), name="audit"),
+        Route("/audit", view(pages.audit), name="audit"),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
     figures = PeriodFigures(box, PERIODS_SHOWN)

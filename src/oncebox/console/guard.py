@@ -68,6 +68,13 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def same_token(offered: str, expected: str) -> bool:
+    """Whether a submitted token is the expected one, in constant time. As bytes: a form may
+    carry any text, and `hmac.compare_digest` raises on two strings that are not ASCII."""
+    encoding = ("utf-8", "surrogateescape")
+    return hmac.compare_digest(offered.encode(*encoding), expected.encode(*encoding))
+
+
 def sessions_of(request: Request) -> Sessions:
     sessions: Sessions = request.app.state.sessions
     return sessions
@@ -180,7 +187,7 @@ def action(handler: ActionFn) -> Handler:
             return PlainTextResponse("refused: not logged in", status_code=401)
         form = await request.form()
         token = form.get("csrf")
-        if not isinstance(token, str) or not hmac.compare_digest(token, session.csrf):
+        if not isinstance(token, str) or not same_token(token, session.csrf):
             return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
         if not session.may_act:
             return PlainTextResponse(

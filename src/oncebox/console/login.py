@@ -5,7 +5,6 @@ link printed at start (`/login#token=…`, posted by the login page's script:
 
 from __future__ import annotations
 
-import hmac
 import secrets
 
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +19,7 @@ from oncebox.console.guard import (
     current_session,
     path_for,
     same_origin,
+    same_token,
     sessions_of,
     set_session_cookie,
 )
@@ -108,7 +108,7 @@ async def login_submit(request: Request) -> Response:
     form = await request.form()
     nonce = form.get("login_csrf")
     cookie = request.cookies.get(LOGIN_COOKIE)
-    if not isinstance(nonce, str) or not cookie or not hmac.compare_digest(nonce, cookie):
+    if not isinstance(nonce, str) or not cookie or not same_token(nonce, cookie):
         return _login_form(request, "The login form expired; please try again.", 400)
     users = request.app.state.users
     if not users:
@@ -149,7 +149,7 @@ async def logout(request: Request) -> Response:
     form = await request.form()
     token = form.get("csrf")
     if session is not None:
-        if not isinstance(token, str) or not hmac.compare_digest(token, session.csrf):
+        if not isinstance(token, str) or not same_token(token, session.csrf):
             return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
         sessions_of(request).end(session.id)
     response = RedirectResponse(path_for(request, "login"), status_code=303)

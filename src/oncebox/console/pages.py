@@ -13,13 +13,14 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from oncebox.box import Box
 from oncebox.clock import monotonic
 from oncebox.console.batches import REPLAY_PER_SECOND, Batches
-from oncebox.console.guard import path_for
+from oncebox.console.guard import PageFn, path_for
 from oncebox.console.render import counted, noun, render
 from oncebox.console.sessions import Session
 from oncebox.console.trends import Trends
 from oncebox.dead_letters import DeadFilter, DiscardPlan, Kind, ReplayPlan
 from oncebox.durations import parse_duration
-from oncebox.errors import ConfigurationError, InvalidKey
+from oncebox.errors import ConfigurationError, InvalidInput, InvalidKey
+from oncebox.inert import printable
 from oncebox.jobs.keys import key_problem
 from oncebox.receipts import receipt_chain
 from oncebox.status import (
@@ -30,6 +31,7 @@ from oncebox.status import (
     status_data,
     store_depths,
 )
+from oncebox.storable import MAX_ROW_ID, checked_text, row_id
 from oncebox.store.base import (
     AuditFilter,
     JobFilter,
@@ -64,12 +66,33 @@ def _choice(request: Request, name: str, allowed: list[str]) -> str | None:
 
 def _text_param(request: Request, name: str) -> str | None:
     value = (request.query_params.get(name) or "").strip()
-    return value[:200] or None
+    return checked_text(value[:200], f"the filter {name!r}") or None
 
 
 def _before(request: Request) -> int | None:
-    value = request.query_params.get("before", "")
-    return int(value) if value.isascii() and value.isdigit() else None
+    """The paging cursor: a row id, or nothing; anything else is refused (`refusing`)."""
+    value = request.query_params.get("before", "").strip()
+    if not value:
+        return None
+    found = row_id(value)
+    if found is None:
+        raise InvalidInput(
+            f"before={printable(value[:40])!r} is not a row id (ASCII digits, at most {MAX_ROW_ID})"
+        )
+    return found
+
+
+def refusing(handler: PageFn) -> PageFn:
+    """`handler`, or — for input it refused (`InvalidInput`: a filter no store keeps, a cursor
+    that is no row id) — a 400 page saying what is wrong, never a server error."""
+
+    def checked(request: Request, session: Session) -> Response:
+        try:
+            return handler(request, session)
+        except InvalidInput as exc:
+            return render(request, session, "refused.html", status_code=400, error=str(exc))
+
+    return checked
 
 
 def figures_of(request: Request) -> tuple[Figures, dict[str, Any]]:
@@ -151,7 +174,8 @@ def period_detail(request: Request, session: Session) -> Response:
     cancelled, with their last error), and the messages of its jobs not sent (pending, held,
     dead)."""
     box = box_of(request)
-    schedule, period = request.path_params["schedule"], request.path_params["period"]
+    schedule = checked_text(request.path_params["schedule"], "the schedule's name")
+    period = checked_text(request.path_params["period"], "the period")
     jobs: list[JobRow] = []
     for state in UNDELIVERED_JOBS:
         jobs += box.store.job_list(
@@ -278,6 +302,7 @@ def dead(request: Request, session: Session) -> Response:
         request,
         session,
         "dead.html",
+        status_code=200 if error is None else 400,
         rows=rows,
         error=error,
         query=_filter_query(request),

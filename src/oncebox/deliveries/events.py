@@ -27,10 +27,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from oncebox.errors import InvalidArguments
+from oncebox.storable import checked_text
 from oncebox.store.base import ProviderEvent
 
 STAGES = ("accepted", "delayed", "delivered", "failed", "bounced", "complained")
@@ -72,7 +73,8 @@ def below(stage: str) -> tuple[str, ...]:
 
 
 def read_event(payload: Mapping[str, Any]) -> Read:
-    """What a verified payload says; `InvalidArguments` when it is not an event at all."""
+    """What a verified payload says; `InvalidArguments` when it is not an event at all,
+    `InvalidInput` when its text is none a store keeps (a NUL, a lone surrogate)."""
     kind = payload.get("type")
     data = payload.get("data")
     if not isinstance(kind, str) or not kind or len(kind) > MAX_ID_CHARS:
@@ -80,11 +82,15 @@ def read_event(payload: Mapping[str, Any]) -> Read:
     if not isinstance(data, Mapping):
         raise InvalidArguments("the event has no data object")
     provider_id = data.get("email_id")
+    provider_id = provider_id[:MAX_ID_CHARS] if isinstance(provider_id, str) else None
+    checked_text(kind, "the event's type")
+    if provider_id is not None:
+        checked_text(provider_id, "the event's data.email_id")
     return Read(
         kind=kind,
         stage=KINDS.get(kind),
         token=token_of(data),
-        provider_id=provider_id[:MAX_ID_CHARS] if isinstance(provider_id, str) else None,
+        provider_id=provider_id,
         occurred_at=_instant(payload.get("created_at")),
     )
 
@@ -133,9 +139,9 @@ def _instant(value: Any) -> datetime | None:
         return None
     try:
         instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        return instant.astimezone(UTC) if instant.tzinfo is not None else None
+    except (ValueError, OverflowError):  # not an instant; one past year 1 or 9999 in UTC
         return None
-    return instant if instant.tzinfo is not None else None
 
 
 def provider_event(channel: str, event_id: str, read: Read) -> ProviderEvent:

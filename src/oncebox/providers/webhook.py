@@ -69,7 +69,7 @@ import ssl
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import httpx2
 
@@ -108,6 +108,7 @@ __all__ = [
 ]
 
 SECRET_ENV = "ONCEBOX_WEBHOOK_SECRET"  # noqa: S105 (the variable's name, not a secret)
+MAX_PORT = 65535
 QUOTED_REPLY_CHARS = 300
 OPTIONS = frozenset({"secret_env", "timeout", "receivers_dedupe", "dedupe_hours", "allow"})
 BOOLEANS = FLAGS
@@ -226,21 +227,7 @@ class WebhookProvider:
         verify: ssl.SSLContext | None = None,
         now: Callable[[], datetime] = clock.real_now,
     ) -> None:
-        parts = urlsplit(url)
-        shown = redact(f"{parts.scheme}://{parts.netloc}")  # a query or path may hold secrets
-        self.scheme = parts.scheme.lower().removeprefix("webhook+")
-        if self.scheme not in ("https", "http") or not parts.scheme.lower().startswith("webhook+"):
-            raise ConfigurationError(
-                f"webhook URL {shown!r}: use webhook+https://host/path (webhook+http:// only for "
-                "an allow-listed target)"
-            )
-        if parts.username is not None or parts.password is not None:
-            raise ConfigurationError(
-                f"webhook URL {shown!r}: no credentials in the URL; the signing secret comes "
-                "from the environment (?secret_env=NAME)"
-            )
-        if not parts.hostname:
-            raise ConfigurationError(f"webhook URL {shown!r} names no host")
+        parts, shown, self.scheme = _split(url)
         options = dict(parse_qsl(parts.query, keep_blank_values=True))
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
@@ -249,12 +236,12 @@ class WebhookProvider:
                 f"{', '.join(sorted(OPTIONS))}; the endpoint takes no query of its own)"
             )
         try:
-            self.host = _host(parts.hostname)
+            self.host = _host(parts.hostname or "")
             self.names, self.networks = _allow_list(options.get("allow", ""))
         except ConfigurationError as exc:
             raise ConfigurationError(f"webhook URL {shown!r}: {exc}") from None
         default_port = 443 if self.scheme == "https" else 80
-        self.port = parts.port or default_port
+        self.port = _port(parts.netloc, shown) or default_port
         self.path = parts.path or "/"
         bracketed = f"[{self.host}]" if ":" in self.host else self.host
         self.authority = bracketed if self.port == default_port else f"{bracketed}:{self.port}"
@@ -424,6 +411,44 @@ class WebhookProvider:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _split(url: str) -> tuple[SplitResult, str, str]:
+    """The URL's parts, the URL as errors show it (no path or query: they may hold secrets) and
+    its scheme (https or http); a ConfigurationError for what is no webhook URL at all."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed '['
+        raise ConfigurationError(f"webhook URL {redact(url)[:80]!r} is malformed: {exc}") from None
+    shown = redact(f"{parts.scheme}://{parts.netloc}")
+    scheme = parts.scheme.lower().removeprefix("webhook+")
+    if scheme not in ("https", "http") or not parts.scheme.lower().startswith("webhook+"):
+        raise ConfigurationError(
+            f"webhook URL {shown!r}: use webhook+https://host/path (webhook+http:// only for "
+            "an allow-listed target)"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise ConfigurationError(
+            f"webhook URL {shown!r}: no credentials in the URL; the signing secret comes "
+            "from the environment (?secret_env=NAME)"
+        )
+    if not parts.hostname:
+        raise ConfigurationError(f"webhook URL {shown!r} names no host")
+    return parts, shown, scheme
+
+
+def _port(netloc: str, shown: str) -> int | None:
+    """The URL's port (None: none given, or empty), 1-65535; anything else a ConfigurationError,
+    not urlsplit's bare ValueError (and not port 0 read as "none given")."""
+    authority = netloc.rpartition("@")[2]
+    text = authority.rpartition("]")[2] if authority.startswith("[") else authority
+    port = text.rpartition(":")[2] if ":" in text else ""
+    if not port:  # RFC 3986: an empty port is the scheme's
+        return None
+    if port.isascii() and port.isdigit() and 0 < int(port) <= MAX_PORT:
+        return int(port)
+    said = port if port.isascii() and port.isdigit() and len(port) <= 12 else repr(port[:20])
+    raise ConfigurationError(f"webhook URL {shown!r}: port {said} is not a port (1-65535)")
 
 
 def _literal(host: str) -> Address | None:

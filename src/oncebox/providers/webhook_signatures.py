@@ -44,6 +44,11 @@ class WebhookRefused(OnceboxError):
         self.reason = reason
 
 
+class UnreadableBody(WebhookRefused):
+    """The signature verified, but the body is not a JSON object: the sender's own request, which
+    sending again would not change (a receiver may acknowledge it so it is not retried)."""
+
+
 def signing_key(secret: str) -> bytes:
     """The HMAC key of a secret: a `whsec_` secret's base64-decoded bytes, else its UTF-8 bytes."""
     if secret.startswith("whsec_"):
@@ -100,7 +105,7 @@ def verify_webhook(
     except (ValueError, RecursionError):
         payload = None
     if not isinstance(payload, dict):
-        raise WebhookRefused("the body is not a JSON object")
+        raise UnreadableBody("the body is not a JSON object")
     return payload
 
 

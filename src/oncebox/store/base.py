@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, TypeVar, get_args
 from oncebox.clock import ClockSetting
 from oncebox.errors import ConfigurationError
 from oncebox.limits.plan import LimitedPartition, LimitPlan
+from oncebox.storable import checked_text
 
 T = TypeVar("T")
 
@@ -233,6 +234,10 @@ class OperatorAction:
     actor: str
     reason: str
     if_attempt: int | None = None
+
+    def __post_init__(self) -> None:  # who and why are written to the audit log
+        checked_text(self.actor, "the actor")
+        checked_text(self.reason, "the reason")
 
 
 @dataclass(frozen=True)
@@ -557,7 +562,7 @@ def reason_text(reason: str) -> str:
         raise ConfigurationError("a reason is required (it is written to the audit log)")
     if len(reason) > MAX_REASON_CHARS:
         raise ConfigurationError(f"the reason is longer than {MAX_REASON_CHARS} characters")
-    return reason.strip()
+    return checked_text(reason.strip(), "the reason")
 
 
 @dataclass(frozen=True, slots=True)
