@@ -278,3 +278,14 @@ def test_the_login_token_never_reaches_the_access_log(box, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "uvicorn.access"]
     assert any('"GET /login' in x for x in lines) and any('"POST /login' in x for x in lines)
     assert not [x for x in lines if token in x], lines
+
+
+@pytest.mark.parametrize("offered", ["é" * 32, "\ud800", "\udcff token", "\x00"])
+def test_any_text_offered_as_the_login_token_is_refused_not_raised(offered):
+    """A form may carry any text (fuzzing found a non-ASCII form token raising in
+    `hmac.compare_digest`): the token is compared as bytes, and the live one stays live."""
+    from oncebox.console.guard import same_token
+
+    token = LoginToken()
+    assert token.exchange(offered) is False
+    assert same_token(offered, "expected") is False

@@ -71,7 +71,7 @@ class SecurityHeaders:
 def same_token(offered: str, expected: str) -> bool:
     """Whether a submitted token is the expected one, in constant time. As bytes: a form may
     carry any text, and `hmac.compare_digest` raises on two strings that are not ASCII."""
-    encoding = ("utf-8", "surrogateescape")
+    encoding = ("utf-8", "surrogatepass")
     return hmac.compare_digest(offered.encode(*encoding), expected.encode(*encoding))
 
 

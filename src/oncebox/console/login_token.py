@@ -56,7 +56,9 @@ class LoginToken:
             if not live or self._token is None:
                 self._token = None
                 return False
-            if not hmac.compare_digest(offered.encode(), self._token.encode()):
+            if not hmac.compare_digest(
+                offered.encode("utf-8", "surrogatepass"), self._token.encode()
+            ):
                 return False
             self._token = None
             return True
