@@ -30,25 +30,13 @@ from oncebox.providers.base import (
 from oncebox.providers.http import HttpEmailProvider, SearchableHttpEmailProvider
 from oncebox.providers.webhook import WebhookProvider
 from support.raw_smtp import RecordingSmtp
+from test_http_provider import OUTGOING
 
 T = TypeVar("T")
 MiB = 1024 * 1024
 BOUND = 4 * MiB  # a cap of 16 KiB, read through a decoder that works in pieces of 1 MiB at most
 BOMB_SIZE = 64 * MiB
-EMAIL = Outgoing(
-    1,
-    "email",
-    "a" * 32,
-    {
-        "to": ["x@y.example"],
-        "from": "digest@oncebox.example",
-        "subject": "s",
-        "text": "t",
-        "date": "Mon, 17 Aug 2026 09:00:00 +0000",
-        "headers": {},
-    },
-    1,
-)
+EMAIL = OUTGOING  # the HTTP provider's tests' message
 HOOK_ENV = "ONCEBOX_TEST_REPLY_HOOK_SECRET"
 HOOK = Outgoing(1, "hooks", "b" * 32, {"type": "order.shipped", "order": 1}, 1)
 
