@@ -171,3 +171,37 @@ def test_the_table_of_addresses_is_bounded():
 def test_the_limit_is_checked_when_the_api_is_made(freight):
     with pytest.raises(Exception, match="rate limit 'often'"):
         create_api(freight, ApiSettings(auth_failures="often"))
+
+
+def test_an_ipv6_client_counts_as_its_64_however_it_rotates_its_address(freight):
+    """One host holds a whole /64 and picks addresses in it at will: counted per exact address,
+    it rotated past the limit (found by review)."""
+    from starlette.testclient import TestClient
+
+    app = create_api(freight, ApiSettings(auth_failures="5/min"))
+    statuses = []
+    for n in range(1, 31):
+        with TestClient(app, client=(f"2001:db8::{n:x}", 4000)) as web:
+            statuses.append(web.get(JOBS, headers={"Authorization": BAD}).status_code)
+    assert statuses == [401] * 5 + [429] * 25, statuses
+    with TestClient(app, client=("2001:db8:0:1::1", 4000)) as web:  # another /64: its own count
+        assert web.get(JOBS, headers={"Authorization": BAD}).status_code == 401
+
+
+def test_a_key_the_store_could_not_check_is_not_counted_a_failure(freight, monkeypatch):
+    """A store outage is no bad key: the provisional failure goes back, so callers with good
+    keys this server has not seen yet are not slowed once the store answers (found by review)."""
+    from oncebox.api import guard
+    from oncebox.errors import StoreUnavailable
+
+    good = token(freight, "reader")
+
+    def down(_store: Any, _authorization: str | None) -> None:
+        raise StoreUnavailable("the store is away")
+
+    with api(freight) as client:
+        caller = client(NEIGHBOUR)
+        monkeypatch.setattr(guard, "authenticate", down)
+        assert {get(caller, good).status_code for _ in range(8)} == {503}
+        monkeypatch.undo()
+        assert get(caller, good).status_code == 404  # admitted: the job does not exist

@@ -289,3 +289,17 @@ def test_any_text_offered_as_the_login_token_is_refused_not_raised(offered):
     token = LoginToken()
     assert token.exchange(offered) is False
     assert same_token(offered, "expected") is False
+
+
+def test_a_link_opened_while_logged_in_is_spent_not_left_live_in_the_address(box):
+    """A browser already logged in that opens a new link: a redirect to the overview would
+    carry `#token=` along, live for fifteen minutes and in the history (found by review); the
+    login page is shown instead, and its script spends the token."""
+    app = console(box, users={})
+    web = client(app)
+    assert token_login(web, app.state.login_token.renew()).status_code == 303
+    token = app.state.login_token.renew()
+    page = web.get("/login")  # what the browser fetches for /login#token=…
+    assert page.status_code == 200 and "login.js" in page.text
+    assert token_login(web, token).status_code == 303  # the script posts it: spent
+    assert token_login(client(app), token).status_code == 403

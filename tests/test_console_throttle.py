@@ -9,7 +9,8 @@ import tracemalloc
 
 import pytest
 
-from oncebox.console.throttle import UNKNOWN, LoginLimits, LoginThrottle, address_key
+from oncebox.client_address import address_key
+from oncebox.console.throttle import UNKNOWN, LoginLimits, LoginThrottle
 from oncebox.errors import ConfigurationError
 
 

@@ -343,10 +343,19 @@ def test_no_console_form_answers_5xx_whatever_its_fields(seeded, no_error_logged
                 }
                 form = {**guards, **fields} if data.draw(st.booleans()) else {**fields, **guards}
                 path = path_for(route, data.draw, known)
-                headers = {"origin": data.draw(st.sampled_from([CONSOLE] * 5 + ["null"]))}
+                # a header is bytes: ISO 8859-1 as HTTP reads it
+                headers = {b"origin": data.draw(st.sampled_from([CONSOLE] * 5 + ["null"])).encode()}
+                referer = data.draw(  # read when Origin is null: any text a header may carry
+                    st.one_of(
+                        st.sampled_from([f"{CONSOLE}/dead", "http://[", "http://a]b/"]),
+                        st.text(HEADER_CHARS, max_size=80),
+                    )
+                )
+                if data.draw(st.booleans()):
+                    headers[b"referer"] = referer.encode("latin-1")
                 if data.draw(st.booleans()):
                     body = "&".join(f"{encoded(k)}={encoded(v)}" for k, v in form.items())
-                    headers["content-type"] = "application/x-www-form-urlencoded"
+                    headers[b"content-type"] = b"application/x-www-form-urlencoded"
                     answer = web.post(path, content=body, headers=headers)
                 else:  # multipart: a field may be a file
                     files = {

@@ -307,6 +307,17 @@ def test_a_login_form_token_that_is_not_ascii_is_refused_not_a_server_error(web)
     assert "The login form expired" in answer.text
 
 
+@pytest.mark.parametrize("referer", ["http://[", "http://[::1", "http://a]b/"])
+@pytest.mark.parametrize("route", ["/login", "/logout"])
+def test_a_referer_no_url_parser_reads_is_no_origin_not_a_server_error(web, route, referer):
+    """Without an Origin the Referer's origin is compared; `urlsplit` raises on `http://[`, and
+    anyone may send one, logged in or not (found by review)."""
+    console, _, _ = web
+    answer = console.post(route, data={"csrf": "x"}, headers={"referer": referer})
+    assert answer.status_code == 403, answer.text[:300]
+    assert one_line(answer.text) == "refused: not from this console's origin"
+
+
 # -- the API ---------------------------------------------------------------------------------
 
 

@@ -103,17 +103,27 @@ class AuthFailures:
             window.failures += 1
             return Attempt(address, authorization, None, window.start)
 
+    def give_back(self, attempt: Attempt) -> None:
+        """The admitted request's key could not be checked (the store failed): its provisional
+        failure is taken back, and nothing is learned of the key."""
+        with self._lock:
+            self._take_back(attempt)
+
+    def _take_back(self, attempt: Attempt) -> None:
+        window = self._windows.get(attempt.address)
+        if window is not None and window.start == attempt.window:
+            window.failures -= 1
+            if window.failures <= 0:
+                del self._windows[attempt.address]
+
     def end(self, attempt: Attempt, key: ApiKey | None) -> None:
         """The admitted request's key authenticated (`key`), or not (None)."""
         with self._lock:
-            window = self._windows.get(attempt.address)
             if key is not None:
                 self._trust(key, attempt.authorization)
-                if window is not None and window.start == attempt.window:
-                    window.failures -= 1  # the provisional failure given back
-                    if window.failures <= 0:
-                        del self._windows[attempt.address]
+                self._take_back(attempt)  # the provisional failure given back
                 return
+            window = self._windows.get(attempt.address)
             self._counts["api_auth_refused"] += 1
             if attempt.vouched:  # a key seen before, refused now (revoked): no longer vouched
                 parsed = parse_token(attempt.authorization)

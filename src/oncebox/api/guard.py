@@ -28,6 +28,7 @@ from oncebox.api.keys import ApiKey, Scope, authenticate
 from oncebox.api.problems import MEDIA_TYPE, Problem, problem_of
 from oncebox.api.settings import ApiSettings
 from oncebox.box import Box
+from oncebox.client_address import address_key
 from oncebox.errors import OnceboxError
 
 log = logging.getLogger("oncebox.api")
@@ -159,7 +160,12 @@ def admit(
             f"{attempt.wait} s",
             headers={"Retry-After": str(attempt.wait)},
         )
-    key = authenticate(box.store, authorization)
+    try:
+        key = authenticate(box.store, authorization)
+    except BaseException:  # the store failed, not the key: its provisional failure goes back
+        if failures is not None and attempt is not None:
+            failures.give_back(attempt)
+        raise
     if failures is not None and attempt is not None:
         failures.end(attempt, key)
     if key is None:
@@ -196,7 +202,8 @@ def _check_query(endpoint: Endpoint, names: Iterable[str]) -> None:
 async def _handle(endpoint: Endpoint, request: Request) -> Response:
     box: Box = request.app.state.box
     authorization = request.headers.get("authorization")
-    caller = (request.client.host if request.client else "?", request.app.state.auth_failures)
+    host = request.client.host if request.client else None
+    caller = (address_key(host), request.app.state.auth_failures)  # an IPv6 client per /64
     key = await run_in_threadpool(
         admit, box, request.app.state.budgets, endpoint, authorization, caller
     )

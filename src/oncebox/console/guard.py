@@ -136,7 +136,12 @@ def page(handler: PageFn) -> Handler:
 
 
 def _origin_of(url: str) -> str:
-    parts = urlsplit(url)
+    """A URL's origin; none ("") for a header no URL parser reads (`http://[`): anyone may send
+    one, and it is no origin of ours."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
     return f"{parts.scheme}://{parts.netloc}"
 
 

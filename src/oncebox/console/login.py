@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
+from oncebox.client_address import address_key
 from oncebox.console.guard import (
     LOGIN_COOKIE,
     clear_session_cookie,
@@ -26,7 +27,7 @@ from oncebox.console.guard import (
 from oncebox.console.login_token import LoginToken
 from oncebox.console.refusals import RefusedLogins, Why
 from oncebox.console.render import render
-from oncebox.console.throttle import UNKNOWN, LoginThrottle, address_key
+from oncebox.console.throttle import UNKNOWN, LoginThrottle
 from oncebox.console.users import MAX_NAME_CHARS, verify_password
 
 TOKEN_USER = "token"  # noqa: S105 (a user name: the actor after a token login)
@@ -89,8 +90,10 @@ async def login_page(request: Request) -> Response:
     if in_address is not None and login_token is not None:
         login_token.exchange(in_address)  # in an access log now: a live token is spent unused
         return _login_form(request, LINK_IN_ADDRESS, 400)
-    if current_session(request) is not None:
+    if current_session(request) is not None and login_token is None:
         return RedirectResponse(path_for(request, "overview"), status_code=303)
+    # with a token to log in by, the page is shown even to a session: a redirect would carry
+    # the link's `#token=` to the next address, live and in the history; the page spends it
     return _login_form(request)
 
 

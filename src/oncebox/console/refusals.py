@@ -21,7 +21,8 @@ import logging
 import threading
 from typing import Literal
 
-from oncebox.console.throttle import ADDRESS_CHARS, LoginLimits, Verdict
+from oncebox.client_address import ADDRESS_CHARS
+from oncebox.console.throttle import LoginLimits, Verdict
 from oncebox.console.users import MAX_NAME_CHARS
 from oncebox.errors import OnceboxError
 from oncebox.inert import printable

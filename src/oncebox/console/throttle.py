@@ -11,7 +11,9 @@ What it stands against, and how:
   An address that has not failed for the name keeps the turn it was told (`Retry-After`): an
   attacker failing again meanwhile cannot push it back. So the user, from an address of their
   own, always gets in after at most the delay they were shown; an attacker's address cannot
-  lock a name for everyone (issue 44's lockout as denial of service).
+  lock a name for everyone (issue 44's lockout as denial of service). The price: every fresh
+  address is let through at its turn, so many addresses are slowed, not stopped
+  (docs/security.md, "What is not defended").
 - **Racing it.** Checking and counting are one step: `attempt` counts a failure before the
   password is verified (the slow part, in a thread) and `succeeded` takes it back, so a burst of
   concurrent guesses sees itself and at most `per_address` of it is verified.
@@ -27,7 +29,6 @@ Time is the injectable monotonic clock (`oncebox.clock.monotonic`), read under t
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import threading
 from collections import OrderedDict, deque
@@ -39,7 +40,6 @@ from oncebox.clock import monotonic
 from oncebox.errors import ConfigurationError
 
 UNKNOWN = "\x00unknown"  # the bucket of every name no user has (a user's name is printable)
-ADDRESS_CHARS = 64  # an address that is not an IP (a Unix socket's path) is cut to this
 
 RefusedBy = Literal["address", "name"]
 
@@ -108,23 +108,6 @@ class _Name:
 
 
 _NAME_FAILURES_KEPT = 128  # past name_free + 64 the delay is at its maximum anyway
-
-
-def address_key(host: str | None) -> str:
-    """The address the throttle counts by: an IPv4 address as is (an IPv4-mapped IPv6 one as
-    its IPv4), an IPv6 address as its /64, anything else (a socket path, a test client's
-    name) cut to ADDRESS_CHARS."""
-    if not host:
-        return "?"
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host[:ADDRESS_CHARS]
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
-    return str(ip)
 
 
 class LoginThrottle:
