@@ -6,9 +6,11 @@ other hosts is the point (the client then sees a peer that is not loopback)."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 
+from oncebox import Box
 from oncebox.errors import ConfigurationError
 from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.outbox.tokens import derive_token
@@ -81,6 +83,23 @@ def test_credentials_never_cross_a_plain_connection_to_a_host_that_is_not_loopba
         server.close()
 
 
+def logged_in_url(scheme: str, sink: SmtpSink, cert: Path) -> str:
+    """The sink's URL with the user `mailer`, its password from the environment, the test CA."""
+    return (
+        f"{scheme}://mailer@{sink.host}:{sink.port}?cafile={cert}"
+        "&password_env=SMTP_TEST_PASSWORD&timeout=5"
+    )
+
+
+def sends_one_logged_in(box: Box, sink: SmtpSink) -> None:
+    """One message sent through `box`, reaching `sink` after a login as `mailer`."""
+    enqueue_customers(box, [1])
+    assert drain(box).dispatched.sent == 1
+    assert sink.tokens() == [token(1)]
+    assert sink.logins == ["mailer"]
+    box.close()
+
+
 def test_credentials_go_inside_starttls_by_default_to_a_host_that_is_not_loopback(
     outside, certificate, sqlite_url, mail_box, monkeypatch
 ):
@@ -88,16 +107,7 @@ def test_credentials_go_inside_starttls_by_default_to_a_host_that_is_not_loopbac
     monkeypatch.setenv("SMTP_TEST_PASSWORD", PASSWORD)
     sink = SmtpSink(host=outside, tls_cert=str(cert), tls_key=str(key), login=("mailer", PASSWORD))
     with sink:  # the sink answers 530 to anything but STARTTLS before TLS
-        url = (
-            f"smtp://mailer@{outside}:{sink.port}?cafile={cert}"
-            "&password_env=SMTP_TEST_PASSWORD&timeout=5"
-        )
-        box = mail_box(sqlite_url, url)
-        enqueue_customers(box, [1])
-        assert drain(box).dispatched.sent == 1
-        assert sink.tokens() == [token(1)]
-        assert sink.logins == ["mailer"]
-        box.close()
+        sends_one_logged_in(mail_box(sqlite_url, logged_in_url("smtp", sink, cert)), sink)
 
 
 def test_implicit_tls_carries_credentials_to_a_host_that_is_not_loopback(
@@ -113,16 +123,7 @@ def test_implicit_tls_carries_credentials_to_a_host_that_is_not_loopback(
         login=("mailer", PASSWORD),
     )
     with sink:
-        url = (
-            f"smtps://mailer@{outside}:{sink.port}?cafile={cert}"
-            "&password_env=SMTP_TEST_PASSWORD&timeout=5"
-        )
-        box = mail_box(sqlite_url, url)
-        enqueue_customers(box, [1])
-        assert drain(box).dispatched.sent == 1
-        assert sink.tokens() == [token(1)]
-        assert sink.logins == ["mailer"]
-        box.close()
+        sends_one_logged_in(mail_box(sqlite_url, logged_in_url("smtps", sink, cert)), sink)
 
 
 def test_plain_auth_to_a_loopback_server_still_works(sqlite_url, mail_box):
