@@ -40,10 +40,10 @@ from core import analyse, postgres_url
 
 import oncebox
 from oncebox import Box, ConsumerConfig
-from oncebox.brokers.rabbitmq import RabbitQueue
-from oncebox.queue.brokered import wire_for
-from oncebox.transports.broker import BrokerTransport
-from oncebox.transports.rabbitmq import RabbitTransport, task_message
+from oncebox.brokers.brokered import wire_for
+from oncebox.brokers.rabbitmq.transport import RabbitTransport, task_message
+from oncebox.brokers.rabbitmq.wire import RabbitQueue
+from oncebox.brokers.transport import BrokerTransport
 
 PUBLISH_BATCH = 1_000
 

@@ -46,11 +46,11 @@ from core import postgres_url
 
 import oncebox
 from oncebox import Box, ConsumerConfig
+from oncebox.brokers.brokered import RELAY_PREFIX, wire_for
 from oncebox.brokers.messages import Message
-from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
-from oncebox.queue.brokered import RELAY_PREFIX, wire_for
+from oncebox.brokers.transport import BrokerTransport
+from oncebox.lanes.dispatcher import DispatcherConfig, OutboxDispatcher
 from oncebox.store.base import JobFilter
-from oncebox.transports.broker import BrokerTransport
 
 ABSORBED = ("deliveries_stale", "claim_conflicts")
 DRAIN_FIRST_S = 30.0  # a gap this long: its first copies run before the second is sent

@@ -30,7 +30,7 @@ from core import analyse, postgres_url, sqlite_url
 import oncebox
 from oncebox import Box, WorkerConfig
 from oncebox.fakes.smtp_sink import SmtpSink
-from oncebox.outbox.dispatcher import DispatcherConfig
+from oncebox.lanes.dispatcher import DispatcherConfig
 
 SECRET = "bench-secret-0123456789"  # noqa: S105 (a benchmark's throwaway secret)
 

@@ -47,7 +47,7 @@ from core import analyse, postgres_url
 
 import oncebox
 from oncebox import Box, Retention, WorkerConfig
-from oncebox.retention.pruner import Pruner, PrunerConfig, plan_for
+from oncebox.lanes.pruner import Pruner, PrunerConfig, plan_for
 
 PAYLOAD = json.dumps(
     {

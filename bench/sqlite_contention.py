@@ -64,7 +64,7 @@ def work(url: str, out: Any) -> None:
 def enqueuer(url: str, span: tuple[int, int], ready: Any, start: Any, out: Any) -> None:
     """Another process of the app: enqueues `span` (first, count), one at a time, each timed."""
     first, count = span
-    from oncebox.errors import StoreUnavailable
+    from oncebox.kernel.errors import StoreUnavailable
 
     box = build(url)
     ready.put(first)

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from oncebox import Box
 from oncebox.chaos.mutations import mutated
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.store import postgres
 from oncebox.store.postgres import PostgresStore
 from oncebox.store.sqlfiles import load_queries

@@ -16,14 +16,15 @@ from urllib.parse import quote
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Box, points
+from oncebox import Box
 from oncebox.api import ApiSettings, create_api
 from oncebox.api.idempotency import HOLD, RETAIN, fingerprint
 from oncebox.api.keys import issue_key
 from oncebox.api.problems import MEDIA_TYPE, TITLES, TYPE_PREFIX
-from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import build_box, create_tables
 from oncebox.examples.logistics.seed import seed_freight
+from oncebox.kernel import points
+from oncebox.kernel.clock import ClockSetting
 from oncebox.store.base import ApiRequestClaim
 from support.contract import T0, dead_job
 

@@ -192,7 +192,7 @@ def test_a_key_the_store_could_not_check_is_not_counted_a_failure(freight, monke
     """A store outage is no bad key: the provisional failure goes back, so callers with good
     keys this server has not seen yet are not slowed once the store answers (found by review)."""
     from oncebox.api import guard
-    from oncebox.errors import StoreUnavailable
+    from oncebox.kernel.errors import StoreUnavailable
 
     good = token(freight, "reader")
 

@@ -25,9 +25,9 @@ from oncebox.api import idempotency
 from oncebox.api.idempotency import RETAIN, fingerprint
 from oncebox.api.keys import issue_key
 from oncebox.chaos.mutations import mutated
-from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import build_box, create_tables
 from oncebox.examples.logistics.seed import seed_freight
+from oncebox.kernel.clock import ClockSetting
 from oncebox.store.base import ApiRequestClaim
 from oncebox.store.postgres import PostgresStore
 from support.api_server import call, served_api

@@ -50,10 +50,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from oncebox import Box, Retry, WorkerConfig, points
+from oncebox import Box, Retry, WorkerConfig
 from oncebox.chaos.runner import iso_label, monday_fire
-from oncebox.clock import ClockSetting, to_micros
-from oncebox.errors import StoreUnavailable
 from oncebox.examples.logistics.app import (
     DIGEST_KEY,
     HOLD_KEY,
@@ -65,9 +63,12 @@ from oncebox.examples.logistics.app import (
 from oncebox.examples.logistics.seed import seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.jobs.periods import zone
-from oncebox.operations import DeadFilter
-from oncebox.outbox.dispatcher import DispatcherConfig
-from oncebox.queue.consumer import ConsumerConfig
+from oncebox.kernel import points
+from oncebox.kernel.clock import ClockSetting, to_micros
+from oncebox.kernel.errors import StoreUnavailable
+from oncebox.lanes.consumer import ConsumerConfig
+from oncebox.lanes.dispatcher import DispatcherConfig
+from oncebox.runtime.operations import DeadFilter
 from oncebox.testing import RedeliveringTransport
 
 EXAMPLES = int(os.environ.get("ONCEBOX_HYPOTHESIS_EXAMPLES", "40"))

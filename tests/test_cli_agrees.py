@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from oncebox import Box
 from oncebox.chaos.scenarios import SCENARIOS
 from oncebox.cli.app import main
+from oncebox.jobs.periods import iso_week
+from oncebox.lanes.dispatcher import DispatcherResult
 from oncebox.lanes.worker import WorkerResult
-from oncebox.outbox.dispatcher import DispatcherResult
-from oncebox.periods import iso_week
 from test_cli import CODE, TESTS
 from test_readme import readme_example
 

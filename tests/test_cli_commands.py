@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box
-from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import build_box, connect, create_tables
 from oncebox.fakes.smtp_sink import SmtpSink
-from oncebox.schedules.fanout import FanOut
+from oncebox.kernel.clock import ClockSetting
+from oncebox.runtime.fanout import FanOut
 from oncebox.store.base import JobFilter
 from test_cli import assert_one_line_error, oncebox
 

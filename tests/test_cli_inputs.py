@@ -23,7 +23,7 @@ from conftest import PG_URL
 from oncebox import Box
 from oncebox.cli.app import main
 from oncebox.cli.run_cmds import typed_arguments
-from oncebox.errors import (
+from oncebox.kernel.errors import (
     InvalidArguments,
 )
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncebox.errors import InvalidArguments, PayloadTooLarge
 from oncebox.jobs.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_DEPTH,
@@ -18,6 +17,7 @@ from oncebox.jobs.codec import (
     encode_args,
     parse_args,
 )
+from oncebox.kernel.errors import InvalidArguments, PayloadTooLarge
 
 
 def test_arguments_encode_canonically():

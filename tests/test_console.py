@@ -22,7 +22,7 @@ from oncebox.console.users import hash_password, parse_users
 from oncebox.jobs.periods import iso_week
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
-from oncebox.schedules.fanout import FanOut
+from oncebox.runtime.fanout import FanOut
 from oncebox.status import status_data
 from oncebox.store.base import AuditFilter, JobFilter, ProviderEvent
 from oncebox.testing import FrozenClock

@@ -25,7 +25,7 @@ from oncebox.console import ConsoleSettings, create_app, login
 from oncebox.console.guard import LOGIN_COOKIE
 from oncebox.console.throttle import LoginLimits, LoginThrottle
 from oncebox.console.users import hash_password, parse_users
-from oncebox.errors import StoreUnavailable
+from oncebox.kernel.errors import StoreUnavailable
 from oncebox.store.base import AuditFilter
 from test_cli import oncebox
 

@@ -22,7 +22,7 @@ from oncebox import Box
 from oncebox.console import ConsoleSettings, create_app
 from oncebox.console.login_token import TOKEN_TTL_S, LoginToken, login_link
 from oncebox.console.users import hash_password, parse_users
-from oncebox.public_url import PublicUrl, for_server
+from oncebox.kernel.public_url import PublicUrl, for_server
 from support.console_browser import free_port
 from support.waiting import wait_until
 

@@ -9,9 +9,9 @@ import tracemalloc
 
 import pytest
 
-from oncebox.client_address import address_key
 from oncebox.console.throttle import UNKNOWN, LoginLimits, LoginThrottle
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.client_address import address_key
+from oncebox.kernel.errors import ConfigurationError
 
 
 class Clock:

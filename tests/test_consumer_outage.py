@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from oncebox import Box, points
+from oncebox import Box
 from oncebox.chaos.mutations import mutated
 from oncebox.chaos.private_server import PrivateServer, private_server
-from oncebox.errors import StoreUnavailable
+from oncebox.kernel import points
+from oncebox.kernel.errors import StoreUnavailable
 from oncebox.lanes.assembly import build_consumer
-from oncebox.queue.consumer import Consumer, ConsumerConfig
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.consumer import Consumer, ConsumerConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.watch import HandlerWatch
 from oncebox.store import open_store
 from oncebox.testing import FrozenClock, drain

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from oncebox.errors import ConfigurationError
-from oncebox.inert import redact
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.inert import redact
 from oncebox.store import open_store
 from oncebox.store.postgres import PostgresStore, split_url
 

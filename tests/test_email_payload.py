@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncebox.errors import InvalidArguments
+from oncebox.kernel.errors import InvalidArguments
 from oncebox.providers import Outgoing
 from oncebox.providers.email import LINE_BREAKS, email_payload, render
 

@@ -41,10 +41,10 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
-from oncebox import clock
 from oncebox.api.app import endpoints
 from oncebox.console import actions, login, pages
 from oncebox.deliveries.events import KINDS
+from oncebox.kernel import clock
 from oncebox.providers.webhook_signatures import sign_webhook, signing_key
 from oncebox.store.base import JobFilter, OutboxFilter
 from support.reports import SECRET

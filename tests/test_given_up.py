@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from oncebox import Box, ConfigurationError, ConsumerConfig, JobContext, Retry, WorkerConfig
+from oncebox.brokers.brokered import wire_for
 from oncebox.brokers.messages import Message
-from oncebox.brokers.rabbitmq import RabbitQueue
-from oncebox.brokers.sqs import ERROR, MAX_MESSAGE_BYTES, dead_copy, message_size
+from oncebox.brokers.rabbitmq.wire import RabbitQueue
+from oncebox.brokers.sqs.wire import ERROR, MAX_MESSAGE_BYTES, dead_copy, message_size
+from oncebox.brokers.transport import BrokerTransport
 from oncebox.chaos.mutations import mutated
-from oncebox.dead_letters import DeadFilter
-from oncebox.errors import StoreUnavailable
-from oncebox.queue.brokered import wire_for
-from oncebox.transports.broker import BrokerTransport
-from oncebox.transports.given_up import GivenUpSweep, GivenUpSweepResult
+from oncebox.jobs.dead_letters import DeadFilter
+from oncebox.kernel.errors import StoreUnavailable
+from oncebox.lanes.given_up import GivenUpSweep, GivenUpSweepResult
 from support.brokers import AMQP_URL, NATS_URL, reachable, sqs_url
 from support.db import create_effects, effects, record_effect
 from support.transports import consume_rounds

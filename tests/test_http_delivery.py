@@ -157,7 +157,7 @@ def test_an_ambiguous_row_resolved_resend_past_the_window_is_sent_once(api, stor
 def test_a_dispatcher_that_died_holding_a_lease_past_the_window_leaves_it_ambiguous(
     api, store_url, mail_box
 ):
-    from oncebox.outbox.delivery_rescuer import DeliveryRescuer
+    from oncebox.lanes.delivery_rescuer import DeliveryRescuer
     from oncebox.store.base import OutboxLeaseParams
 
     box = mail_box(store_url, f"{api.url}?window_hours=1")

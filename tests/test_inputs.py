@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 
-from oncebox import ConfigurationError, clock
+from oncebox import ConfigurationError
 from oncebox.cli.app import main
+from oncebox.kernel import clock
 from oncebox.providers import from_url
 from oncebox.providers.webhook import WebhookProvider
 from oncebox.providers.webhook_signatures import sign_webhook, signing_key

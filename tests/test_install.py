@@ -329,7 +329,7 @@ def django_project_migrates_and_works(venv: Venv, _request: pytest.FixtureReques
 
 
 def tracing_uses_the_otel_api(venv: Venv, _request: pytest.FixtureRequest) -> None:
-    check = "import oncebox.tracing as t; assert t.trace is not None, 'no opentelemetry'"
+    check = "import oncebox.kernel.tracing as t; assert t.trace is not None, 'no opentelemetry'"
     venv.ok("python", "-c", check)
 
 

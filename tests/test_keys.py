@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oncebox.errors import (
+from oncebox.jobs.keys import MAX_KEY_LENGTH, KeyTemplate, _rule_broken, key_problem, validate_key
+from oncebox.kernel.errors import (
     InvalidKey,
     KeyTemplateError,
 )
-from oncebox.jobs.keys import MAX_KEY_LENGTH, KeyTemplate, _rule_broken, key_problem, validate_key
 from oncebox.testing import RedeliveringTransport
 
 DIGEST = KeyTemplate.parse("weekly-digest/customer-{customer_id}/{period}")

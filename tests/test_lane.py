@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from oncebox.errors import SchemaError, StoreReplaced, StoreUnavailable
-from oncebox.lane import run_forever
+from oncebox.kernel.errors import SchemaError, StoreReplaced, StoreUnavailable
+from oncebox.lanes.lane import run_forever
 
 
 @pytest.mark.parametrize(

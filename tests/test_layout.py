@@ -126,7 +126,7 @@ def import_graph(group: bool) -> dict[str, set[str]]:
     def node(module: str) -> str:
         parts = module.split(".")
         if group and len(parts) >= 2 and (PACKAGE / parts[1]).is_dir():
-            return parts[1]  # oncebox.queue.consumer -> queue
+            return parts[1]  # oncebox.lanes.consumer -> queue
         return ".".join(parts[1:]) or "oncebox"
 
     graph: dict[str, set[str]] = {}
@@ -146,7 +146,7 @@ def test_no_module_imports_itself_round_a_cycle():
 
 def test_concept_packages_import_each_other_one_way():
     """A cycle between two concept packages (queue ⇄ outbox, say) means one holds what belongs
-    to the other. `runtime.py` is set aside: it holds every concept's declarations and is
+    to the other. `runtime/runtime.py` is set aside: it holds every concept's declarations and is
     handed to their lanes, so it sits between them by design."""
     graph = {
         here: {there for there in targets if there != "runtime"}

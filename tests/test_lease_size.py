@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from oncebox import Box, ConsumerConfig
-from oncebox.queue.consumer import LeaseSize
+from oncebox.lanes.consumer import LeaseSize
 
 
 def test_full_quick_batches_grow_the_lease_by_half_up_to_the_most():

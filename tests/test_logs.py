@@ -40,7 +40,7 @@ def test_a_json_line_carries_the_current_spans_trace_id():
 
     from opentelemetry.sdk.trace import TracerProvider
 
-    from oncebox.logs import JsonLines, job_fields
+    from oncebox.kernel.logs import JsonLines, job_fields
 
     tracer = TracerProvider().get_tracer("test")
     record = logging.LogRecord("oncebox.consumer", logging.WARNING, __file__, 1, "failed", (), None)

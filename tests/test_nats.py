@@ -14,8 +14,8 @@ import pytest
 
 from oncebox import Box, JobContext
 from oncebox.brokers.messages import Message
-from oncebox.brokers.nats import NatsQueue
-from oncebox.transports.broker import BrokerTransport
+from oncebox.brokers.nats.wire import NatsQueue
+from oncebox.brokers.transport import BrokerTransport
 from support.brokers import NATS_URL, reachable
 from support.db import create_effects, effects, record_effect
 from support.transports import consume_rounds

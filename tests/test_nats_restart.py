@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from oncebox import clock
-from oncebox.brokers import nats as nats_wire
 from oncebox.brokers.messages import Message, Received
-from oncebox.brokers.nats import NatsQueue
+from oncebox.brokers.nats import wire as nats_wire
+from oncebox.brokers.nats.wire import NatsQueue
 from oncebox.chaos.private_nats import PrivateNats, private_nats
-from oncebox.errors import BrokerUnavailable
+from oncebox.kernel import clock
+from oncebox.kernel.errors import BrokerUnavailable
 from support.brokers import nats_server_installed
 from support.waiting import wait_until
 

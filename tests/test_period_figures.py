@@ -9,7 +9,7 @@ from datetime import timedelta
 from prometheus_client.core import Metric
 
 from oncebox.cli.prometheus import StoreCollector
-from oncebox.clock import ClockSetting
+from oncebox.kernel.clock import ClockSetting
 from oncebox.status import PeriodFigures
 from support.digest_schedule import scheduled_box
 

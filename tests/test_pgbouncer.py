@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from conftest import TEST_SECRET
 from oncebox import Box, JobContext
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.testing import drain
 from support.pgbouncer import pgbouncer
 

@@ -17,7 +17,7 @@ import pytest
 
 from oncebox import Box, ConsumerConfig, Retry, RetryLater, StoreUnavailable, WorkerConfig
 from oncebox.chaos.mutations import mutated
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.store.postgres import PostgresConsumerSession, PostgresStore, one_round_trip
 from oncebox.testing import FrozenClock, drain
 from support.db import create_effects, effects, record_effect, sql
@@ -332,7 +332,7 @@ def _race_box(pg_url):
 
 @pytest.mark.slow
 def test_confirm_versus_expire_when_the_sweeper_locks_first_ends_expired_with_one_notice(pg_url):
-    from oncebox import points
+    from oncebox.kernel import points
     from support.holds import add_hold, hold_states
 
     box = _race_box(pg_url)
@@ -468,7 +468,7 @@ def test_an_outbox_lease_reads_each_channels_head_not_the_whole_backlog(pg_url):
     limit's worth from the due index, not every due row (sorted, per lease: O(backlog))."""
     import re
 
-    from oncebox.outbox.dispatcher import DispatcherConfig
+    from oncebox.lanes.dispatcher import DispatcherConfig
 
     writer = Box(pg_url, secret="s" * 32)
     writer.channel("email", provider="null:")

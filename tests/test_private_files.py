@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.providers import Outgoing, from_url
 from oncebox.providers.base import SendPermanent
 from oncebox.providers.email import email_payload

@@ -18,7 +18,7 @@ from oncebox import Box, ConfigurationError, Reports
 from oncebox.api.deliveries import create_receiver
 from oncebox.cli.app import main
 from oncebox.cli.prometheus import reports as report_metrics
-from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.lanes.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt
 from oncebox.status import status_data
 from oncebox.testing import drain

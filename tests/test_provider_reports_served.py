@@ -17,7 +17,7 @@ from oncebox import Reports, Retry
 from oncebox.api.deliveries import create_receiver
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
-from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.lanes.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, from_url
 from oncebox.providers.http import SearchableHttpEmailProvider
 from oncebox.testing import drain

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from oncebox.cli.console_cmd import checked_web_options
-from oncebox.errors import ConfigurationError
-from oncebox.public_url import PublicUrl, for_server, host_of, parse
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.public_url import PublicUrl, for_server, host_of, parse
 from test_cli import assert_one_line_error, oncebox
 
 

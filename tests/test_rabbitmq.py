@@ -13,9 +13,9 @@ import pytest
 
 from oncebox import Box, ConfigurationError, JobContext
 from oncebox.brokers.messages import Message, Received
-from oncebox.brokers.rabbitmq import RETRY_LADDER_MS, RabbitQueue, retry_delay_ms
+from oncebox.brokers.rabbitmq.wire import RETRY_LADDER_MS, RabbitQueue, retry_delay_ms
 from oncebox.chaos.mutations import mutated
-from oncebox.errors import BrokerRefused, BrokerUnavailable
+from oncebox.kernel.errors import BrokerRefused, BrokerUnavailable
 from oncebox.testing import drain
 from support.brokers import AMQP_URL, reachable
 from support.db import sql

@@ -24,13 +24,13 @@ from oncebox import (
     Permanent,
     Retry,
 )
+from oncebox.brokers.brokered import RELAY_PREFIX
 from oncebox.brokers.messages import Message
-from oncebox.brokers.rabbitmq import RabbitQueue
-from oncebox.queue.brokered import RELAY_PREFIX
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.brokers.rabbitmq.transport import RabbitTransport
+from oncebox.brokers.rabbitmq.wire import RabbitQueue
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import Settlement
 from oncebox.testing import FrozenClock
-from oncebox.transports.rabbitmq import RabbitTransport
 from support.brokers import AMQP_URL, reachable
 from support.db import create_effects, effects, record_effect, sql
 from support.transports import consume_rounds

@@ -23,9 +23,9 @@ from oncebox import (
     WorkerConfig,
 )
 from oncebox.brokers.messages import Message
-from oncebox.brokers.rabbitmq import RabbitQueue
+from oncebox.brokers.rabbitmq.transport import RabbitTransport, task_message
+from oncebox.brokers.rabbitmq.wire import RabbitQueue
 from oncebox.queue.transport import Delivery, Settlement
-from oncebox.transports.rabbitmq import RabbitTransport, task_message
 from support.brokers import AMQP_URL, reachable
 from support.db import create_effects, effects, record_effect
 from support.transports import consume_rounds

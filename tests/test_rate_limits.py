@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import ConfigurationError, WorkerConfig, points
-from oncebox.clock import monotonic
+from oncebox import ConfigurationError, WorkerConfig
 from oncebox.fakes.email_api import FakeEmailApi
+from oncebox.kernel import points
+from oncebox.kernel.clock import monotonic
 from oncebox.limits.rates import Limit
 from oncebox.outbox.ratelimit import take
 from oncebox.store.base import BucketState

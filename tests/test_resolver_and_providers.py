@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oncebox import ConfigurationError
-from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.lanes.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous, from_url
 from oncebox.providers.http import HttpEmailProvider, parse_retry_after
 from oncebox.providers.local import FileProvider

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from oncebox import Box, Reports, Retry, points
+from oncebox import Box, Reports, Retry
 from oncebox.api.deliveries import create_receiver
 from oncebox.chaos.mutations import mutated
 from oncebox.fakes.email_api import FakeEmailApi
-from oncebox.outbox.resolver import AmbiguityResolver, ResolverResult
+from oncebox.kernel import points
+from oncebox.lanes.resolver import AmbiguityResolver, ResolverResult
 from oncebox.providers import Outgoing, Receipt
 from oncebox.store.base import OutboxRow
 from oncebox.testing import drain

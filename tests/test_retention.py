@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box, ClockSetting, JobContext, Retention, ScheduleContext
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import iso_week
-from oncebox.retention import pruner as pruner_module
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.lanes import pruner as pruner_module
+from oncebox.lanes.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.retention.policy import FOREVER
-from oncebox.retention.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.status import status_data
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 

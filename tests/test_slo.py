@@ -15,8 +15,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from oncebox import Box, ConsumerConfig, JobContext, ScheduleContext, Slo
 from oncebox.cli.prometheus import StoreCollector
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import iso_week
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.status import status_data
 from oncebox.store.base import PeriodStats, ScheduleRunClaim
 from oncebox.testing import FrozenClock, MemoryProvider

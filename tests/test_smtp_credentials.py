@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box
-from oncebox.errors import ConfigurationError
 from oncebox.fakes.smtp_sink import SmtpSink
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.outbox.tokens import derive_token
 from oncebox.providers import from_url
 from oncebox.providers.smtp import SmtpProvider

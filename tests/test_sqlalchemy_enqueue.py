@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from oncebox import Box
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.store.postgres import PostgresStore
 from oncebox.store.sqlite import SqliteStore
 from support.apps import digest_box

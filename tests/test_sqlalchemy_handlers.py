@@ -12,7 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from conftest import TEST_SECRET
 from oncebox import Box, JobContext, Retry
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.testing import drain
 from test_sqlalchemy_enqueue import engine_url
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from oncebox import Box
-from oncebox.errors import SchemaError, StoreReplaced
+from oncebox.kernel.errors import SchemaError, StoreReplaced
 from oncebox.store.base import JobFilter
 from support.waiting import wait_until
 from test_cli import TESTS, assert_one_line_error, oncebox

@@ -16,9 +16,9 @@ import pytest
 
 from oncebox import Box, InvalidArguments, JobContext
 from oncebox.brokers.messages import Message, Received
-from oncebox.brokers.sqs import MAX_MESSAGE_BYTES, SqsQueue
-from oncebox.errors import BrokerRefused
-from oncebox.transports.broker import BrokerTransport
+from oncebox.brokers.sqs.wire import MAX_MESSAGE_BYTES, SqsQueue
+from oncebox.brokers.transport import BrokerTransport
+from oncebox.kernel.errors import BrokerRefused
 from support.brokers import sqs_url
 from support.db import create_effects, effects, record_effect
 from support.transports import consume_rounds

@@ -20,8 +20,8 @@ from oncebox import Box, Concurrency, ConfigurationError, InvalidKey, JobContext
 from oncebox.chaos.mutations import mutated
 from oncebox.cli import prometheus
 from oncebox.cli.inspect_cmds import limits_table, quiet_line
-from oncebox.clock import ClockSetting, from_micros
 from oncebox.jobs.limits import plan_of, task_limits
+from oncebox.kernel.clock import ClockSetting, from_micros
 from oncebox.status import status_data
 from oncebox.store import open_store
 from oncebox.testing import FrozenClock, drain

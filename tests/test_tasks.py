@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oncebox.errors import InvalidArguments
+from oncebox.kernel.errors import InvalidArguments
 
 
 def _handler_a(ctx, n: int, label: str = "x", *, flag: bool = False) -> None: ...

@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, ClockHeld, WorkerConfig
-from oncebox.clock import ClockSetting, real_now
 from oncebox.examples.logistics.app import connect
 from oncebox.examples.logistics.seed import is_active
+from oncebox.kernel.clock import ClockSetting, real_now
 from oncebox.testing import FrozenClock
 from support.procs import demo_and_die, hold_clock_and_die
 from support.waiting import wait_until

@@ -163,7 +163,7 @@ def test_status_lists_unserved_tasks_under_attention(tmp_path, served):
 
 def test_until_idle_waits_for_a_stranded_lease_to_run_out_and_finishes_the_job(store_url):
     from oncebox import ConsumerConfig
-    from oncebox.queue.lease_rescuer import LeaseRescuerConfig
+    from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
     from oncebox.queue.watch import HandlerWatch
 
     box = Box(store_url)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from oncebox import Box, ConfigurationError, JobContext, Retry
-from oncebox.errors import InvalidArguments
 from oncebox.fakes.webhook_receiver import WebhookReceiver
+from oncebox.kernel.errors import InvalidArguments
 from oncebox.outbox.tokens import derive_token, idempotency_key
 from oncebox.providers import Outgoing, Receipt, from_url
 from oncebox.providers.base import (

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import Box, HandlerTimeout, Retry, WorkerConfig, points
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox import Box, HandlerTimeout, Retry, WorkerConfig
+from oncebox.kernel import points
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.watch import EXIT_HUNG_HANDLER
 from oncebox.testing import FrozenClock, drain
 from support.apps import digest_box
@@ -141,7 +142,8 @@ def test_until_idle_does_not_stop_on_a_dispatcher_round_that_looked_before_the_o
     """The dispatcher finds nothing; before it reports idle, a consumer commits outbox rows and
     wakes the lanes. The dispatcher's empty round began before the rows existed, so it proves
     nothing: an until-idle run must look again and send them, not stop with them unsent."""
-    from oncebox import WorkerConfig, points
+    from oncebox import WorkerConfig
+    from oncebox.kernel import points
 
     box = Box(store_url, secret="s" * 32)
     box.channel("email", provider="null:")

@@ -7,9 +7,13 @@ queue delivers at least once, the consumer absorbs the duplicates. See README.md
 from __future__ import annotations
 
 from oncebox.box import Box, EnqueueManyResult, EnqueueResult
-from oncebox.clock import ClockSetting
 from oncebox.deliveries.reports import Reports
-from oncebox.errors import (
+from oncebox.jobs.debounce import Debounce, Throttle
+from oncebox.jobs.limits import Concurrency, Rate
+from oncebox.jobs.retry import Retry
+from oncebox.jobs.tasks import Task
+from oncebox.kernel.clock import ClockSetting
+from oncebox.kernel.errors import (
     ClockHeld,
     ConfigurationError,
     DrainFailed,
@@ -31,15 +35,11 @@ from oncebox.errors import (
     TransactionControlRefused,
     UnknownTask,
 )
-from oncebox.jobs.debounce import Debounce, Throttle
-from oncebox.jobs.limits import Concurrency, Rate
-from oncebox.jobs.retry import Retry
-from oncebox.jobs.tasks import Task
+from oncebox.lanes.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
 from oncebox.lanes.worker import WorkerConfig, WorkerResult
-from oncebox.operations import ActionOutcome
-from oncebox.queue.consumer import ConsumerConfig, ConsumerResult, FailedAttempt
 from oncebox.queue.context import JobContext
 from oncebox.retention.policy import Retention
+from oncebox.runtime.operations import ActionOutcome
 from oncebox.schedules.schedule import ScheduleContext
 from oncebox.schedules.slo import Slo
 from oncebox.timers.sweeper import SweepContext

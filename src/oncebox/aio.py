@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
+from oncebox.jobs.receipts import ReceiptChain, receipt_chain
 from oncebox.jobs.tasks import Task
-from oncebox.operations import ActionOutcome, Operations
-from oncebox.queue import enqueue as enqueueing
-from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
-from oncebox.receipts import ReceiptChain, receipt_chain
-from oncebox.runtime import Runtime
+from oncebox.runtime import enqueue as enqueueing
+from oncebox.runtime.enqueue import EnqueueManyResult, EnqueueResult
+from oncebox.runtime.operations import ActionOutcome, Operations
+from oncebox.runtime.runtime import Runtime
 from oncebox.store.caller import LoopConnection, loop_connection
 
 P = ParamSpec("P")

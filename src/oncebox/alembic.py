@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.store.postgres import PostgresStore
 
 

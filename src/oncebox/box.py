@@ -10,9 +10,9 @@
     box.enqueue(weekly_digest, customer_id=42, period="2026-W33")
     box.work(until_idle=True)
 
-The box is a façade: it declares into a `Runtime` (`runtime.py`) and hands that runtime to the
-lanes it builds; enqueue is `queue/enqueue.py`, the operator actions `operations.py`. Nothing below
-the façade imports this module.
+The box is a façade: it declares into a `Runtime` (`runtime/runtime.py`) and hands that runtime to
+the lanes it builds; enqueue is `runtime/enqueue.py`, the operator actions `runtime/operations.py`.
+Nothing below the façade imports this module.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
 from oncebox.aio import AsyncBox
-from oncebox.errors import ConfigurationError, NotFound
+from oncebox.brokers.brokered import broker_kind, refuse_unbrokerable, relay_channel, wire_for
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from oncebox.jobs.debounce import Debounce, Throttle
 from oncebox.jobs.keyguard import KeyGuard
@@ -40,31 +40,31 @@ from oncebox.jobs.tasks import (
     check_name,
     make_task,
 )
+from oncebox.kernel.errors import ConfigurationError, NotFound
+from oncebox.kernel.metrics import Metrics
 from oncebox.lanes.assembly import build_consumer, worker_name
+from oncebox.lanes.consumer import Consumer, ConsumerConfig
+from oncebox.lanes.dispatcher import DispatcherConfig, OutboxDispatcher
+from oncebox.lanes.expiry_sweeper import ExpirySweeper
+from oncebox.lanes.ticker import ScheduleTicker
 from oncebox.lanes.worker import Worker, WorkerConfig, WorkerResult
-from oncebox.metrics import Metrics
-from oncebox.operations import Operations
 from oncebox.outbox.channels import Channel, ChannelSet
-from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
 from oncebox.outbox.tokens import SecretSource
 from oncebox.providers import Provider
-from oncebox.queue import enqueue as enqueueing
-from oncebox.queue.brokered import broker_kind, refuse_unbrokerable, relay_channel, wire_for
 from oncebox.queue.claim_session import ClaimSessions
-from oncebox.queue.consumer import Consumer, ConsumerConfig
-from oncebox.queue.enqueue import EnqueueManyResult, EnqueueResult
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.retention.policy import Retention
-from oncebox.runtime import Runtime
-from oncebox.schedules.fanout import FanOutResult, TakenOver, run_schedule, take_over
+from oncebox.runtime import enqueue as enqueueing
+from oncebox.runtime.enqueue import EnqueueManyResult, EnqueueResult
+from oncebox.runtime.fanout import FanOutResult, TakenOver, run_schedule, take_over
+from oncebox.runtime.operations import Operations
+from oncebox.runtime.runtime import Runtime
+from oncebox.runtime.trigger import TOLERANCE, Fired, ScheduleTrigger
 from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
 from oncebox.schedules.slo import Slo
-from oncebox.schedules.ticker import ScheduleTicker
-from oncebox.schedules.trigger import TOLERANCE, Fired, ScheduleTrigger
 from oncebox.store import open_store
 from oncebox.store.base import Audit, ScheduleRunRef, Store, reason_text
-from oncebox.timers.expiry_sweeper import ExpirySweeper
 from oncebox.timers.sweeper import SweepContext, Sweeper, make_sweeper
 
 __all__ = ["Box", "EnqueueManyResult", "EnqueueResult"]
@@ -296,11 +296,11 @@ class Box(Operations):
 
     def queue(self, name: str, *, broker: str) -> None:
         """Declare that the broker at `broker` (``amqp://HOST:5672/VHOST``: RabbitMQ) holds queue
-        `name`: workers serving it consume from the broker (`transports/rabbitmq.py`), claiming
-        each job's key as for any job. On PostgreSQL an enqueue writes the job `relayed`, in the
-        caller's transaction when given one, and the relay — the outbox channel
-        `~broker.<name>` — publishes it, so `jobs`, `status`, `dlq` and `cancel` read it as any
-        job (`queue/brokered.py` says what such a queue refuses). `publish_unrecorded` publishes
+        `name`: workers serving it consume from the broker (`brokers/rabbitmq/transport.py`),
+        claiming each job's key as for any job. On PostgreSQL an enqueue writes the job `relayed`,
+        in the caller's transaction when given one, and the relay — the outbox channel
+        `~broker.<name>` — publishes it, so `jobs`, `status`, `dlq` and `cancel` read it as any job
+        (`brokers/brokered.py` says what such a queue refuses). `publish_unrecorded` publishes
         without a record (SQLite's only way)."""
         check_name("queue", name)
         try:
@@ -326,7 +326,7 @@ class Box(Operations):
                 "(box.queue(name, broker=...)); enqueue it instead"
             )
         refuse_unbrokerable(resolved, recorded=False)
-        from oncebox.transports.broker import task_message  # noqa: PLC0415
+        from oncebox.brokers.transport import task_message  # noqa: PLC0415
 
         message = task_message(resolved, args, self.runtime.max_payload_bytes)
         queue = wire_for(broker, resolved.queue)
@@ -466,7 +466,7 @@ class Box(Operations):
     ) -> TakenOver:
         """Take the period's running fan-out from an owner that is gone (it stopped renewing)
         and fan it out now, without waiting out its lease; audited. Refused for a live owner,
-        and when the run changed after it was read (`schedules/fanout.py`)."""
+        and when the run changed after it was read (`runtime/fanout.py`)."""
         schedule = self._schedule(name)
         self.key_guard.require_schedule(schedule)
         self.key_guard.require_task(self.registry.resolve(schedule.task))
@@ -482,7 +482,7 @@ class Box(Operations):
     def fire_schedule(self, name: str, *, tolerance: timedelta = TOLERANCE) -> Fired:
         """Fire `name` as an external cron's trigger would: the period of its latest fire at or
         before the store's clock (or due within `tolerance`), fanned out once however often it
-        is fired (`schedules/trigger.py`)."""
+        is fired (`runtime/trigger.py`)."""
         schedule = self._schedule(name)
         return ScheduleTrigger(self.runtime, worker_name("trigger"), tolerance).fire(schedule)
 

@@ -1,7 +1,9 @@
-"""Compatibility: the period kinds live in `oncebox.jobs.periods`; this module keeps the name the
-README and guide use (`from oncebox.periods import iso_week`, `oncebox.periods.custom(...)`)."""
+"""Deprecated: the period kinds live in `oncebox.jobs.periods` (`from oncebox.jobs.periods import
+iso_week`). Importing this module warns, naming that import, and still gives the same names."""
 
 from __future__ import annotations
+
+import warnings
 
 from oncebox.jobs.periods import (
     BUILT_IN,
@@ -14,6 +16,12 @@ from oncebox.jobs.periods import (
     month,
     weeks_in_iso_year,
     zone,
+)
+
+warnings.warn(
+    "oncebox.periods is deprecated: import from oncebox.jobs.periods",
+    DeprecationWarning,
+    stacklevel=2,
 )
 
 __all__ = [

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from oncebox.clock import ClockSetting
-from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
+from oncebox.jobs.dead_letters import DeadLetter, DiscardPlan, ReplayPlan
 from oncebox.jobs.declarations import QuietLimit
+from oncebox.kernel.clock import ClockSetting
 from oncebox.limits.waiting import LimitRow
 from oncebox.retention.held import HeldRow
 from oncebox.schedules.owners import RunOwner, judge
@@ -31,8 +31,8 @@ from oncebox.store.base import (
 )
 
 if TYPE_CHECKING:  # shapes of them; the module stays importable without the operations layer
-    from oncebox.operations import ActionOutcome
-    from oncebox.receipts import ReceiptChain
+    from oncebox.jobs.receipts import ReceiptChain
+    from oncebox.runtime.operations import ActionOutcome
 
 
 def instant(value: datetime | None) -> str | None:
@@ -195,7 +195,7 @@ def limits_shown(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def receipts(chain: ReceiptChain) -> dict[str, Any]:
-    """A key's receipt chain (`oncebox.receipts`): the intent, its jobs and messages with their
+    """A key's receipt chain (`oncebox.jobs.receipts`): the intent, its jobs and messages with their
     attempts, and the audit entries about them, newest first."""
     intent = chain.intent
     return {

@@ -15,15 +15,15 @@ from typing import Any
 
 from oncebox import shapes
 from oncebox.box import Box
-from oncebox.clock import monotonic
-from oncebox.counters import complete
 from oncebox.deliveries.events import report_figures
-from oncebox.errors import OnceboxError
 from oncebox.jobs.declarations import quiet_limits
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.counters import complete
+from oncebox.kernel.errors import OnceboxError
+from oncebox.lanes.pruner import plan_for
 from oncebox.lanes.worker import LIVE_WITHIN
 from oncebox.limits.waiting import held_back
 from oncebox.retention.held import held
-from oncebox.retention.pruner import plan_for
 from oncebox.schedules.owners import judge
 from oncebox.schedules.slo import Slo
 

@@ -26,17 +26,17 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from oncebox import clock
 from oncebox.box import Box
-from oncebox.clock import EPOCH, ClockLease
-from oncebox.counters import settlement_counts
-from oncebox.errors import DrainFailed
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_args
-from oncebox.outbox.delivery_rescuer import DeliveryRescuer
-from oncebox.outbox.dispatcher import DispatcherResult
+from oncebox.kernel import clock
+from oncebox.kernel.clock import EPOCH, ClockLease
+from oncebox.kernel.counters import settlement_counts
+from oncebox.kernel.errors import DrainFailed
+from oncebox.lanes.consumer import ConsumerResult, FailedAttempt
+from oncebox.lanes.delivery_rescuer import DeliveryRescuer
+from oncebox.lanes.dispatcher import DispatcherResult
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.providers import Outgoing, Receipt
-from oncebox.queue.consumer import ConsumerResult, FailedAttempt
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.base import ConsumerTx, JobRow
 

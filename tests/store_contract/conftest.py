@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from conftest import database_from
-from oncebox.clock import ClockSetting
+from oncebox.kernel.clock import ClockSetting
 from oncebox.store import Store, open_store
 from support.contract import T0
 from support.depths import depth_drift

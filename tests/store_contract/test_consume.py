@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import Box, ConsumerConfig, DrainFailed, Permanent, Retry, RetryLater, points
-from oncebox.queue.consumer import ConsumerResult
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
-from oncebox.retention.pruner import Pruner, PrunerConfig
+from oncebox import Box, ConsumerConfig, DrainFailed, Permanent, Retry, RetryLater
+from oncebox.kernel import points
+from oncebox.lanes.consumer import ConsumerResult
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.pruner import Pruner, PrunerConfig
 from oncebox.testing import FrozenClock, RedeliveringTransport, drain
 from support.db import create_effects, effects, record_effect
 from support.procs import broker_consumer
@@ -487,7 +488,7 @@ def test_higher_priority_jobs_run_first(box: Box):
 
 
 def test_heartbeats_extend_held_leases_until_a_handler_overruns(box: Box):
-    from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperConfig
+    from oncebox.lanes.lease_keeper import LeaseKeeper, LeaseKeeperConfig
     from oncebox.queue.watch import HandlerWatch
 
     task = digest_task(box)

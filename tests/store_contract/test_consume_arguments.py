@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import oncebox.queue.consumer as consumer_module
+import oncebox.lanes.consumer as consumer_module
 from oncebox import Box, Retry
 from oncebox.jobs import codec
-from oncebox.queue.consumer import ConsumerResult
+from oncebox.lanes.consumer import ConsumerResult
 from oncebox.testing import RedeliveringTransport
 from support.db import sql
 from support.rows import job_row

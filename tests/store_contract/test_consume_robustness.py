@@ -7,7 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from oncebox import Box, ConsumerConfig, Retry, points
+from oncebox import Box, ConsumerConfig, Retry
+from oncebox.kernel import points
 from oncebox.testing import RedeliveringTransport, drain
 from support.db import create_effects, effects, record_effect, sql
 from support.rows import job_row

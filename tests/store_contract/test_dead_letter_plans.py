@@ -11,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox import Box, JobContext, Retry, ScheduleContext
-from oncebox.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.jobs.periods import iso_week
-from oncebox.operations import (
+from oncebox.kernel.errors import ConfigurationError, InvalidState, NotFound
+from oncebox.providers import SendPermanent
+from oncebox.runtime.operations import (
     ActionOutcome,
     BatchOutcome,
     DeadFilter,
@@ -21,7 +22,6 @@ from oncebox.operations import (
     ReplayPlan,
     Skipped,
 )
-from oncebox.providers import SendPermanent
 from oncebox.store.base import JobFilter, OutboxFilter, OutboxFinish
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.contract import finish_outbox, outbox_insert, write_outbox

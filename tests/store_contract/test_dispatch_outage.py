@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from oncebox.errors import StoreUnavailable
-from oncebox.outbox.dispatcher import DispatcherConfig, OutboxDispatcher
+from oncebox.kernel.errors import StoreUnavailable
+from oncebox.lanes.dispatcher import DispatcherConfig, OutboxDispatcher
 from oncebox.testing import MemoryProvider, drain
 from support.faults import Outage
 from support.outbox import enqueue_customers

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from oncebox import Box
-from oncebox.errors import (
+from oncebox.jobs.codec import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    decode_args,
+    encode_args,
+)
+from oncebox.jobs.keys import MAX_KEY_LENGTH
+from oncebox.kernel.errors import (
     ConfigurationError,
     EnqueueError,
     InvalidArguments,
@@ -21,12 +27,6 @@ from oncebox.errors import (
     PayloadTooLarge,
     UnknownTask,
 )
-from oncebox.jobs.codec import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    decode_args,
-    encode_args,
-)
-from oncebox.jobs.keys import MAX_KEY_LENGTH
 from support.rows import job_row
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from oncebox import Box, Retry
-from oncebox.errors import TransactionControlRefused
+from oncebox.kernel.errors import TransactionControlRefused
 from oncebox.store import guard
 from oncebox.testing import drain
 from support.db import create_effects, effects, record_effect

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from oncebox import Box, JobContext
-from oncebox.errors import ConfigurationError, KeyDrift, NotFound
 from oncebox.jobs.keyguard import KeyGuard, schedule_canary, task_canary
 from oncebox.jobs.periods import day, iso_week
 from oncebox.jobs.tasks import make_task
+from oncebox.kernel.errors import ConfigurationError, KeyDrift, NotFound
 from oncebox.schedules.schedule import make_schedule
 from oncebox.testing import FrozenClock, drain
 from support.db import record_effect, sql

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import points
-from oncebox.outbox.delivery_rescuer import DeliveryRescuer
+from oncebox.kernel import points
+from oncebox.lanes.delivery_rescuer import DeliveryRescuer
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.outbox import enqueue_customers
 

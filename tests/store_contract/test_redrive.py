@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from oncebox import JobContext, Retry
-from oncebox.errors import ConfigurationError
-from oncebox.operations import DeadFilter
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.providers import SendPermanent
+from oncebox.runtime.operations import DeadFilter
 from oncebox.testing import MemoryProvider, drain
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import points
+from oncebox.kernel import points
 from oncebox.testing import FrozenClock
 from support.digest_schedule import digest_keys, scheduled_box
 

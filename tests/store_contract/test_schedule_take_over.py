@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import Box, InvalidState, points
+from oncebox import Box, InvalidState
 from oncebox.chaos.mutations import mutated
+from oncebox.kernel import points
+from oncebox.runtime.fanout import FanOut, TakenOver
 from oncebox.schedules import owners
-from oncebox.schedules.fanout import FanOut, TakenOver
 from oncebox.shapes import instant
 from oncebox.status import status_data
 from oncebox.store import open_store

@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncebox import InvalidState, NotFound, points
+from oncebox import InvalidState, NotFound
 from oncebox.chaos.mutations import mutated
-from oncebox.schedules.trigger import Fired, ScheduleTrigger
+from oncebox.kernel import points
+from oncebox.runtime.trigger import Fired, ScheduleTrigger
 from oncebox.testing import FrozenClock
 from support.digest_schedule import digest_keys, scheduled_box
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from oncebox.clock import ClockSetting, process_owner, real_now
+from oncebox.kernel.clock import ClockSetting, process_owner, real_now
 from oncebox.store import open_store
 from oncebox.store.base import Audit, AuditFilter, JobFilter, Store
 from support.contract import T0, job

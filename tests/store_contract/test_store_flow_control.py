@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.declarations import LAPSE
 from oncebox.jobs.limits import Concurrency, Rate, plan_of, task_limits
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.limits.plan import LimitPlan
 from oncebox.store.base import Collapsing, JobFinish, LimitDeclaration, Store
 from support.contract import LEASE, T0, advance, insert, job, lease, opened_session, row

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from oncebox.errors import TransactionControlRefused
+from oncebox.kernel.errors import TransactionControlRefused
 from oncebox.store.base import IntentClaim, IntentRow, Store
 from support.contract import T0, advance, insert, opened_session
 

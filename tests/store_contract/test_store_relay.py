@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from oncebox.clock import ClockSetting
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.clock import ClockSetting
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.store import open_store
 from oncebox.store.base import JobFilter, OperatorAction, RelayedFinish, Store
 from store_contract.conftest import emptied

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oncebox.errors import StoreReplaced
+from oncebox.kernel.errors import StoreReplaced
 from oncebox.store import open_store
 from oncebox.store.base import Store
 from support.contract import job

@@ -26,9 +26,9 @@ from typing import Any
 
 from oncebox import Box
 from oncebox.api.keys import issue_key
-from oncebox.clock import ClockSetting
 from oncebox.examples.logistics.app import build_box, create_tables
 from oncebox.examples.logistics.seed import seed_freight
+from oncebox.kernel.clock import ClockSetting
 from support.api_server import served_api
 from support.doc_samples import DOCS, rewrite
 from support.waiting import wait_until

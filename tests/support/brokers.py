@@ -12,7 +12,7 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 from oncebox.chaos import private_nats
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 AMQP_URL = os.environ.get("ONCEBOX_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2F")
 NATS_URL = os.environ.get("ONCEBOX_TEST_NATS", "nats://127.0.0.1:4222")

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 
 from oncebox import Box
 from oncebox.console import ConsoleSettings, create_app
-from oncebox.public_url import for_server
+from oncebox.kernel.public_url import for_server
 from support.binaries import require
 from support.waiting import wait_until
 

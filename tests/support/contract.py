@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from oncebox.clock import ClockSetting
+from oncebox.kernel.clock import ClockSetting
 from oncebox.limits.plan import LimitPlan
 from oncebox.store.base import (
     ConsumerSession,

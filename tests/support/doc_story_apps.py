@@ -9,7 +9,7 @@ from __future__ import annotations
 # named like the task, and it lacks the freight app's schedule.
 INVOICING = """\
 from oncebox import Box
-from oncebox.periods import iso_week
+from oncebox.jobs.periods import iso_week
 
 box = Box()
 box.channel("email")
@@ -28,7 +28,7 @@ def invoiced_customers(ctx):
 # The freight app after a rename of its task: jobs of the old name wait with nobody to run them.
 RENAMED = """\
 from oncebox import Box
-from oncebox.periods import iso_week
+from oncebox.jobs.periods import iso_week
 
 box = Box()
 box.channel("email")
@@ -48,7 +48,7 @@ def active_customers(ctx):
 # A careless refactor: the digest key lost its `customer-` prefix, the schedule moved to Berlin.
 FREIGHTAPP_V2 = """\
 from oncebox import Box
-from oncebox.periods import iso_week
+from oncebox.jobs.periods import iso_week
 
 box = Box()
 box.channel("email")
@@ -85,7 +85,7 @@ def weekly_digest(ctx, customer_id: int, period: str) -> None:
 HOLD_CLOCK = """\
 import sys
 from datetime import UTC, datetime, timedelta
-from oncebox.clock import ClockLease
+from oncebox.kernel.clock import ClockLease
 from oncebox.store import open_store
 
 ClockLease(open_store(sys.argv[1]), timedelta(minutes=10)).set(

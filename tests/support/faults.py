@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from oncebox.errors import StoreUnavailable
+from oncebox.kernel.errors import StoreUnavailable
 from oncebox.store.base import ConsumerSettings, Store
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from oncebox import Box, SweepContext
-from oncebox.clock import to_micros
+from oncebox.kernel.clock import to_micros
 from support.db import sql
 
 SECRET = "holds-test-secret-0123456789"

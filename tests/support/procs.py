@@ -7,8 +7,9 @@ import signal
 import threading
 from typing import Any
 
-from oncebox import Box, ConsumerConfig, JobContext, points
+from oncebox import Box, ConsumerConfig, JobContext
 from oncebox.chaos.workload import PointPlan, install_plan
+from oncebox.kernel import points
 from oncebox.testing import RedeliveringTransport
 from support.apps import digest_box
 from support.db import record_effect
@@ -132,7 +133,7 @@ def crash_in_handler(url: str) -> None:
 
 def dispatch_and_die(url: str, provider: str, point: str) -> None:
     """A dispatcher killed (SIGKILL) at a named point of its first send."""
-    from oncebox import points
+    from oncebox.kernel import points
     from support.outbox import mail_box
 
     box = mail_box(url, provider)
@@ -143,7 +144,7 @@ def dispatch_and_die(url: str, provider: str, point: str) -> None:
 
 def fan_out_and_die(url: str, batch_size: int) -> None:
     """A scheduler killed (SIGKILL) between two enqueue batches of a fan-out."""
-    from oncebox import points
+    from oncebox.kernel import points
     from support.digest_schedule import scheduled_box
 
     box = scheduled_box(url, batch_size=batch_size)
@@ -154,7 +155,7 @@ def fan_out_and_die(url: str, batch_size: int) -> None:
 
 def sweep_and_die(url: str) -> None:
     """A sweeper killed (SIGKILL) after its transition, before its commit."""
-    from oncebox import points
+    from oncebox.kernel import points
     from support.holds import holds_box
 
     box = holds_box(url)
@@ -177,7 +178,7 @@ def hold_clock_and_die(url: str, lease_s: float, held: Any) -> None:
     no `finally`, no release."""
     from datetime import UTC, datetime, timedelta
 
-    from oncebox.clock import ClockLease
+    from oncebox.kernel.clock import ClockLease
     from oncebox.store import open_store
 
     store = open_store(url)
@@ -189,8 +190,8 @@ def hold_clock_and_die(url: str, lease_s: float, held: Any) -> None:
 def demo_and_die(db: str, outbox: str, point: str) -> None:
     """`oncebox demo` SIGKILLed at the first arrival at a named point: its frozen clock, its
     leases and its pending messages are left as they were."""
-    from oncebox import points
     from oncebox.examples.logistics import demo
+    from oncebox.kernel import points
 
     points.install(point, points.kill)
     demo.run(demo.DemoOptions(db=db, customers=60, email=f"file://{outbox}", faults=False))

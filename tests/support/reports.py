@@ -8,7 +8,7 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
-from oncebox import clock
+from oncebox.kernel import clock
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous
 from oncebox.providers.webhook_signatures import sign_webhook, signing_key
 

@@ -25,7 +25,7 @@ from oncebox.api.deliveries import create_receiver
 from oncebox.api.keys import issue_key
 from oncebox.console import ConsoleSettings, create_app
 from oncebox.console.users import parse_users
-from oncebox.dead_letters import DeadFilter
+from oncebox.jobs.dead_letters import DeadFilter
 from oncebox.jobs.periods import iso_week
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent

@@ -12,13 +12,14 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from oncebox import Box, ConsumerConfig, clock
-from oncebox.queue.brokered import wire_for
-from oncebox.queue.consumer import Consumer
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox import Box, ConsumerConfig
+from oncebox.brokers.brokered import wire_for
+from oncebox.brokers.transport import BrokerTransport
+from oncebox.kernel import clock
+from oncebox.lanes.consumer import Consumer
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import TableTransport
 from oncebox.testing import FrozenClock
-from oncebox.transports.broker import BrokerTransport
 
 CONFIG = ConsumerConfig(batch_size=10, max_batch_size=10)
 

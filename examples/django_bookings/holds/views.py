@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from holds.models import Hold
 from holds.tasks import HOLD_FOR, expire_hold
 from oncebox.contrib.django import box
-from oncebox.receipts import receipt_chain
+from oncebox.jobs.receipts import receipt_chain
 
 
 @csrf_exempt

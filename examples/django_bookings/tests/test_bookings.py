@@ -22,7 +22,7 @@ from holds.tasks import HOLD_FOR, expire_hold
 
 from oncebox import JobContext, Retry
 from oncebox.contrib.django import box
-from oncebox.receipts import receipt_chain
+from oncebox.jobs.receipts import receipt_chain
 from oncebox.testing import FrozenClock, drain
 
 pytestmark = pytest.mark.django_db(transaction=True)

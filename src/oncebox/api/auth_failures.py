@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from oncebox.api.keys import ApiKey, digest, parse_token
-from oncebox.clock import monotonic
-from oncebox.inert import printable
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.inert import printable
 from oncebox.limits.rates import Limit
 from oncebox.store.base import Store
 

@@ -27,8 +27,9 @@ from oncebox.api.problems import Problem, problem_of
 from oncebox.box import Box
 from oncebox.deliveries.events import provider_event, read_event
 from oncebox.deliveries.reports import Reports
-from oncebox.errors import InvalidArguments, InvalidInput, StoreUnavailable
-from oncebox.inert import printable
+from oncebox.kernel.errors import InvalidArguments, InvalidInput, StoreUnavailable
+from oncebox.kernel.inert import printable
+from oncebox.kernel.storable import checked_text
 from oncebox.providers.webhook_signatures import (
     MAX_WEBHOOK_BYTES,
     UnreadableBody,
@@ -36,7 +37,6 @@ from oncebox.providers.webhook_signatures import (
     verify_webhook,
     webhook_headers,
 )
-from oncebox.storable import checked_text
 
 log = logging.getLogger("oncebox.deliveries")
 

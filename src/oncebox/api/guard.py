@@ -28,8 +28,8 @@ from oncebox.api.keys import ApiKey, Scope, authenticate
 from oncebox.api.problems import MEDIA_TYPE, Problem, problem_of
 from oncebox.api.settings import ApiSettings
 from oncebox.box import Box
-from oncebox.client_address import address_key
-from oncebox.errors import OnceboxError
+from oncebox.kernel.client_address import address_key
+from oncebox.kernel.errors import OnceboxError
 
 log = logging.getLogger("oncebox.api")
 JSON_MEDIA = "application/json"

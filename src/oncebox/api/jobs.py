@@ -13,7 +13,7 @@ from oncebox import shapes
 from oncebox.api.guard import Answer, Call
 from oncebox.api.problems import Problem
 from oncebox.jobs.tasks import Task
-from oncebox.queue.enqueue import EnqueueResult
+from oncebox.runtime.enqueue import EnqueueResult
 
 MAX_DELAY = timedelta(days=366)
 DIGITS = re.compile(r"[0-9]{1,18}")  # an id: ASCII digits (str.isdigit() admits '²')

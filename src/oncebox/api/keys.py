@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from oncebox.errors import ConfigurationError, NotFound
+from oncebox.kernel.errors import ConfigurationError, NotFound
 from oncebox.limits.rates import Limit
 from oncebox.store.base import ApiKeyRow, Store
 

@@ -1,5 +1,5 @@
 """What an operator's key may do: replay a dead letter (a reason required, audited under the
-key's name) and fire a schedule as an external cron would (`schedules/trigger.py`)."""
+key's name) and fire a schedule as an external cron would (`runtime/trigger.py`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from oncebox import shapes
 from oncebox.api.guard import Answer, Call
 from oncebox.api.jobs import key_path
 from oncebox.api.problems import Problem
-from oncebox.errors import NotFound
+from oncebox.kernel.errors import NotFound
 from oncebox.lanes.assembly import worker_name
-from oncebox.schedules.trigger import ScheduleTrigger
+from oncebox.runtime.trigger import ScheduleTrigger
 
 
 def actor(call: Call) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from oncebox.errors import (
+from oncebox.kernel.errors import (
     BrokerUnavailable,
     ConfigurationError,
     EnqueueError,

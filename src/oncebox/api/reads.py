@@ -9,8 +9,8 @@ from oncebox import shapes
 from oncebox.api.guard import Answer, Call
 from oncebox.api.jobs import DIGITS
 from oncebox.api.problems import Problem
-from oncebox.errors import ConfigurationError, EnqueueError
-from oncebox.receipts import receipt_chain
+from oncebox.jobs.receipts import receipt_chain
+from oncebox.kernel.errors import ConfigurationError, EnqueueError
 from oncebox.schedules.slo import Slo
 
 PERIODS_SHOWN = 12

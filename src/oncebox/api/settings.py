@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from oncebox.api.auth_failures import DEFAULT_LIMIT
-from oncebox.schedules.trigger import TOLERANCE
+from oncebox.runtime.trigger import TOLERANCE
 
 
 @dataclass(frozen=True)

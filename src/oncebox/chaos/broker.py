@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlencode, urlsplit
 
+from oncebox.brokers.brokered import wire_for
 from oncebox.brokers.messages import Message
-from oncebox.errors import ConfigurationError
-from oncebox.queue.brokered import wire_for
+from oncebox.kernel.errors import ConfigurationError
 
 # pika logs a connection the broker closed as an error of its own; oncebox reports the outage
 # itself (BrokerUnavailable, the lanes' backoff), and a chaos run causes it on purpose
@@ -100,7 +100,7 @@ def run_queue(url: str) -> Iterator[str]:
 def left_in_broker(url: str, queue: str) -> dict[str, int]:
     """What the broker still holds for the run's queue, read once every worker has exited:
     visible messages (no consumer holds any now), messages in flight, messages it gave up on
-    that no sweep made dead letters (`transports/given_up.py`), and dead letters."""
+    that no sweep made dead letters (`lanes/given_up.py`), and dead letters."""
     wire = wire_for(url, queue)
     try:
         in_flight = getattr(wire, "in_flight", None)  # SQS: held until a timeout runs out

@@ -114,8 +114,8 @@ from datetime import datetime
 from typing import Any
 
 from oncebox.chaos import switches
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import PeriodKind, iso_week
+from oncebox.kernel.errors import ConfigurationError
 
 
 @dataclass(frozen=True)

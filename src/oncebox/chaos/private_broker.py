@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from oncebox import clock
-from oncebox.errors import ConfigurationError
+from oncebox.kernel import clock
+from oncebox.kernel.errors import ConfigurationError
 
 CLI_PORTS = range(35672, 35683)
 START_TIMEOUT_S = 90

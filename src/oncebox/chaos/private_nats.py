@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from oncebox import clock
 from oncebox.chaos.private_broker import free_port, machine_program, port_answers
-from oncebox.errors import ConfigurationError
+from oncebox.kernel import clock
+from oncebox.kernel.errors import ConfigurationError
 
 START_TIMEOUT_S = 60  # a loaded 2-core machine restoring a store: seconds, not minutes
 STOP_TIMEOUT_S = 30

@@ -18,9 +18,9 @@ from oncebox.chaos.private_server import private_server
 from oncebox.chaos.runner import NotSettled, OwnBroker, run_context
 from oncebox.chaos.scenarios import SCENARIOS, Scenario, Store
 from oncebox.chaos.violation import Violation
-from oncebox.clock import monotonic
-from oncebox.errors import ConfigurationError
-from oncebox.inert import redact
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.inert import redact
 
 # the broker a scenario that restarts one gets, by the kind it runs on: never the machine's
 PRIVATE_BROKERS: dict[str, Callable[[], contextlib.AbstractContextManager[OwnBroker]]] = {

@@ -29,7 +29,7 @@ class Rows:
     expired_holds: list[int]
     periods: list[str]
     relays: list[Relay]  # a broker-held queue's publishes (0016): transport, not sends
-    counters: dict[str, int]  # the durable counters (oncebox.counters)
+    counters: dict[str, int]  # the durable counters (oncebox.kernel.counters)
 
 
 def read_rows(box: Box) -> Rows:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from oncebox import Box, WorkerConfig, clock
+from oncebox import Box, WorkerConfig
 from oncebox.chaos import mutations
 from oncebox.chaos.broker import left_in_broker, run_broker, run_queue
 from oncebox.chaos.history import HistoryWriter
@@ -50,12 +50,13 @@ from oncebox.chaos.workload import (
     worker_main,
 )
 from oncebox.chaos.workspace import workspace
-from oncebox.clock import ClockLease, monotonic
 from oncebox.examples.logistics.app import connect, create_tables
 from oncebox.examples.logistics.seed import is_active, seed_freight
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.fakes.smtp_sink import SmtpSink
-from oncebox.schedules.fanout import FanOutResult
+from oncebox.kernel import clock
+from oncebox.kernel.clock import ClockLease, monotonic
+from oncebox.runtime.fanout import FanOutResult
 
 SPAWN = multiprocessing.get_context("spawn")
 SETTLE_STEP = timedelta(seconds=15)
@@ -81,7 +82,7 @@ def monday_fire(year: int, week: int, tz: str = "UTC") -> datetime:
 
 
 def iso_label(instant: datetime, tz: str = "UTC") -> str:
-    """The checker's own ISO-week label for an instant (independent of oncebox.periods)."""
+    """The checker's own ISO-week label for an instant (independent of oncebox.jobs.periods)."""
     from oncebox.jobs.periods import zone  # noqa: PLC0415
 
     year, week, _ = instant.astimezone(zone(tz)).isocalendar()

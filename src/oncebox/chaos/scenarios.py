@@ -28,11 +28,11 @@ from oncebox.chaos.workload import (
     PointPlan,
     Timing,
 )
-from oncebox.errors import PayloadTooLarge
 from oncebox.examples.logistics.app import connect
+from oncebox.kernel.errors import PayloadTooLarge
+from oncebox.lanes.resolver import AmbiguityResolver
 from oncebox.limits.rates import Limit
-from oncebox.operations import DeadFilter
-from oncebox.outbox.resolver import AmbiguityResolver
+from oncebox.runtime.operations import DeadFilter
 from oncebox.testing import RedeliveringTransport
 
 Store = Literal["sqlite", "postgres"]

@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebox import clock, points
+from oncebox.kernel import clock, points
 from oncebox.queue.transport import Delivery, TableTransport
 from oncebox.store.base import JobFinish
 
@@ -29,7 +29,7 @@ def patch(module: Any, name: str, value: Any) -> None:
 
 
 def _stale_given_back() -> None:
-    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
+    from oncebox.brokers.transport import BrokerTransport  # noqa: PLC0415
 
     def give_back(self: Any, stale: list[Any]) -> None:
         self._quietly(self.queue.give_back, stale)
@@ -77,7 +77,7 @@ def _no_group_head_fence() -> None:
 
 
 def _counted_give_back() -> None:
-    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
+    from oncebox.brokers.transport import BrokerTransport  # noqa: PLC0415
 
     released = BrokerTransport.release
 
@@ -96,7 +96,7 @@ def _counted_give_back() -> None:
 
 
 def _ignore_window() -> None:
-    from oncebox.outbox import delivery_rescuer, dispatcher  # noqa: PLC0415
+    from oncebox.lanes import delivery_rescuer, dispatcher  # noqa: PLC0415
 
     for module in (dispatcher, delivery_rescuer):
         patch(module, "past_window", lambda *_args: False)
@@ -109,19 +109,19 @@ def _unmatched_reports() -> None:
 
 
 def _resolver_ignores_reports() -> None:
-    from oncebox.outbox.resolver import AmbiguityResolver  # noqa: PLC0415
+    from oncebox.lanes.resolver import AmbiguityResolver  # noqa: PLC0415
 
     patch(AmbiguityResolver, "_unreported", lambda _self, _row: True)
 
 
 def _no_lease_rescue() -> None:
-    from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerResult  # noqa: PLC0415
+    from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerResult  # noqa: PLC0415
 
     patch(LeaseRescuer, "run_once", lambda _self: LeaseRescuerResult([]))
 
 
 def _release_refused_batch() -> None:
-    from oncebox.queue import consumer  # noqa: PLC0415
+    from oncebox.lanes import consumer  # noqa: PLC0415
 
     class NeverRaised(Exception):
         """What the consumer now catches instead of StoreRefused: the refusal escapes."""
@@ -130,7 +130,7 @@ def _release_refused_batch() -> None:
 
 
 def _no_guard() -> None:
-    from oncebox.queue.consumer import Consumer  # noqa: PLC0415
+    from oncebox.lanes.consumer import Consumer  # noqa: PLC0415
     from oncebox.store import guard  # noqa: PLC0415
     from oncebox.store.sqlite import SqliteConsumerTx  # noqa: PLC0415
 
@@ -143,7 +143,7 @@ def _settle_by_claim(self: Any, pending: list[Any], exc: Any, result: Any) -> li
     """The recovery before the fix: the culprit is completed if its claim is in the database,
     and the rest of the batch runs again — where a claim of their own, committed by the
     culprit's COMMIT, settles them `completed` without their handler ever running."""
-    from oncebox.queue.consumer import ConsumerResult, describe_error  # noqa: PLC0415
+    from oncebox.lanes.consumer import ConsumerResult, describe_error  # noqa: PLC0415
     from oncebox.queue.transport import Settlement  # noqa: PLC0415
 
     culprit = exc.culprit
@@ -163,7 +163,8 @@ def _settle_by_claim(self: Any, pending: list[Any], exc: Any, result: Any) -> li
 
 
 def _bucket_time_back() -> None:
-    from oncebox.outbox import dispatcher, ratelimit  # noqa: PLC0415
+    from oncebox.lanes import dispatcher  # noqa: PLC0415
+    from oncebox.outbox import ratelimit  # noqa: PLC0415
 
     original = ratelimit.take
 
@@ -175,13 +176,13 @@ def _bucket_time_back() -> None:
 
 
 def _trigger_skips_stalled() -> None:
-    from oncebox.schedules.trigger import ScheduleTrigger  # noqa: PLC0415
+    from oncebox.runtime.trigger import ScheduleTrigger  # noqa: PLC0415
 
     patch(ScheduleTrigger, "_stalled", lambda _self, _schedule: [])
 
 
 def _strand_on_outage() -> None:
-    from oncebox.outbox.dispatcher import OutboxDispatcher  # noqa: PLC0415
+    from oncebox.lanes.dispatcher import OutboxDispatcher  # noqa: PLC0415
 
     def forget(self: Any, _result: Any) -> None:
         self._open = {}  # the round's outcomes and unsent rows wait out their lease
@@ -190,7 +191,7 @@ def _strand_on_outage() -> None:
 
 
 def _spend_on_outage() -> None:
-    from oncebox.queue.consumer import Consumer  # noqa: PLC0415
+    from oncebox.lanes.consumer import Consumer  # noqa: PLC0415
 
     def drop(self: Any, unsettled: list[Any], _result: Any) -> None:
         self.transport.drop(unsettled)  # every lease runs out: the rescuer spends every attempt
@@ -199,7 +200,7 @@ def _spend_on_outage() -> None:
 
 
 def _clock_never_lapses() -> None:
-    from oncebox.clock import ClockLease  # noqa: PLC0415
+    from oncebox.kernel.clock import ClockLease  # noqa: PLC0415
 
     def write(self: Any) -> None:
         self.store.clock_set(self._setting)  # no expiry: it never lapses
@@ -208,7 +209,7 @@ def _clock_never_lapses() -> None:
 
 
 def _greedy_writer() -> None:
-    from oncebox.queue import consumer  # noqa: PLC0415
+    from oncebox.lanes import consumer  # noqa: PLC0415
     from oncebox.store.sqlite_turns import WriterTurns  # noqa: PLC0415
 
     def begin(_self: Any, conn: Any, greedy: bool = False) -> None:
@@ -266,7 +267,7 @@ def _install_ack_on_receipt() -> None:
 
 
 def _rabbitmq_without_delivery_limit() -> None:
-    from oncebox.brokers.rabbitmq import RabbitQueue  # noqa: PLC0415
+    from oncebox.brokers.rabbitmq.wire import RabbitQueue  # noqa: PLC0415
 
     declared = RabbitQueue._declare_main
 

@@ -20,18 +20,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from oncebox import Box, Concurrency, Reports, Retry, WorkerConfig, clock, points
+from oncebox import Box, Concurrency, Reports, Retry, WorkerConfig
 from oncebox.chaos import mutations
 from oncebox.chaos.history import HistoryWriter
 from oncebox.chaos.recording import RecordingProvider
-from oncebox.clock import ClockLease
-from oncebox.errors import ClockHeld, StoreUnavailable
 from oncebox.examples.logistics.app import SENDER, build_box
 from oncebox.jobs.periods import iso_week
-from oncebox.outbox.dispatcher import DispatcherConfig
+from oncebox.kernel import clock, points
+from oncebox.kernel.clock import ClockLease
+from oncebox.kernel.errors import ClockHeld, StoreUnavailable
+from oncebox.lanes.consumer import ConsumerConfig
+from oncebox.lanes.dispatcher import DispatcherConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
 from oncebox.providers import from_url
-from oncebox.queue.consumer import ConsumerConfig
-from oncebox.queue.lease_rescuer import LeaseRescuerConfig
 from oncebox.retention.policy import Retention
 from oncebox.testing import RedeliveringTransport
 
@@ -370,7 +371,7 @@ def taker_main(workload: Workload, name: str, seconds: float, gate: Gate) -> Non
     """A process that takes the email channel's tokens one at a time, as fast as the bucket
     answers, for `seconds` of real time from `gate.reached` — as a dispatcher's rounds do, only
     more often: what it was granted, and when it began and ended, go into the history."""
-    from oncebox.outbox import dispatcher  # noqa: PLC0415 (a mutation may replace its `take`)
+    from oncebox.lanes import dispatcher  # noqa: PLC0415 (a mutation may replace its `take`)
 
     box = build(workload, name)
     history = HistoryWriter(Path(workload.history), name, workload.seed)
@@ -464,7 +465,7 @@ def racer_main(
 def _stop_heartbeats() -> None:
     """This process's leases are never extended: with a pause at a point, the whole worker
     stalls as in a stop-the-world pause, and its leases run out on the shared clock."""
-    from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperResult  # noqa: PLC0415
+    from oncebox.lanes.lease_keeper import LeaseKeeper, LeaseKeeperResult  # noqa: PLC0415
 
     def no_heartbeat(self: LeaseKeeper) -> LeaseKeeperResult:
         return LeaseKeeperResult(tokens=0, extended=0, overdue=0)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psycopg
 
-from oncebox.errors import ConfigurationError, StoreUnavailable
-from oncebox.inert import redact
+from oncebox.kernel.errors import ConfigurationError, StoreUnavailable
+from oncebox.kernel.inert import redact
 from oncebox.store import open_store
 from oncebox.store.postgres import split_url
 

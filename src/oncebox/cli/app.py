@@ -25,8 +25,8 @@ from oncebox.cli.prune_cmd import prune_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
 from oncebox.cli.serve_cmd import receive, serve
-from oncebox.inert import printable
-from oncebox.logs import JsonLines
+from oncebox.kernel.inert import printable
+from oncebox.kernel.logs import JsonLines
 
 
 class _Oncebox(click.Group):

@@ -21,7 +21,7 @@ from oncebox.cli.common import (
     reported,
     say,
 )
-from oncebox.clock import ClockSetting
+from oncebox.kernel.clock import ClockSetting
 from oncebox.shapes import clock_shape
 from oncebox.store.base import Audit, reason_text
 

@@ -23,15 +23,15 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from oncebox.box import DEFAULT_NOTICE, DEFAULT_URL, Box
-from oncebox.errors import (
+from oncebox.kernel.errors import (
     ConfigurationError,
     EnqueueError,
     InvalidState,
     NotFound,
     OnceboxError,
 )
-from oncebox.inert import printable, redact
-from oncebox.storable import MAX_ROW_ID, beyond_ids, is_digits, row_id
+from oncebox.kernel.inert import printable, redact
+from oncebox.kernel.storable import MAX_ROW_ID, beyond_ids, is_digits, row_id
 from oncebox.store import open_store
 from oncebox.store.base import BacklogRow
 from oncebox.store.migrations import check_runnable
@@ -41,8 +41,8 @@ USAGE_ERRORS = (ConfigurationError, EnqueueError, NotFound, InvalidState)
 
 
 def say(text: str = "", *, err: bool = False) -> None:
-    """Print `text` for a person, every line of it inert (`oncebox.inert.printable`): what users
-    and providers wrote cannot drive the terminal. Only `--json` output bypasses this; JSON
+    """Print `text` for a person, every line of it inert (`oncebox.kernel.inert.printable`): what
+    users and providers wrote cannot drive the terminal. Only `--json` output bypasses this; JSON
     escapes every control itself."""
     click.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
 

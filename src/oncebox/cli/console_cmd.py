@@ -17,9 +17,9 @@ import click
 from oncebox.cli.common import app_option, box_for_admin, db_option, fail, reported, say
 from oncebox.console.login_token import LoginToken, login_link
 from oncebox.console.users import hash_password, parse_users
-from oncebox.errors import ConfigurationError
-from oncebox.extras import needs
-from oncebox.public_url import WILDCARD, HostCheck, PublicUrl, for_server, parse
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.extras import needs
+from oncebox.kernel.public_url import WILDCARD, HostCheck, PublicUrl, for_server, parse
 
 F = TypeVar("F", bound=Callable[..., Any])
 USERS_ENV = "ONCEBOX_CONSOLE_USERS"
@@ -135,7 +135,7 @@ def checked_web_options(bind: str, root_path: str, public_urls: Sequence[str]) -
 
 def run_web(web: Any, served: Served, forwarded_allow_ips: str | None) -> None:
     """Serve `web` with uvicorn until interrupted (the caller has checked its extra: `needs`),
-    refusing a request whose Host is not this server's (`oncebox.public_url.HostCheck`).
+    refusing a request whose Host is not this server's (`oncebox.kernel.public_url.HostCheck`).
     Without `--forwarded-allow-ips`, the first request through a proxy says on stderr that
     every client is seen as the proxy's address."""
     import uvicorn  # noqa: PLC0415

@@ -7,7 +7,7 @@ import sys
 import click
 
 from oncebox.cli.common import reported
-from oncebox.errors import OnceboxError
+from oncebox.kernel.errors import OnceboxError
 
 
 def _check_week(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:

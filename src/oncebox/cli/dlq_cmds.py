@@ -26,10 +26,10 @@ from oncebox.cli.common import (
     say,
 )
 from oncebox.cli.outbox_cmds import discard_next_step
-from oncebox.dead_letters import DeadLetter, DiscardPlan, ReplayPlan, Skipped
-from oncebox.durations import parse_duration
-from oncebox.errors import InvalidState, NotFound
-from oncebox.operations import ActionOutcome, DeadFilter
+from oncebox.jobs.dead_letters import DeadLetter, DiscardPlan, ReplayPlan, Skipped
+from oncebox.kernel.durations import parse_duration
+from oncebox.kernel.errors import InvalidState, NotFound
+from oncebox.runtime.operations import ActionOutcome, DeadFilter
 from oncebox.store.base import JobRow
 
 KIND = click.Choice(["job", "delivery"])

@@ -28,8 +28,8 @@ from oncebox.cli.common import (
     say,
 )
 from oncebox.cli.prune_cmd import HEADERS, retention_table
-from oncebox.errors import NotFound
 from oncebox.jobs.keys import validate_key
+from oncebox.kernel.errors import NotFound
 from oncebox.status import JOB_STATES, OUTBOX_STATES, status_data
 from oncebox.store.base import AuditFilter, JobFilter
 

@@ -16,7 +16,7 @@ import click
 from prometheus_client.registry import Collector
 
 from oncebox.cli.common import app_option, box_for_admin, db_option, reported, say
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -24,9 +24,9 @@ from oncebox.cli.common import (
     say,
 )
 from oncebox.deliveries.events import STAGES
-from oncebox.errors import NotFound
-from oncebox.inert import printable
 from oncebox.jobs.keys import validate_key
+from oncebox.kernel.errors import NotFound
+from oncebox.kernel.inert import printable
 from oncebox.status import OUTBOX_STATES
 from oncebox.store.base import DiscardResult, OutboxFilter
 

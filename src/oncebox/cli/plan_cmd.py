@@ -20,8 +20,8 @@ from oncebox.cli.common import (
     say,
 )
 from oncebox.cli.inspect_cmds import hours
-from oncebox.counters import complete
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.counters import complete
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.limits.rates import Limit
 from oncebox.schedules.plan import Input, Plan, plan
 from oncebox.schedules.slo import parse_window

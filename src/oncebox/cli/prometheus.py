@@ -26,10 +26,10 @@ from prometheus_client.registry import Collector
 
 from oncebox import shapes
 from oncebox.box import Box
-from oncebox.clock import monotonic
-from oncebox.counters import COUNTERS
 from oncebox.deliveries.events import STAGES
-from oncebox.metrics import Metrics
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.counters import COUNTERS
+from oncebox.kernel.metrics import Metrics
 from oncebox.status import PERIODS, PeriodFigures, status_data
 
 
@@ -256,7 +256,7 @@ def _one(name: str, text: str, value: float) -> GaugeMetricFamily:
 
 
 class ProcessCollector(Collector):
-    """One process's own figures (`oncebox.metrics.Metrics`): nothing store-wide."""
+    """One process's own figures (`oncebox.kernel.metrics.Metrics`): nothing store-wide."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics

@@ -21,9 +21,9 @@ from oncebox.cli.common import (
     reported,
     say,
 )
+from oncebox.lanes.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.lanes.worker import refuse_foreign_clock
 from oncebox.retention.held import KIND_LABELS, held, kept
-from oncebox.retention.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.store.base import PRUNE_KINDS
 from oncebox.store.migrations import check_runnable
 

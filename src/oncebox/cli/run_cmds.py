@@ -28,9 +28,9 @@ from oncebox.cli.common import (
     say,
     say_default_created,
 )
-from oncebox.errors import InvalidArguments
 from oncebox.jobs.codec import MAX_DEPTH
 from oncebox.jobs.tasks import Task
+from oncebox.kernel.errors import InvalidArguments
 from oncebox.lanes.worker import WorkerConfig, WorkerStarted
 from oncebox.store import open_store
 

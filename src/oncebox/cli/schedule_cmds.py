@@ -22,7 +22,7 @@ from oncebox.cli.common import (
     reported,
     say,
 )
-from oncebox.errors import NotFound
+from oncebox.kernel.errors import NotFound
 from oncebox.shapes import instant
 from oncebox.store.base import Audit, reason_text
 

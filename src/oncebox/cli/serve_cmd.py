@@ -18,7 +18,7 @@ from oncebox.cli.console_cmd import (
     say_login_link,
     web_options,
 )
-from oncebox.extras import needs
+from oncebox.kernel.extras import needs
 from oncebox.store.migrations import check_runnable
 
 if TYPE_CHECKING:

@@ -2,10 +2,10 @@
 
 `oncebox console --bind 127.0.0.1:8080` serves it (`create_app` builds the ASGI app, to mount
 elsewhere). It shows the numbers `oncebox status` shows (`oncebox.status`), a key's receipt chain
-(`oncebox.receipts`), the jobs, the outbox, the dead letters, the held sends and the audit log,
-and it acts through `oncebox.operations`, as the CLI does: it computes and decides nothing of its
-own. Deny by default: every page needs a logged-in user (`console.users`), every change a POST
-with the session's CSRF token from the console's own origin (`console.guard`).
+(`oncebox.jobs.receipts`), the jobs, the outbox, the dead letters, the held sends and the audit log,
+and it acts through `oncebox.runtime.operations`, as the CLI does: it computes and decides nothing
+of its own. Deny by default: every page needs a logged-in user (`console.users`), every change a
+POST with the session's CSRF token from the console's own origin (`console.guard`).
 
 `create_app` and `ConsoleSettings` are imported when first asked for: Starlette comes with the
 `console` extra, and `oncebox console hash-password` (`users.py`) must work without it.

@@ -1,5 +1,5 @@
-"""The console's changes, each through `oncebox.operations` as the CLI's, audited in the same
-transaction as the change with the logged-in user as the actor. Each answers with a redirect to
+"""The console's changes, each through `oncebox.runtime.operations` as the CLI's, audited in the
+same transaction as the change with the logged-in user as the actor. Each answers with a redirect to
 where its result shows and a notice of what happened (or why nothing did)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from oncebox.console.batches import Batches
 from oncebox.console.guard import path_for, sessions_of
 from oncebox.console.pages import box_of
 from oncebox.console.sessions import Session
-from oncebox.errors import ConfigurationError, InvalidInput, InvalidState, NotFound
-from oncebox.storable import beyond_ids, checked_text, is_digits, row_id
+from oncebox.kernel.errors import ConfigurationError, InvalidInput, InvalidState, NotFound
+from oncebox.kernel.storable import beyond_ids, checked_text, is_digits, row_id
 
 
 def _choice(form: Any, name: str) -> str:

@@ -24,7 +24,7 @@ from oncebox.console.sessions import Sessions
 from oncebox.console.throttle import LoginLimits, LoginThrottle
 from oncebox.console.trends import Trends
 from oncebox.console.users import User
-from oncebox.public_url import HostCheck, PublicUrl
+from oncebox.kernel.public_url import HostCheck, PublicUrl
 from oncebox.status import PeriodFigures
 
 PERIODS_SHOWN = 12  # periods per schedule on the periods page (the overview shows the latest)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from oncebox.box import Box
-from oncebox.clock import monotonic
-from oncebox.dead_letters import DiscardPlan, ReplayPlan, Skipped
-from oncebox.errors import OnceboxError
-from oncebox.operations import ActionOutcome
+from oncebox.jobs.dead_letters import DiscardPlan, ReplayPlan, Skipped
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.errors import OnceboxError
+from oncebox.runtime.operations import ActionOutcome
 
 PLANS_KEPT = 20  # per console: the oldest dry run is forgotten first
 REPLAY_PER_SECOND = 20.0  # as `oncebox dlq replay --all` by default

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from oncebox.inert import printable
+from oncebox.kernel.inert import printable
 
 FORWARDING_HEADERS = frozenset(
     {b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-real-ip"}

@@ -3,7 +3,7 @@ checks every change passes (operator role, CSRF token, same origin, one-time act
 
 Nothing is derived from the `Host` header, which is the client's to write: redirects are paths,
 and a change counts as this console's own when its `Origin` is one of the public URL's origins
-(`oncebox.public_url`; the CLI always gives one, and refuses requests naming another host).
+(`oncebox.kernel.public_url`; the CLI always gives one, and refuses requests naming another host).
 
 Everything the console shows is user-controlled text — keys, arguments, errors, provider replies —
 and is escaped by the templates (autoescape); the Content-Security-Policy allows no inline script
@@ -23,7 +23,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from oncebox.console.sessions import Session, Sessions
-from oncebox.public_url import PublicUrl
+from oncebox.kernel.public_url import PublicUrl
 
 SESSION_COOKIE = "oncebox_session"
 LOGIN_COOKIE = "oncebox_login"  # the login form's own CSRF token (no session exists yet)

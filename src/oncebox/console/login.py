@@ -11,7 +11,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from oncebox.client_address import address_key
 from oncebox.console.guard import (
     LOGIN_COOKIE,
     clear_session_cookie,
@@ -29,6 +28,7 @@ from oncebox.console.refusals import RefusedLogins, Why
 from oncebox.console.render import render
 from oncebox.console.throttle import UNKNOWN, LoginThrottle
 from oncebox.console.users import MAX_NAME_CHARS, verify_password
+from oncebox.kernel.client_address import address_key
 
 TOKEN_USER = "token"  # noqa: S105 (a user name: the actor after a token login)
 LINK_REFUSED = (

@@ -16,7 +16,7 @@ import secrets
 import threading
 from collections.abc import Callable
 
-from oncebox.clock import monotonic
+from oncebox.kernel.clock import monotonic
 
 TOKEN_TTL_S = 15 * 60.0
 

@@ -1,5 +1,5 @@
 """The console's read-only pages. Each reads through the same store code and definitions as the
-CLI (`oncebox.status`, `oncebox.receipts`, the store's list statements, all served by indexes)
+CLI (`oncebox.status`, `oncebox.jobs.receipts`, the store's list statements, all served by indexes)
 and renders; none computes a figure of its own."""
 
 from __future__ import annotations
@@ -11,18 +11,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from oncebox.box import Box
-from oncebox.clock import monotonic
 from oncebox.console.batches import REPLAY_PER_SECOND, Batches
 from oncebox.console.guard import PageFn, path_for
 from oncebox.console.render import counted, noun, render
 from oncebox.console.sessions import Session
 from oncebox.console.trends import Trends
-from oncebox.dead_letters import DeadFilter, DiscardPlan, Kind, ReplayPlan
-from oncebox.durations import parse_duration
-from oncebox.errors import ConfigurationError, InvalidInput, InvalidKey
-from oncebox.inert import printable
+from oncebox.jobs.dead_letters import DeadFilter, DiscardPlan, Kind, ReplayPlan
 from oncebox.jobs.keys import key_problem
-from oncebox.receipts import receipt_chain
+from oncebox.jobs.receipts import receipt_chain
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.durations import parse_duration
+from oncebox.kernel.errors import ConfigurationError, InvalidInput, InvalidKey
+from oncebox.kernel.inert import printable
+from oncebox.kernel.storable import MAX_ROW_ID, checked_text, row_id
 from oncebox.status import (
     JOB_STATES,
     OUTBOX_STATES,
@@ -31,7 +32,6 @@ from oncebox.status import (
     status_data,
     store_depths,
 )
-from oncebox.storable import MAX_ROW_ID, checked_text, row_id
 from oncebox.store.base import (
     AuditFilter,
     JobFilter,

@@ -21,11 +21,11 @@ import logging
 import threading
 from typing import Literal
 
-from oncebox.client_address import ADDRESS_CHARS
 from oncebox.console.throttle import LoginLimits, Verdict
 from oncebox.console.users import MAX_NAME_CHARS
-from oncebox.errors import OnceboxError
-from oncebox.inert import printable
+from oncebox.kernel.client_address import ADDRESS_CHARS
+from oncebox.kernel.errors import OnceboxError
+from oncebox.kernel.inert import printable
 from oncebox.store.base import AuditEntry, Store
 
 Why = Literal["wrong-password", "unknown-name", "name-too-long", "throttled"]

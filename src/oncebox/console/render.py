@@ -16,7 +16,7 @@ from starlette.templating import Jinja2Templates
 
 from oncebox.console.guard import path_for, sessions_of
 from oncebox.console.sessions import Session
-from oncebox.inert import printable
+from oncebox.kernel.inert import printable
 from oncebox.retention.held import KIND_LABELS, kept
 from oncebox.shapes import limits_shown
 

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from oncebox.clock import monotonic
 from oncebox.console.users import Role
+from oncebox.kernel.clock import monotonic
 
 IDLE_S = 30 * 60.0
 LIFETIME_S = 12 * 3600.0

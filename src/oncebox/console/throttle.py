@@ -24,7 +24,7 @@ What it stands against, and how:
   the least recently touched goes first. IPv6 addresses count per /64, what one host is
   usually given.
 
-Time is the injectable monotonic clock (`oncebox.clock.monotonic`), read under the lock.
+Time is the injectable monotonic clock (`oncebox.kernel.clock.monotonic`), read under the lock.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
-from oncebox.clock import monotonic
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.errors import ConfigurationError
 
 UNKNOWN = "\x00unknown"  # the bucket of every name no user has (a user's name is printable)
 

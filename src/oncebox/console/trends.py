@@ -16,8 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from oncebox.counters import complete
-from oncebox.errors import OnceboxError
+from oncebox.kernel.counters import complete
+from oncebox.kernel.errors import OnceboxError
 from oncebox.store.base import Store
 
 EVERY_S = 60.0

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 Role = Literal["operator", "viewer"]
 ROLES: tuple[Role, ...] = ("operator", "viewer")

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from oncebox.errors import InvalidArguments
-from oncebox.storable import checked_text
+from oncebox.kernel.errors import InvalidArguments
+from oncebox.kernel.storable import checked_text
 from oncebox.store.base import ProviderEvent
 
 STAGES = ("accepted", "delayed", "delivered", "failed", "bounced", "complained")

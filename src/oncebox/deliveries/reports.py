@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 Unreported = Literal["hold", "resend"]
 DEFAULT_GRACE = timedelta(hours=1)

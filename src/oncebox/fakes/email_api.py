@@ -52,7 +52,6 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from oncebox import clock
 from oncebox.fakes.loopback import LoopbackServer
 from oncebox.fakes.provider_webhooks import (
     WebhookAttempt,
@@ -61,6 +60,7 @@ from oncebox.fakes.provider_webhooks import (
     header_value,
     tag_list,
 )
+from oncebox.kernel import clock
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from oncebox import clock
+from oncebox.kernel import clock
 from oncebox.providers.webhook_signatures import sign_webhook, signing_key
 
 Outcomes = Mapping[str, str] | Callable[[Mapping[str, Any]], str]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 DEDUP_WINDOW_S = 300  # AWS: "the 5-minute deduplication interval"
 _patched = threading.Lock()

@@ -32,8 +32,8 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from oncebox import clock
 from oncebox.fakes.loopback import LoopbackServer
+from oncebox.kernel import clock
 from oncebox.providers.webhook_signatures import WebhookRefused, verify_webhook
 
 

@@ -1,3 +1,4 @@
 """Jobs: what a task is and what it promises — the task registry, business keys and their
-templates, periods, the argument codec, retry policies, the key-drift guard, and the context a
-handler receives. Nothing here touches a lane; the queue and the outbox build on it."""
+templates, periods, the argument codec, retry policies, the key-drift guard, a key's receipt
+chain (`receipts.py`) and the dead letters an operator acts on in bulk (`dead_letters.py`).
+Nothing here touches a lane; the queue and the outbox build on it."""

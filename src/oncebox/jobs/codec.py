@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from oncebox.errors import InvalidArguments, PayloadTooLarge
+from oncebox.kernel.errors import InvalidArguments, PayloadTooLarge
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_DEPTH = 32

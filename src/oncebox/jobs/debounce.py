@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import KeyTemplate, argument_template
+from oncebox.kernel.errors import ConfigurationError, InvalidKey
 
 Keep = Literal["last", "first"]
 MAX_WINDOW = timedelta(days=31)

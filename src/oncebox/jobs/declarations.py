@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from oncebox.clock import monotonic
+from oncebox.kernel.clock import monotonic
 from oncebox.limits.waiting import CAP, PARTITIONS, Read
 from oncebox.store.base import LimitDeclaration
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from oncebox.clock import monotonic
-from oncebox.errors import KeyDrift, NotFound, StoreUnavailable
+from oncebox.kernel.clock import monotonic
+from oncebox.kernel.errors import KeyDrift, NotFound, StoreUnavailable
 from oncebox.store.base import JobFilter, KeyCanary, reason_text
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from oncebox.errors import ConfigurationError, InvalidKey, KeyTemplateError
+from oncebox.kernel.errors import ConfigurationError, InvalidKey, KeyTemplateError
 
 MAX_KEY_LENGTH = 255
 _SEGMENT_CHARS = r"A-Za-z0-9\-_.:@+="

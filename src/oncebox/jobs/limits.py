@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oncebox.errors import ConfigurationError, InvalidKey
 from oncebox.jobs.keys import KeyTemplate, argument_template
+from oncebox.kernel.errors import ConfigurationError, InvalidKey
 from oncebox.limits.plan import LimitPlan, LimitRule
 from oncebox.limits.rates import Limit as RateText
 

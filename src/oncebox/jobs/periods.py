@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from oncebox.errors import ConfigurationError, InvalidArguments
 from oncebox.jobs.keys import key_problem
+from oncebox.kernel.errors import ConfigurationError, InvalidArguments
 
 _WEEK_RE = re.compile(r"([0-9]{4})-W([0-9]{2})")
 _DAY_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")

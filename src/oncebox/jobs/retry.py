@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from oncebox.errors import ConfigurationError, EnqueueError, Permanent, RetryLater
+from oncebox.kernel.errors import ConfigurationError, EnqueueError, Permanent, RetryLater
 
 
 @dataclass(frozen=True)

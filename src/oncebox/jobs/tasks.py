@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from oncebox.durations import check_keep
-from oncebox.errors import ConfigurationError, InvalidArguments, KeyTemplateError, UnknownTask
 from oncebox.jobs.debounce import Collapse, Debounce, Throttle, collapse_of
 from oncebox.jobs.keys import KeyTemplate, quote_template
 from oncebox.jobs.limits import TaskLimit, TaskLimits, plan_of, task_limits
 from oncebox.jobs.retry import Retry
+from oncebox.kernel.durations import check_keep
+from oncebox.kernel.errors import (
+    ConfigurationError,
+    InvalidArguments,
+    KeyTemplateError,
+    UnknownTask,
+)
 from oncebox.limits.plan import LimitPlan
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")

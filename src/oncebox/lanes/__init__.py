@@ -1,3 +1,5 @@
-"""What runs the lanes: how a box's lanes are built (`assembly`) and the worker process that runs
-them in threads (`worker`). The loop every lane shares is `oncebox.lane`; the lanes themselves
-live with the concept they serve (the dispatcher in `outbox/`, the lease rescuer in `queue/`, …)."""
+"""Every loop that runs, one file each, one shape: `XxxConfig`, `run_once() -> XxxResult`,
+`run_forever(stop)`. The consumer, lease keeper and lease rescuer, dispatcher, resolver,
+delivery rescuer, schedule ticker, expiry sweeper, pruner and given-up sweep; the loop they share
+(`lane.py`); how they are built (`assembly.py`, the only place that builds one) and the worker
+process that runs them in threads (`worker.py`). No lane imports another."""

@@ -8,13 +8,13 @@ import os
 import random
 import socket
 
-from oncebox.errors import ConfigurationError
+from oncebox.brokers.brokered import refuse_unbrokerable, wire_for
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.lanes.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.limits.allocation import holds_slot
-from oncebox.queue.brokered import refuse_unbrokerable, wire_for
-from oncebox.queue.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
-from oncebox.runtime import Runtime
+from oncebox.runtime.runtime import Runtime
 from oncebox.store.base import ConsumerSettings
 
 log = logging.getLogger("oncebox.worker")
@@ -99,7 +99,7 @@ def broker_transport(
     """A consumer lane's transport on the broker that holds `queue` (its own connection,
     declared), prefetching what one lease takes at most; on PostgreSQL it settles the relayed
     jobs' rows (migration 0016), on SQLite it takes unrecorded messages only."""
-    from oncebox.transports.broker import BrokerTransport  # noqa: PLC0415
+    from oncebox.brokers.transport import BrokerTransport  # noqa: PLC0415
 
     for task in runtime.registry.all():
         if task.queue == queue:

@@ -2,20 +2,20 @@
 
 Lanes, each in its own thread (each module named lives with the concept it serves):
 - consumers (`concurrency` of them): lease a batch, run consumer transactions
-  (`queue/consumer.py`); idle, they wait for a wake-up — from the listener, an enqueue in this
+  (`lanes/consumer.py`); idle, they wait for a wake-up — from the listener, an enqueue in this
   process, the next due job, or the poll interval, whichever comes first;
-- a dispatcher (when the box has channels): delivers outbox rows (`outbox/dispatcher.py`); woken
+- a dispatcher (when the box has channels): delivers outbox rows (`lanes/dispatcher.py`); woken
   by consumers of this process that wrote outbox rows, by the listener, or the poll interval;
 - the resolver (when a channel's provider can look messages up): settles ambiguous sends
-  (`outbox/resolver.py`);
-- the scheduler (when the box has schedules): fans out due periods (`schedules/ticker.py`);
+  (`lanes/resolver.py`);
+- the scheduler (when the box has schedules): fans out due periods (`lanes/ticker.py`);
 - a sweeper per declared sweeper: due-row transitions with their notices
-  (`timers/expiry_sweeper.py`);
+  (`lanes/expiry_sweeper.py`);
 - the lease keeper: heartbeats held leases; the watchdog for hung handlers
-  (`queue/lease_keeper.py`);
-- the lease rescuer: expired job and outbox leases (`queue/lease_rescuer.py`,
-  `outbox/delivery_rescuer.py`);
-- the pruner: finished-job retention and explicit intent policies (`retention/pruner.py`);
+  (`lanes/lease_keeper.py`);
+- the lease rescuer: expired job and outbox leases (`lanes/lease_rescuer.py`,
+  `lanes/delivery_rescuer.py`);
+- the pruner: finished-job retention and explicit intent policies (`lanes/pruner.py`);
 - the listener: wakes the lanes when work may have arrived — a NOTIFY on PostgreSQL, a commit
   seen in the database files on SQLite (`SqliteStore.wait_for_work`); the poll interval is only
   the fallback.
@@ -42,8 +42,9 @@ from datetime import datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from oncebox import clock, points
-from oncebox.errors import (
+from oncebox.brokers.brokered import RELAY_PREFIX, wire_for
+from oncebox.kernel import clock, points
+from oncebox.kernel.errors import (
     BrokerUnavailable,
     ClockHeld,
     ConfigurationError,
@@ -53,22 +54,22 @@ from oncebox.errors import (
     StoreUnavailable,
 )
 from oncebox.lanes.assembly import broker_transport, build_consumer, worker_name
+from oncebox.lanes.consumer import Consumer, ConsumerConfig, ConsumerResult
+from oncebox.lanes.delivery_rescuer import DeliveryRescuer
+from oncebox.lanes.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
+from oncebox.lanes.lease_keeper import LeaseKeeper, LeaseKeeperConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.resolver import AmbiguityResolver
 from oncebox.outbox.channels import Channel
-from oncebox.outbox.delivery_rescuer import DeliveryRescuer
-from oncebox.outbox.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
-from oncebox.outbox.resolver import AmbiguityResolver
-from oncebox.queue.brokered import RELAY_PREFIX, wire_for
-from oncebox.queue.consumer import Consumer, ConsumerConfig, ConsumerResult
-from oncebox.queue.lease_keeper import LeaseKeeper, LeaseKeeperConfig
-from oncebox.queue.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
 
 if TYPE_CHECKING:
-    from oncebox.transports.given_up import GivenUpSweep
-from oncebox.retention.pruner import Pruner, PrunerConfig
-from oncebox.runtime import Runtime
-from oncebox.schedules.ticker import ScheduleTicker
+    from oncebox.lanes.given_up import GivenUpSweep
+from oncebox.lanes.expiry_sweeper import ExpirySweeper
+from oncebox.lanes.pruner import Pruner, PrunerConfig
+from oncebox.lanes.ticker import ScheduleTicker
+from oncebox.runtime.runtime import Runtime
 from oncebox.store.base import (
     EVERY_KIND,
     JOBS,
@@ -79,7 +80,6 @@ from oncebox.store.base import (
     WorkKind,
 )
 from oncebox.store.migrations import check_runnable
-from oncebox.timers.expiry_sweeper import ExpirySweeper
 
 log = logging.getLogger("oncebox.worker")
 
@@ -449,7 +449,7 @@ class Worker:
             ("pruner", pruner.run_forever),
         ]
         if brokered:  # what their brokers gave up on: a lane of its own (a broker may be slow)
-            from oncebox.transports.given_up import GivenUpSweep  # noqa: PLC0415
+            from oncebox.lanes.given_up import GivenUpSweep  # noqa: PLC0415
 
             served = {queue: self.runtime.brokers[queue] for queue in brokered}
             self._given_up = GivenUpSweep(store, served, wire_for, worker=self.name)

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 _PERIODS = {
     "s": 1,

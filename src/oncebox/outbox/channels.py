@@ -33,10 +33,10 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from oncebox.deliveries.reports import Reports
-from oncebox.durations import check_keep
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.retry import Retry
 from oncebox.jobs.tasks import check_name
+from oncebox.kernel.durations import check_keep
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.limits.rates import Limit
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider, from_url
 from oncebox.store.base import BucketSpec

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.store.base import Store
 
 log = logging.getLogger("oncebox")

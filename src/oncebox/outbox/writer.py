@@ -20,14 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from oncebox.errors import ConfigurationError, InvalidArguments
 from oncebox.jobs.codec import has_nul
 from oncebox.jobs.keys import key_problem, validate_key
+from oncebox.kernel.errors import ConfigurationError, InvalidArguments
+from oncebox.kernel.tracing import current_context
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.tokens import derive_token
 from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
 from oncebox.store.base import OutboxInsert
-from oncebox.tracing import current_context
 
 MAX_PAYLOAD_BYTES = MAX_EMAIL_BYTES
 SUFFIX_SEPARATOR = "~"

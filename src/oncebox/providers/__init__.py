@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from oncebox.errors import ConfigurationError
-from oncebox.extras import needs
-from oncebox.inert import redact
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.extras import needs
+from oncebox.kernel.inert import redact
 from oncebox.providers.base import (
     Outgoing,
     Provider,
@@ -71,7 +71,7 @@ def from_url(url: str) -> Provider:
             return SmtpProvider(url)
         if scheme in {"amqp", "amqps"}:
             with needs("rabbitmq", "a RabbitMQ channel"):
-                from oncebox.providers.rabbitmq import RabbitMQProvider  # noqa: PLC0415 (pika)
+                from oncebox.brokers.rabbitmq.relay import RabbitMQProvider  # noqa: PLC0415 (pika)
 
             return RabbitMQProvider(url)
         if scheme in {"resend", "resend+http", "resend+https"}:

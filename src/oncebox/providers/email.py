@@ -17,7 +17,7 @@ from email.utils import format_datetime, getaddresses, parseaddr
 from functools import lru_cache
 from typing import Any
 
-from oncebox.errors import InvalidArguments
+from oncebox.kernel.errors import InvalidArguments
 from oncebox.providers.base import Outgoing, SendPermanent
 
 RESERVED_HEADERS = frozenset({"message-id", "x-oncebox-token", "from", "to", "subject", "date"})

@@ -39,9 +39,10 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpx2
 
-from oncebox import clock
 from oncebox.deliveries.events import token_of
-from oncebox.errors import ConfigurationError
+from oncebox.kernel import clock
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.url_options import number_option
 from oncebox.providers.base import (
     Outgoing,
     Receipt,
@@ -53,7 +54,6 @@ from oncebox.providers.base import (
 )
 from oncebox.providers.email import check_email_payload, render
 from oncebox.providers.replies import Reply, read_reply
-from oncebox.url_options import number_option
 
 IN_PROGRESS = {"concurrent_idempotent_requests", "1601"}
 KEY_REUSED = {"invalid_idempotent_request", "1600"}

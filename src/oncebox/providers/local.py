@@ -20,8 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from oncebox.errors import ConfigurationError
-from oncebox.inert import printable
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.inert import printable
 from oncebox.providers.base import Outgoing, Receipt, SendRetryable, StatusAnswer
 from oncebox.providers.email import check_email_payload, render
 

@@ -46,7 +46,8 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.url_options import flag_option, number_option
 from oncebox.providers.base import (
     Outgoing,
     Receipt,
@@ -58,7 +59,6 @@ from oncebox.providers.base import (
 )
 from oncebox.providers.email import check_email_payload, render
 from oncebox.providers.replies import CAP, MAX_REPLY_BYTES
-from oncebox.url_options import flag_option, number_option
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 OPTIONS = frozenset({"starttls", "insecure_auth", "timeout", "cafile", "password_env"})

@@ -73,9 +73,10 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import httpx2
 
-from oncebox import clock
-from oncebox.errors import ConfigurationError, InvalidArguments
-from oncebox.inert import printable, redact
+from oncebox.kernel import clock
+from oncebox.kernel.errors import ConfigurationError, InvalidArguments
+from oncebox.kernel.inert import printable, redact
+from oncebox.kernel.url_options import FLAGS, number_option
 from oncebox.providers.base import (
     Outgoing,
     Receipt,
@@ -94,7 +95,6 @@ from oncebox.providers.webhook_signatures import (
     verify_webhook,
     webhook_body,
 )
-from oncebox.url_options import FLAGS, number_option
 
 __all__ = [
     "MAX_WEBHOOK_BYTES",

@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebox import clock
-from oncebox.errors import ConfigurationError, InvalidArguments, OnceboxError
+from oncebox.kernel import clock
+from oncebox.kernel.errors import ConfigurationError, InvalidArguments, OnceboxError
 
 MAX_WEBHOOK_BYTES = 256 * 1024
 MIN_KEY_BYTES = 16

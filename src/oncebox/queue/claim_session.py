@@ -25,8 +25,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from oncebox.errors import ConfigurationError
-from oncebox.extras import needs
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.extras import needs
 from oncebox.store.base import HandlerConnection
 from oncebox.store.guard import refusal
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.claim_session import NOT_CONFIGURED
 from oncebox.queue.handler_orm import HandlerOrm

@@ -51,7 +51,7 @@ class Delivery:
     expires_at: datetime | None = None
     job_id: int | None = None
     lease_token: str | None = None
-    trace_context: str | None = None  # where its enqueue's trace continues (oncebox.tracing)
+    trace_context: str | None = None  # where its enqueue's trace continues (oncebox.kernel.tracing)
 
 
 @dataclass(slots=True)  # per job: see `oncebox.store.base.LeasedJob`

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
-from oncebox import clock
+from oncebox.kernel import clock
 
 log = logging.getLogger("oncebox.watchdog")
 EXIT_HUNG_HANDLER = 70

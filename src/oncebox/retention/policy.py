@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import timedelta
 
-from oncebox.durations import check_keep
 from oncebox.jobs.tasks import Task
+from oncebox.kernel.durations import check_keep
 from oncebox.outbox.channels import Channel
 from oncebox.schedules.schedule import Schedule
 from oncebox.store.base import PruneKind

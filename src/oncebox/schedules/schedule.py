@@ -2,7 +2,7 @@
 *that* period.
 
     @box.schedule("weekly-digest", cron="0 9 * * MON", tz="Europe/Berlin",
-                  period=oncebox.periods.iso_week, task="weekly_digest")
+                  period=oncebox.jobs.periods.iso_week, task="weekly_digest")
     def active_customers(ctx: ScheduleContext) -> Iterable[dict]:
         for (customer_id,) in ctx.connection.execute("SELECT id FROM customers WHERE active"):
             yield {"customer_id": customer_id, "period": ctx.period}
@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cronsim import CronSim, CronSimError
 
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.periods import PeriodKind, aware, zone
 from oncebox.jobs.tasks import check_name
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.schedules.slo import Slo
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def make_schedule(
         raise ConfigurationError(f"schedule {name!r}: overlap must be wait, skip or parallel")
     if not isinstance(period, PeriodKind):
         raise ConfigurationError(
-            f"schedule {name!r}: period must be oncebox.periods.iso_week, day, month or "
+            f"schedule {name!r}: period must be oncebox.jobs.periods.iso_week, day, month or "
             "periods.custom(...)"
         )
     if not 1 <= batch_size <= 100_000:

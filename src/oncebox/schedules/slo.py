@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.store.base import PeriodStats
 
 _DURATION_RE = re.compile(r"(\d+)\s*(d|h|m|min|s)")

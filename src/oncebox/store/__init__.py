@@ -13,10 +13,10 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from oncebox.errors import ConfigurationError, NotFound
-from oncebox.metrics import Metrics
+from oncebox.kernel.errors import ConfigurationError, NotFound
+from oncebox.kernel.metrics import Metrics
+from oncebox.kernel.url_options import number_option
 from oncebox.store.base import Store
-from oncebox.url_options import number_option
 
 __all__ = ["Store", "open_store"]
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
-from oncebox.clock import ClockSetting
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.clock import ClockSetting
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.storable import checked_text
 from oncebox.limits.plan import LimitedPartition, LimitPlan
-from oncebox.storable import checked_text
 
 T = TypeVar("T")
 
@@ -55,7 +55,7 @@ class JobInsert:
     run_at: datetime | None = None
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
-    trace_context: str | None = None  # the enqueue span's (oncebox.tracing)
+    trace_context: str | None = None  # the enqueue span's (oncebox.kernel.tracing)
     limit_key: str | None = None  # a limited task's partition ('' for none: jobs/limits.py)
     collapse: Collapsing | None = None  # a debounced or throttled task's (jobs/debounce.py)
     relayed: bool = False  # its queue's broker delivers it (0016; PostgreSQL)
@@ -103,7 +103,7 @@ class JobInsertMany:
     delay: timedelta = timedelta(0)
     max_age: timedelta | None = None
     for_run: ScheduleRunRef | None = None
-    trace_context: str | None = None  # the enqueue span's, for every row (oncebox.tracing)
+    trace_context: str | None = None  # the enqueue span's, for every row (oncebox.kernel.tracing)
     relayed: bool = False  # its queue's broker delivers them (0016; PostgreSQL)
 
 
@@ -227,7 +227,7 @@ class OperatorAction:
     """An audited operator action on one job (or outbox row: `job_id` is then the row's id).
 
     `if_attempt`, for a replay or a discard: act only while the row's attempt count is still
-    this — the row as an operator confirmed it in a dry run (`oncebox.dead_letters`), not one
+    this — the row as an operator confirmed it in a dry run (`oncebox.jobs.dead_letters`), not one
     replayed by someone else and dead again since."""
 
     job_id: int
@@ -830,7 +830,7 @@ class AuditFilter:
 @dataclass(frozen=True, slots=True)
 class KeyCanary:
     """What a task's key template or a schedule's period function produced on the canary inputs
-    (see `oncebox.keyguard`)."""
+    (see `oncebox.jobs.keyguard`)."""
 
     kind: Literal["task", "schedule"]
     name: str
@@ -1018,7 +1018,7 @@ class ConsumerTx(Protocol):
 
     def counter_add(self, deltas: Mapping[str, int]) -> None:
         """Add to durable counters in this transaction: for a transport whose settlements
-        write no job rows (`oncebox.counters.settlement_counts`)."""
+        write no job rows (`oncebox.kernel.counters.settlement_counts`)."""
         ...
 
 
@@ -1162,7 +1162,7 @@ class Store(Protocol):
     def job_attempt_list(self, job_id: int) -> list[AttemptRow]: ...
     def job_count_by_state(self) -> StateCounts: ...
     def counter_add(self, deltas: Mapping[str, int]) -> None:
-        """Add to durable counters (`oncebox.counters`) in a transaction of their own; the
+        """Add to durable counters (`oncebox.kernel.counters`) in a transaction of their own; the
         statements that settle jobs and messages count in theirs."""
         ...
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from psycopg.pq import ExecStatus
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 T = TypeVar("T")
 TUPLES_OK = ExecStatus.TUPLES_OK

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from oncebox.errors import ConnectionLost, TransactionControlRefused, TransactionEnded
+from oncebox.kernel.errors import ConnectionLost, TransactionControlRefused, TransactionEnded
 
 SAVEPOINT = "oncebox_handler"
 

@@ -12,7 +12,7 @@ import logging
 import sqlite3
 from collections.abc import Iterable
 
-from oncebox.errors import SchemaError
+from oncebox.kernel.errors import SchemaError
 from oncebox.store.base import SchemaStatus
 
 log = logging.getLogger("oncebox.schema")

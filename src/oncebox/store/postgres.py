@@ -31,12 +31,12 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from oncebox.clock import ClockSetting, process_owner
-from oncebox.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
-from oncebox.inert import printable, redact, scrubbed
+from oncebox.kernel.clock import ClockSetting, process_owner
+from oncebox.kernel.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
+from oncebox.kernel.inert import printable, redact, scrubbed
+from oncebox.kernel.metrics import Metrics, operation
 from oncebox.limits import allocation
 from oncebox.limits.plan import LimitPlan
-from oncebox.metrics import Metrics, operation
 from oncebox.store import forks, guard
 from oncebox.store import limited as limited_lease
 from oncebox.store.base import (

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Generic
 
-from oncebox.metrics import operation
+from oncebox.kernel.metrics import operation
 from oncebox.store.base import Held, PruneKind
 from oncebox.store.reads import ReadOperations
 from oncebox.store.writes import Tx

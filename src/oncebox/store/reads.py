@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 from operator import itemgetter
 from typing import Any, TypeVar
 
+from oncebox.kernel.metrics import Metrics, operation
 from oncebox.limits.plan import LimitedPartition
-from oncebox.metrics import Metrics, operation
 from oncebox.store.base import (
     ApiKeyRow,
     ApiRequestRow,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import LiteralString
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 SCHEMA_TOKEN = "__S__"  # noqa: S105 (a placeholder, not a secret)
 _NAME_RE = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)

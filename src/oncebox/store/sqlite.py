@@ -26,18 +26,18 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal, LiteralString, cast
 
-from oncebox import clock
-from oncebox.clock import ClockFile, ClockSetting, from_micros, to_micros
-from oncebox.errors import (
+from oncebox.kernel import clock
+from oncebox.kernel.clock import ClockFile, ClockSetting, from_micros, to_micros
+from oncebox.kernel.errors import (
     ConfigurationError,
     SchemaError,
     StoreRefused,
     StoreReplaced,
     StoreUnavailable,
 )
+from oncebox.kernel.metrics import Metrics, operation
 from oncebox.limits import allocation
 from oncebox.limits.plan import LimitPlan
-from oncebox.metrics import Metrics, operation
 from oncebox.store import forks, guard
 from oncebox.store import limited as limited_lease
 from oncebox.store.base import (

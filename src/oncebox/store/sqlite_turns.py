@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from oncebox import clock
+from oncebox.kernel import clock
 
 MAX_YIELD = 0.25  # seconds a greedy writer waits for the others before it takes its turn
 FIRST_RETRY = 0.001  # seconds between a waiting writer's first two looks at the lock

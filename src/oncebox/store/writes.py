@@ -28,8 +28,8 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from oncebox import points
-from oncebox.metrics import operation
+from oncebox.kernel import points
+from oncebox.kernel.metrics import operation
 from oncebox.store.base import (
     ActionResult,
     ApiKeyRow,

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from oncebox.errors import ConfigurationError
 from oncebox.jobs.tasks import check_name
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.outbox.writer import OutboxWriter
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ def check_settings(**_kwargs: Any) -> list[checks.CheckMessage]:
     from django.db import connections  # noqa: PLC0415
 
     from oncebox.contrib.django.conf import database_url, read_settings  # noqa: PLC0415
-    from oncebox.errors import ConfigurationError  # noqa: PLC0415
+    from oncebox.kernel.errors import ConfigurationError  # noqa: PLC0415
 
     problems: list[checks.CheckMessage] = []
     if not settings.USE_TZ:

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from oncebox.errors import ConfigurationError, TransactionControlRefused
+from oncebox.kernel.errors import ConfigurationError, TransactionControlRefused
 from oncebox.store.base import HandlerConnection, Store
 
 ON_COMMIT = (

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from oncebox.errors import ConfigurationError
+from oncebox.kernel.errors import ConfigurationError
 
 _KNOWN = frozenset({"DATABASE", "SCHEMA", "SECRET", "EMAIL", "OPTIONS", "TASKS"})
 # what of a PostgreSQL alias's OPTIONS libpq understands in a URL; the rest is Django's own

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from oncebox.inert import redact
-from oncebox.metrics import Metrics
+from oncebox.kernel.inert import redact
+from oncebox.kernel.metrics import Metrics
 from oncebox.store import open_store
 from oncebox.store.base import Store
 

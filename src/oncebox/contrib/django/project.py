@@ -15,8 +15,8 @@ from oncebox.box import Box
 from oncebox.contrib.django.claims import DjangoModels
 from oncebox.contrib.django.conf import database_url, read_settings
 from oncebox.contrib.django.deferred import DeferredStore
-from oncebox.errors import ConfigurationError
-from oncebox.metrics import Metrics
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.metrics import Metrics
 from oncebox.store.base import Store
 
 _made: Box | None = None

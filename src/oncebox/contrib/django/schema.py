@@ -30,6 +30,6 @@ def migrate_schema(_apps: Any, schema_editor: Any) -> None:
 
 
 def refuse_reverse(_apps: Any, _schema_editor: Any) -> None:
-    from oncebox.errors import ConfigurationError  # noqa: PLC0415
+    from oncebox.kernel.errors import ConfigurationError  # noqa: PLC0415
 
     raise ConfigurationError("oncebox's migrations are additive: its tables are kept")

@@ -15,9 +15,9 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from oncebox import Box, JobContext, Retry, ScheduleContext, Slo, SweepContext
-from oncebox.clock import to_micros
 from oncebox.jobs.limits import TaskLimit
 from oncebox.jobs.periods import PeriodKind, iso_week
+from oncebox.kernel.clock import to_micros
 from oncebox.outbox.tokens import derive_token
 
 DIGEST_KEY = "weekly-digest/customer-{customer_id}/{period}"

@@ -33,9 +33,7 @@ from email import message_from_bytes
 from pathlib import Path
 from typing import Any, TextIO
 
-from oncebox import Box, WorkerConfig, points
-from oncebox.clock import ClockLease, monotonic, real_now
-from oncebox.errors import ConfigurationError
+from oncebox import Box, WorkerConfig
 from oncebox.examples.logistics.app import (
     DIGEST_KEY,
     HOLD_KEY,
@@ -48,6 +46,9 @@ from oncebox.examples.logistics.app import (
 from oncebox.examples.logistics.faults import FaultyFileSink
 from oncebox.examples.logistics.seed import seed_freight
 from oncebox.jobs.periods import iso_week
+from oncebox.kernel import points
+from oncebox.kernel.clock import ClockLease, monotonic, real_now
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.outbox.tokens import derive_token
 from oncebox.providers.local import FileProvider
 from oncebox.store import open_store

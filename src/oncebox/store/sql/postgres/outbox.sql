@@ -129,7 +129,7 @@ recorded AS (
     SELECT id, attempt, leased_by, leased_at, now, outcome, error, receipt
     FROM settled WHERE outcome IS NOT NULL
 ),
-counted AS (  -- what each settled row became (oncebox/counters.py; counters.sql)
+counted AS (  -- what each settled row became (oncebox/kernel/counters.py; counters.sql)
     INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
     SELECT v.name, pg_backend_pid(), count(*)
     FROM settled s,

@@ -1,4 +1,4 @@
--- Broker-backed queues (transports/rabbitmq.py, docs/transports.md): a job of a queue a broker
+-- Broker-backed queues (brokers/rabbitmq/transport.py, docs/transports.md): a job of a queue a broker
 -- holds keeps its record here, in a state of its own.
 -- * `relayed`: the job is the broker's to deliver. It is never leased from the table (it is in
 --   no lease index), the consumer that receives its message settles the row, fenced on its

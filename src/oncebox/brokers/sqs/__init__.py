@@ -1,0 +1,1 @@
+"""Amazon SQS: its wire (`wire.py`), read by the consumer through `brokers/transport.py`."""
