@@ -50,7 +50,7 @@ from oncebox.brokers.brokered import RELAY_PREFIX, wire_for
 from oncebox.brokers.messages import Message
 from oncebox.brokers.transport import BrokerTransport
 from oncebox.lanes.dispatcher import DispatcherConfig, OutboxDispatcher
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 
 ABSORBED = ("deliveries_stale", "claim_conflicts")
 DRAIN_FIRST_S = 30.0  # a gap this long: its first copies run before the second is sent

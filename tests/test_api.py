@@ -25,7 +25,7 @@ from oncebox.examples.logistics.app import build_box, create_tables
 from oncebox.examples.logistics.seed import seed_freight
 from oncebox.kernel import points
 from oncebox.kernel.clock import ClockSetting
-from oncebox.store.base import ApiRequestClaim
+from oncebox.store.records import ApiRequestClaim
 from support.contract import T0, dead_job
 
 DIGEST = "/v1/tasks/weekly_digest/jobs"

@@ -28,8 +28,8 @@ from oncebox.chaos.mutations import mutated
 from oncebox.examples.logistics.app import build_box, create_tables
 from oncebox.examples.logistics.seed import seed_freight
 from oncebox.kernel.clock import ClockSetting
-from oncebox.store.base import ApiRequestClaim
 from oncebox.store.postgres import PostgresStore
+from oncebox.store.records import ApiRequestClaim
 from support.api_server import call, served_api
 from support.contract import T0
 from support.waiting import wait_until

@@ -15,7 +15,7 @@ from oncebox.examples.logistics.app import build_box, connect, create_tables
 from oncebox.fakes.smtp_sink import SmtpSink
 from oncebox.kernel.clock import ClockSetting
 from oncebox.runtime.fanout import FanOut
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 from test_cli import assert_one_line_error, oncebox
 
 POISON = 3

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from oncebox import Box, Retry
 from oncebox.cli.app import main
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 from oncebox.testing import drain
 
 POISON, GHOST = "greeting/poison", "greeting/ghost"

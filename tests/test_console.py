@@ -24,7 +24,7 @@ from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.runtime.fanout import FanOut
 from oncebox.status import status_data
-from oncebox.store.base import AuditFilter, JobFilter, ProviderEvent
+from oncebox.store.params import AuditFilter, JobFilter, ProviderEvent
 from oncebox.testing import FrozenClock
 from support.digest_schedule import scheduled_box
 from support.rows import job_row

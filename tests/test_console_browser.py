@@ -22,7 +22,7 @@ from oncebox.jobs.periods import iso_week
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from oncebox.status import status_data
-from oncebox.store.base import AuditFilter
+from oncebox.store.params import AuditFilter
 from support.console_browser import browser, csp_violations, served
 from support.waiting import wait_until
 

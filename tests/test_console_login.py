@@ -26,7 +26,7 @@ from oncebox.console.guard import LOGIN_COOKIE
 from oncebox.console.throttle import LoginLimits, LoginThrottle
 from oncebox.console.users import hash_password, parse_users
 from oncebox.kernel.errors import StoreUnavailable
-from oncebox.store.base import AuditFilter
+from oncebox.store.params import AuditFilter
 from test_cli import oncebox
 
 BASE = "http://console.test"

@@ -149,7 +149,7 @@ def test_the_guides_schedule_runs_in_the_readmes_example(tmp_path: Path) -> None
     (tmp_path / "freight.py").write_text(module)
     script = """\
 import sqlite3
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 
 conn = sqlite3.connect("freight.db")
 conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, active INTEGER)")

@@ -46,7 +46,7 @@ from oncebox.console import actions, login, pages
 from oncebox.deliveries.events import KINDS
 from oncebox.kernel import clock
 from oncebox.providers.webhook_signatures import sign_webhook, signing_key
-from oncebox.store.base import JobFilter, OutboxFilter
+from oncebox.store.params import JobFilter, OutboxFilter
 from support.reports import SECRET
 from support.surfaces import CONSOLE, PERIOD, Surfaces, operator, seeded_surfaces
 

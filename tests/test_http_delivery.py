@@ -158,7 +158,7 @@ def test_a_dispatcher_that_died_holding_a_lease_past_the_window_leaves_it_ambigu
     api, store_url, mail_box
 ):
     from oncebox.lanes.delivery_rescuer import DeliveryRescuer
-    from oncebox.store.base import OutboxLeaseParams
+    from oncebox.store.params import OutboxLeaseParams
 
     box = mail_box(store_url, f"{api.url}?window_hours=1")
     with FrozenClock(box, at=T0) as clock:

@@ -125,7 +125,7 @@ def test_paging_with_before_still_pages(web, seeded):
 
 
 def _jobs() -> Any:
-    from oncebox.store.base import JobFilter
+    from oncebox.store.params import JobFilter
 
     return JobFilter(limit=50)
 
@@ -175,13 +175,13 @@ def test_a_console_action_on_input_no_store_can_hold_says_why_nothing_happened(
 
 
 def _dead_jobs() -> Any:
-    from oncebox.store.base import JobFilter
+    from oncebox.store.params import JobFilter
 
     return JobFilter(state="dead", limit=5)
 
 
 def _held() -> Any:
-    from oncebox.store.base import OutboxFilter
+    from oncebox.store.params import OutboxFilter
 
     return OutboxFilter(state="ambiguous", limit=5)
 

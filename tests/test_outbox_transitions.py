@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebox.outbox import transitions
-from oncebox.store.base import OutboxFinish
+from oncebox.outbox.transitions import OutboxFinish
 
 SECOND = timedelta(seconds=1)
 CALLS: dict[str, Callable[[], OutboxFinish]] = {

@@ -581,7 +581,7 @@ def test_a_round_trip_that_fails_leaves_its_connection_out_of_any_transaction(pg
 def _prune_while_a_record_is_taken_over(pg_url: str) -> tuple[list[int], list[tuple[str]]]:
     """A request takes over an expired Idempotency-Key record while the prune, which read it
     expired, waits on its lock: what the prune deleted, and the claims left."""
-    from oncebox.store.base import ApiRequestClaim
+    from oncebox.store.records import ApiRequestClaim
 
     box = Box(pg_url, seed=1)
     store = box.store

@@ -21,17 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from oncebox.outbox.transitions import OutboxFinish
 from oncebox.store import open_store
-from oncebox.store.base import (
-    InsertRow,
-    JobFilter,
-    JobFinish,
-    JobInsertMany,
-    OutboxFilter,
-    OutboxFinish,
-    Store,
-)
+from oncebox.store.params import InsertRow, JobFilter, JobFinish, JobInsertMany, OutboxFilter
 from oncebox.store.postgres import PostgresConsumerTx, PostgresStore
+from oncebox.store.protocol import Store
 from support.contract import lease, lease_outbox, opened_session, outbox_insert
 
 pytestmark = pytest.mark.postgres

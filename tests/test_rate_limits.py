@@ -14,7 +14,7 @@ from oncebox.kernel import points
 from oncebox.kernel.clock import monotonic
 from oncebox.limits.rates import Limit
 from oncebox.outbox.ratelimit import take
-from oncebox.store.base import BucketState
+from oncebox.store.records import BucketState
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.outbox import enqueue_customers
 
@@ -199,7 +199,7 @@ def test_contending_takers_on_the_real_clock_never_get_more_than_the_bucket_refi
     """Eight threads take one token at a time from a 2/s bucket for two seconds, on the real
     clock: at most its capacity plus what two seconds refill (and one for the edges)."""
     from oncebox.store import open_store
-    from oncebox.store.base import BucketSpec
+    from oncebox.store.params import BucketSpec
 
     store = open_store(pg_url)
     store.rate_bucket_configure("email", [BucketSpec("2/s", 2.0, 2.0)])

@@ -16,7 +16,7 @@ import pytest
 
 from oncebox import Box, JobContext
 from oncebox.chaos.mutations import mutated
-from oncebox.store.base import RelayedFinish
+from oncebox.store.params import RelayedFinish
 from support.brokers import AMQP_URL
 from support.contract import opened_session
 from support.db import lock_waits

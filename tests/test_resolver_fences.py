@@ -22,7 +22,7 @@ from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.kernel import points
 from oncebox.lanes.resolver import AmbiguityResolver, ResolverResult
 from oncebox.providers import Outgoing, Receipt
-from oncebox.store.base import OutboxRow
+from oncebox.store.records import OutboxRow
 from oncebox.testing import drain
 from support.contract import advance
 from support.db import lock_waits

@@ -18,7 +18,7 @@ from oncebox.cli.prometheus import StoreCollector
 from oncebox.jobs.periods import iso_week
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.status import status_data
-from oncebox.store.base import PeriodStats, ScheduleRunClaim
+from oncebox.store.records import PeriodStats, ScheduleRunClaim
 from oncebox.testing import FrozenClock, MemoryProvider
 from support.db import sql
 

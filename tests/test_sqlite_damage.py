@@ -19,7 +19,7 @@ import pytest
 
 from oncebox import Box
 from oncebox.kernel.errors import SchemaError, StoreReplaced
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 from support.waiting import wait_until
 from test_cli import TESTS, assert_one_line_error, oncebox
 

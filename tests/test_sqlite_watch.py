@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from oncebox import Box
-from oncebox.store.base import EVERY_KIND
+from oncebox.store.params import EVERY_KIND
 
 
 def test_one_commit_wakes_every_listener_of_a_store_once(sqlite_url):

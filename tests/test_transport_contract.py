@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from oncebox import Box, JobContext, Permanent, Retry, RetryLater
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 from oncebox.testing import FrozenClock
 from support.brokers import AMQP_URL, NATS_URL, reachable, sqs_url
 from support.db import create_effects, effects, record_effect, sql

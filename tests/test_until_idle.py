@@ -17,7 +17,7 @@ from oncebox import Box, WorkerConfig
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.lanes import worker as worker_module
 from oncebox.outbox.tokens import derive_token
-from oncebox.store.base import WorkerBeat
+from oncebox.store.params import WorkerBeat
 from support.outbox import SECRET, enqueue_customers
 from support.waiting import wait_until
 from test_cli import oncebox

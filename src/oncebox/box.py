@@ -64,7 +64,8 @@ from oncebox.runtime.trigger import TOLERANCE, Fired, ScheduleTrigger
 from oncebox.schedules.schedule import CatchUp, Overlap, Schedule, ScheduleContext, make_schedule
 from oncebox.schedules.slo import Slo
 from oncebox.store import open_store
-from oncebox.store.base import Audit, ScheduleRunRef, Store, reason_text
+from oncebox.store.params import Audit, ScheduleRunRef, reason_text
+from oncebox.store.protocol import Store
 from oncebox.timers.sweeper import SweepContext, Sweeper, make_sweeper
 
 __all__ = ["Box", "EnqueueManyResult", "EnqueueResult"]

@@ -18,7 +18,7 @@ from oncebox.limits.waiting import LimitRow
 from oncebox.retention.held import HeldRow
 from oncebox.schedules.owners import RunOwner, judge
 from oncebox.schedules.slo import PeriodSlo, Slo
-from oncebox.store.base import (
+from oncebox.store.records import (
     AttemptRow,
     AuditRow,
     BacklogRow,

@@ -38,7 +38,8 @@ from oncebox.lanes.dispatcher import DispatcherResult
 from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
 from oncebox.providers import Outgoing, Receipt
 from oncebox.queue.transport import Delivery, Settlement
-from oncebox.store.base import ConsumerTx, JobRow
+from oncebox.store.protocol import ConsumerTx
+from oncebox.store.records import JobRow
 
 
 @dataclass

@@ -13,6 +13,7 @@ import pytest
 from oncebox import Box, JobContext, Retry, ScheduleContext
 from oncebox.jobs.periods import iso_week
 from oncebox.kernel.errors import ConfigurationError, InvalidState, NotFound
+from oncebox.outbox.transitions import OutboxFinish
 from oncebox.providers import SendPermanent
 from oncebox.runtime.operations import (
     ActionOutcome,
@@ -22,7 +23,7 @@ from oncebox.runtime.operations import (
     ReplayPlan,
     Skipped,
 )
-from oncebox.store.base import JobFilter, OutboxFilter, OutboxFinish
+from oncebox.store.params import JobFilter, OutboxFilter
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.contract import finish_outbox, outbox_insert, write_outbox
 

@@ -19,7 +19,7 @@ from oncebox import (
     Retry,
     UnknownTask,
 )
-from oncebox.store.base import insert_chunks
+from oncebox.store.params import insert_chunks
 from oncebox.store.postgres import PostgresStore
 from oncebox.store.sqlite import SqliteStore
 from oncebox.testing import FrozenClock, assert_enqueued, drain, refute_enqueued

@@ -20,7 +20,7 @@ from oncebox.schedules import owners
 from oncebox.shapes import instant
 from oncebox.status import status_data
 from oncebox.store import open_store
-from oncebox.store.base import AuditFilter
+from oncebox.store.params import AuditFilter
 from oncebox.testing import FrozenClock
 from support.digest_schedule import digest_keys, scheduled_box
 from support.waiting import wait_until

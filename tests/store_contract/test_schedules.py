@@ -13,7 +13,7 @@ import pytest
 
 from oncebox import Box, InvalidArguments, InvalidState, NotFound
 from oncebox.jobs.periods import PeriodKind, iso_week
-from oncebox.store.base import ScheduleRunClaim
+from oncebox.store.records import ScheduleRunClaim
 from oncebox.testing import FrozenClock, drain
 from support.digest_schedule import add_customers, digest_keys, scheduled_box
 from support.procs import fan_out_and_die
@@ -217,7 +217,7 @@ def test_a_job_for_w33_processed_after_the_w34_boundary_keeps_its_w33_key(store_
 
 
 def test_coverage_never_exceeds_one_when_a_rescan_finds_fewer_eligible():
-    from oncebox.store.base import PeriodStats
+    from oncebox.store.records import PeriodStats
 
     rescanned = PeriodStats(
         period="2026-W33", state="done", eligible=3, enqueued=5, done=5, covered=5,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from oncebox.store import open_store
-from oncebox.store.base import ApiRequestClaim, Store
+from oncebox.store.protocol import Store
+from oncebox.store.records import ApiRequestClaim
 from support.contract import T0, advance
 
 RETAIN = timedelta(hours=24)

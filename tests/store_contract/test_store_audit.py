@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from oncebox.store.base import Audit, AuditEntry, AuditFilter, OperatorAction, Store
+from oncebox.store.params import Audit, AuditEntry, AuditFilter, OperatorAction
+from oncebox.store.protocol import Store
 from support.contract import T0, advance, dead_job, insert
 
 

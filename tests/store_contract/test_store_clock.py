@@ -10,7 +10,8 @@ from datetime import timedelta
 
 from oncebox.kernel.clock import ClockSetting, process_owner, real_now
 from oncebox.store import open_store
-from oncebox.store.base import Audit, AuditFilter, JobFilter, Store
+from oncebox.store.params import Audit, AuditFilter, JobFilter
+from oncebox.store.protocol import Store
 from support.contract import T0, job
 
 SLACK = timedelta(seconds=5)  # the database server and this host, read a moment apart

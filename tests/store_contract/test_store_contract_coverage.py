@@ -9,7 +9,7 @@ import ast
 import inspect
 from pathlib import Path
 
-from oncebox.store.base import ConsumerSession, ConsumerTx, Store
+from oncebox.store.protocol import ConsumerSession, ConsumerTx, Store
 
 CONTRACT = Path(__file__).resolve().parent
 PROTOCOLS: dict[str, type] = {"store": Store, "session": ConsumerSession, "tx": ConsumerTx}

@@ -11,8 +11,10 @@ from datetime import timedelta
 import pytest
 
 from oncebox.outbox import transitions
+from oncebox.outbox.transitions import OutboxFinish
 from oncebox.store import open_store
-from oncebox.store.base import JobFinish, JobInsertMany, OperatorAction, OutboxFinish, Store
+from oncebox.store.params import JobFinish, JobInsertMany, OperatorAction
+from oncebox.store.protocol import Store
 from support.contract import (
     LEASE,
     advance,

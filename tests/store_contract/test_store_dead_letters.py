@@ -8,17 +8,17 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from oncebox.store.base import (
+from oncebox.outbox.transitions import OutboxFinish
+from oncebox.store.params import (
     JobFilter,
     JobFinish,
     JobInsertMany,
     OperatorAction,
     OutboxFilter,
-    OutboxFinish,
-    ScheduleRunClaim,
     ScheduleRunRef,
-    Store,
 )
+from oncebox.store.protocol import Store
+from oncebox.store.records import ScheduleRunClaim
 from support.contract import (
     LEASE,
     T0,

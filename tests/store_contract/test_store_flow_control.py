@@ -11,8 +11,8 @@ from datetime import timedelta
 from oncebox.jobs.declarations import LAPSE
 from oncebox.jobs.limits import Concurrency, Rate, plan_of, task_limits
 from oncebox.kernel.errors import ConfigurationError
-from oncebox.limits.plan import LimitPlan
-from oncebox.store.base import Collapsing, JobFinish, LimitDeclaration, Store
+from oncebox.store.params import Collapsing, JobFinish, LimitDeclaration, LimitPlan
+from oncebox.store.protocol import Store
 from support.contract import LEASE, T0, advance, insert, job, lease, opened_session, row
 
 PARAMS = {"tenant", "n"}

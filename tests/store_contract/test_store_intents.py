@@ -9,7 +9,9 @@ from datetime import timedelta
 import pytest
 
 from oncebox.kernel.errors import TransactionControlRefused
-from oncebox.store.base import IntentClaim, IntentRow, Store
+from oncebox.store.params import IntentClaim
+from oncebox.store.protocol import Store
+from oncebox.store.records import IntentRow
 from support.contract import T0, advance, insert, opened_session
 
 

@@ -6,15 +6,9 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from oncebox.store.base import (
-    EnqueueConflict,
-    IntentClaim,
-    JobFilter,
-    JobFinish,
-    JobInsertMany,
-    OperatorAction,
-    Store,
-)
+from oncebox.store.params import IntentClaim, JobFilter, JobFinish, JobInsertMany, OperatorAction
+from oncebox.store.protocol import Store
+from oncebox.store.records import EnqueueConflict
 from support.contract import (
     T0,
     advance,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from oncebox.store.base import AuditFilter, KeyCanary, Store
+from oncebox.store.params import AuditFilter, KeyCanary
+from oncebox.store.protocol import Store
 from support.contract import T0, advance
 
 DIGEST = KeyCanary("task", "weekly_digest", "digest/{customer}/{period}", ("digest/1/W1",))

@@ -8,7 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from oncebox.store.base import IntentClaim, JobFinish, JobReleaseParams, Store
+from oncebox.store.params import IntentClaim, JobFinish, JobReleaseParams
+from oncebox.store.protocol import Store
 from support.contract import (
     LEASE,
     SETTINGS,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta
 
-from oncebox.store.base import BucketSpec, BucketState, Store
+from oncebox.store.params import BucketSpec
+from oncebox.store.protocol import Store
+from oncebox.store.records import BucketState
 from support.contract import T0, advance
 
 Seen = tuple[list[BucketState], datetime, datetime | None]

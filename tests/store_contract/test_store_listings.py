@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from oncebox.store.base import JobFilter, OutboxFilter, Store
+from oncebox.store.params import JobFilter, OutboxFilter
+from oncebox.store.protocol import Store
 from support.contract import insert, outbox_insert, write_outbox
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from oncebox.store import Store, open_store
-from oncebox.store.base import EVERY_KIND, JobReleaseParams, OperatorAction, WorkKind
+from oncebox.store.params import EVERY_KIND, JobReleaseParams, OperatorAction, WorkKind
 from support.contract import (
     ambiguous,
     insert,

@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 
-from oncebox.store.base import (
-    OperatorAction,
-    OutboxFilter,
-    OutboxFinish,
-    OutboxRow,
-    Store,
-)
+from oncebox.outbox.transitions import OutboxFinish
+from oncebox.store.params import OperatorAction, OutboxFilter
+from oncebox.store.protocol import Store
+from oncebox.store.records import OutboxRow
 from support.contract import (
     LEASE,
     T0,

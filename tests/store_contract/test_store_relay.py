@@ -18,7 +18,8 @@ import pytest
 from oncebox.kernel.clock import ClockSetting
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.store import open_store
-from oncebox.store.base import JobFilter, OperatorAction, RelayedFinish, Store
+from oncebox.store.params import JobFilter, OperatorAction, RelayedFinish
+from oncebox.store.protocol import Store
 from store_contract.conftest import emptied
 from support.contract import T0, advance, insert, opened_session, row
 from support.depths import depth_drift

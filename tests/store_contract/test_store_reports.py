@@ -7,14 +7,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from oncebox.deliveries.events import HOLDING, TOOK_IT, TOOK_IT_KINDS, below
-from oncebox.store.base import (
-    OperatorAction,
-    OutboxFinish,
-    ProviderEvent,
-    ReportedHold,
-    SeenHold,
-    Store,
-)
+from oncebox.outbox.transitions import OutboxFinish
+from oncebox.store.params import OperatorAction, ProviderEvent, SeenHold
+from oncebox.store.protocol import Store
+from oncebox.store.records import ReportedHold
 from support.contract import (
     T0,
     advance,

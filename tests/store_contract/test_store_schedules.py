@@ -8,18 +8,10 @@ import dataclasses
 import json
 from datetime import timedelta
 
-from oncebox.store.base import (
-    Audit,
-    AuditFilter,
-    JobFinish,
-    JobInsertMany,
-    OutboxFinish,
-    ScheduleRunClaim,
-    ScheduleRunRef,
-    ScheduleRunTakeOver,
-    ScheduleState,
-    Store,
-)
+from oncebox.outbox.transitions import OutboxFinish
+from oncebox.store.params import Audit, AuditFilter, JobFinish, JobInsertMany, ScheduleRunRef
+from oncebox.store.protocol import Store
+from oncebox.store.records import ScheduleRunClaim, ScheduleRunTakeOver, ScheduleState
 from support.contract import (
     T0,
     advance,

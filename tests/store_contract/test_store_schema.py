@@ -10,7 +10,7 @@ import pytest
 
 from oncebox.kernel.errors import StoreReplaced
 from oncebox.store import open_store
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 from support.contract import job
 
 

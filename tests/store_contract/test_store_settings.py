@@ -4,7 +4,7 @@ worker of a deployment must agree on, say, the secret the first one stored)."""
 from __future__ import annotations
 
 from oncebox.store import open_store
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 
 def test_setting_put_if_absent_keeps_the_first_value_for_every_store_on_the_database(

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from oncebox.store.base import BacklogRow, JobFinish, OutboxFinish, StatusTimes, Store
+from oncebox.outbox.transitions import OutboxFinish
+from oncebox.store.params import JobFinish
+from oncebox.store.protocol import Store
+from oncebox.store.records import BacklogRow, StatusTimes
 from support.contract import (
     LEASE,
     T0,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from oncebox.store.base import Store, WorkerBeat, WorkerRow
+from oncebox.store.params import WorkerBeat
+from oncebox.store.protocol import Store
+from oncebox.store.records import WorkerRow
 from support.contract import T0, advance
 
 BEAT = WorkerBeat("h1:10:w1", "h1", 10, ("digest",), ("default",), ("email",))

@@ -17,7 +17,7 @@ from selenium.webdriver.common.by import By
 from oncebox import Box
 from oncebox.console import ConsoleSettings
 from oncebox.console.users import hash_password, parse_users
-from oncebox.store.base import JobFilter
+from oncebox.store.params import JobFilter
 from support.console_browser import browser, served
 from support.waiting import wait_until
 

@@ -16,22 +16,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oncebox.kernel.clock import ClockSetting
-from oncebox.limits.plan import LimitPlan
-from oncebox.store.base import (
-    ConsumerSession,
+from oncebox.outbox.transitions import OutboxFinish
+from oncebox.store.params import (
     ConsumerSettings,
     IntentClaim,
     JobFinish,
     JobInsert,
     JobLeaseParams,
-    JobRow,
-    OutboxFinish,
+    LimitPlan,
     OutboxInsert,
-    OutboxLeased,
     OutboxLeaseParams,
-    OutboxRow,
-    Store,
 )
+from oncebox.store.protocol import ConsumerSession, Store
+from oncebox.store.records import JobRow, OutboxLeased, OutboxRow
 
 T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)  # a Monday, 09:00 UTC
 LEASE = timedelta(seconds=30)

@@ -7,7 +7,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from oncebox.kernel.errors import StoreUnavailable
-from oncebox.store.base import ConsumerSettings, Store
+from oncebox.store.params import ConsumerSettings
+from oncebox.store.protocol import Store
 
 
 class Outage:

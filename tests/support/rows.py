@@ -7,7 +7,7 @@ with no row; a test that expects a row says so here once, and fails naming the i
 from __future__ import annotations
 
 from oncebox import Box
-from oncebox.store.base import AttemptRow, JobRow
+from oncebox.store.records import AttemptRow, JobRow
 
 
 def job_row(box: Box, job_id: int | None) -> JobRow:

@@ -36,7 +36,7 @@ from oncebox.api.keys import ApiKey, digest, parse_token
 from oncebox.kernel.clock import monotonic
 from oncebox.kernel.inert import printable
 from oncebox.limits.rates import Limit
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 log = logging.getLogger("oncebox.api")
 DEFAULT_LIMIT = "20/min"

@@ -11,7 +11,9 @@ from datetime import datetime, timedelta
 
 from oncebox.api.keys import ApiKey
 from oncebox.outbox.ratelimit import Grant, take
-from oncebox.store.base import BucketSpec, BucketState, Store
+from oncebox.store.params import BucketSpec
+from oncebox.store.protocol import Store
+from oncebox.store.records import BucketState
 
 BUCKET = "requests"
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from oncebox.api.problems import Problem
-from oncebox.store.base import ApiRequestClaim, Store
+from oncebox.store.protocol import Store
+from oncebox.store.records import ApiRequestClaim
 
 log = logging.getLogger("oncebox.api")
 RETAIN = timedelta(hours=24)

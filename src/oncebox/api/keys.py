@@ -24,7 +24,8 @@ from typing import Literal
 
 from oncebox.kernel.errors import ConfigurationError, NotFound
 from oncebox.limits.rates import Limit
-from oncebox.store.base import ApiKeyRow, Store
+from oncebox.store.protocol import Store
+from oncebox.store.records import ApiKeyRow
 
 Scope = Literal["enqueue", "read", "operate"]
 SCOPES: tuple[Scope, ...] = ("enqueue", "read", "operate")

@@ -21,7 +21,7 @@ from oncebox.jobs.tasks import Task
 from oncebox.kernel.errors import ConfigurationError, InvalidArguments
 from oncebox.kernel.extras import needs
 from oncebox.outbox.channels import Channel
-from oncebox.store.base import RELAY_NEEDS_POSTGRES
+from oncebox.store.protocol import RELAY_NEEDS_POSTGRES
 
 RELAY_PREFIX = "~broker."  # the relay channel of queue Q is `~broker.Q` (0016's trigger)
 # A broker away for hours must not dead-letter a publish: retried for about a day, then `dead`

@@ -63,7 +63,8 @@ from oncebox.kernel.errors import (
     StoreUnavailable,
 )
 from oncebox.queue.transport import Delivery, Settlement
-from oncebox.store.base import ConsumerTx, RelayedFinish, Store
+from oncebox.store.params import RelayedFinish
+from oncebox.store.protocol import ConsumerTx, Store
 
 ATTEMPT = "x-oncebox-attempt"
 LOOK_AGAIN_S = 0.001  # an idle lane's wait between fetches: each fetch is itself a long poll

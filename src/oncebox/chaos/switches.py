@@ -14,7 +14,7 @@ from typing import Any
 
 from oncebox.kernel import clock, points
 from oncebox.queue.transport import Delivery, TableTransport
-from oncebox.store.base import JobFinish
+from oncebox.store.params import JobFinish
 
 # What a mutation replaced in this process, to put back after the run (module, name, value).
 _PATCHED: list[tuple[Any, str, Any]] = []

@@ -17,7 +17,7 @@ from oncebox.cli.common import (
     say,
 )
 from oncebox.shapes import instant
-from oncebox.store.base import ApiKeyRow
+from oncebox.store.records import ApiKeyRow
 
 
 def _shape(row: ApiKeyRow) -> dict[str, object]:

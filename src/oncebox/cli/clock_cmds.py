@@ -23,7 +23,7 @@ from oncebox.cli.common import (
 )
 from oncebox.kernel.clock import ClockSetting
 from oncebox.shapes import clock_shape
-from oncebox.store.base import Audit, reason_text
+from oncebox.store.params import Audit, reason_text
 
 
 @click.group()

@@ -33,8 +33,8 @@ from oncebox.kernel.errors import (
 from oncebox.kernel.inert import printable, redact
 from oncebox.kernel.storable import MAX_ROW_ID, beyond_ids, is_digits, row_id
 from oncebox.store import open_store
-from oncebox.store.base import BacklogRow
 from oncebox.store.migrations import check_runnable
+from oncebox.store.records import BacklogRow
 
 F = TypeVar("F", bound=Callable[..., Any])
 USAGE_ERRORS = (ConfigurationError, EnqueueError, NotFound, InvalidState)

@@ -30,7 +30,7 @@ from oncebox.jobs.dead_letters import DeadLetter, DiscardPlan, ReplayPlan, Skipp
 from oncebox.kernel.durations import parse_duration
 from oncebox.kernel.errors import InvalidState, NotFound
 from oncebox.runtime.operations import ActionOutcome, DeadFilter
-from oncebox.store.base import JobRow
+from oncebox.store.records import JobRow
 
 KIND = click.Choice(["job", "delivery"])
 F = TypeVar("F", bound=Callable[..., Any])

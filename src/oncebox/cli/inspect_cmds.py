@@ -31,7 +31,7 @@ from oncebox.cli.prune_cmd import HEADERS, retention_table
 from oncebox.jobs.keys import validate_key
 from oncebox.kernel.errors import NotFound
 from oncebox.status import JOB_STATES, OUTBOX_STATES, status_data
-from oncebox.store.base import AuditFilter, JobFilter
+from oncebox.store.params import AuditFilter, JobFilter
 
 PERIOD_HEADERS = [
     "PERIOD",

@@ -28,7 +28,8 @@ from oncebox.jobs.keys import validate_key
 from oncebox.kernel.errors import NotFound
 from oncebox.kernel.inert import printable
 from oncebox.status import OUTBOX_STATES
-from oncebox.store.base import DiscardResult, OutboxFilter
+from oncebox.store.params import OutboxFilter
+from oncebox.store.records import DiscardResult
 
 
 def _recipients(to: object) -> str:

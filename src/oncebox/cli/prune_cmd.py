@@ -24,8 +24,8 @@ from oncebox.cli.common import (
 from oncebox.lanes.pruner import Pruner, PrunerConfig, plan_for
 from oncebox.lanes.worker import refuse_foreign_clock
 from oncebox.retention.held import KIND_LABELS, held, kept
-from oncebox.store.base import PRUNE_KINDS
 from oncebox.store.migrations import check_runnable
+from oncebox.store.params import PRUNE_KINDS
 
 HEADERS = ["ROWS", "KEPT", "OLDEST KEPT", "PAST RETENTION"]
 

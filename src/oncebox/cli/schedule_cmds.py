@@ -24,7 +24,7 @@ from oncebox.cli.common import (
 )
 from oncebox.kernel.errors import NotFound
 from oncebox.shapes import instant
-from oncebox.store.base import Audit, reason_text
+from oncebox.store.params import Audit, reason_text
 
 
 @click.group()

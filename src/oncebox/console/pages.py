@@ -32,15 +32,8 @@ from oncebox.status import (
     status_data,
     store_depths,
 )
-from oncebox.store.base import (
-    AuditFilter,
-    JobFilter,
-    JobRow,
-    JobState,
-    OutboxFilter,
-    OutboxRow,
-    OutboxState,
-)
+from oncebox.store.params import AuditFilter, JobFilter, OutboxFilter
+from oncebox.store.records import JobRow, JobState, OutboxRow, OutboxState
 
 PAGE_SIZE = 50
 UNDELIVERED_JOBS: tuple[JobState, ...] = ("ready", "leased", "relayed", "dead", "cancelled")

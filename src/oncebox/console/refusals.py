@@ -26,7 +26,8 @@ from oncebox.console.users import MAX_NAME_CHARS
 from oncebox.kernel.client_address import ADDRESS_CHARS
 from oncebox.kernel.errors import OnceboxError
 from oncebox.kernel.inert import printable
-from oncebox.store.base import AuditEntry, Store
+from oncebox.store.params import AuditEntry
+from oncebox.store.protocol import Store
 
 Why = Literal["wrong-password", "unknown-name", "name-too-long", "throttled"]
 ACTION = "login-refused"

@@ -18,7 +18,7 @@ from typing import Any
 
 from oncebox.kernel.counters import complete
 from oncebox.kernel.errors import OnceboxError
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 EVERY_S = 60.0
 KEPT = 6 * 60  # samples: six hours at one a minute

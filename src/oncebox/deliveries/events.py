@@ -32,7 +32,7 @@ from typing import Any
 
 from oncebox.kernel.errors import InvalidArguments
 from oncebox.kernel.storable import checked_text
-from oncebox.store.base import ProviderEvent
+from oncebox.store.params import ProviderEvent
 
 STAGES = ("accepted", "delayed", "delivered", "failed", "bounced", "complained")
 HOLDING = ("failed",)  # the stage that keeps a held send held: the provider did not send it

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oncebox.deliveries.events import HOLDING, TOOK_IT_KINDS
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 
 def settle_reported(store: Store, channels: Sequence[str], *, batch: int = 100) -> int:

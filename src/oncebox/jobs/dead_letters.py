@@ -22,7 +22,10 @@ from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
 from oncebox.kernel.errors import ConfigurationError
-from oncebox.store.base import JobFilter, JobRow, OutboxFilter, OutboxRow, Store, storable_text
+from oncebox.kernel.storable import storable_text
+from oncebox.store.params import JobFilter, OutboxFilter
+from oncebox.store.protocol import Store
+from oncebox.store.records import JobRow, OutboxRow
 
 T = TypeVar("T")
 Kind = Literal["job", "delivery"]

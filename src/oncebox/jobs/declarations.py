@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING
 
 from oncebox.kernel.clock import monotonic
 from oncebox.limits.waiting import CAP, PARTITIONS, Read
-from oncebox.store.base import LimitDeclaration
+from oncebox.store.params import LimitDeclaration
 
 if TYPE_CHECKING:
     from oncebox.jobs.tasks import Task
-    from oncebox.store.base import Store
+    from oncebox.store.protocol import Store
 
 # How long a declaration holds a task's limited jobs after the last process declared it: 60
 # beats of a worker, ten refreshes of an enqueuing process.

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from oncebox.kernel.clock import monotonic
 from oncebox.kernel.errors import KeyDrift, NotFound, StoreUnavailable
-from oncebox.store.base import JobFilter, KeyCanary, reason_text
+from oncebox.store.params import JobFilter, KeyCanary, reason_text
 
 if TYPE_CHECKING:
     from oncebox.jobs.periods import PeriodKind
     from oncebox.jobs.tasks import Task
-    from oncebox.store.base import Store
+    from oncebox.store.protocol import Store
 
 log = logging.getLogger("oncebox.keys")
 

@@ -20,7 +20,7 @@
   task's own. A worker counts the slots of the tasks it has declared: every worker must
   declare every task that shares a limit.
 
-The store enforces them in the lease (`limits/allocation.py`), so every worker on every host
+The store enforces them in the lease (`store/allocation.py`), so every worker on every host
 shares them; a job held back waits `ready`, without spending an attempt, outside the index the
 unlimited jobs are leased from. Each process records the limits its code declares
 (`jobs/declarations.py`): a worker of a release without a task's limit leaves the task's
@@ -36,8 +36,8 @@ from typing import Any
 
 from oncebox.jobs.keys import KeyTemplate, argument_template
 from oncebox.kernel.errors import ConfigurationError, InvalidKey
-from oncebox.limits.plan import LimitPlan, LimitRule
 from oncebox.limits.rates import Limit as RateText
+from oncebox.store.params import LimitPlan, LimitRule
 
 MAX_CONCURRENCY = 100_000
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oncebox.jobs.keys import validate_key
-from oncebox.store.base import (
+from oncebox.store.params import AuditFilter
+from oncebox.store.protocol import Store
+from oncebox.store.records import (
     AttemptRow,
-    AuditFilter,
     AuditRow,
     DeliveryAttemptRow,
     IntentRow,
     JobRow,
     OutboxRow,
-    Store,
 )
 
 AUDIT_SHOWN = 200

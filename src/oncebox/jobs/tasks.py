@@ -29,7 +29,7 @@ from oncebox.kernel.errors import (
     KeyTemplateError,
     UnknownTask,
 )
-from oncebox.limits.plan import LimitPlan
+from oncebox.store.params import LimitPlan
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
 DEFAULT_QUEUE = "default"

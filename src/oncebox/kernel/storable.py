@@ -7,7 +7,7 @@ failing as a driver's error (a 500 with a traceback, a provider retrying for eve
   (U+D800-U+DFFF, what JSON's `"\\ud800"` escape and Python's `surrogateescape` make) as UTF-8.
   SQLite would keep a NUL; it is refused on both, so both stores answer alike. (What oncebox
   writes of its own — a handler's error, a provider's reply — is escaped instead, not refused:
-  `store.base.storable_text`.)
+  `storable_text` below.)
 - Row ids: PostgreSQL's `bigint` and SQLite's `INTEGER` stop at 2^63 - 1; an id is ASCII digits
   (`str.isdigit()` is true of '²' too, which `int()` refuses).
 """
@@ -58,3 +58,18 @@ def is_digits(text: str) -> bool:
 def beyond_ids(text: str) -> str:
     """An id past MAX_ROW_ID, as a message names it."""
     return f"{text[:40]} (row ids stop at {MAX_ROW_ID})"
+
+
+def storable_text(text: str) -> str:
+    """`text` as both stores can keep it: a NUL written as ``\\0`` (PostgreSQL's text cannot
+    hold one), a lone surrogate (bytes decoded with ``surrogateescape``, e.g. a file name) as its
+    backslash escape (it is not Unicode, so neither UTF-8 nor JSON can carry it). An error message
+    from a handler or a provider is whatever they raised: writing it must not fail the write
+    that records the outcome."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

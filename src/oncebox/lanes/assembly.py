@@ -11,11 +11,11 @@ import socket
 from oncebox.brokers.brokered import refuse_unbrokerable, wire_for
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.lanes.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
-from oncebox.limits.allocation import holds_slot
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
 from oncebox.runtime.runtime import Runtime
-from oncebox.store.base import ConsumerSettings
+from oncebox.store.allocation import holds_slot
+from oncebox.store.params import ConsumerSettings
 
 log = logging.getLogger("oncebox.worker")
 

@@ -64,20 +64,15 @@ from oncebox.kernel.errors import (
 )
 from oncebox.kernel.logs import job_fields
 from oncebox.kernel.metrics import Metrics
+from oncebox.kernel.storable import storable_text
 from oncebox.kernel.tracing import Traced, process_span
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.context import JobContext
 from oncebox.queue.handler_orm import Orm
 from oncebox.queue.transport import Delivery, Settlement, Transport
 from oncebox.queue.watch import HandlerWatch
-from oncebox.store.base import (
-    ClaimLockTimeout,
-    ConsumerSession,
-    ConsumerTx,
-    IntentClaim,
-    OutboxInsert,
-    storable_text,
-)
+from oncebox.store.params import IntentClaim, OutboxInsert
+from oncebox.store.protocol import ClaimLockTimeout, ConsumerSession, ConsumerTx
 
 MAX_ERROR_CHARS = 8000
 log = logging.getLogger("oncebox.consumer")
@@ -307,7 +302,7 @@ class Consumer:
     def slots(self) -> int:
         """How many jobs holding a concurrency limit's slot the next lease may take: as many as
         run within half the transaction budget at this lane's pace; one until that pace is
-        known (`limits/allocation.py`, `choose`)."""
+        known (`store/allocation.py`, `choose`)."""
         if self._per_job is None or self._per_job <= 0:
             return 1
         return max(1, min(self.size.most, int(self.budget * LeaseSize.QUICK / self._per_job)))

@@ -27,8 +27,9 @@ from datetime import datetime
 from oncebox.kernel.metrics import Metrics
 from oncebox.outbox import transitions
 from oncebox.outbox.channels import Channel
-from oncebox.outbox.transitions import past_window
-from oncebox.store.base import OutboxFinish, OutboxRow, Store
+from oncebox.outbox.transitions import OutboxFinish, past_window
+from oncebox.store.protocol import Store
+from oncebox.store.records import OutboxRow
 
 
 @dataclass(frozen=True)

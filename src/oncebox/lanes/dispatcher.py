@@ -39,7 +39,7 @@ from oncebox.outbox.channels import Channel
 from oncebox.outbox.outgoing import outgoing_of
 from oncebox.outbox.ratelimit import Grant, take
 from oncebox.outbox.tokens import idempotency_key
-from oncebox.outbox.transitions import past_window
+from oncebox.outbox.transitions import OutboxFinish, past_window
 from oncebox.providers import (
     Receipt,
     SendAmbiguous,
@@ -47,7 +47,9 @@ from oncebox.providers import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.store.base import OutboxFinish, OutboxLeased, OutboxLeaseParams, Store
+from oncebox.store.params import OutboxLeaseParams
+from oncebox.store.protocol import Store
+from oncebox.store.records import OutboxLeased
 
 log = logging.getLogger("oncebox.dispatcher")
 MAX_ERROR_CHARS = 4000

@@ -12,7 +12,8 @@ from oncebox.kernel import points
 from oncebox.lanes.lane import run_forever
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.runtime.runtime import Runtime
-from oncebox.store.base import ConsumerSession, ConsumerSettings, IntentClaim
+from oncebox.store.params import ConsumerSettings, IntentClaim
+from oncebox.store.protocol import ConsumerSession
 from oncebox.timers.sweeper import SweepContext, Sweeper
 
 

@@ -46,7 +46,8 @@ from oncebox.kernel.errors import (
     StoreUnavailable,
 )
 from oncebox.lanes.lane import run_forever
-from oncebox.store.base import RelayedFinish, Store
+from oncebox.store.params import RelayedFinish
+from oncebox.store.protocol import Store
 
 log = logging.getLogger("oncebox.transports")
 ERROR = "x-oncebox-error"

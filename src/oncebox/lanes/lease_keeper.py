@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from oncebox.lanes.lane import run_forever
 from oncebox.queue.watch import HandlerWatch
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from oncebox.jobs.declarations import LAPSE
 from oncebox.kernel.metrics import Metrics
 from oncebox.lanes.delivery_rescuer import DeliveryRescuer
 from oncebox.lanes.lane import run_forever
-from oncebox.store.base import RescuedJob, Store
+from oncebox.store.protocol import Store
+from oncebox.store.records import RescuedJob
 
 log = logging.getLogger("oncebox.rescuer")
 

@@ -25,7 +25,8 @@ from oncebox.kernel.clock import monotonic
 from oncebox.lanes.lane import run_forever
 from oncebox.retention.policy import Plan
 from oncebox.runtime.runtime import Runtime
-from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
+from oncebox.store.params import PRUNE_KINDS, PruneKind
+from oncebox.store.protocol import Store
 
 #: Jobs first, so that the messages whose jobs just went may follow in the same pass; messages
 #: before payloads, so that a row past both is deleted, not first rewritten without its payload.

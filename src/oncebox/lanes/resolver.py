@@ -50,7 +50,9 @@ from oncebox.outbox.outgoing import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
 from oncebox.outbox.transitions import past_window
 from oncebox.providers import SendError, StatusLookup
-from oncebox.store.base import OperatorAction, OutboxRow, SeenHold, Store
+from oncebox.store.params import OperatorAction, SeenHold
+from oncebox.store.protocol import Store
+from oncebox.store.records import OutboxRow
 
 log = logging.getLogger("oncebox.resolver")
 ZERO = timedelta(0)

@@ -70,16 +70,10 @@ from oncebox.lanes.expiry_sweeper import ExpirySweeper
 from oncebox.lanes.pruner import Pruner, PrunerConfig
 from oncebox.lanes.ticker import ScheduleTicker
 from oncebox.runtime.runtime import Runtime
-from oncebox.store.base import (
-    EVERY_KIND,
-    JOBS,
-    OUTBOX,
-    BacklogRow,
-    Store,
-    WorkerBeat,
-    WorkKind,
-)
 from oncebox.store.migrations import check_runnable
+from oncebox.store.params import EVERY_KIND, JOBS, OUTBOX, WorkerBeat, WorkKind
+from oncebox.store.protocol import Store
+from oncebox.store.records import BacklogRow
 
 log = logging.getLogger("oncebox.worker")
 

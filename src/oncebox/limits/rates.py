@@ -1,7 +1,7 @@
 """Rates as people write them: ``"14/s"``, ``"600/min"``, ``"50000/day"`` — a count per period,
 read once where a channel or a task declares it. A token bucket holds at most `count` tokens
 and refills at `count / period` (`outbox/ratelimit.py` takes from the channels',
-`limits/allocation.py` from the tasks')."""
+`store/allocation.py` from the tasks')."""
 
 from __future__ import annotations
 

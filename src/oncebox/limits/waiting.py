@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from oncebox.limits.plan import LimitedPartition, LimitPlan, LimitRule
+from oncebox.store.params import LimitPlan, LimitRule
+from oncebox.store.records import LimitedPartition
 
 Read = Callable[[Sequence[str], int, int], list[LimitedPartition]]  # Store.job_limited_waiting
 

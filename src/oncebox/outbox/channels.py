@@ -39,7 +39,7 @@ from oncebox.kernel.durations import check_keep
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.limits.rates import Limit
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider, from_url
-from oncebox.store.base import BucketSpec
+from oncebox.store.params import BucketSpec
 
 Ambiguity = Literal["hold", "retry"]
 DEFAULT_CHANNEL_RETRY = Retry(

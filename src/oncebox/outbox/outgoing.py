@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from oncebox.providers import Outgoing
-from oncebox.store.base import OutboxLeased, OutboxRow
+from oncebox.store.records import OutboxLeased, OutboxRow
 
 
 def outgoing_of(row: OutboxLeased | OutboxRow, attempt: int) -> Outgoing:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from oncebox.store.base import BucketState
+from oncebox.store.records import BucketState
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import os
 import secrets
 
 from oncebox.kernel.errors import ConfigurationError
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 log = logging.getLogger("oncebox")
 

@@ -60,11 +60,40 @@ token, so a dispatcher whose lease was rescued records nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from oncebox.store.base import DeliveryOutcome, OutboxFinish
+from oncebox.kernel.storable import storable_text
+from oncebox.store.records import DeliveryOutcome, OutboxFinishState
 
 ZERO = timedelta(0)
+
+
+@dataclass(slots=True)  # per message: see `LeasedJob`
+class OutboxFinish:
+    """How one leased outbox row ends this round.
+
+    `outcome` is the delivery-attempt record to write (None: no send was attempted, e.g. a row
+    given back for a rate-limit wait); `counts_attempt` spends one of the channel's attempts;
+    `possible_duplicate` counts a resend after an unknown outcome.
+    """
+
+    id: int
+    state: OutboxFinishState
+    outcome: DeliveryOutcome | None
+    counts_attempt: bool
+    delay: timedelta = timedelta(0)
+    error: str | None = None
+    receipt: str | None = None
+    possible_duplicate: bool = False
+    uncertain: bool | None = None  # set (True/False) or leave (None) the row's flag
+    rescued: bool = False  # its dispatcher's lease ran out: counted on the row (`rescues`)
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            self.error = storable_text(self.error)
+        if self.receipt is not None:
+            self.receipt = storable_text(self.receipt)
 
 
 def past_window(window: timedelta | None, first_leased_at: datetime | None, now: datetime) -> bool:

@@ -27,7 +27,7 @@ from oncebox.kernel.tracing import current_context
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.tokens import derive_token
 from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
-from oncebox.store.base import OutboxInsert
+from oncebox.store.params import OutboxInsert
 
 MAX_PAYLOAD_BYTES = MAX_EMAIL_BYTES
 SUFFIX_SEPARATOR = "~"

@@ -27,8 +27,8 @@ from typing import Any
 
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.kernel.extras import needs
-from oncebox.store.base import HandlerConnection
 from oncebox.store.guard import refusal
+from oncebox.store.protocol import HandlerConnection
 
 _DRIVER_URLS = {"postgres": "postgresql+psycopg://", "sqlite": "sqlite://"}
 _OURS = frozenset({"bind", "binds", "join_transaction_mode"})

@@ -11,7 +11,7 @@ from oncebox.kernel.errors import ConfigurationError
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.claim_session import NOT_CONFIGURED
 from oncebox.queue.handler_orm import HandlerOrm
-from oncebox.store.base import HandlerConnection
+from oncebox.store.protocol import HandlerConnection
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from oncebox.store.base import HandlerConnection
+from oncebox.store.protocol import HandlerConnection
 
 
 class HandlerOrm(Protocol):

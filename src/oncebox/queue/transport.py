@@ -18,16 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from oncebox.limits.plan import LimitPlan
-from oncebox.store.base import (
-    ConsumerSession,
-    ConsumerTx,
-    DueTime,
-    JobFinish,
-    JobLeaseParams,
-    JobReleaseParams,
-    Outcome,
-)
+from oncebox.store.params import JobFinish, JobLeaseParams, JobReleaseParams, LimitPlan
+from oncebox.store.protocol import ConsumerSession, ConsumerTx
+from oncebox.store.records import DueTime, Outcome
 
 SettleState = Literal["done", "ready", "dead"]
 
@@ -54,7 +47,7 @@ class Delivery:
     trace_context: str | None = None  # where its enqueue's trace continues (oncebox.kernel.tracing)
 
 
-@dataclass(slots=True)  # per job: see `oncebox.store.base.LeasedJob`
+@dataclass(slots=True)  # per job: see `oncebox.store.records.LeasedJob`
 class Settlement:
     delivery: Delivery
     state: SettleState

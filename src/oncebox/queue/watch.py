@@ -22,7 +22,7 @@ log = logging.getLogger("oncebox.watchdog")
 EXIT_HUNG_HANDLER = 70
 
 
-@dataclass(slots=True)  # per job: see `oncebox.store.base.LeasedJob`
+@dataclass(slots=True)  # per job: see `oncebox.store.records.LeasedJob`
 class Running:
     task: str
     key: str | None

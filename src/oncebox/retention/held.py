@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from oncebox.retention.policy import Plan
-from oncebox.store.base import PRUNE_KINDS, PruneKind, Store
+from oncebox.store.params import PRUNE_KINDS, PruneKind
+from oncebox.store.protocol import Store
 
 #: kind -> what an operator calls those rows
 KIND_LABELS = {

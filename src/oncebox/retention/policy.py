@@ -37,7 +37,7 @@ from oncebox.jobs.tasks import Task
 from oncebox.kernel.durations import check_keep
 from oncebox.outbox.channels import Channel
 from oncebox.schedules.schedule import Schedule
-from oncebox.store.base import PruneKind
+from oncebox.store.params import PruneKind
 
 #: Keep for ever (as a per-task or per-channel setting, where None means "the box's policy").
 FOREVER = timedelta.max

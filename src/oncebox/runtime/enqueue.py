@@ -24,8 +24,7 @@ from oncebox.jobs.tasks import Task
 from oncebox.kernel.errors import ConfigurationError, InvalidState
 from oncebox.kernel.tracing import current_context, enqueue_span
 from oncebox.runtime.runtime import Runtime
-from oncebox.store.base import (
-    ACTIVE_STATES,
+from oncebox.store.params import (
     JOBS,
     OUTBOX,
     Collapsing,
@@ -34,6 +33,7 @@ from oncebox.store.base import (
     JobInsertMany,
     ScheduleRunRef,
 )
+from oncebox.store.records import ACTIVE_STATES
 
 MAX_DELAY = timedelta(days=100 * 366)
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)

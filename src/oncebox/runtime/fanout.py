@@ -18,7 +18,9 @@ from oncebox.runtime.enqueue import enqueue_many
 from oncebox.runtime.runtime import Runtime
 from oncebox.schedules.owners import RunOwner, judge, renewing
 from oncebox.schedules.schedule import Schedule, ScheduleContext
-from oncebox.store.base import ScheduleRunClaim, ScheduleRunRef, ScheduleRunTakeOver, Store
+from oncebox.store.params import ScheduleRunRef
+from oncebox.store.protocol import Store
+from oncebox.store.records import ScheduleRunClaim, ScheduleRunTakeOver
 
 log = logging.getLogger("oncebox.schedule")
 

@@ -43,14 +43,9 @@ from oncebox.kernel.errors import ConfigurationError, InvalidState, NotFound
 from oncebox.kernel.metrics import Metrics
 from oncebox.kernel.storable import MAX_ROW_ID, checked_text, is_digits, row_id
 from oncebox.runtime.runtime import Runtime
-from oncebox.store.base import (
-    DiscardResult,
-    JobRow,
-    OperatorAction,
-    OutboxRow,
-    Store,
-    reason_text,
-)
+from oncebox.store.params import OperatorAction, reason_text
+from oncebox.store.protocol import Store
+from oncebox.store.records import DiscardResult, JobRow, OutboxRow
 
 __all__ = [
     "ActionOutcome",

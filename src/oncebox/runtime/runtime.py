@@ -25,7 +25,8 @@ from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.handler_orm import Orm
 from oncebox.retention.policy import Retention
 from oncebox.schedules.schedule import Schedule
-from oncebox.store.base import EVERY_KIND, Store, WorkKind
+from oncebox.store.params import EVERY_KIND, WorkKind
+from oncebox.store.protocol import Store
 from oncebox.timers.sweeper import Sweeper
 
 

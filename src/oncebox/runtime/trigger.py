@@ -31,7 +31,7 @@ from oncebox.runtime.fanout import FanOut, FanOutResult
 from oncebox.runtime.runtime import Runtime
 from oncebox.schedules.owners import renewing
 from oncebox.schedules.schedule import Schedule
-from oncebox.store.base import ScheduleRunRow
+from oncebox.store.records import ScheduleRunRow
 
 TOLERANCE = timedelta(minutes=1)  # how early a trigger may arrive and still fire its period
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 log = logging.getLogger("oncebox.schedule")
 

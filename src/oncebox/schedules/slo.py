@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from oncebox.kernel.errors import ConfigurationError
-from oncebox.store.base import PeriodStats
+from oncebox.store.records import PeriodStats
 
 _DURATION_RE = re.compile(r"(\d+)\s*(d|h|m|min|s)")
 _UNITS = {"d": 86_400, "h": 3_600, "m": 60, "min": 60, "s": 1}

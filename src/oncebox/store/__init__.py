@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from oncebox.kernel.errors import ConfigurationError, NotFound
 from oncebox.kernel.metrics import Metrics
 from oncebox.kernel.url_options import number_option
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 __all__ = ["Store", "open_store"]
 _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")

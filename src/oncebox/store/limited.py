@@ -1,5 +1,5 @@
 """The lease of limited jobs, as both stores run it: the statements' parameters and rows as the
-allocation (`limits/allocation.py`) reads them. The statements themselves are in jobs.sql
+allocation (`store/allocation.py`) reads them. The statements themselves are in jobs.sql
 (`job_limited_*`, `job_lease_limited`) and limits.sql (`limit_lock`, `limit_spend`); each
 store sends them in its own lease transaction, in the order that module describes."""
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from oncebox.limits.allocation import Ask, Bucket, Candidate, Choice, Spend, Survey
-from oncebox.limits.plan import LimitPlan
+from oncebox.store.allocation import Ask, Bucket, Candidate, Choice, Spend, Survey
+from oncebox.store.params import LimitPlan
 from oncebox.store.rows import Decode, Result
 
 # The survey's statements, in the order a lease sends them (limit_lock first: the rest read

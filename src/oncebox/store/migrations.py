@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterable
 
 from oncebox.kernel.errors import SchemaError
-from oncebox.store.base import SchemaStatus
+from oncebox.store.records import SchemaStatus
 
 log = logging.getLogger("oncebox.schema")
 

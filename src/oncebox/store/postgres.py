@@ -35,43 +35,42 @@ from oncebox.kernel.clock import ClockSetting, process_owner
 from oncebox.kernel.errors import ConfigurationError, SchemaError, StoreRefused, StoreUnavailable
 from oncebox.kernel.inert import printable, redact, scrubbed
 from oncebox.kernel.metrics import Metrics, operation
-from oncebox.limits import allocation
-from oncebox.limits.plan import LimitPlan
-from oncebox.store import forks, guard
+from oncebox.store import allocation, forks, guard
 from oncebox.store import limited as limited_lease
-from oncebox.store.base import (
+from oncebox.store.caller import LoopConnection, driver_connection
+from oncebox.store.limited import SURVEY
+from oncebox.store.params import (
     EVERY_KIND,
-    ActionResult,
     Audit,
     BucketSpec,
-    BucketState,
-    ClaimLockTimeout,
     ConsumerSettings,
-    DueTime,
-    HandlerConnection,
     InsertRow,
     IntentClaim,
     JobFinish,
     JobLeaseParams,
     JobReleaseParams,
     KeyCanary,
-    LeasedJob,
-    OutboxFinish,
+    LimitPlan,
+    OutboxFinishParams,
     OutboxInsert,
-    OutboxLeased,
     OutboxLeaseParams,
     RelayedFinish,
-    RescuedJob,
-    ScheduleRunTakeOver,
-    SchemaStatus,
-    T,
     WorkerBeat,
     WorkKind,
     insert_chunks,
 )
-from oncebox.store.caller import LoopConnection, driver_connection
-from oncebox.store.limited import SURVEY
+from oncebox.store.protocol import ClaimLockTimeout, HandlerConnection, T
 from oncebox.store.pruning import PruneOperations
+from oncebox.store.records import (
+    ActionResult,
+    BucketState,
+    DueTime,
+    LeasedJob,
+    OutboxLeased,
+    RescuedJob,
+    ScheduleRunTakeOver,
+    SchemaStatus,
+)
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
 from oncebox.store.writes import WriteOperations, beat_params, canary_params
@@ -602,19 +601,19 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
         return self._leased_outbox(leased, params.token)
 
     @operation
-    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinishParams]) -> set[int]:
         if not finishes:
             return set()
         with self._connection() as conn:
             return self._finish_outbox(conn, token, finishes)
 
     def _outbox_finish_in(
-        self, tx: PostgresTx, token: str, finishes: Sequence[OutboxFinish]
+        self, tx: PostgresTx, token: str, finishes: Sequence[OutboxFinishParams]
     ) -> set[int]:
         return self._finish_outbox(tx.conn, token, finishes)
 
     def _finish_outbox(
-        self, conn: psycopg.Connection[Any], token: str, finishes: Sequence[OutboxFinish]
+        self, conn: psycopg.Connection[Any], token: str, finishes: Sequence[OutboxFinishParams]
     ) -> set[int]:
         cells = (
             (
@@ -914,7 +913,7 @@ class PostgresConsumerSession:
         return self._store._leased_jobs(self._run("job_lease", lambda: self._lease(values)))
 
     def _lease_limited(self, values: dict[str, Any], plan: LimitPlan) -> list[LeasedJob]:
-        """A lease of limited and unlimited tasks, in one transaction (`limits/allocation.py`):
+        """A lease of limited and unlimited tasks, in one transaction (`store/allocation.py`):
         under the limits' lock, the survey (one round trip), the candidates of the partitions
         with room (one more), then the chosen jobs, the buckets spent, the unlimited tasks' lease
         for what is left of the batch and, when it comes back short, the next due time (one

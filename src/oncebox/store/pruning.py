@@ -17,8 +17,9 @@ from datetime import timedelta
 from typing import Any, Generic
 
 from oncebox.kernel.metrics import operation
-from oncebox.store.base import Held, PruneKind
+from oncebox.store.params import PruneKind
 from oncebox.store.reads import ReadOperations
+from oncebox.store.records import Held
 from oncebox.store.writes import Tx
 
 #: kind -> (batch statement, hold statement, the name's parameter, the counter it adds to)

@@ -18,24 +18,20 @@ from operator import itemgetter
 from typing import Any, TypeVar
 
 from oncebox.kernel.metrics import Metrics, operation
-from oncebox.limits.plan import LimitedPartition
-from oncebox.store.base import (
+from oncebox.store.params import AuditFilter, JobFilter, KeyCanary, LimitDeclaration, OutboxFilter
+from oncebox.store.records import (
     ApiKeyRow,
     ApiRequestRow,
     AttemptRow,
-    AuditFilter,
     AuditRow,
     BacklogRow,
     DeliveryAttemptRow,
     DueTime,
     EnqueueConflict,
     IntentRow,
-    JobFilter,
     JobRow,
-    KeyCanary,
     LeasedJob,
-    LimitDeclaration,
-    OutboxFilter,
+    LimitedPartition,
     OutboxLeased,
     OutboxRow,
     PeriodPace,

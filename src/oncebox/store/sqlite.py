@@ -36,45 +36,45 @@ from oncebox.kernel.errors import (
     StoreUnavailable,
 )
 from oncebox.kernel.metrics import Metrics, operation
-from oncebox.limits import allocation
-from oncebox.limits.plan import LimitPlan
-from oncebox.store import forks, guard
+from oncebox.store import allocation, forks, guard
 from oncebox.store import limited as limited_lease
-from oncebox.store.base import (
+from oncebox.store.caller import driver_connection
+from oncebox.store.limited import SURVEY
+from oncebox.store.migrations import split_sqlite_script
+from oncebox.store.params import (
     EVERY_KIND,
-    RELAY_NEEDS_POSTGRES,
-    ActionResult,
     Audit,
     BucketSpec,
-    BucketState,
     ConsumerSettings,
-    DueTime,
-    HandlerConnection,
     InsertRow,
     IntentClaim,
     JobFinish,
     JobLeaseParams,
     JobReleaseParams,
     KeyCanary,
-    LeasedJob,
-    OutboxFinish,
+    LimitPlan,
+    OutboxFinishParams,
     OutboxInsert,
-    OutboxLeased,
     OutboxLeaseParams,
     PruneKind,
     RelayedFinish,
-    RelayedRow,
-    RescuedJob,
-    ScheduleRunTakeOver,
-    SchemaStatus,
     WorkerBeat,
     WorkKind,
     insert_chunks,
 )
-from oncebox.store.caller import driver_connection
-from oncebox.store.limited import SURVEY
-from oncebox.store.migrations import split_sqlite_script
+from oncebox.store.protocol import RELAY_NEEDS_POSTGRES, HandlerConnection
 from oncebox.store.pruning import PruneOperations
+from oncebox.store.records import (
+    ActionResult,
+    BucketState,
+    DueTime,
+    LeasedJob,
+    OutboxLeased,
+    RelayedRow,
+    RescuedJob,
+    ScheduleRunTakeOver,
+    SchemaStatus,
+)
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration, load_migrations, load_queries
 from oncebox.store.sqlite_turns import WriterTurns
@@ -551,19 +551,19 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
         return self._leased_outbox(leased, params.token)
 
     @operation
-    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+    def outbox_finish(self, token: str, finishes: Sequence[OutboxFinishParams]) -> set[int]:
         if not finishes:
             return set()
         with self._write() as conn:
             return self._finish_outbox(conn, self._now(), token, finishes)
 
     def _outbox_finish_in(
-        self, tx: SqliteTx, token: str, finishes: Sequence[OutboxFinish]
+        self, tx: SqliteTx, token: str, finishes: Sequence[OutboxFinishParams]
     ) -> set[int]:
         return self._finish_outbox(tx.conn, tx.now_us, token, finishes)
 
     def _finish_outbox(
-        self, conn: sqlite3.Connection, now: int, token: str, finishes: Sequence[OutboxFinish]
+        self, conn: sqlite3.Connection, now: int, token: str, finishes: Sequence[OutboxFinishParams]
     ) -> set[int]:
         payload = json.dumps(
             [
@@ -892,7 +892,7 @@ class SqliteConsumerSession:
     def _lease_limited(
         self, conn: sqlite3.Connection, values: dict[str, Any], plan: LimitPlan
     ) -> list[LeasedJob]:
-        """As PostgreSQL's (`limits/allocation.py`), under the write lock this lease holds."""
+        """As PostgreSQL's (`store/allocation.py`), under the write lock this lease holds."""
         q, store = self._q, self._store
 
         def run(name: str, params: dict[str, Any]) -> Result:

@@ -30,38 +30,38 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from oncebox.kernel import points
 from oncebox.kernel.metrics import operation
-from oncebox.store.base import (
-    ActionResult,
-    ApiKeyRow,
-    ApiRequestClaim,
-    ApiRequestRow,
+from oncebox.store.params import (
     Audit,
     AuditEntry,
-    BucketDecision,
-    BucketState,
-    DiscardResult,
-    InsertManyResult,
     InsertRow,
     JobInsert,
     JobInsertMany,
     KeyCanary,
     LimitDeclaration,
     OperatorAction,
-    OutboxFinish,
-    OutboxRow,
+    OutboxFinishParams,
     ProviderEvent,
-    ProviderEventRecorded,
-    ReportedHold,
-    RescueDecision,
-    ScheduleRunClaim,
-    ScheduleRunTakeOver,
-    ScheduleState,
     SeenHold,
-    T,
     WorkerBeat,
     WorkKind,
 )
+from oncebox.store.protocol import BucketDecision, F, RescueDecision, T
 from oncebox.store.reads import ReadOperations
+from oncebox.store.records import (
+    ActionResult,
+    ApiKeyRow,
+    ApiRequestClaim,
+    ApiRequestRow,
+    BucketState,
+    DiscardResult,
+    InsertManyResult,
+    OutboxRow,
+    ProviderEventRecorded,
+    ReportedHold,
+    ScheduleRunClaim,
+    ScheduleRunTakeOver,
+    ScheduleState,
+)
 from oncebox.store.rows import Result
 from oncebox.store.sqlfiles import Migration
 
@@ -111,7 +111,9 @@ class WriteOperations(ReadOperations, Generic[Tx]):
     def _bucket_update(self, buckets: Sequence[BucketState]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _outbox_finish_in(self, tx: Tx, token: str, finishes: Sequence[OutboxFinish]) -> set[int]:
+    def _outbox_finish_in(
+        self, tx: Tx, token: str, finishes: Sequence[OutboxFinishParams]
+    ) -> set[int]:
         raise NotImplementedError
 
     def _migrations(self) -> list[Migration]:
@@ -414,9 +416,9 @@ class WriteOperations(ReadOperations, Generic[Tx]):
 
     @operation
     def outbox_rescue_expired(
-        self, channels: Sequence[str], limit: int, decide: RescueDecision
-    ) -> list[OutboxFinish]:
-        applied: list[OutboxFinish] = []
+        self, channels: Sequence[str], limit: int, decide: RescueDecision[F]
+    ) -> list[F]:
+        applied: list[F] = []
         with self._transaction() as tx:
             now = tx.now()
             params = {"limit": limit, "channels": self._set(channels)}

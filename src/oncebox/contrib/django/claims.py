@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oncebox.kernel.errors import ConfigurationError, TransactionControlRefused
-from oncebox.store.base import HandlerConnection, Store
+from oncebox.store.protocol import HandlerConnection, Store
 
 ON_COMMIT = (
     "transaction.on_commit() in a handler: the claim's transaction commits after the handler, "

@@ -16,7 +16,7 @@ from typing import Any
 from oncebox.kernel.inert import redact
 from oncebox.kernel.metrics import Metrics
 from oncebox.store import open_store
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 
 class DeferredStore:

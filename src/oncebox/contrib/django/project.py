@@ -17,7 +17,7 @@ from oncebox.contrib.django.conf import database_url, read_settings
 from oncebox.contrib.django.deferred import DeferredStore
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.kernel.metrics import Metrics
-from oncebox.store.base import Store
+from oncebox.store.protocol import Store
 
 _made: Box | None = None
 _lock = threading.Lock()

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from oncebox.limits.plan import LimitPlan, LimitRule
+from oncebox.store.params import LimitPlan, LimitRule
 
 Scope = tuple[str, str]  # (limit name, partition or '' for the limit as a whole)
 
