@@ -1,32 +1,69 @@
-"""The package's layout holds: the façade is used only from above, and imports run one way.
+"""The package's layout holds: seven floors, imports only downward, one way within a floor.
 
-Read from the source with `ast` (imports under `if TYPE_CHECKING:` count too: a type-only import
-of the façade is still a lane that knows the façade)."""
+    surfaces  cli/ console/ api/ contrib/ chaos/ examples/ fakes/ testing status shapes alembic
+    façade    box aio
+    lanes     lanes/           every loop that runs, one file each
+    runtime   runtime/         the Runtime and the verbs that take it (enqueue, fan-out, trigger)
+    concepts  jobs/ queue/ outbox/ schedules/ timers/ retention/ deliveries/ limits/ providers/
+              brokers/         declarations, rules and state machines
+    store     store/           the Store protocol, its parameters and rows, both stores
+    kernel    kernel/          the clock, errors, logs, metrics: what every floor may use
+
+A module imports from its own floor or below, never above; the folders of one floor import each
+other one way (no ring). Read from the source with `ast` (imports under `if TYPE_CHECKING:` count
+too: a type-only import of the façade is still a lane that knows the façade), so the rules need no
+import of the package's optional parts."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
+
+import pytest
 
 import oncebox
 
 PACKAGE = Path(oncebox.__file__).parent
-# The façade's own users: they sit above `Box` and build on it. `chaos/` is a harness that
-# drives whole boxes in worker processes, as `testing` does in one. `status.py` is what the CLI,
-# the exporter and the console show of a box; `console/` and `api/` serve it; `contrib/` makes a
-# framework's project its box.
-FACADE_USERS = (
-    "cli/",
-    "console/",
-    "api/",
-    "status.py",
-    "testing.py",
-    "examples/",
-    "integrations/",
-    "contrib/",
-    "chaos/",
-    "__init__.py",
-)
+FLOORS: dict[str, tuple[str, ...]] = {
+    "surfaces": (
+        "oncebox",  # the package's __init__: re-exports the public names
+        "__main__",
+        "cli",
+        "console",
+        "api",
+        "contrib",
+        "chaos",
+        "examples",
+        "fakes",
+        "testing",
+        "status",
+        "shapes",
+        "alembic",
+        "keyguard",  # deprecated shims: they re-export from jobs/
+        "periods",
+    ),
+    "façade": ("box", "aio"),
+    "lanes": ("lanes",),
+    "runtime": ("runtime",),
+    "concepts": (
+        "jobs",
+        "queue",
+        "outbox",
+        "schedules",
+        "timers",
+        "retention",
+        "deliveries",
+        "limits",
+        "providers",
+        "brokers",
+    ),
+    "store": ("store",),
+    "kernel": ("kernel",),
+}
+LEVEL = {part: level for level, parts in enumerate(FLOORS.values()) for part in parts}
+FLOOR_OF = {part: floor for floor, parts in FLOORS.items() for part in parts}
+MOST_LOOSE_MODULES = 10
 
 
 def module_name(path: Path) -> str:
@@ -51,6 +88,8 @@ def imports_of(path: Path) -> set[str]:
                         found.add(f"oncebox.{alias.name}")
                     elif alias.name == "Box":
                         found.add("oncebox.box")
+                    else:  # a name the package's __init__ re-exports
+                        found.add("oncebox")
             elif node.module.startswith("oncebox."):
                 # `from oncebox import shapes` depends on the submodule, not on the
                 # package's `__init__` (which re-exports and would close false cycles)
@@ -67,37 +106,6 @@ def sources() -> dict[str, set[str]]:
     return {
         str(path.relative_to(PACKAGE)): imports_of(path) for path in sorted(PACKAGE.rglob("*.py"))
     }
-
-
-def test_only_the_facades_own_users_import_the_box():
-    offenders = sorted(
-        name
-        for name, imported in sources().items()
-        if "oncebox.box" in imported and name != "box.py" and not name.startswith(FACADE_USERS)
-    )
-    assert offenders == [], f"modules below the façade import oncebox.box: {offenders}"
-
-
-def test_the_lanes_and_the_domain_never_import_the_cli_or_the_harnesses():
-    above = ("oncebox.cli", "oncebox.chaos", "oncebox.testing", "oncebox.examples")
-    below = (
-        "jobs/",
-        "queue/",
-        "outbox/",
-        "schedules/",
-        "timers/",
-        "retention/",
-        "lanes/",
-        "store/",
-    )
-    offenders = sorted(
-        (name, module)
-        for name, imported in sources().items()
-        if name.startswith(below)
-        for module in imported
-        if module.startswith(above)
-    )
-    assert offenders == []
 
 
 def cycles_of(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
@@ -126,7 +134,7 @@ def import_graph(group: bool) -> dict[str, set[str]]:
     def node(module: str) -> str:
         parts = module.split(".")
         if group and len(parts) >= 2 and (PACKAGE / parts[1]).is_dir():
-            return parts[1]  # oncebox.lanes.consumer -> queue
+            return parts[1]  # oncebox.lanes.consumer -> lanes
         return ".".join(parts[1:]) or "oncebox"
 
     graph: dict[str, set[str]] = {}
@@ -144,13 +152,55 @@ def test_no_module_imports_itself_round_a_cycle():
     assert cycles_of(import_graph(group=False)) == set()
 
 
-def test_concept_packages_import_each_other_one_way():
-    """A cycle between two concept packages (queue ⇄ outbox, say) means one holds what belongs
-    to the other. `runtime/runtime.py` is set aside: it holds every concept's declarations and is
-    handed to their lanes, so it sits between them by design."""
-    graph = {
-        here: {there for there in targets if there != "runtime"}
-        for here, targets in import_graph(group=True).items()
-        if here != "runtime"
-    }
-    assert cycles_of(graph) == set()
+def part_of(module: str) -> str:
+    """The top-level part a module belongs to: `oncebox.lanes.consumer` -> `lanes`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "oncebox"
+
+
+def test_every_part_of_the_package_stands_on_a_floor():
+    parts = {part_of(module_name(path)) for path in PACKAGE.rglob("*.py")}
+    assert sorted(parts - set(LEVEL)) == [], "a new folder or module: put it on a floor (FLOORS)"
+
+
+def test_imports_only_run_down_the_floors():
+    """A concept that imports a lane or the runtime, a store that imports a concept, a lane that
+    imports the façade: each is a module on the wrong floor, or one holding another floor's job."""
+    offenders = sorted(
+        (name, module, f"{FLOOR_OF[part_of(here)]} -> {FLOOR_OF[part_of(module)]}")
+        for name, imported in sources().items()
+        if (here := module_name(PACKAGE / name)) is not None
+        for module in imported
+        if LEVEL[part_of(module)] < LEVEL[part_of(here)]
+    )
+    assert offenders == []
+
+
+def test_the_parts_of_one_floor_import_each_other_one_way():
+    """A ring between two folders of one floor (queue ⇄ outbox, say) means one holds what
+    belongs to the other."""
+    assert cycles_of(import_graph(group=True)) == set()
+
+
+def test_at_most_ten_modules_lie_loose_beside_the_folders():
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(loose) <= MOST_LOOSE_MODULES, loose
+
+
+@pytest.mark.parametrize(
+    ("shim", "new"),
+    [("oncebox.periods", "oncebox.jobs.periods"), ("oncebox.keyguard", "oncebox.jobs.keyguard")],
+)
+def test_a_deprecated_module_warns_naming_the_import_that_replaces_it(shim: str, new: str):
+    import importlib
+    import sys
+
+    sys.modules.pop(shim, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(shim)
+    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
+        f"{shim} is deprecated: import from {new}"
+    ]
+    replacement = importlib.import_module(new)
+    assert all(getattr(module, name) is getattr(replacement, name) for name in module.__all__)
