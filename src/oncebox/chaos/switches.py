@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from oncebox.jobs import transitions
 from oncebox.kernel import clock, points
 from oncebox.queue.transport import Delivery, TableTransport
 from oncebox.store.params import JobFinish
@@ -152,7 +153,7 @@ def _settle_by_claim(self: Any, pending: list[Any], exc: Any, result: Any) -> li
         owners = tx.intent_owners([culprit.key]) if culprit.key else {}
         if culprit.key is not None and owners.get(culprit.key) == culprit.delivery.job_id:
             outcome.completed += 1
-            settlement = Settlement(culprit.delivery, "done", "completed")
+            settlement = Settlement.of(culprit.delivery, transitions.completed())
         else:
             settlement = self._dead(culprit, describe_error(exc.error), outcome)
         self.transport.settle_in_transaction(tx, [settlement])
@@ -252,8 +253,9 @@ def _install_ack_on_receipt() -> None:
             deliveries = super().fetch(limit)
             if deliveries:
                 token = deliveries[0].lease_token or ""
+                done = transitions.completed()
                 finishes = [
-                    JobFinish(id=d.job_id or 0, state="done", outcome="completed")
+                    JobFinish(id=d.job_id or 0, state=done.state, outcome=done.outcome)
                     for d in deliveries
                 ]
                 with self._session.transaction() as tx:

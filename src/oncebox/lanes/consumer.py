@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from oncebox.jobs import transitions
 from oncebox.jobs.codec import check_finite, parse_args
 from oncebox.jobs.tasks import Registry, Task
 from oncebox.kernel import clock, points
@@ -558,9 +559,9 @@ class Consumer:
             # this job's own claim committed earlier and its settlement did not (a broker's
             # acknowledgement lost after the commit): its handler ran and committed — done
             outcome.completed += 1
-            return Settlement(p.delivery, "done", "completed")
+            return Settlement.of(p.delivery, transitions.completed())
         outcome.duplicates += 1
-        return Settlement(p.delivery, "done", "duplicate")
+        return Settlement.of(p.delivery, transitions.duplicate())
 
     def _run_handler(
         self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult
@@ -626,7 +627,7 @@ class Consumer:
             traced.failed(error)
             return self._failed(p, error, began, outcome), []
         outcome.completed += 1
-        return Settlement(delivery, "done", "completed"), outbox.rows
+        return Settlement.of(delivery, transitions.completed()), outbox.rows
 
     def _failed(
         self, p: _Prepared, error: BaseException, began: float, outcome: ConsumerResult
@@ -648,15 +649,15 @@ class Consumer:
         )
         if retry:
             outcome.retried += 1
-            return Settlement(delivery, "ready", None, decision.delay, text)
+            return Settlement.of(delivery, transitions.retry(decision.delay, text))
         outcome.dead += 1
-        return Settlement(delivery, "dead", None, timedelta(0), text)
+        return Settlement.of(delivery, transitions.dead(text))
 
     def _dead(self, p: _Prepared, problem: str, outcome: ConsumerResult) -> Settlement:
         d = p.delivery
         outcome.dead += 1
         outcome.failures.append(FailedAttempt(d.task, p.key, d.job_id, d.attempt, problem, True))
-        return Settlement(d, "dead", None, timedelta(0), problem)
+        return Settlement.of(d, transitions.dead(problem))
 
     def _prepare(self, delivery: Delivery) -> _Prepared:
         """Decode and check a delivery before the transaction; problems are permanent.

@@ -39,6 +39,7 @@ from typing import Any
 from oncebox.brokers.brokered import broker_kind
 from oncebox.brokers.messages import GivenUp, Received
 from oncebox.brokers.transport import parse_message
+from oncebox.jobs import transitions
 from oncebox.kernel.errors import (
     BrokerRefused,
     BrokerUnavailable,
@@ -161,14 +162,14 @@ class GivenUpSweep:
             if isinstance(parsed, tuple) or now is None:
                 unrecorded.append((one, reason(one, kind, recorded=False)))
                 continue
-            why = reason(one, kind, recorded=True)
+            buried = transitions.dead(reason(one, kind, recorded=True))
             finish = RelayedFinish(
                 id=parsed.job,
                 run=parsed.run,
-                state="dead",
-                outcome=None,
-                delay=timedelta(0),
-                error=why,
+                state=buried.state,
+                outcome=buried.outcome,
+                delay=buried.delay,
+                error=buried.error,
                 worker=self._worker,
                 started_at=now,
             )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
+from oncebox.jobs.transitions import JobTransition
 from oncebox.store.params import JobFinish, JobLeaseParams, JobReleaseParams, LimitPlan
 from oncebox.store.protocol import ConsumerSession, ConsumerTx
 from oncebox.store.records import DueTime, Outcome
@@ -49,11 +50,21 @@ class Delivery:
 
 @dataclass(slots=True)  # per job: see `oncebox.store.records.LeasedJob`
 class Settlement:
+    """How a delivery ended: one of the named transitions of `oncebox.jobs.transitions`, built
+    with `of`, so that the states, outcomes and delays the consumer settles with are the ones
+    the state table names."""
+
     delivery: Delivery
     state: SettleState
     outcome: Outcome | None = None
     delay: timedelta = timedelta(0)
     error: str | None = None
+
+    @classmethod
+    def of(cls, delivery: Delivery, transition: JobTransition) -> Settlement:
+        return cls(
+            delivery, transition.state, transition.outcome, transition.delay, transition.error
+        )
 
 
 class Transport(Protocol):
