@@ -42,10 +42,16 @@ from oncebox.jobs.tasks import (
 )
 from oncebox.kernel.errors import ConfigurationError, NotFound
 from oncebox.kernel.metrics import Metrics
-from oncebox.lanes.assembly import build_consumer, worker_name
+from oncebox.lanes.assembly import (
+    build_consumer,
+    build_dispatcher,
+    build_expiry_sweeper,
+    build_ticker,
+    worker_name,
+)
 from oncebox.lanes.consumer import Consumer, ConsumerConfig
 from oncebox.lanes.dispatcher import DispatcherConfig, OutboxDispatcher
-from oncebox.lanes.expiry_sweeper import ExpirySweeper
+from oncebox.lanes.expiry_sweeper import ExpirySweeper, ExpirySweeperConfig
 from oncebox.lanes.ticker import ScheduleTicker
 from oncebox.lanes.worker import Worker, WorkerConfig, WorkerResult
 from oncebox.outbox.channels import Channel, ChannelSet
@@ -381,13 +387,8 @@ class Box(Operations):
         self, config: DispatcherConfig | None = None, *, name: str = "d0"
     ) -> OutboxDispatcher:
         """A dispatcher lane for `run_once()` in tests and tools."""
-        return OutboxDispatcher(
-            self.store,
-            self.channels,
-            config or DispatcherConfig(),
-            self.metrics,
-            worker=worker_name(name),
-            rng=self.rng,
+        return build_dispatcher(
+            self.runtime, config or DispatcherConfig(), self.channels, name=name, rng=self.rng
         )
 
     # -- schedules and sweepers ----------------------------------------------------------------
@@ -500,7 +501,7 @@ class Box(Operations):
 
     def ticker(self) -> ScheduleTicker:
         """The scheduler lane, for `run_once()` in tests and tools."""
-        return ScheduleTicker(self.runtime, self.runtime.schedules, worker_name("scheduler"))
+        return build_ticker(self.runtime)
 
     def sweeper(
         self,
@@ -532,7 +533,9 @@ class Box(Operations):
     ) -> ExpirySweeper:
         """One sweeper's lane, for `run_once()` in tests and tools; `close()` it after."""
         try:
-            return ExpirySweeper(self.runtime, self.runtime.sweepers[name], lock_timeout)
+            return build_expiry_sweeper(
+                self.runtime, self.runtime.sweepers[name], ExpirySweeperConfig(lock_timeout)
+            )
         except KeyError:
             raise NotFound(f"no sweeper named {name!r}") from None
 

@@ -32,10 +32,10 @@ from oncebox.kernel import clock
 from oncebox.kernel.clock import EPOCH, ClockLease
 from oncebox.kernel.counters import settlement_counts
 from oncebox.kernel.errors import DrainFailed
+from oncebox.lanes.assembly import build_lease_rescuer
 from oncebox.lanes.consumer import ConsumerResult, FailedAttempt
-from oncebox.lanes.delivery_rescuer import DeliveryRescuer
 from oncebox.lanes.dispatcher import DispatcherResult
-from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
 from oncebox.providers import Outgoing, Receipt
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.protocol import ConsumerTx
@@ -60,13 +60,7 @@ def drain(
     """
     result = DrainResult()
     box.runtime.limit_declarations.declare_all()  # as a worker starting
-    LeaseRescuer(
-        box.store,
-        LeaseRescuerConfig(),
-        box.metrics,
-        DeliveryRescuer(box.store, box.channels, box.metrics),
-        unlimited=[t.name for t in box.registry.all() if t.limits is None],
-    ).run_once()
+    build_lease_rescuer(box.runtime, LeaseRescuerConfig(), box.channels).run_once()
     consumer = box.consumer()
     dispatcher = box.dispatcher() if dispatch else None
     try:

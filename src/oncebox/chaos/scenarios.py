@@ -30,7 +30,7 @@ from oncebox.chaos.workload import (
 )
 from oncebox.examples.logistics.app import connect
 from oncebox.kernel.errors import PayloadTooLarge
-from oncebox.lanes.resolver import AmbiguityResolver
+from oncebox.lanes.assembly import build_resolver
 from oncebox.limits.rates import Limit
 from oncebox.runtime.operations import DeadFilter
 from oncebox.testing import RedeliveringTransport
@@ -478,7 +478,7 @@ def lost_acks_reported(run: RunContext) -> None:
         run.drain()
         if not api.wait_webhooks(timeout=120):
             run.violation("H1 held sends settled by reports", "webhooks", "events still queued")
-    AmbiguityResolver(run.box.store, run.box.channels).run_once()  # the resolver lane's round
+    build_resolver(run.box.runtime, run.box.channels).run_once()  # the resolver lane's round
     held = run.box.store.outbox_count_by_state()["ambiguous"]
     if held:
         run.violation(

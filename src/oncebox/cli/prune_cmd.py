@@ -21,7 +21,8 @@ from oncebox.cli.common import (
     reported,
     say,
 )
-from oncebox.lanes.pruner import Pruner, PrunerConfig, plan_for
+from oncebox.lanes.assembly import build_pruner
+from oncebox.lanes.pruner import PrunerConfig, plan_for
 from oncebox.lanes.worker import refuse_foreign_clock
 from oncebox.retention.held import KIND_LABELS, held, kept
 from oncebox.store.migrations import check_runnable
@@ -82,7 +83,7 @@ def prune_command(
         if dry_run:
             entries = [shapes.held(row, now) for row in held(box.store, plan, cap=None)]
         else:
-            result = Pruner(box.store, PrunerConfig(), plan).drain()
+            result = build_pruner(box.runtime, PrunerConfig(), plan).drain()
             pruned = result.pruned  # in PRUNE_KINDS order
     if dry_run:
         if as_json:

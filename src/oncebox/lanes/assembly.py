@@ -1,5 +1,9 @@
-"""How a box's lanes are built: a consumer on its own connection, a dispatcher over the box's
-channels. Used by the worker, and by `Box.consumer()` / `Box.dispatcher()` for tests and tools."""
+"""How a box's lanes are built — the one place in oncebox that builds one (a test checks:
+tests/test_lane_shape.py): a consumer on its own connection, a dispatcher over the box's
+channels, the lease keeper and rescuer, the resolver, the scheduler, a sweeper's lane, the pruner
+and the given-up sweep, each from the runtime. Used by the worker, and by `Box.consumer()`,
+`Box.dispatcher()`, `Box.ticker()`, `Box.expiry_sweeper()`, `oncebox.testing.drain` and the
+commands, so that a lane built for a test or a tool is the worker's."""
 
 from __future__ import annotations
 
@@ -7,15 +11,32 @@ import logging
 import os
 import random
 import socket
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from oncebox.brokers.brokered import refuse_unbrokerable, wire_for
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.lanes.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
+from oncebox.lanes.delivery_rescuer import DeliveryRescuer, DeliveryRescuerConfig
+from oncebox.lanes.dispatcher import DispatcherConfig, OutboxDispatcher
+from oncebox.lanes.expiry_sweeper import ExpirySweeper, ExpirySweeperConfig
+from oncebox.lanes.lease_keeper import LeaseKeeper, LeaseKeeperConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
+from oncebox.lanes.pruner import Pruner, PrunerConfig
+from oncebox.lanes.resolver import AmbiguityResolver, ResolverConfig
+from oncebox.lanes.ticker import ScheduleTicker, TickerConfig
+from oncebox.outbox.channels import Channel
 from oncebox.queue.transport import Delivery, TableTransport, Transport
 from oncebox.queue.watch import HandlerWatch
+from oncebox.retention.policy import Plan
 from oncebox.runtime.runtime import Runtime
 from oncebox.store.allocation import holds_slot
 from oncebox.store.params import ConsumerSettings
+from oncebox.timers.sweeper import Sweeper
+
+if TYPE_CHECKING:
+    from oncebox.lanes.given_up import GivenUpSweep, GivenUpSweepConfig
 
 log = logging.getLogger("oncebox.worker")
 
@@ -113,3 +134,97 @@ def broker_transport(
         store=runtime.store if runtime.store.dialect == "postgres" else None,
         worker=worker_name(name),
     )
+
+
+def build_dispatcher(
+    runtime: Runtime,
+    config: DispatcherConfig,
+    channels: Mapping[str, Channel],
+    *,
+    name: str = "d0",
+    rng: random.Random,
+) -> OutboxDispatcher:
+    """A dispatcher lane over `channels` (a worker's: the box's, when it dispatches)."""
+    return OutboxDispatcher(
+        runtime.store, channels, config, runtime.metrics, worker=worker_name(name), rng=rng
+    )
+
+
+def build_lease_keeper(
+    runtime: Runtime,
+    config: LeaseKeeperConfig,
+    watch: HandlerWatch,
+    held_tokens: Callable[[], list[str]],
+    keep_alive: Callable[[timedelta], None] | None = None,
+) -> LeaseKeeper:
+    """The heartbeat of the leases `held_tokens` names (and `keep_alive`: a broker's holds)."""
+    return LeaseKeeper(runtime.store, config, watch, held_tokens, keep_alive)
+
+
+def build_delivery_rescuer(
+    runtime: Runtime,
+    channels: Mapping[str, Channel],
+    config: DeliveryRescuerConfig | None = None,
+) -> DeliveryRescuer:
+    """Expired outbox leases of `channels` (rows of the others are left to a worker that knows
+    them)."""
+    return DeliveryRescuer(runtime.store, channels, runtime.metrics, config=config)
+
+
+def build_lease_rescuer(
+    runtime: Runtime,
+    config: LeaseRescuerConfig,
+    channels: Mapping[str, Channel],
+    *,
+    brokered: Mapping[str, Sequence[str]] | None = None,
+) -> LeaseRescuer:
+    """Expired job leases, and in the same round the expired outbox leases of `channels`; the
+    box's tasks declared without limits handed back to the unlimited lease, and the ready jobs
+    of the broker-held queues in `brokered` (with their tasks) to the relay."""
+    return LeaseRescuer(
+        runtime.store,
+        config,
+        runtime.metrics,
+        build_delivery_rescuer(runtime, channels),
+        unlimited=[t.name for t in runtime.registry.all() if t.limits is None],
+        brokered=brokered,
+    )
+
+
+def build_resolver(
+    runtime: Runtime, channels: Mapping[str, Channel], config: ResolverConfig | None = None
+) -> AmbiguityResolver:
+    """The resolver of `channels`' held rows (those a provider can settle: `active`)."""
+    return AmbiguityResolver(runtime.store, channels, config=config)
+
+
+def build_ticker(runtime: Runtime, config: TickerConfig | None = None) -> ScheduleTicker:
+    """The scheduler lane of every schedule of the box."""
+    return ScheduleTicker(runtime, runtime.schedules, worker_name("scheduler"), config=config)
+
+
+def build_expiry_sweeper(
+    runtime: Runtime, sweeper: Sweeper, config: ExpirySweeperConfig
+) -> ExpirySweeper:
+    """One declared sweeper's lane, on its own connection: `close()` it after."""
+    return ExpirySweeper(runtime, sweeper, config=config)
+
+
+def build_pruner(runtime: Runtime, config: PrunerConfig, plan: Plan | None = None) -> Pruner:
+    """The pruner of the box's retention (`plan`: the one already read from it)."""
+    if plan is None:
+        return Pruner.for_runtime(runtime, config)
+    return Pruner(runtime.store, config, plan)
+
+
+def build_given_up_sweep(
+    runtime: Runtime,
+    brokers: Mapping[str, str],
+    config: GivenUpSweepConfig | None = None,
+    *,
+    worker: str = "",
+) -> GivenUpSweep:
+    """The sweep of what the brokers of `brokers` (queue → its broker's URL) gave up on."""
+    from oncebox.lanes.given_up import GivenUpSweep  # noqa: PLC0415 (a broker's modules)
+
+    return GivenUpSweep(runtime.store, brokers, wire_for, config, worker=worker)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ from oncebox.kernel.logs import job_fields
 from oncebox.kernel.metrics import Metrics
 from oncebox.kernel.storable import storable_text
 from oncebox.kernel.tracing import Traced, process_span
+from oncebox.lanes.lane import run_forever
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.queue.context import JobContext
 from oncebox.queue.handler_orm import Orm
@@ -88,7 +90,10 @@ class ConsumerConfig:
     grows towards `max_batch_size` (default four times `batch_size`), since each batch pays a fixed
     cost (the lease, the claim, the commit: a few milliseconds) that a larger batch spreads
     thinner; when the budget cuts a batch short, it halves back towards `batch_size`. Set
-    `max_batch_size=batch_size` for a fixed size."""
+    `max_batch_size=batch_size` for a fixed size.
+
+    `poll_interval` paces `Consumer.run_forever` only: a worker's consumer lanes wait by
+    `WorkerConfig.poll_interval`, and are woken sooner (`lanes/worker.py`)."""
 
     batch_size: int = 100
     max_batch_size: int | None = None
@@ -98,6 +103,7 @@ class ConsumerConfig:
     lease: timedelta = timedelta(seconds=30)
     lock_timeout: timedelta = timedelta(seconds=2)
     lock_retry_delay: timedelta = timedelta(seconds=1)
+    poll_interval: timedelta = timedelta(seconds=5)
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 10_000:
@@ -108,6 +114,8 @@ class ConsumerConfig:
             raise ValueError("max_batch_size must be within batch_size..10000")
         if self.lease <= timedelta(0) or self.lock_timeout <= timedelta(0):
             raise ValueError("lease and lock_timeout must be positive")
+        if self.poll_interval <= timedelta(0):
+            raise ValueError("poll_interval must be positive")
 
 
 class LeaseSize:
@@ -294,6 +302,21 @@ class Consumer:
         if ran > 0:
             self._pace(took / ran)
         return result
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Rounds until `stop` is set, paced as a worker's consumer lane: the next at once after
+        a round that leased, else after `poll_interval` (a worker's lane is also woken by new
+        work and the next due job: `lanes/worker.py`, `_poll`). Once `stop` is set, the batch
+        under way gives back, unspent, what it has not started."""
+        stopping = self.stopping
+        self.stopping = lambda: stop.is_set() or stopping()
+
+        def once() -> bool:
+            return self.run_once().leased > 0
+
+        run_forever(
+            f"consumer {self.worker}", once, stop, self.config.poll_interval.total_seconds()
+        )
 
     def _pace(self, seconds: float) -> None:
         """Follow how long a job takes here (a moving average of its batches' time per job)."""

@@ -20,16 +20,27 @@ Rows of channels this process does not know are left for a worker that knows the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from oncebox.kernel.metrics import Metrics
+from oncebox.lanes.lane import configured, run_forever
 from oncebox.outbox import transitions
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.transitions import OutboxFinish, past_window
 from oncebox.store.protocol import Store
 from oncebox.store.records import OutboxRow
+
+
+@dataclass(frozen=True)
+class DeliveryRescuerConfig:
+    """`interval` paces `run_forever` only: in a worker the lease rescuer runs this lane's round
+    inside its own (`lease_rescuer.py`), at the lease rescuer's interval."""
+
+    interval: timedelta = timedelta(seconds=15)
+    batch_size: int = 500
 
 
 @dataclass(frozen=True)
@@ -88,12 +99,19 @@ def decide_expired(channel: Channel, row: OutboxRow, now: datetime) -> OutboxFin
 
 class DeliveryRescuer:
     def __init__(
-        self, store: Store, channels: Mapping[str, Channel], metrics: Metrics, batch_size: int = 500
+        self,
+        store: Store,
+        channels: Mapping[str, Channel],
+        metrics: Metrics,
+        batch_size: int | None = None,
+        *,
+        config: DeliveryRescuerConfig | None = None,
     ) -> None:
         self.store = store
         self.channels = dict(channels)
         self.metrics = metrics
-        self.batch_size = batch_size
+        self.config = configured(config, DeliveryRescuerConfig, batch_size=batch_size)
+        self.batch_size = self.config.batch_size
 
     def run_once(self) -> DeliveryRescuerResult:
         def decide(rows: list[OutboxRow], now: datetime) -> list[OutboxFinish]:
@@ -108,3 +126,9 @@ class DeliveryRescuer:
         self.metrics.count("deliveries_lease_expired", len(settled))
         self.metrics.count("deliveries_ambiguous", result.count("ambiguous"))
         return result
+
+    def run_forever(self, stop: threading.Event) -> None:
+        def once() -> bool:
+            return len(self.run_once().settled) >= self.batch_size
+
+        run_forever("delivery rescuer", once, stop, self.config.interval.total_seconds())

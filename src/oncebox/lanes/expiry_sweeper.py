@@ -9,12 +9,20 @@ from datetime import timedelta
 
 from oncebox.jobs.keys import validate_key
 from oncebox.kernel import points
-from oncebox.lanes.lane import run_forever
+from oncebox.lanes.lane import configured, run_forever
 from oncebox.outbox.writer import OutboxWriter
 from oncebox.runtime.runtime import Runtime
 from oncebox.store.params import ConsumerSettings, IntentClaim
 from oncebox.store.protocol import ConsumerSession
 from oncebox.timers.sweeper import SweepContext, Sweeper
+
+
+@dataclass(frozen=True)
+class ExpirySweeperConfig:
+    """How long its transaction waits for a row lock (the sweeper's pace, batch and timeout are
+    declared with it: `Box.sweeper`)."""
+
+    lock_timeout: timedelta = timedelta(seconds=2)
 
 
 @dataclass
@@ -28,12 +36,20 @@ class SweepResult:
 class ExpirySweeper:
     """The lane for one sweeper, on its own connection."""
 
-    def __init__(self, runtime: Runtime, sweeper: Sweeper, lock_timeout: timedelta) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        sweeper: Sweeper,
+        lock_timeout: timedelta | None = None,
+        *,
+        config: ExpirySweeperConfig | None = None,
+    ) -> None:
         self.runtime = runtime
         self.sweeper = sweeper
+        self.config = configured(config, ExpirySweeperConfig, lock_timeout=lock_timeout)
         self.session: ConsumerSession = runtime.store.consumer_session(
             ConsumerSettings(
-                lock_timeout=lock_timeout,
+                lock_timeout=self.config.lock_timeout,
                 transaction_timeout=sweeper.timeout,
                 application_name=f"oncebox sweeper {sweeper.name}"[:63],
             )

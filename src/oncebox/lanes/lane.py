@@ -11,10 +11,24 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from oncebox.kernel.errors import SchemaError, StoreReplaced, StoreUnavailable
 
 log = logging.getLogger("oncebox.lane")
+C = TypeVar("C")
+
+
+def configured(config: C | None, default: Callable[..., C], **loose: object) -> C:
+    """A lane's config: `config`, or one built by `default` from the keyword arguments its
+    constructor took before it took a config (those left None keep the config's defaults), so
+    that the older calls mean what they meant. Both at once would leave one of them ignored."""
+    given = {name: value for name, value in loose.items() if value is not None}
+    if config is None:
+        return default(**given)
+    if given:
+        raise TypeError(f"{', '.join(sorted(given))}: set in the config, not beside it")
+    return config
 
 
 def run_forever(

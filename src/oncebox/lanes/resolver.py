@@ -44,7 +44,7 @@ from typing import Literal
 from oncebox.deliveries.events import TOOK_IT
 from oncebox.deliveries.settle import settle_reported
 from oncebox.kernel import points
-from oncebox.lanes.lane import run_forever
+from oncebox.lanes.lane import configured, run_forever
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.outgoing import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
@@ -63,6 +63,12 @@ REPLAY_MARGIN = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
+class ResolverConfig:
+    batch_size: int = 100  # held rows looked at per round
+    interval: timedelta = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
 class ResolverResult:
     sent: int = 0  # a lookup found it
     resent: int = 0
@@ -77,11 +83,19 @@ class AmbiguityResolver:
         self,
         store: Store,
         channels: Mapping[str, Channel],
-        batch_size: int = 100,
-        interval: float = 60.0,
+        batch_size: int | None = None,
+        interval: float | None = None,  # seconds
+        *,
+        config: ResolverConfig | None = None,
     ) -> None:
         self.store = store
-        self.interval = interval
+        self.config = configured(
+            config,
+            ResolverConfig,
+            batch_size=batch_size,
+            interval=None if interval is None else timedelta(seconds=interval),
+        )
+        self.interval = self.config.interval.total_seconds()
         self.channels = {
             name: channel
             for name, channel in channels.items()
@@ -89,7 +103,7 @@ class AmbiguityResolver:
             or channel.reports is not None
             or channel.window is not None
         }
-        self.batch_size = batch_size
+        self.batch_size = self.config.batch_size
         self._after = 0  # the last held row the previous round looked at
 
     def run_forever(self, stop: threading.Event) -> None:

@@ -9,10 +9,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from oncebox.kernel.errors import KeyDrift
-from oncebox.lanes.lane import run_forever
+from oncebox.lanes.lane import configured, run_forever
 from oncebox.runtime.fanout import FanOut, FanOutResult
 from oncebox.runtime.runtime import Runtime
 from oncebox.schedules.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class TickerConfig:
+    interval: timedelta = timedelta(seconds=15)
 
 
 @dataclass
@@ -30,13 +35,16 @@ class ScheduleTicker:
         runtime: Runtime,
         schedules: Mapping[str, Schedule],
         owner: str,
-        interval: timedelta = timedelta(seconds=15),
+        interval: timedelta | None = None,
+        *,
+        config: TickerConfig | None = None,
     ) -> None:
         self.runtime = runtime
         self.store = runtime.store
         self.schedules = dict(schedules)
         self.fan_out = FanOut(runtime, owner)
-        self.interval = interval
+        self.config = configured(config, TickerConfig, interval=interval)
+        self.interval = self.config.interval
         self._slo_recorded: set[str] = set()  # once per schedule and process
 
     def run_once(self) -> TickerResult:

@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from oncebox.brokers.brokered import RELAY_PREFIX, wire_for
+from oncebox.brokers.brokered import RELAY_PREFIX
 from oncebox.kernel import clock, points
 from oncebox.kernel.errors import (
     BrokerUnavailable,
@@ -53,27 +53,36 @@ from oncebox.kernel.errors import (
     StoreReplaced,
     StoreUnavailable,
 )
-from oncebox.lanes.assembly import broker_transport, build_consumer, worker_name
+from oncebox.lanes.assembly import (
+    broker_transport,
+    build_consumer,
+    build_dispatcher,
+    build_expiry_sweeper,
+    build_given_up_sweep,
+    build_lease_keeper,
+    build_lease_rescuer,
+    build_pruner,
+    build_resolver,
+    build_ticker,
+    worker_name,
+)
 from oncebox.lanes.consumer import Consumer, ConsumerConfig, ConsumerResult
-from oncebox.lanes.delivery_rescuer import DeliveryRescuer
 from oncebox.lanes.dispatcher import DispatcherConfig, DispatcherResult, OutboxDispatcher
-from oncebox.lanes.lease_keeper import LeaseKeeper, LeaseKeeperConfig
-from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
-from oncebox.lanes.resolver import AmbiguityResolver
+from oncebox.lanes.expiry_sweeper import ExpirySweeper, ExpirySweeperConfig
+from oncebox.lanes.lease_keeper import LeaseKeeperConfig
+from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
+from oncebox.lanes.pruner import PrunerConfig
 from oncebox.outbox.channels import Channel
 from oncebox.queue.transport import Transport
 from oncebox.queue.watch import HandlerWatch
-
-if TYPE_CHECKING:
-    from oncebox.lanes.given_up import GivenUpSweep
-from oncebox.lanes.expiry_sweeper import ExpirySweeper
-from oncebox.lanes.pruner import Pruner, PrunerConfig
-from oncebox.lanes.ticker import ScheduleTicker
 from oncebox.runtime.runtime import Runtime
 from oncebox.store.migrations import check_runnable
 from oncebox.store.params import EVERY_KIND, JOBS, OUTBOX, WorkerBeat, WorkKind
 from oncebox.store.protocol import Store
 from oncebox.store.records import BacklogRow
+
+if TYPE_CHECKING:
+    from oncebox.lanes.given_up import GivenUpSweep
 
 log = logging.getLogger("oncebox.worker")
 
@@ -258,13 +267,13 @@ class Worker:
         consumers = self._consumers()
         channels = self.runtime.channels if self.config.dispatch else {}
         sweepers = [
-            ExpirySweeper(self.runtime, sweeper, self.config.consumer.lock_timeout)
+            build_expiry_sweeper(
+                self.runtime, sweeper, ExpirySweeperConfig(self.config.consumer.lock_timeout)
+            )
             for sweeper in (self.runtime.sweepers.values() if self.config.sweep else ())
         ]
         ticker = (
-            ScheduleTicker(self.runtime, self.runtime.schedules, worker_name("scheduler"))
-            if self.config.schedule and self.runtime.schedules
-            else None
+            build_ticker(self.runtime) if self.config.schedule and self.runtime.schedules else None
         )
         if on_start is not None:
             on_start(
@@ -387,12 +396,11 @@ class Worker:
                 )
             )
         if channels:
-            dispatcher = OutboxDispatcher(
-                self.runtime.store,
-                channels,
+            dispatcher = build_dispatcher(
+                self.runtime,
                 self.config.dispatcher,
-                self.runtime.metrics,
-                worker=worker_name("d0"),
+                channels,
+                name="d0",
                 rng=random.Random(self.runtime.rng.random()),
             )
             pollers.append(
@@ -414,7 +422,7 @@ class Worker:
         def tokens() -> list[str]:
             return [token for _c, transport in consumers for token in transport.held_tokens()]
 
-        store, metrics = self.runtime.store, self.runtime.metrics
+        store = self.runtime.store
 
         def keep_alive(hold_for: timedelta) -> None:
             for _c, transport in consumers:
@@ -422,20 +430,22 @@ class Worker:
                 if holder is not None:
                     holder(hold_for)
 
-        keeper = LeaseKeeper(
-            store, LeaseKeeperConfig(self.config.consumer.lease), self.watch, tokens, keep_alive
+        keeper = build_lease_keeper(
+            self.runtime,
+            LeaseKeeperConfig(self.config.consumer.lease),
+            self.watch,
+            tokens,
+            keep_alive,
         )
         brokered = self._brokered()
-        rescuer = LeaseRescuer(
-            store,
+        rescuer = build_lease_rescuer(
+            self.runtime,
             self.config.rescuer,
-            metrics,
-            DeliveryRescuer(store, channels, metrics),
-            unlimited=[t.name for t in self.runtime.registry.all() if t.limits is None],
+            channels,
             brokered=brokered if store.dialect == "postgres" else None,
         )
-        pruner = Pruner.for_runtime(self.runtime, self.config.pruner)
-        resolver = AmbiguityResolver(store, channels)
+        pruner = build_pruner(self.runtime, self.config.pruner)
+        resolver = build_resolver(self.runtime, channels)
         rescuer.run_once()
         lanes: list[tuple[str, Callable[[threading.Event], None]]] = [
             ("lease-keeper", keeper.run_forever),
@@ -443,10 +453,8 @@ class Worker:
             ("pruner", pruner.run_forever),
         ]
         if brokered:  # what their brokers gave up on: a lane of its own (a broker may be slow)
-            from oncebox.lanes.given_up import GivenUpSweep  # noqa: PLC0415
-
             served = {queue: self.runtime.brokers[queue] for queue in brokered}
-            self._given_up = GivenUpSweep(store, served, wire_for, worker=self.name)
+            self._given_up = build_given_up_sweep(self.runtime, served, worker=self.name)
             self._given_up.run_once()  # an until-idle run included
             lanes.append(("given-up", self._given_up.run_forever))
         if resolver.active:
