@@ -36,7 +36,7 @@ from oncebox.lanes.consumer import ConsumerResult, FailedAttempt
 from oncebox.lanes.delivery_rescuer import DeliveryRescuer
 from oncebox.lanes.dispatcher import DispatcherResult
 from oncebox.lanes.lease_rescuer import LeaseRescuer, LeaseRescuerConfig
-from oncebox.providers import Outgoing, Receipt
+from oncebox.providers import Capabilities, Outgoing, Receipt
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.base import ConsumerTx, JobRow
 
@@ -104,6 +104,7 @@ class MemoryProvider:
 
     name = "memory"
     idempotent = True
+    capabilities = Capabilities()
 
     def __init__(
         self,
