@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from oncebox.kernel.errors import InvalidArguments
 from oncebox.providers import Outgoing
-from oncebox.providers.email import LINE_BREAKS, email_payload, render
+from oncebox.providers.email import render
+from oncebox.providers.email_payload import LINE_BREAKS, email_payload
 
 DATE = datetime(2026, 8, 17, 9, tzinfo=UTC)
 

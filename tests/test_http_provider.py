@@ -26,8 +26,8 @@ from oncebox.providers.base import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.providers.http import HttpEmailProvider, parse_retry_after
-from oncebox.providers.replies import Reply, read_reply
+from oncebox.providers.http import HttpEmailProvider
+from oncebox.providers.replies import Reply, parse_retry_after, read_reply
 
 OUTGOING = Outgoing(
     1,

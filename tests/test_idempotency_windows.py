@@ -10,7 +10,7 @@ import pytest
 
 from oncebox.fakes.email_api import FakeEmailApi
 from oncebox.providers import Outgoing, from_url
-from oncebox.providers.email import email_payload
+from oncebox.providers.email_payload import email_payload
 from oncebox.testing import MemoryProvider
 
 PAYLOAD = email_payload(

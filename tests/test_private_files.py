@@ -18,7 +18,7 @@ from oncebox import Box
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.providers import Outgoing, from_url
 from oncebox.providers.base import SendPermanent
-from oncebox.providers.email import email_payload
+from oncebox.providers.email_payload import email_payload
 from oncebox.providers.local import FileProvider
 
 

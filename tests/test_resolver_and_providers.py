@@ -10,8 +10,9 @@ import pytest
 from oncebox import ConfigurationError
 from oncebox.lanes.resolver import AmbiguityResolver
 from oncebox.providers import Outgoing, Receipt, SendAmbiguous, from_url
-from oncebox.providers.http import HttpEmailProvider, parse_retry_after
+from oncebox.providers.http import HttpEmailProvider
 from oncebox.providers.local import FileProvider
+from oncebox.providers.replies import parse_retry_after
 from oncebox.providers.smtp import dot_stuffed
 from oncebox.testing import drain
 from support.outbox import enqueue_customers
@@ -146,7 +147,7 @@ def test_provider_urls_pick_their_provider(tmp_path):
 def test_an_email_date_header_is_the_instant_in_its_own_zone_even_after_an_equal_instant():
     from datetime import timezone
 
-    from oncebox.providers.email import email_payload
+    from oncebox.providers.email_payload import email_payload
 
     def date_of(at: datetime) -> str:
         payload = email_payload(

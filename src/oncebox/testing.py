@@ -36,7 +36,7 @@ from oncebox.lanes.assembly import build_lease_rescuer
 from oncebox.lanes.consumer import ConsumerResult, FailedAttempt
 from oncebox.lanes.dispatcher import DispatcherResult
 from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
-from oncebox.providers import Outgoing, Receipt
+from oncebox.providers import Capabilities, Outgoing, Receipt
 from oncebox.queue.transport import Delivery, Settlement
 from oncebox.store.protocol import ConsumerTx
 from oncebox.store.records import JobRow
@@ -99,6 +99,7 @@ class MemoryProvider:
 
     name = "memory"
     idempotent = True
+    capabilities = Capabilities()
 
     def __init__(
         self,

@@ -19,7 +19,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from oncebox.brokers.messages import Message
 from oncebox.kernel.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
-from oncebox.providers.base import Outgoing, Receipt, SendAmbiguous, SendRetryable
+from oncebox.providers.base import (
+    Capabilities,
+    Outgoing,
+    Receipt,
+    SendAmbiguous,
+    SendRetryable,
+)
 
 GROUP = "x-oncebox-group"
 
@@ -27,6 +33,7 @@ GROUP = "x-oncebox-group"
 class BrokerRelay:
     idempotent = True
     idempotency_window: timedelta | None = None
+    capabilities = Capabilities(send_batch=True, close=True)
 
     def __init__(
         self,

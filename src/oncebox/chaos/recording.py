@@ -6,11 +6,14 @@ from datetime import timedelta
 
 from oncebox.chaos.history import HistoryWriter
 from oncebox.providers.base import (
+    Capabilities,
     Outgoing,
     Provider,
     Receipt,
     SendAmbiguous,
     SendError,
+    as_closing,
+    capabilities_of,
 )
 
 
@@ -24,6 +27,13 @@ class RecordingProvider:
         self.name: str = inner.name
         self.idempotent: bool = inner.idempotent
         self.idempotency_window: timedelta | None = inner.idempotency_window
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """`send` and `close` only: a batch, a lookup or a check would pass the history by."""
+        return Capabilities(
+            close=True, max_payload_bytes=capabilities_of(self.inner).max_payload_bytes
+        )
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         self.history.write("send", "invoke", outgoing.token, f"attempt {outgoing.attempt}")
@@ -42,7 +52,7 @@ class RecordingProvider:
         return receipt
 
     def close(self) -> None:
-        closer = getattr(self.inner, "close", None)
-        if callable(closer):
-            closer()
+        inner = as_closing(self.inner)
+        if inner is not None:
+            inner.close()
         self.history.close()

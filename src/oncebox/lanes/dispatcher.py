@@ -47,6 +47,7 @@ from oncebox.providers import (
     SendRetryable,
     SendThrottled,
 )
+from oncebox.providers.base import BatchSender, as_batch_sender
 from oncebox.store.params import OutboxLeaseParams
 from oncebox.store.protocol import Store
 from oncebox.store.records import OutboxLeased
@@ -202,10 +203,11 @@ class OutboxDispatcher:
         granted, waiting = rows[: grant.granted], rows[grant.granted :]
         if waiting:
             self._give_back(token, waiting, grant.retry_in, result)
-        if channel.idempotent and hasattr(channel.provider, "send_batch") and granted:
+        batch = as_batch_sender(channel.provider)
+        if channel.idempotent and batch is not None and granted:
             fresh = [row for row in granted if not row.uncertain]
             if fresh:
-                finishes = self._send_batch(channel, fresh, started, result)
+                finishes = self._send_batch(channel, batch, fresh, started, result)
                 self._open.update((finish.id, finish) for finish in finishes)
                 self._record(token, finishes, result)
             granted = [row for row in granted if row.uncertain]  # one by one, as below
@@ -361,6 +363,7 @@ class OutboxDispatcher:
     def _send_batch(
         self,
         channel: Channel,
+        batch: BatchSender,
         rows: list[OutboxLeased],
         started: float,
         result: DispatcherResult,
@@ -368,9 +371,8 @@ class OutboxDispatcher:
         """A batch through a provider that sends many in one exchange (`send_batch`: a relay's
         publishes, in one broker transaction) — only on an idempotent channel, where the rows'
         outcomes are recorded together anyway and none needs a `sending` marker first."""
-        send_batch = channel.provider.send_batch  # type: ignore[attr-defined]
         try:
-            outcomes: list[Receipt | BaseException] = send_batch(
+            outcomes: Sequence[Receipt | BaseException] = batch.send_batch(
                 [(outgoing_of(row, row.attempt + 1), idempotency_key(row.token)) for row in rows]
             )
         except Exception as exc:  # the whole batch's outcome is unknown

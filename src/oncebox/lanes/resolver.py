@@ -49,7 +49,8 @@ from oncebox.outbox.channels import Channel
 from oncebox.outbox.outgoing import outgoing_of
 from oncebox.outbox.tokens import idempotency_key
 from oncebox.outbox.transitions import past_window
-from oncebox.providers import SendError, StatusLookup
+from oncebox.providers import SendError
+from oncebox.providers.base import as_status_lookup, capabilities_of
 from oncebox.store.params import OperatorAction, SeenHold
 from oncebox.store.protocol import Store
 from oncebox.store.records import OutboxRow
@@ -99,7 +100,7 @@ class AmbiguityResolver:
         self.channels = {
             name: channel
             for name, channel in channels.items()
-            if isinstance(channel.provider, StatusLookup)
+            if capabilities_of(channel.provider).lookup
             or channel.reports is not None
             or channel.window is not None
         }
@@ -139,13 +140,13 @@ class AmbiguityResolver:
             return "unknown"
         if self._replayable(channel, row, now):
             return self._replay(channel, row)
-        provider = channel.provider
-        lag = getattr(provider, "lookup_lag", ZERO) if isinstance(provider, StatusLookup) else ZERO
+        lookup = as_status_lookup(channel.provider)
+        lag = capabilities_of(channel.provider).lookup_lag if lookup is not None else ZERO
         grace = max(channel.reports.grace if channel.reports else ZERO, lag)
         waited = row.last_attempt_at is None or now - row.last_attempt_at >= grace
-        if isinstance(provider, StatusLookup):
+        if lookup is not None:
             try:
-                answer, receipt = provider.status(
+                answer, receipt = lookup.status(
                     outgoing_of(row, row.attempt), idempotency_key(row.token)
                 )
             except Exception:

@@ -39,6 +39,7 @@ from oncebox.kernel.durations import check_keep
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.limits.rates import Limit
 from oncebox.providers import DEFAULT_EMAIL_URL, Provider, from_url
+from oncebox.providers.base import as_closing
 from oncebox.store.params import BucketSpec
 
 Ambiguity = Literal["hold", "retry"]
@@ -164,6 +165,6 @@ class ChannelSet:
     def close(self) -> None:
         """Close the providers that hold connections (SMTP sessions, HTTP pools)."""
         for channel in self._declared.values():
-            closer = getattr(channel.provider, "close", None)
-            if callable(closer):
-                closer()
+            provider = as_closing(channel.provider)
+            if provider is not None:
+                provider.close()

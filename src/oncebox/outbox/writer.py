@@ -26,10 +26,10 @@ from oncebox.kernel.errors import ConfigurationError, InvalidArguments
 from oncebox.kernel.tracing import current_context
 from oncebox.outbox.channels import Channel
 from oncebox.outbox.tokens import derive_token
-from oncebox.providers.email import MAX_EMAIL_BYTES, email_payload
+from oncebox.providers.base import as_payload_check, capabilities_of
+from oncebox.providers.email_payload import email_payload
 from oncebox.store.params import OutboxInsert
 
-MAX_PAYLOAD_BYTES = MAX_EMAIL_BYTES
 SUFFIX_SEPARATOR = "~"
 
 
@@ -76,9 +76,9 @@ class OutboxWriter:
     def add(self, channel: str, payload: Mapping[str, Any], *, suffix: str | None = None) -> str:
         """Write a message for `channel` (its payload is frozen as given); returns its key.
         The channel's provider checks the payload now, if it can (email providers do)."""
-        check = getattr(self._channel(channel).provider, "check_payload", None)
-        if callable(check):
-            check(payload)
+        provider = as_payload_check(self._channel(channel).provider)
+        if provider is not None:
+            provider.check_payload(payload)
         return self._add(channel, payload, suffix)
 
     def _channel(self, name: str) -> Channel:
@@ -88,7 +88,7 @@ class OutboxWriter:
         return self._channels[name]
 
     def _add(self, channel: str, payload: Mapping[str, Any], suffix: str | None) -> str:
-        self._channel(channel)
+        cap = capabilities_of(self._channel(channel).provider).max_payload_bytes
         key = self._key(suffix)
         try:
             text = json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, sort_keys=True)
@@ -96,8 +96,8 @@ class OutboxWriter:
             raise InvalidArguments(f"outbox payload for {key!r} is not JSON: {exc}") from None
         if "\\u0000" in text and has_nul(payload):  # JSON writes a NUL as \u0000
             raise InvalidArguments(f"outbox payload for {key!r} contains a NUL character")
-        if len(text.encode("utf-8")) > MAX_PAYLOAD_BYTES:
-            raise InvalidArguments(f"outbox payload for {key!r} exceeds {MAX_PAYLOAD_BYTES} bytes")
+        if len(text.encode("utf-8")) > cap:  # the channel's provider's own cap
+            raise InvalidArguments(f"outbox payload for {key!r} exceeds {cap} bytes")
         token = derive_token(self._secret(), key)
         self.rows.append(
             OutboxInsert(

@@ -27,23 +27,21 @@ reply was cut, and a lookup learns nothing from it ("unknown", never "not found"
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
 from collections.abc import Mapping
-from datetime import UTC, timedelta
-from email.utils import parsedate_to_datetime
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpx2
 
 from oncebox.deliveries.events import token_of
-from oncebox.kernel import clock
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.kernel.url_options import number_option
 from oncebox.providers.base import (
+    Capabilities,
     Outgoing,
     Receipt,
     SendAmbiguous,
@@ -52,40 +50,12 @@ from oncebox.providers.base import (
     SendThrottled,
     StatusAnswer,
 )
-from oncebox.providers.email import check_email_payload, render
-from oncebox.providers.replies import Reply, read_reply
+from oncebox.providers.email import render
+from oncebox.providers.email_payload import MAX_EMAIL_BYTES, check_email_payload
+from oncebox.providers.replies import Reply, parse_retry_after, read_reply
 
 IN_PROGRESS = {"concurrent_idempotent_requests", "1601"}
 KEY_REUSED = {"invalid_idempotent_request", "1600"}
-
-
-def parse_retry_after(value: str | None, date_header: str | None = None) -> timedelta | None:
-    """`Retry-After` as seconds or an HTTP-date; None when absent or unusable (the caller then
-    applies its default pause). Negative values and dates in the past mean "now"."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text.split(",")[0])  # duplicated headers arrive joined: "30, 30"
-    except ValueError:
-        if text.count("GMT,") >= 1:  # two HTTP-dates joined: the first one counts
-            text = text.split("GMT,")[0] + "GMT"
-        try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        reference = clock.real_now()
-        if date_header:
-            with contextlib.suppress(TypeError, ValueError, IndexError):
-                reference = parsedate_to_datetime(date_header)
-                if reference.tzinfo is None:  # "-0000": UTC by RFC 5322's reading
-                    reference = reference.replace(tzinfo=UTC)
-        return max(when - reference, timedelta(0))
-    if not math.isfinite(seconds):
-        return None
-    return timedelta(seconds=max(seconds, 0.0)) if seconds < 1e9 else timedelta(days=36500)
 
 
 def _parsed(reply: Reply) -> Any:
@@ -109,9 +79,16 @@ def _error_code(body: Any) -> str:
     return ""
 
 
+CAPABILITIES = Capabilities(close=True, check_payload=True, max_payload_bytes=MAX_EMAIL_BYTES)
+
+
 class HttpEmailProvider:
     name = "http"
     idempotent = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -220,6 +197,10 @@ class SearchableHttpEmailProvider(HttpEmailProvider):
     found: "not_found" (resent once `lookup_lag` has passed since the row was held); found
     failed, answers that are none of ours (a search that ignored the filter), an answer it
     cannot read, or the search unavailable: "unknown" (held for a report or a person)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(CAPABILITIES, lookup=True, lookup_lag=self.lookup_lag)
 
     def status(
         self, outgoing: Outgoing, idempotency_key: str

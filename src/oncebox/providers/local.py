@@ -7,6 +7,8 @@
   (`?mode=0750` lets a group read them: the files get the folder's mode without execute).
 - `console:` prints each message, inert on the terminal; not idempotent (a resend prints twice).
 - `null:` accepts everything instantly (benchmarks).
+
+`file_provider`, `console_provider` and `null_provider` are the factories `registry.py` names.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.kernel.inert import printable
-from oncebox.providers.base import Outgoing, Receipt, SendRetryable, StatusAnswer
-from oncebox.providers.email import check_email_payload, render
+from oncebox.providers.base import Capabilities, Outgoing, Receipt, SendRetryable, StatusAnswer
+from oncebox.providers.email import render
+from oncebox.providers.email_payload import MAX_EMAIL_BYTES, check_email_payload
 
 PRIVATE_FOLDER = 0o700
 
@@ -46,6 +50,7 @@ class FileProvider:
     name = "file"
     idempotent = True
     idempotency_window: timedelta | None = None  # forever: the file is the record
+    capabilities = Capabilities(lookup=True, check_payload=True, max_payload_bytes=MAX_EMAIL_BYTES)
 
     def __init__(self, directory: Path, mode: int = PRIVATE_FOLDER) -> None:
         self.directory = directory
@@ -110,6 +115,7 @@ class ConsoleProvider:
     name = "console"
     idempotent = False
     idempotency_window: timedelta | None = None
+    capabilities = Capabilities(check_payload=True, max_payload_bytes=MAX_EMAIL_BYTES)
 
     def check_payload(self, payload: Mapping[str, Any]) -> None:
         """Refuse, when written, a message this email provider could never render."""
@@ -127,6 +133,40 @@ class NullProvider:
     name = "null"
     idempotent = True
     idempotency_window: timedelta | None = None
+    capabilities = Capabilities()  # takes any payload (benchmarks), up to the default cap
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         return Receipt(outgoing.token)
+
+
+def file_provider(url: str) -> FileProvider:
+    """`file://DIR[?mode=0750]`."""
+    parts = urlsplit(url)
+    path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
+    if not path:
+        raise ConfigurationError(f"email URL {url!r} names no directory")
+    return FileProvider(Path(path), _folder_mode(url, parts.query, PRIVATE_FOLDER))
+
+
+def _folder_mode(url: str, query: str, default: int) -> int:
+    """`?mode=0750` of a `file://` URL, in octal, the only option it takes."""
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - {"mode"})
+    if unknown:
+        raise ConfigurationError(f"email URL {url!r}: unknown option(s) {', '.join(unknown)}")
+    text = options.get("mode")
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and set(text) <= set("01234567") and len(text) <= 4):
+        raise ConfigurationError(f"email URL {url!r}: mode={text!r} is not an octal mode (0750)")
+    return int(text, 8)
+
+
+def console_provider(url: str) -> ConsoleProvider:
+    """`console:` (whatever follows the colon)."""
+    return ConsoleProvider()
+
+
+def null_provider(url: str) -> NullProvider:
+    """`null:` (whatever follows the colon)."""
+    return NullProvider()

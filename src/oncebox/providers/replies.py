@@ -10,12 +10,20 @@ What a caller makes of a reply that went past the cap (or could not be decoded) 
 for a body that cannot be parsed: the status still classifies a send (a 2xx is a receipt, without
 an id), and a lookup cannot learn anything from it ("unknown", never "not found"). The SMTP
 provider caps each reply the same (`providers/smtp.py`).
+
+A reply's `Retry-After` is read here too (`parse_retry_after`), for every HTTP provider alike.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
+from datetime import UTC, timedelta
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
+
+from oncebox.kernel import clock
 
 if TYPE_CHECKING:  # the SMTP provider needs only the cap, not the HTTP client
     import httpx2
@@ -47,3 +55,32 @@ def read_reply(response: httpx2.Response) -> Reply:
     except httpx2.DecodingError as exc:
         return Reply(bytes(read), f"a reply that cannot be decoded ({exc})")
     return Reply(bytes(read))
+
+
+def parse_retry_after(value: str | None, date_header: str | None = None) -> timedelta | None:
+    """`Retry-After` as seconds or an HTTP-date; None when absent or unusable (the caller then
+    applies its default pause). Negative values and dates in the past mean "now"."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text.split(",")[0])  # duplicated headers arrive joined: "30, 30"
+    except ValueError:
+        if text.count("GMT,") >= 1:  # two HTTP-dates joined: the first one counts
+            text = text.split("GMT,")[0] + "GMT"
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        reference = clock.real_now()
+        if date_header:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                reference = parsedate_to_datetime(date_header)
+                if reference.tzinfo is None:  # "-0000": UTC by RFC 5322's reading
+                    reference = reference.replace(tzinfo=UTC)
+        return max(when - reference, timedelta(0))
+    if not math.isfinite(seconds):
+        return None
+    return timedelta(seconds=max(seconds, 0.0)) if seconds < 1e9 else timedelta(days=36500)

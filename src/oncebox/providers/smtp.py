@@ -49,6 +49,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.kernel.url_options import flag_option, number_option
 from oncebox.providers.base import (
+    Capabilities,
     Outgoing,
     Receipt,
     SendAmbiguous,
@@ -57,7 +58,8 @@ from oncebox.providers.base import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.providers.email import check_email_payload, render
+from oncebox.providers.email import render
+from oncebox.providers.email_payload import MAX_EMAIL_BYTES, check_email_payload
 from oncebox.providers.replies import CAP, MAX_REPLY_BYTES
 
 _EOL = re.compile(rb"\r\n|\r|\n")
@@ -90,6 +92,7 @@ class SmtpProvider:
     name = "smtp"
     idempotent = False
     idempotency_window: timedelta | None = None
+    capabilities = Capabilities(close=True, check_payload=True, max_payload_bytes=MAX_EMAIL_BYTES)
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)

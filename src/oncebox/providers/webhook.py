@@ -78,6 +78,7 @@ from oncebox.kernel.errors import ConfigurationError, InvalidArguments
 from oncebox.kernel.inert import printable, redact
 from oncebox.kernel.url_options import FLAGS, number_option
 from oncebox.providers.base import (
+    Capabilities,
     Outgoing,
     Receipt,
     SendAmbiguous,
@@ -85,8 +86,7 @@ from oncebox.providers.base import (
     SendRetryable,
     SendThrottled,
 )
-from oncebox.providers.http import parse_retry_after
-from oncebox.providers.replies import read_reply
+from oncebox.providers.replies import parse_retry_after, read_reply
 from oncebox.providers.webhook_signatures import (
     MAX_WEBHOOK_BYTES,
     WebhookRefused,
@@ -218,6 +218,9 @@ class WebhookProvider:
     are seams for tests and for embedding; `from_url` uses the system's."""
 
     name = "webhook"
+    # Its own refusal of a large payload is `check_payload`'s (MAX_WEBHOOK_BYTES of the signed
+    # body, as sent); the row's cap stays the one every channel had.
+    capabilities = Capabilities(close=True, check_payload=True)
 
     def __init__(
         self,

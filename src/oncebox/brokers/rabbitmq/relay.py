@@ -25,6 +25,9 @@ class RabbitMQProvider(BrokerRelay):
     thread (`BrokerRelay`'s: pika's connections are one thread's each)."""
 
     idempotent = False
+    # BrokerRelay's: its `send_batch` goes unused, as the dispatcher batches only an idempotent
+    # channel's rows and RabbitMQ keeps no idempotency keys
+    capabilities = BrokerRelay.capabilities
 
     def __init__(self, url: str) -> None:
         super().__init__(

@@ -50,7 +50,7 @@ from oncebox.kernel import points
 from oncebox.kernel.clock import ClockLease, monotonic, real_now
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.outbox.tokens import derive_token
-from oncebox.providers.local import FileProvider
+from oncebox.providers import from_url
 from oncebox.store import open_store
 from oncebox.testing import RedeliveringTransport
 
@@ -304,9 +304,7 @@ def _prepare(demo: DemoRun) -> None:
             derive_token(demo.secret, DIGEST_KEY.format(customer_id=c, period=demo.period))
             for c in (3, 11, 29)
         }
-        demo.faulty = FaultyFileSink(
-            FileProvider(demo.outbox_dir), throttle=3, lose_ack_tokens=lose
-        )
+        demo.faulty = FaultyFileSink(from_url(demo.email), throttle=3, lose_ack_tokens=lose)
         box.channel("email", provider=demo.faulty, sender=SENDER)
         report.faults += [
             "lost acknowledgements from the file sink (3)",

@@ -6,9 +6,19 @@ provider's faults are its own."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
-from oncebox.providers import Outgoing, Provider, Receipt, SendAmbiguous, SendThrottled
+from oncebox.providers import (
+    Capabilities,
+    Outgoing,
+    Provider,
+    Receipt,
+    SendAmbiguous,
+    SendThrottled,
+)
+from oncebox.providers.base import as_payload_check, capabilities_of
 
 
 class FaultyFileSink:
@@ -27,10 +37,16 @@ class FaultyFileSink:
         self.injected = {"throttled": 0, "lost_acks": 0}
         self._lock = threading.Lock()
 
-    def check_payload(self, payload: object) -> None:
-        check = getattr(self.inner, "check_payload", None)
-        if callable(check):
-            check(payload)
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            check_payload=True, max_payload_bytes=capabilities_of(self.inner).max_payload_bytes
+        )
+
+    def check_payload(self, payload: Mapping[str, Any]) -> None:
+        inner = as_payload_check(self.inner)
+        if inner is not None:
+            inner.check_payload(payload)
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         with self._lock:
