@@ -6,15 +6,12 @@
   the cap it declares is the one its channel's writer applies (for each of them today's 10 MiB);
 - a provider a user hands in that declares nothing — or whose class inherits a declaration it
   does not restate — is read from its methods, as before;
-- in the source: no module imports a provider implementation module (the modules the registry's
-  entries name: it names them as text, imported on first use), and no module but
-  `providers/base.py` asks a provider with hasattr/getattr/isinstance what it can do."""
+- the source's rules (no module but the registry imports a provider implementation; no module
+  but `providers/base.py` asks a provider what it can do) are the layout test's."""
 
 from __future__ import annotations
 
-import ast
 from datetime import UTC, datetime, timedelta
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -248,97 +245,3 @@ def test_a_channels_payload_cap_is_its_providers():
     with pytest.raises(InvalidArguments, match="exceeds 100 bytes"):
         writer_for(Small()).add("events", payload)
     assert writer_for(Bare()).add("events", payload) == "report/1"
-
-
-# -- the source ------------------------------------------------------------------------------
-
-
-def implementation_modules() -> set[str]:
-    """The modules the registry's entries name: a provider implementation each."""
-    return {entry.module for entry in PROVIDERS.values()}
-
-
-@cache
-def modules() -> dict[str, ast.Module]:
-    return {
-        str(path.relative_to(PACKAGE)): ast.parse(path.read_text("utf-8"))
-        for path in sorted(PACKAGE.rglob("*.py"))
-    }
-
-
-def imported(tree: ast.Module) -> set[str]:
-    """Every module an import statement names, wherever it stands (in a function too), and every
-    string that names one (`importlib.import_module("…")`)."""
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found.add(node.value)
-    return found
-
-
-def test_no_module_but_the_registry_reaches_a_provider_implementation():
-    implementations = implementation_modules()
-    assert "oncebox.brokers.rabbitmq.relay" in implementations
-    offenders = sorted(
-        (name, module)
-        for name, tree in modules().items()
-        if name != REGISTRY
-        for module in imported(tree) & implementations
-    )
-    assert offenders == [], f"provider implementations reached around the registry: {offenders}"
-
-
-def protocols_of_base() -> set[str]:
-    """The protocols `providers/base.py` defines (`Provider`, `StatusLookup`, …)."""
-    tree = ast.parse((PACKAGE / THE_ONE_PLACE).read_text("utf-8"))
-    return {
-        node.name
-        for node in tree.body
-        if isinstance(node, ast.ClassDef)
-        and any(ast.unparse(base) == "Protocol" for base in node.bases)
-    }
-
-
-# What only a provider is asked for; `close` is asked of a provider when the object is one by
-# name (a broker transport's own `close` is no provider's).
-PROVIDER_ONLY = {"send_batch", "status", "lookup_lag", "check_payload", "capabilities"}
-
-
-def probes(tree: ast.Module, protocols: set[str]) -> list[str]:
-    found = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-            continue
-        call = node.func.id
-        if call in ("hasattr", "getattr") and len(node.args) >= 2:
-            target, attribute = node.args[0], node.args[1]
-            if not (isinstance(attribute, ast.Constant) and isinstance(attribute.value, str)):
-                continue
-            named = ast.unparse(target)
-            if attribute.value in PROVIDER_ONLY or (
-                attribute.value == "close" and ("provider" in named or "inner" in named)
-            ):
-                found.append(f"line {node.lineno}: {ast.unparse(node)}")
-        elif call == "isinstance" and len(node.args) == 2:
-            names = {
-                part.split(".")[-1] for part in ast.unparse(node.args[1]).strip("()").split(", ")
-            }
-            if names & protocols:
-                found.append(f"line {node.lineno}: {ast.unparse(node)}")
-    return found
-
-
-def test_no_module_but_base_probes_a_provider_for_what_it_can_do():
-    protocols = protocols_of_base()
-    assert {"Provider", "StatusLookup"} <= protocols
-    offenders = {
-        name: found
-        for name, tree in modules().items()
-        if name != THE_ONE_PLACE and (found := probes(tree, protocols))
-    }
-    assert offenders == {}, f"read the declaration (`capabilities_of`) instead: {offenders}"
