@@ -1,5 +1,5 @@
 """How a box's lanes are built — the one place in oncebox that builds one (a test checks:
-tests/test_lane_shape.py): a consumer on its own connection, a dispatcher over the box's
+tests/test_layout.py): a consumer on its own connection, a dispatcher over the box's
 channels, the lease keeper and rescuer, the resolver, the scheduler, a sweeper's lane, the pruner
 and the given-up sweep, each from the runtime. Used by the worker, and by `Box.consumer()`,
 `Box.dispatcher()`, `Box.ticker()`, `Box.expiry_sweeper()`, `oncebox.testing.drain` and the
