@@ -22,6 +22,8 @@ Points (each documented where it is reached):
     worker.woken                       a worker woke its polling lanes (new work may exist)
     schedule.take_over_before_write    an operator's take-over read the run and judged its
                                        owner gone; its fenced write is next
+    sqlite.waiting_turn                a SQLite writer waits for its turn at the write lock (the
+                                       simulation lets another actor step here)
 """
 
 from __future__ import annotations

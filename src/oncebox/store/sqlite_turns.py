@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from oncebox.kernel import clock
+from oncebox.kernel import clock, points
 
 MAX_YIELD = 0.25  # seconds a greedy writer waits for the others before it takes its turn
 FIRST_RETRY = 0.001  # seconds between a waiting writer's first two looks at the lock
@@ -85,6 +85,7 @@ class WriterTurns:
                         f"database is locked (no turn at the write lock within "
                         f"{self.busy_timeout:g} s)"
                     )
+                points.reach("sqlite.waiting_turn")  # the simulation steps others here
                 pausing.wait(pause)
                 pause = min(pause * 2, LAST_RETRY)
 
@@ -128,6 +129,7 @@ class WriterTurns:
         deadline = clock.monotonic() + MAX_YIELD
         pausing = threading.Event()
         while self._others_waiting() and clock.monotonic() < deadline:
+            points.reach("sqlite.waiting_turn")
             pausing.wait(FIRST_RETRY)
 
     def _others_waiting(self) -> bool:

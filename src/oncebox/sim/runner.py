@@ -1,0 +1,173 @@
+"""One run of one world: its actors stepped by the seed, the invariants read after every step,
+then the faults stopped and the lanes run until nothing is due, and the end state checked.
+
+A run is a function of its choices (`Choices`): the seed draws them and the run records them, so
+`replay(record)` runs the same world again and `shrink.py` can look for a shorter record that
+still fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oncebox.chaos.mutations import mutated
+from oncebox.kernel import clock, points
+from oncebox.sim.choices import Choices
+from oncebox.sim.invariants import Checker, Violation
+from oncebox.sim.scheduler import Scheduler, Step
+from oncebox.sim.world import World
+from oncebox.store import sqlite_turns
+
+# The lanes that run once faults stop, until nothing is due (the clock moves time on).
+DRAIN = (
+    "consumer-1",
+    "consumer-2",
+    "dispatcher-1",
+    "dispatcher-2",
+    "rescuer",
+    "resolver",
+    "clock",
+)
+DRAIN_STEPS = 3000
+TURN = "sqlite.waiting_turn"  # a SQLite writer waiting for the lock steps the others  # the bound, in steps, within which every key must reach an end state
+
+
+@dataclass
+class Outcome:
+    """What a run found: its first violation (None: every invariant held), the step it was
+    seen after, the steps taken and the choices made (enough to replay it)."""
+
+    seed: int | None
+    steps: list[Step]
+    record: list[int]
+    violation: Violation | None = None
+    at: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.violation is not None
+
+    def trace(self, around: int = 12) -> str:
+        """The steps before the violation (or the last ones), one line each."""
+        end = len(self.steps) if self.at is None else self.at + 1
+        return "\n".join(str(step) for step in self.steps[max(0, end - around) : end])
+
+
+def run(
+    store: str = "sqlite",
+    *,
+    seed: int | None = None,
+    record: list[int] | None = None,
+    steps: int = 200,
+    mutation: str | None = None,
+) -> Outcome:
+    """Run one world. `store`: "sqlite" (a new file) or a PostgreSQL URL (a new schema)."""
+    choices = Choices(seed, record)
+    with _database(store) as (url, blocked), _mutation(mutation):
+        scheduler = Scheduler(choices, blocked=blocked)
+        outcome = Outcome(seed, scheduler.steps, choices.made)
+        with _virtual_time(scheduler), _quiet(), points.installed({TURN: scheduler.point}):
+            world = World(url, scheduler, choices)
+            checker = Checker(world.real.connect(), {"mail": world.mail, "hook": world.hook})
+            try:
+                _play(world, scheduler, checker, outcome, steps)
+            finally:
+                scheduler.stop_all()
+                with contextlib.suppress(Exception):
+                    checker.connection.close()
+                world.close()
+    return outcome
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """oncebox's own log lines say what the trace already shows: silenced for the run."""
+    logger = logging.getLogger("oncebox")
+    was = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(was)
+
+
+@contextlib.contextmanager
+def _virtual_time(scheduler: Scheduler) -> Iterator[None]:
+    """The kernel's monotonic clock reads the run's steps, and a SQLite writer waiting for its
+    turn looks again at once (the others step meanwhile: `sqlite.waiting_turn`) — one simulation
+    at a time in a process: these are the process's."""
+    real = clock.monotonic
+    retries = sqlite_turns.FIRST_RETRY, sqlite_turns.LAST_RETRY
+    clock.monotonic = scheduler.monotonic
+    sqlite_turns.FIRST_RETRY = sqlite_turns.LAST_RETRY = 0.0
+    try:
+        yield
+    finally:
+        clock.monotonic = real
+        sqlite_turns.FIRST_RETRY, sqlite_turns.LAST_RETRY = retries
+
+
+def _play(
+    world: World, scheduler: Scheduler, checker: Checker, outcome: Outcome, steps: int
+) -> None:
+    starters = world.actors()
+    for name, start in starters.items():
+        scheduler.spawn(name, start())
+
+    def check(found: list[Violation]) -> bool:
+        if scheduler.errors:
+            name, error = scheduler.errors[0]
+            found = [Violation("E1", f"{name} raised {type(error).__name__}: {error}"), *found]
+        if found:
+            outcome.violation, outcome.at = found[0], len(scheduler.steps) - 1
+            return True
+        return False
+
+    for _ in range(steps):
+        if scheduler.step() is None:
+            break
+        for name, start in starters.items():
+            if not scheduler.alive(name):  # crashed: a supervisor starts it again
+                scheduler.spawn(name, start())
+        if check(checker.after_step()):
+            return
+    scheduler.faults = False
+    scheduler.stop_all(keep=DRAIN)  # the others are done: nothing of theirs stays half-way
+    for _ in range(DRAIN_STEPS):
+        if checker.unfinished() == 0:
+            break
+        scheduler.step(only=list(DRAIN))
+        scheduler.settle_blocked()
+        if check(checker.after_step()):
+            return
+    check(checker.quiet(world.wanted))
+
+
+@contextlib.contextmanager
+def _mutation(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    with mutated(name):
+        yield
+
+
+@contextlib.contextmanager
+def _database(store: str) -> Iterator[tuple[str, Callable[[], int] | None]]:
+    """A new, empty database for one run: a SQLite file in a temporary folder, or a schema of
+    its own on the PostgreSQL server a URL names (dropped afterwards)."""
+    if store == "sqlite":
+        # in memory where the host has it: the simulation tests orders, not the disk
+        shm = Path("/dev/shm")
+        with tempfile.TemporaryDirectory(
+            prefix="oncebox-sim-", dir=shm if shm.is_dir() else None
+        ) as folder:
+            yield f"sqlite:///{Path(folder) / 'sim.db'}?busy_timeout=3600&synchronous=normal", None
+        return
+    raise NotImplementedError("PostgreSQL worlds come with the blocked-statement probe")
