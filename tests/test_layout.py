@@ -1,6 +1,7 @@
 """The package's layout holds: seven floors, imports only downward, one way within a floor.
 
-    surfaces  cli/ console/ api/ contrib/ chaos/ examples/ fakes/ testing status shapes alembic
+    surfaces  cli/ console/ api/ contrib/ chaos/ sim/ examples/ fakes/ testing status shapes
+              alembic
     façade    box aio
     lanes     lanes/           every loop that runs, one file each
     runtime   runtime/         the Runtime and the verbs that take it (enqueue, fan-out, trigger)
@@ -40,6 +41,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "api",
         "contrib",
         "chaos",
+        "sim",
         "examples",
         "fakes",
         "testing",

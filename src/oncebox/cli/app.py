@@ -25,6 +25,7 @@ from oncebox.cli.prune_cmd import prune_command
 from oncebox.cli.run_cmds import enqueue, migrate, worker
 from oncebox.cli.schedule_cmds import schedule
 from oncebox.cli.serve_cmd import receive, serve
+from oncebox.cli.sim_cmd import sim
 from oncebox.kernel.inert import printable
 from oncebox.kernel.logs import JsonLines
 
@@ -87,6 +88,7 @@ def main(verbose: int, log_format: str) -> None:
 
 for command in (
     chaos,
+    sim,
     demo,
     migrate,
     worker,

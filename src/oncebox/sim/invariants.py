@@ -71,7 +71,7 @@ class Checker:
         found += self._copies()
         for kind, table in (("job", "oncebox_jobs"), ("message", "oncebox_outbox")):
             for row_id, state in self._rows(
-                f"SELECT id, state FROM {table} WHERE (lease_token IS NULL) <> "  # noqa: S608
+                f"SELECT id, state FROM {table} WHERE (lease_token IS NULL) <> "
                 "(lease_expires_at IS NULL)"
             ):
                 found.append(Violation("F1", f"{kind} {row_id} ({state}): a half-written lease"))
@@ -85,7 +85,9 @@ class Checker:
         intents = {key for (key,) in self._rows("SELECT key FROM oncebox_intents")}
         for key, count in effects.items():
             if count > 1:
-                found.append(Violation("S3", f"{key}: its handler's effect committed {count} times"))
+                found.append(
+                    Violation("S3", f"{key}: its handler's effect committed {count} times")
+                )
             if key not in intents:
                 found.append(Violation("S3", f"{key}: an effect committed without its intent"))
         for job_id, attempt in self._rows(
@@ -93,14 +95,14 @@ class Checker:
             "ON a.job_id = e.job_id AND a.attempt = e.attempt AND a.outcome = 'lease_expired'"
         ):
             found.append(
-                Violation("F2", f"job {job_id} attempt {attempt} committed after its lease was rescued")
+                Violation(
+                    "F2", f"job {job_id} attempt {attempt} committed after its lease was rescued"
+                )
             )
         return found
 
     def _counted(self) -> list[Violation]:
-        counters = dict(
-            self._rows("SELECT name, sum(value) FROM oncebox_counters GROUP BY name")
-        )
+        counters = dict(self._rows("SELECT name, sum(value) FROM oncebox_counters GROUP BY name"))
         [(jobs, completed, duplicates)] = self._rows(
             "SELECT count(*), "
             "coalesce(sum(CASE WHEN state = 'done' AND outcome = 'completed' THEN 1 END), 0), "
@@ -148,7 +150,9 @@ class Checker:
                     )
                 )
             if state == "sent" and got == 0 and int(row_id) not in said_sent:
-                found.append(Violation("D2", f"message {row_id} ({channel}) is sent but never arrived"))
+                found.append(
+                    Violation("D2", f"message {row_id} ({channel}) is sent but never arrived")
+                )
         return found
 
     def quiet(self, wanted: set[str]) -> list[Violation]:

@@ -48,14 +48,12 @@ class SimProvider:
     window: timedelta | None = None
     deliveries: list[Delivered] = field(default_factory=list)
     _first: dict[str, tuple[datetime, Receipt]] = field(default_factory=dict)
+    idempotent: bool = field(init=False)
+    idempotency_window: timedelta | None = field(init=False)
 
-    @property
-    def idempotent(self) -> bool:
-        return self.window is not None
-
-    @property
-    def idempotency_window(self) -> timedelta | None:
-        return self.window
+    def __post_init__(self) -> None:
+        self.idempotent = self.window is not None
+        self.idempotency_window = self.window
 
     def send(self, outgoing: Outgoing, idempotency_key: str) -> Receipt:
         """The request reaches the provider when the sender calls: its fate is settled then, and

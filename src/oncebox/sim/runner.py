@@ -33,8 +33,8 @@ DRAIN = (
     "resolver",
     "clock",
 )
-DRAIN_STEPS = 3000
-TURN = "sqlite.waiting_turn"  # a SQLite writer waiting for the lock steps the others  # the bound, in steps, within which every key must reach an end state
+DRAIN_STEPS = 3000  # the bound, in steps, within which every key must reach an end state
+TURN = "sqlite.waiting_turn"  # a SQLite writer waiting for the lock steps the others
 
 
 @dataclass
@@ -137,16 +137,25 @@ def _play(
                 scheduler.spawn(name, start())
         if check(checker.after_step()):
             return
+    if not _drain(scheduler, checker, check):
+        check(checker.quiet(world.wanted))
+
+
+def _drain(
+    scheduler: Scheduler, checker: Checker, check: Callable[[list[Violation]], bool]
+) -> bool:
+    """Faults off, the enqueuers and the operator done: the lanes run until nothing is due.
+    True when an invariant broke on the way."""
     scheduler.faults = False
     scheduler.stop_all(keep=DRAIN)  # the others are done: nothing of theirs stays half-way
     for _ in range(DRAIN_STEPS):
         if checker.unfinished() == 0:
-            break
+            return False
         scheduler.step(only=list(DRAIN))
         scheduler.settle_blocked()
         if check(checker.after_step()):
-            return
-    check(checker.quiet(world.wanted))
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -164,7 +173,7 @@ def _database(store: str) -> Iterator[tuple[str, Callable[[], int] | None]]:
     its own on the PostgreSQL server a URL names (dropped afterwards)."""
     if store == "sqlite":
         # in memory where the host has it: the simulation tests orders, not the disk
-        shm = Path("/dev/shm")
+        shm = Path("/dev/shm")  # noqa: S108 (a private folder is made inside it)
         with tempfile.TemporaryDirectory(
             prefix="oncebox-sim-", dir=shm if shm.is_dir() else None
         ) as folder:

@@ -29,10 +29,10 @@ from oncebox.sim.choices import Choices
 
 Fate = Literal["go", "crash", "disconnect"]
 WAIT_SLICE = 0.02  # seconds the scheduler waits for the running actor before asking if it blocks
-STUCK_AFTER = 60.0
+STUCK_AFTER = 60.0  # seconds an actor may run between two yield points before the run fails
 STEP_SECONDS = 0.001  # monotonic time a step takes
 # The points where a fault may befall an actor: its store calls and its provider calls.
-FAULTY = ("store.", "session.", "tx.", "send.")  # seconds an actor may run between two yield points before the run fails
+FAULTY = ("store.", "session.", "tx.", "send.")
 
 
 class Crash(BaseException):
@@ -157,7 +157,7 @@ class Scheduler:
             except Crash:
                 if self.on_crash is not None:  # what dies with the process: its connections
                     self.on_crash(name)
-            except BaseException as exc:  # noqa: BLE001 (an actor's bug is the run's finding)
+            except BaseException as exc:
                 actor.error = exc
                 self.errors.append((name, exc))
             finally:

@@ -56,6 +56,7 @@ CLOCK_STEPS = (
     timedelta(minutes=10),
 )
 NOTICE_KEY = "notice/{customer}/{period}"
+SECRET = "sim-secret-0123456789abcdef"  # noqa: S105 (the tokens' HMAC key in a throwaway world)
 
 
 @dataclass
@@ -80,7 +81,7 @@ class World:
         self._business_table()
         store = YieldingStore(self.real, self.scheduler)
         self.scheduler.on_crash = store.drop_sessions
-        self.box = Box(store=store, secret="sim-secret-0123456789abcdef", seed=0)  # type: ignore[arg-type]
+        self.box = Box(store=store, secret=SECRET, seed=0)
         self.mail = SimProvider("mail", self.scheduler, self.choices, self._now, WINDOW)
         self.hook = SimProvider("hook", self.scheduler, self.choices, self._now)
         retry = Retry(
@@ -104,7 +105,7 @@ class World:
             ctx.outbox.add("hook", {"customer": customer, "period": period}, suffix="hook")
             roll = choices.below(20)
             if roll == 0:
-                raise RetryLater(timedelta(seconds=5))
+                raise RetryLater("the handler asked for later", timedelta(seconds=5))
             if roll == 1:
                 raise RuntimeError("the handler failed")
             if roll == 2:
@@ -157,10 +158,9 @@ class World:
     def _loop(self, round_: Callable[[], object]) -> Callable[[], None]:
         def body() -> None:
             while True:
-                try:
+                # a lost connection, a refusal: the lane's own loop would go on
+                with contextlib.suppress(StoreUnavailable, OnceboxError):
                     round_()
-                except (StoreUnavailable, OnceboxError):
-                    pass  # a lost connection, a refusal: the lane's own loop would go on
                 self.scheduler.point("idle")
 
         return body

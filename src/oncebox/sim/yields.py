@@ -10,6 +10,7 @@ comes after the commit). A call that blocked in the database parks again when it
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -43,10 +44,8 @@ class YieldingStore:
         """Close an actor's dedicated sessions as its process's death would: an open
         transaction rolled back, the connection gone."""
         for session in self.sessions.pop(actor, []):
-            try:
+            with contextlib.suppress(Exception):  # a dead process's connection: nothing to save
                 session.close()
-            except Exception:  # noqa: BLE001,S110 (a dead process's connection: nothing to save)
-                pass
 
     def _session(self, *args: Any, **kwargs: Any) -> YieldingSession:
         session = self._store.consumer_session(*args, **kwargs)

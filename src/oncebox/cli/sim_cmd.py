@@ -1,0 +1,154 @@
+"""`oncebox sim`: the deterministic simulation (see oncebox.sim and docs/simulation.md)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from oncebox.cli.common import reported, say
+from oncebox.kernel.errors import ConfigurationError
+from oncebox.kernel.inert import redact
+
+SEEDS = re.compile(r"(\d+)\.\.(\d+)")
+
+
+def _seeds(text: str | None, seed: int | None) -> range:
+    if text is None:
+        return range(seed or 0, (seed or 0) + 1)
+    found = SEEDS.fullmatch(text)
+    if found is None or int(found[1]) > int(found[2]):
+        raise click.BadParameter(f"{text!r} is not a range A..B (A <= B)", param_hint="--seeds")
+    return range(int(found[1]), int(found[2]) + 1)
+
+
+@click.command()
+@click.option("--seed", type=click.IntRange(0), help="One world, from this seed.  [default: 0]")
+@click.option("--seeds", "seed_range", metavar="A..B", help="Every seed from A to B, inclusive.")
+@click.option(
+    "--steps",
+    type=click.IntRange(1, 100_000),
+    default=150,
+    show_default=True,
+    help="Steps with faults before the quiet phase (the drain to an end state).",
+)
+@click.option(
+    "--store",
+    default="sqlite",
+    show_default=True,
+    metavar="sqlite|postgresql://…",
+    help="A new SQLite file per world, or a schema of its own per world on that server.",
+)
+@click.option("--mutation", metavar="NAME", help="A fence removed on purpose (chaos mutations).")
+@click.option("--shrink", is_flag=True, help="Make a failure small before reporting it.")
+@click.option(
+    "--replay",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Run the case a failure saved (its choices, steps, store and mutation) again.",
+)
+@click.option(
+    "--save",
+    "save_to",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("oncebox-sim-failure.json"),
+    show_default=True,
+    help="Where a failure's case is written, for --replay.",
+)
+def sim(
+    *,
+    seed: int | None,
+    seed_range: str | None,
+    steps: int,
+    store: str,
+    mutation: str | None,
+    shrink: bool,
+    replay: Path | None,
+    save_to: Path,
+) -> None:
+    """Run worlds of real actors, stepped one store call at a time by a seed, checking every
+    invariant after every step. Exit 1 on the first failure, with its trace and how to replay
+    it; 0 when every world held."""
+    with reported():
+        code = _sim(
+            seed=seed,
+            seed_range=seed_range,
+            steps=steps,
+            store=store,
+            mutation=mutation,
+            shrink=shrink,
+            replay=replay,
+            save_to=save_to,
+        )
+    sys.exit(code)
+
+
+def _sim(
+    *,
+    seed: int | None,
+    seed_range: str | None,
+    steps: int,
+    store: str,
+    mutation: str | None,
+    shrink: bool,
+    replay: Path | None,
+    save_to: Path,
+) -> int:
+    from oncebox.chaos.mutations import check  # noqa: PLC0415 (the harness loads on use)
+    from oncebox.sim.runner import run  # noqa: PLC0415
+    from oncebox.sim.shrink import Case  # noqa: PLC0415
+    from oncebox.sim.shrink import shrink as shrunk  # noqa: PLC0415
+
+    if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
+        raise ConfigurationError(f"--store {redact(store)!r}: use sqlite or postgresql://…")
+    if mutation is not None:
+        check((mutation,))
+
+    if replay is not None:
+        case = Case.load(replay)
+        outcome = run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
+        return _report(outcome, case, f"--replay {replay}", save_to)
+    seeds = _seeds(seed_range, seed)
+    where = "sqlite" if store == "sqlite" else redact(store)
+    say(
+        f"oncebox sim · {where} · seeds {seeds.start}..{seeds.stop - 1} · {steps} steps"
+        + (f" · mutation {mutation}" if mutation else "")
+    )
+    for number in seeds:
+        outcome = run(store, seed=number, steps=steps, mutation=mutation)
+        if outcome.failed:
+            case = Case(store, steps, list(outcome.record), mutation)
+            again = f"--seed {number} --steps {steps} --store {where}" + (
+                f" --mutation {mutation}" if mutation else ""
+            )
+            if shrink:
+                say(f"seed {number} failed ({outcome.violation}); shrinking…")
+                case, outcome = shrunk(
+                    case,
+                    outcome,
+                    lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
+                )
+            return _report(outcome, case, again, save_to, shrunk_=shrink)
+    say(f"{len(seeds)} worlds, every invariant held")
+    return 0
+
+
+def _report(outcome: object, case: object, again: str, save_to: Path, shrunk_: bool = False) -> int:
+    from oncebox.sim.runner import Outcome  # noqa: PLC0415
+    from oncebox.sim.shrink import Case  # noqa: PLC0415
+
+    assert isinstance(outcome, Outcome) and isinstance(case, Case)
+    if not outcome.failed:
+        say(f"held: every invariant, {len(outcome.steps)} steps")
+        return 0
+    steps_to = (outcome.at or 0) + 1
+    say(f"FAILED after step {outcome.at}: {outcome.violation}")
+    say(outcome.trace())
+    case.save(save_to)
+    if shrunk_:
+        say(f"shrunk to {steps_to} steps, {len(case.record)} choices; saved to {save_to}")
+        say(f"replay: oncebox sim --replay {save_to}")
+    else:
+        say(f"replay: oncebox sim {again}  (or --replay {save_to})")
+    return 1
