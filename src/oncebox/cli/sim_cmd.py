@@ -15,18 +15,24 @@ from oncebox.kernel.inert import redact
 SEEDS = re.compile(r"(\d+)\.\.(\d+)")
 
 
-def _seeds(text: str | None, seed: int | None) -> range:
+def _seed_range(_ctx: click.Context, _param: click.Parameter, text: str | None) -> range | None:
     if text is None:
-        return range(seed or 0, (seed or 0) + 1)
+        return None
     found = SEEDS.fullmatch(text)
     if found is None or int(found[1]) > int(found[2]):
-        raise click.BadParameter(f"{text!r} is not a range A..B (A <= B)", param_hint="--seeds")
+        raise click.BadParameter(f"{text!r} is not a range A..B (A <= B)")
     return range(int(found[1]), int(found[2]) + 1)
 
 
 @click.command()
 @click.option("--seed", type=click.IntRange(0), help="One world, from this seed.  [default: 0]")
-@click.option("--seeds", "seed_range", metavar="A..B", help="Every seed from A to B, inclusive.")
+@click.option(
+    "--seeds",
+    "seed_range",
+    metavar="A..B",
+    callback=_seed_range,
+    help="Every seed from A to B, inclusive.",
+)
 @click.option(
     "--steps",
     type=click.IntRange(1, 100_000),
@@ -59,7 +65,7 @@ def _seeds(text: str | None, seed: int | None) -> range:
 def sim(
     *,
     seed: int | None,
-    seed_range: str | None,
+    seed_range: range | None,
     steps: int,
     store: str,
     mutation: str | None,
@@ -87,7 +93,7 @@ def sim(
 def _sim(
     *,
     seed: int | None,
-    seed_range: str | None,
+    seed_range: range | None,
     steps: int,
     store: str,
     mutation: str | None,
@@ -109,7 +115,7 @@ def _sim(
         case = Case.load(replay)
         outcome = run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
         return _report(outcome, case, f"--replay {replay}", save_to)
-    seeds = _seeds(seed_range, seed)
+    seeds = seed_range or range(seed or 0, (seed or 0) + 1)
     where = "sqlite" if store == "sqlite" else redact(store)
     say(
         f"oncebox sim · {where} · seeds {seeds.start}..{seeds.stop - 1} · {steps} steps"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from oncebox.kernel.errors import ConfigurationError
 from oncebox.sim.runner import Outcome
 
 
@@ -31,9 +32,18 @@ class Case:
 
     @classmethod
     def load(cls, path: Path) -> Case:
-        data = json.loads(path.read_text("utf-8"))
-        record = [int(choice) for choice in data["record"]]
-        return cls(str(data["store"]), int(data["steps"]), record, data.get("mutation"))
+        try:
+            data = json.loads(path.read_text("utf-8"))
+            record = [int(choice) for choice in data["record"]]
+            mutation = data.get("mutation")
+            case = cls(str(data["store"]), int(data["steps"]), record, mutation)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigurationError(
+                f"{path} is not a simulation case (a file `oncebox sim` saved)"
+            ) from None
+        if mutation is not None and not isinstance(mutation, str):
+            raise ConfigurationError(f"{path} is not a simulation case (its mutation)")
+        return case
 
 
 Runner = Callable[[Case], Outcome]

@@ -1,0 +1,116 @@
+"""The deterministic simulation: a seed replays exactly, every invariant holds on a budget of
+seeds, a fence removed is caught, and a failure shrinks to a shorter run of the same failure.
+
+The budget here is the suite's (docs/simulation.md); `oncebox sim --seeds` runs any number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from oncebox.cli.app import main
+from oncebox.sim.runner import Outcome, run
+from oncebox.sim.shrink import Case, shrink
+
+STEPS = 150
+CHUNKS, PER_CHUNK = 8, 25  # 200 worlds on SQLite, spread over the suite's processes
+
+
+def trace(outcome: Outcome) -> list[str]:
+    return [str(step) for step in outcome.steps]
+
+
+def test_a_seed_replays_exactly_and_so_does_its_record():
+    first, again = run(seed=7, steps=STEPS), run(seed=7, steps=STEPS)
+    assert len(first.steps) > STEPS  # the quiet phase ran too
+    assert trace(first) == trace(again) and first.record == again.record
+    replayed = run(record=first.record, steps=STEPS)
+    assert trace(replayed) == trace(first)
+    assert trace(run(seed=8, steps=STEPS)) != trace(first)
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_invariant_holds_in_every_world_of_the_budget(chunk):
+    for seed in range(chunk * PER_CHUNK, (chunk + 1) * PER_CHUNK):
+        outcome = run(seed=seed, steps=STEPS)
+        assert not outcome.failed, f"seed {seed}: {outcome.violation}\n{outcome.trace()}"
+
+
+def first_failure(mutation: str, seeds: int) -> tuple[int, Outcome]:
+    for seed in range(seeds):
+        outcome = run(seed=seed, steps=STEPS, mutation=mutation)
+        if outcome.failed:
+            return seed, outcome
+    pytest.fail(f"the mutation {mutation} survived {seeds} seeds")
+
+
+@pytest.mark.parametrize(
+    ("mutation", "invariant"), [("no-lease-fence", "F2"), ("ignore-window", "D1")]
+)
+def test_a_fence_removed_is_caught(mutation, invariant):
+    _seed, outcome = first_failure(mutation, 80)
+    assert outcome.violation is not None and outcome.violation.invariant == invariant
+
+
+def test_a_failure_shrinks_to_a_shorter_run_that_breaks_the_same_invariant(tmp_path):
+    _seed, failed = first_failure("no-lease-fence", 80)
+    case = Case("sqlite", STEPS, list(failed.record), "no-lease-fence")
+    small, outcome = shrink(
+        case,
+        failed,
+        lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
+        tries=60,
+    )
+    assert outcome.violation is not None and failed.violation is not None
+    assert outcome.violation.invariant == failed.violation.invariant
+    assert outcome.at is not None and failed.at is not None and outcome.at <= failed.at
+    assert small.steps <= case.steps and len(small.record) <= len(case.record)
+    saved = tmp_path / "case.json"
+    small.save(saved)
+    again = CliRunner().invoke(main, ["sim", "--replay", str(saved)])
+    assert again.exit_code == 1, again.output
+    assert f"FAILED after step {outcome.at}: {outcome.violation}" in again.output
+
+
+def test_the_command_runs_seeds_and_says_how_to_replay_a_failure(tmp_path):
+    held = CliRunner().invoke(main, ["sim", "--seeds", "0..2", "--steps", "60"])
+    assert held.exit_code == 0, held.output
+    assert "3 worlds, every invariant held" in held.output
+    saved = tmp_path / "failure.json"
+    failing = CliRunner().invoke(
+        main,
+        ["sim", "--seeds", "0..80", "--mutation", "no-lease-fence", "--save", str(saved)],
+    )
+    assert failing.exit_code == 1, failing.output
+    assert (
+        "replay: oncebox sim --seed " in failing.output
+        and "--mutation no-lease-fence" in failing.output
+    )
+    assert json.loads(saved.read_text())["mutation"] == "no-lease-fence"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--seeds", "5..2"], "is not a range A..B"),
+        (["--seeds", "x"], "is not a range A..B"),
+        (["--mutation", "no-such-fence"], "unknown mutation 'no-such-fence'"),
+        (["--store", "mysql://u:secret@h/db"], "use sqlite or postgresql://"),
+    ],
+)
+def test_a_usage_mistake_is_one_line_and_exit_2(args, says):
+    outcome = CliRunner().invoke(main, ["sim", *args])
+    assert outcome.exit_code == 2, outcome.output
+    assert says in outcome.output and "Traceback" not in outcome.output
+    assert "secret" not in outcome.output
+
+
+def test_a_replay_file_that_is_not_a_case_is_a_usage_mistake(tmp_path: Path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    outcome = CliRunner().invoke(main, ["sim", "--replay", str(bad)])
+    assert outcome.exit_code == 2, outcome.output
+    assert "is not a simulation case" in outcome.output
