@@ -70,7 +70,9 @@ def test_a_failure_shrinks_to_a_shorter_run_that_breaks_the_same_invariant(tmp_p
     assert small.steps <= case.steps and len(small.record) <= len(case.record)
     saved = tmp_path / "case.json"
     small.save(saved)
-    again = CliRunner().invoke(main, ["sim", "--replay", str(saved)])
+    again = CliRunner().invoke(
+        main, ["sim", "--replay", str(saved), "--save", str(tmp_path / "again.json")]
+    )
     assert again.exit_code == 1, again.output
     assert f"FAILED after step {outcome.at}: {outcome.violation}" in again.output
 
