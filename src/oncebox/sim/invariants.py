@@ -11,6 +11,10 @@ side. After every step:
         one replayed) — an idempotent channel's resend inside its window collapses at the
         provider and is no copy; a held send is never resent without a person
     D2  a `sent` message reached its provider, unless a person said it arrived
+    D3  a message keeps its token for life — the HMAC of its key, a replay or a discard
+        notwithstanding — and every copy the outside received carries a message's token, under
+        the idempotency key made from it (a replay under a new key is a new message to the
+        provider, which no window collapses)
     F1  a leased job or message is leased by one lease: its token and its deadline set together
     S3  a handler's effect commits once per key, with its claim: one `sim_effects` row per
         intent, none without one
@@ -18,6 +22,12 @@ side. After every step:
         rescued (recorded `lease_expired`)
     C1  the durable counters equal a recount from the rows: every job enqueued counted once, every
         job done counted once as completed or as a duplicate (a writer fenced out counts nothing)
+
+Once faults stop, after every step of the quiet phase:
+
+    A1  a handler runs at most twice under one attempt: in its batch, then on its own when
+        another job's writes were refused — a job whose own writes the database refuses spends
+        its attempt, and is not given back to run again for ever
 
 Once faults stop and the lanes have run until nothing is due (`quiet`):
 
@@ -31,6 +41,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from oncebox.outbox.tokens import derive_token, idempotency_key
 from oncebox.sim.providers import SimProvider
 
 JOB_ENDS = frozenset({"done", "dead", "cancelled"})
@@ -50,9 +61,24 @@ class Violation:
 class Checker:
     """See the module docstring. `connection` is the checker's own, outside every actor."""
 
-    def __init__(self, connection: Any, providers: dict[str, SimProvider]) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        providers: dict[str, SimProvider],
+        secret: str,
+        runs: Counter[tuple[int, int]],
+    ) -> None:
         self.connection = connection
         self.providers = providers
+        self.secret = secret  # the box's: the checker derives each key's token itself
+        self.runs = runs  # the handler's runs by (job, attempt), counted by the handler
+        self.quieted = False
+
+    def faults_stop(self) -> None:
+        """The quiet phase begins: from here a handler's runs are counted against A1 (a lost
+        connection gives a batch back unspent, so before it they are not bounded)."""
+        self.runs.clear()
+        self.quieted = True
 
     def _rows(self, sql: str) -> list[Any]:
         cursor = self.connection.execute(sql)
@@ -69,6 +95,7 @@ class Checker:
         ):
             found.append(Violation("S1", f"{count} intents for {key}"))
         found += self._copies()
+        found += self._tokens()
         for kind, table in (("job", "oncebox_jobs"), ("message", "oncebox_outbox")):
             for row_id, state in self._rows(
                 f"SELECT id, state FROM {table} WHERE (lease_token IS NULL) <> "
@@ -77,6 +104,12 @@ class Checker:
                 found.append(Violation("F1", f"{kind} {row_id} ({state}): a half-written lease"))
         found += self._counted()
         found += self._effects()
+        if self.quieted:
+            found += [
+                Violation("A1", f"job {job} ran its handler {count} times under attempt {attempt}")
+                for (job, attempt), count in sorted(self.runs.items())
+                if count > 2
+            ]
         return found
 
     def _effects(self) -> list[Violation]:
@@ -153,6 +186,28 @@ class Checker:
                 found.append(
                     Violation("D2", f"message {row_id} ({channel}) is sent but never arrived")
                 )
+        return found
+
+    def _tokens(self) -> list[Violation]:
+        found: list[Violation] = []
+        tokens = set()
+        for row_id, key, token in self._rows("SELECT id, key, token FROM oncebox_outbox"):
+            tokens.add(token)
+            original = str(key).removesuffix(f"~discarded-{row_id}")
+            if token != derive_token(self.secret, original):
+                found.append(
+                    Violation("D3", f"message {row_id} ({original}) no longer has its key's token")
+                )
+        for name, provider in self.providers.items():
+            for delivered in provider.deliveries:
+                if delivered.token not in tokens:
+                    found.append(
+                        Violation("D3", f"{name} received a copy under a token no message has")
+                    )
+                elif delivered.key != idempotency_key(delivered.token):
+                    found.append(
+                        Violation("D3", f"{name} received a copy under another message's key")
+                    )
         return found
 
     def quiet(self, wanted: set[str]) -> list[Violation]:

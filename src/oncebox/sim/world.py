@@ -6,6 +6,9 @@ two periods make every key wanted by several enqueues, every job leased by sever
 - `notice(customer, period)`, keyed `notice/{customer}/{period}`: its handler writes one message
   to each channel and then, by the run's choice, returns, asks to be retried later, fails, or
   fails for good;
+- one key's messages the database refuses (`REFUSED`, a trigger on the outbox, as a business
+  constraint would): its handler always returns, its transaction is always refused, and it must
+  end dead after its attempts, costing the jobs that shared its batches nothing;
 - `mail`: an idempotent provider (a one-hour window); `hook`: a provider that keeps no keys, its
   unknown outcomes held for a person (`ambiguity="hold"`).
 
@@ -20,6 +23,7 @@ a new session, nothing carried over.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -56,6 +60,7 @@ CLOCK_STEPS = (
     timedelta(minutes=10),
 )
 NOTICE_KEY = "notice/{customer}/{period}"
+REFUSED = "notice/3/2026-W02"  # the key whose messages the database refuses (`_refusal`)
 SECRET = "sim-secret-0123456789abcdef"  # noqa: S105 (the tokens' HMAC key in a throwaway world)
 
 
@@ -72,6 +77,7 @@ class World:
     mail: SimProvider = field(init=False)
     hook: SimProvider = field(init=False)
     wanted: set[str] = field(default_factory=set)
+    runs: Counter[tuple[int, int]] = field(default_factory=Counter)  # handler runs, by attempt
     now: datetime = START
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -79,6 +85,7 @@ class World:
         self.real = open_store(self.url, migrate=True)
         self.real.clock_set(ClockSetting(frozen_at=START))
         self._business_table()
+        self._refusal()
         store = YieldingStore(self.real, self.scheduler)
         self.scheduler.on_crash = store.drop_sessions
         self.box = Box(store=store, secret=SECRET, seed=0)
@@ -93,6 +100,7 @@ class World:
 
         @self.box.task(key=NOTICE_KEY, retry=retry, timeout=timedelta(seconds=60))
         def notice(ctx: JobContext, customer: int, period: str) -> None:
+            self.runs[(ctx.job_id or 0, ctx.attempt)] += 1
             address = f"customer-{customer}@example.com"
             body = {"from": "ops@example.com", "to": address, "subject": period, "text": "hi"}
             ctx.connection.execute(
@@ -104,6 +112,8 @@ class World:
             ctx.outbox.add("mail", body, suffix="mail")
             ctx.outbox.add("hook", {"customer": customer, "period": period}, suffix="hook")
             roll = choices.below(20)
+            if NOTICE_KEY.format(customer=customer, period=period) == REFUSED:
+                return  # the refusal is the database's alone: nothing else ends this job
             if roll == 0:
                 raise RetryLater("the handler asked for later", timedelta(seconds=5))
             if roll == 1:
@@ -126,8 +136,37 @@ class World:
         finally:
             conn.close()
 
+    def _refusal(self) -> None:
+        """The database refuses `REFUSED`'s messages, inside the consumer's transaction (SQLite
+        raises at the insert, PostgreSQL likewise): a write refused for what it holds, which
+        no retry changes."""
+        conn = self.real.connect()
+        try:
+            if self.real.dialect == "sqlite":
+                conn.execute(
+                    "CREATE TRIGGER sim_refused BEFORE INSERT ON oncebox_outbox "
+                    f"WHEN NEW.intent_key = '{REFUSED}' "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the database'); END"
+                )
+            else:
+                conn.execute(
+                    "CREATE FUNCTION sim_refused() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'refused by the database'; END $$"
+                )
+                conn.execute(
+                    "CREATE TRIGGER sim_refused BEFORE INSERT ON oncebox_outbox FOR EACH ROW "
+                    f"WHEN (NEW.intent_key = '{REFUSED}') EXECUTE FUNCTION sim_refused()"
+                )
+            conn.commit()
+        finally:
+            conn.close()
+
     def _now(self) -> datetime:
         return self.now
+
+    def providers(self) -> dict[str, SimProvider]:
+        """Each channel's provider, by the channel's name: what the checker counts copies from."""
+        return {"mail": self.mail, "hook": self.hook}
 
     def close(self) -> None:
         for close in reversed(self._closers):
