@@ -48,6 +48,7 @@ from oncebox.store import open_store
 from oncebox.store.postgres import split_url
 
 DEADLOCK_TIMEOUT_MS = 5  # the world's sessions' deadlock_timeout, where the server allows it
+SETTLED_TIMEOUTS = 20  # a wait counts once it has lasted this many deadlock timeouts
 SCHEMA_PREFIX = "oncebox_sim_"
 POOL = "pool_min=1&pool_max=8"  # a world's actors hold a pooled connection one call at a time
 
@@ -102,8 +103,11 @@ class Server:
             self.sequences = self._relations("S")
         except psycopg.Error as exc:
             raise _fail(url, exc) from None
-        # four deadlock timeouts: the waiter's own check has run (WAIT_SLICE is the floor)
-        self.settled = max(4 * self.deadlock_ms, 20) / 1000
+        # the waiter's own deadlock check has run: twenty times its timeout (a backend the host
+        # starves of CPU runs it late: on a loaded 2-core machine four times was not enough),
+        # or a second past the server's own, where the role may not shorten it
+        late = min((SETTLED_TIMEOUTS - 1) * self.deadlock_ms, 1000)
+        self.settled = (self.deadlock_ms + late) / 1000
         atexit.register(self.drop)
 
     def _sweep(self) -> None:
