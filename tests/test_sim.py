@@ -8,16 +8,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
+from conftest import PG_URL
 from oncebox.chaos.mutations import MUTATIONS
 from oncebox.cli.app import main
+from oncebox.sim.choices import Choices
+from oncebox.sim.postgres import Probe, world_database
 from oncebox.sim.runner import Outcome, run
+from oncebox.sim.scheduler import Scheduler
 from oncebox.sim.shrink import Case, shrink
 
 STEPS = 150
 CHUNKS, PER_CHUNK = 8, 25  # 200 worlds on SQLite, spread over the suite's processes
+PG_CHUNKS, PG_PER_CHUNK = 2, 10  # 20 worlds on PostgreSQL (about 2 s each)
+PG_NO_LEASE_FENCE_BY = 10  # no-lease-fence is caught within these seeds on PostgreSQL (at 5)
 
 
 def trace(outcome: Outcome) -> list[str]:
@@ -179,3 +186,109 @@ def test_a_replay_file_that_is_not_a_case_is_a_usage_mistake(tmp_path: Path):
     outcome = CliRunner().invoke(main, ["sim", "--replay", str(bad)])
     assert outcome.exit_code == 2, outcome.output
     assert "is not a simulation case" in outcome.output
+
+
+# -- PostgreSQL worlds (pg_template: skipped, loudly, when the server is unreachable) ----------
+
+
+@pytest.mark.postgres
+def test_a_seed_replays_exactly_and_so_does_its_record_on_postgres(pg_template):
+    first, again = run(PG_URL, seed=7, steps=STEPS), run(PG_URL, seed=7, steps=STEPS)
+    assert len(first.steps) > STEPS
+    assert trace(first) == trace(again) and first.record == again.record
+    assert trace(run(PG_URL, record=first.record, steps=STEPS)) == trace(first)
+    assert trace(run(PG_URL, seed=8, steps=STEPS)) != trace(first)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("chunk", range(PG_CHUNKS))
+def test_every_invariant_holds_in_every_world_of_the_budget_on_postgres(pg_template, chunk):
+    for seed in range(chunk * PG_PER_CHUNK, (chunk + 1) * PG_PER_CHUNK):
+        outcome = run(PG_URL, seed=seed, steps=STEPS)
+        assert not outcome.failed, f"seed {seed}: {outcome.violation}\n{outcome.trace()}"
+
+
+@pytest.mark.postgres
+def test_a_fence_removed_is_caught_on_postgres(pg_template):
+    for seed in range(PG_NO_LEASE_FENCE_BY + 1):
+        outcome = run(PG_URL, seed=seed, steps=STEPS, mutation="no-lease-fence")
+        if outcome.failed:
+            assert outcome.violation is not None and outcome.violation.invariant == "F2"
+            return
+    pytest.fail(f"no-lease-fence survived seeds 0..{PG_NO_LEASE_FENCE_BY} on PostgreSQL")
+
+
+@pytest.mark.postgres
+def test_the_command_runs_worlds_on_postgres(pg_template):
+    held = CliRunner().invoke(main, ["sim", "--seeds", "0..1", "--steps", "60", "--store", PG_URL])
+    assert held.exit_code == 0, held.output
+    assert "postgresql://" in held.output and "2 worlds, every invariant held" in held.output
+    mistaken = CliRunner().invoke(main, ["sim", "--store", PG_URL + "?schema=mine"])
+    assert mistaken.exit_code == 2, mistaken.output
+    assert "each world makes its own schema" in mistaken.output
+
+
+def _deadlock(url: str, probe: Probe) -> tuple[list[str], dict[str, str]]:
+    """Two actors update rows 1 and 2 in opposite orders, each parked between its statements:
+    a waits on b's row, b then closes the cycle. The record says who moves when."""
+    scheduler = Scheduler(Choices(record=[0, 1, 0, 1, 0, 0, 0]), blocked=probe.waiting)
+    scheduler.faults = False
+    ended: dict[str, str] = {}
+
+    def actor(name: str, rows: tuple[int, int]) -> None:
+        conn = psycopg.connect(
+            url.partition("?")[0],
+            application_name=f"{probe.tag} {name}",
+            options=probe.server.options(),
+        )
+
+        def update(row: int) -> None:
+            scheduler.point(f"store.update {row}")
+            try:
+                conn.execute("UPDATE sim_rows SET n = n + 1 WHERE id = %s", (row,))
+                if (name, row) == ("a", 2):  # work a freed actor does before it parks (a slow
+                    conn.execute("SELECT pg_sleep(0.3)")  # call): no one moves meanwhile
+            finally:
+                scheduler.after(f"store.update {row}")
+
+        try:
+            with conn.transaction():
+                for row in rows:
+                    update(row)
+            ended[name] = "committed"
+        except psycopg.errors.DeadlockDetected:
+            ended[name] = "deadlock victim"
+        finally:
+            conn.close()
+        scheduler.point("idle")
+
+    scheduler.spawn("a", lambda: actor("a", (1, 2)))
+    scheduler.spawn("b", lambda: actor("b", (2, 1)))
+    while len(ended) < 2:
+        assert scheduler.step() is not None, "every actor blocked"
+    scheduler.stop_all()
+    return [str(step) for step in scheduler.steps], ended
+
+
+@pytest.mark.postgres
+def test_a_statement_blocked_on_a_parked_actor_yields_and_a_deadlock_has_one_victim(pg_template):
+    """The probe sees a's statement wait on the row b holds, so b moves; b's statement then
+    closes a cycle, and the deadlock is found by b's session — the one that moved last — in
+    every replay, since a's own check ran before b was let move."""
+    with world_database(PG_URL) as (url, probe):
+        server = probe.server
+        with psycopg.connect(url.partition("?")[0], autocommit=True) as setup:
+            setup.execute(
+                f"CREATE TABLE {server.schema}.sim_rows (id int PRIMARY KEY, n int NOT NULL)"
+            )
+            setup.execute(f"INSERT INTO {server.schema}.sim_rows VALUES (1, 0), (2, 0)")
+        runs = [_deadlock(url, probe) for _ in range(3)]
+    steps, ended = runs[0]
+    assert ended == {"a": "committed", "b": "deadlock victim"}, steps
+    # a moved 3rd and 5th (blocked), b 6th (the victim); the 7th waited for a to park
+    assert [line.split()[1:] for line in steps[4:7]] == [
+        ["a", "store.update", "2"],
+        ["b", "store.update", "1"],
+        ["a", "store.update", "2", "(lock", "freed)"],
+    ], steps
+    assert all(run_ == runs[0] for run_ in runs), runs

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from oncebox.chaos.mutations import drop_unique_claim, mutated
 from oncebox.kernel import clock, points
@@ -72,11 +73,12 @@ def run(
 ) -> Outcome:
     """Run one world. `store`: "sqlite" (a new file) or a PostgreSQL URL (a new schema)."""
     choices = Choices(seed, record)
-    with _database(store) as (url, blocked), _mutation(mutation):
-        scheduler = Scheduler(choices, blocked=blocked)
+    with _database(store) as database, _mutation(mutation):
+        scheduler = Scheduler(choices, blocked=database.blocked)
         outcome = Outcome(seed, scheduler.steps, choices.made)
         with _virtual_time(scheduler), _quiet(), points.installed({TURN: scheduler.point}):
-            world = World(url, scheduler, choices)
+            world = World(database.url, scheduler, choices)
+            database.attach(world.real)
             _mutate_schema(world, mutation)
             checker = Checker(world.real.connect(), world.providers(), SECRET, world.runs)
             try:
@@ -185,16 +187,31 @@ def _mutate_schema(world: World, mutation: str | None) -> None:
         conn.close()
 
 
+@dataclass(frozen=True)
+class Database:
+    """Where a world lives: its URL; how many of its sessions wait on a lock (None: SQLite,
+    whose writers take turns at yield points); what its store needs before the actors start."""
+
+    url: str
+    blocked: Callable[[], int] | None = None
+    attach: Callable[[Any], None] = lambda _store: None
+
+
 @contextlib.contextmanager
-def _database(store: str) -> Iterator[tuple[str, Callable[[], int] | None]]:
-    """A new, empty database for one run: a SQLite file in a temporary folder, or a schema of
-    its own on the PostgreSQL server a URL names (dropped afterwards)."""
+def _database(store: str) -> Iterator[Database]:
+    """A new, empty database for one run: a SQLite file in a temporary folder, or an empty
+    schema on the PostgreSQL server a URL names (`sim/postgres.py`)."""
     if store == "sqlite":
         # in memory where the host has it: the simulation tests orders, not the disk
         shm = Path("/dev/shm")  # noqa: S108 (a private folder is made inside it)
         with tempfile.TemporaryDirectory(
             prefix="oncebox-sim-", dir=shm if shm.is_dir() else None
         ) as folder:
-            yield f"sqlite:///{Path(folder) / 'sim.db'}?busy_timeout=3600&synchronous=normal", None
+            yield Database(
+                f"sqlite:///{Path(folder) / 'sim.db'}?busy_timeout=3600&synchronous=normal"
+            )
         return
-    raise NotImplementedError("PostgreSQL worlds come with the blocked-statement probe")
+    from oncebox.sim.postgres import world_database  # noqa: PLC0415 (psycopg on use)
+
+    with world_database(store) as (url, probe):
+        yield Database(url, probe.waiting, probe.attach)

@@ -15,6 +15,15 @@ A statement can block in the database on a lock another, parked, actor holds (Po
 locks). The scheduler notices (`blocked`, asked when the running actor has not parked within a
 moment) and goes on with the others; the blocked actor's call returns once the lock is freed, and
 it parks right there, before any more of its code runs.
+
+Only the running actor can free a lock (at its commit or rollback, or as its crash closes its
+session), and the actor it frees then runs too, until it parks or blocks again. So every step
+ends with the freed settled (`_settle`): the scheduler waits until each blocked actor has parked
+or waits again, as the database says, before the checker reads or another actor moves. Between a
+release and the end of the step, the freed actor and the running one do run at once; the running
+actor's statements are over by then (its next one comes after a yield point), but an operation
+that commits twice in one call (two statements in autocommit) is a window the scheduler does not
+close.
 """
 
 from __future__ import annotations
@@ -204,44 +213,70 @@ class Scheduler:
         return step
 
     def _await(self, actor: _Actor) -> None:
-        """Wait until the running actor parks, ends, or blocks on a lock in the database."""
+        """Wait until the running actor parks, ends, or blocks on a lock in the database; then
+        until the actors its step freed have settled.
+
+        The probe counts the world's sessions waiting on a lock; the blocked actors are among
+        them, but one its step freed is not (it runs) until it parks or waits again. So more
+        waiting sessions than blocked actors means the running actor waits too; fewer means a
+        freed one is on its way, and the running actor is judged once it has arrived."""
         waited = 0.0
         while True:
             with self._cond:
                 if self._cond.wait_for(lambda: actor.state != "running", WAIT_SLICE):
-                    return
+                    break
             waited += WAIT_SLICE
             if self._blocked_count is not None:
-                with self._cond:
-                    still_blocked = sum(1 for a in self._actors.values() if a.state == "blocked")
                 count = self._blocked_count()
                 with self._cond:
+                    still_blocked = sum(1 for a in self._actors.values() if a.state == "blocked")
                     if actor.state == "running" and count > still_blocked:
                         actor.state = "blocked"
-                        return
+                        break
             if waited > STUCK_AFTER:
                 raise Stuck(f"{actor.name} ran {STUCK_AFTER:g} s without a yield point")
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait until every blocked actor waits in the database (as many waiting sessions as
+        blocked actors): none that a lock's release freed is still running."""
+        if self._blocked_count is None:
+            return
+        waited = 0.0
+        while True:
+            with self._cond:
+                blocked = sum(1 for a in self._actors.values() if a.state == "blocked")
+            if blocked == 0 or self._blocked_count() == blocked:
+                return
+            with self._cond:  # an actor parking wakes this at once
+                self._cond.wait(WAIT_SLICE)
+            waited += WAIT_SLICE
+            if waited > STUCK_AFTER:
+                raise Stuck(f"an actor freed from a lock ran {STUCK_AFTER:g} s without parking")
 
     def settle_blocked(self) -> None:
         """Wait for blocked actors whose lock was freed to park (before the checker reads)."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: all(a.state != "blocked" for a in self._actors.values()), WAIT_SLICE
-            )
+        self._settle()
 
     def stop_all(self, keep: tuple[str, ...] = ()) -> None:
         """End every actor but `keep`: each crashes where it is parked (its transaction rolled
-        back, its place in the writers' queue given up)."""
-        for actor in list(self._actors.values()):
-            if actor.name in keep:
-                continue
+        back, its place in the writers' queue given up). An actor blocked on another's lock is
+        freed when that one's session closes, parks, and is crashed in the next round."""
+        while True:
             with self._cond:
-                if actor.state not in ("parked",):
-                    continue
-                actor.fate = "crash"
-                actor.state = "running"
-                actor.resumed.set()
-            self._await(actor)
+                parked = [
+                    a for a in self._actors.values() if a.name not in keep and a.state == "parked"
+                ]
+            if not parked:
+                break
+            for actor in parked:
+                with self._cond:
+                    if actor.state != "parked":
+                        continue
+                    actor.fate = "crash"
+                    actor.state = "running"
+                    actor.resumed.set()
+                self._await(actor)
         for actor in self._actors.values():
             if actor.thread is not None and actor.state == "done":
                 actor.thread.join(STUCK_AFTER)

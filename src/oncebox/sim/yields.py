@@ -25,9 +25,10 @@ QUIET = frozenset({"clock_now", "close", "check_identity", "due_seen", "supports
 def _yielding(scheduler: Scheduler, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
     def at_point(*args: Any, **kwargs: Any) -> Any:
         scheduler.point(name)
-        result = call(*args, **kwargs)
-        scheduler.after(name)
-        return result
+        try:
+            return call(*args, **kwargs)
+        finally:  # a call that blocked parks when it ends, however it ends (a deadlock's victim)
+            scheduler.after(name)
 
     return at_point
 
