@@ -132,6 +132,7 @@ class World:
                 "CREATE TABLE IF NOT EXISTS sim_effects (key TEXT NOT NULL, job_id BIGINT, "
                 "attempt INTEGER NOT NULL)"
             )
+            conn.execute("DELETE FROM sim_effects")  # a PostgreSQL schema serves many worlds
             conn.commit()
         finally:
             conn.close()
@@ -150,11 +151,12 @@ class World:
                 )
             else:
                 conn.execute(
-                    "CREATE FUNCTION sim_refused() RETURNS trigger LANGUAGE plpgsql AS "
+                    "CREATE OR REPLACE FUNCTION sim_refused() RETURNS trigger LANGUAGE plpgsql AS "
                     "$$ BEGIN RAISE EXCEPTION 'refused by the database'; END $$"
                 )
                 conn.execute(
-                    "CREATE TRIGGER sim_refused BEFORE INSERT ON oncebox_outbox FOR EACH ROW "
+                    "CREATE OR REPLACE TRIGGER sim_refused BEFORE INSERT ON oncebox_outbox "
+                    "FOR EACH ROW "
                     f"WHEN (NEW.intent_key = '{REFUSED}') EXECUTE FUNCTION sim_refused()"
                 )
             conn.commit()
