@@ -23,16 +23,6 @@ from oncebox.sim.scheduler import Scheduler, Step
 from oncebox.sim.world import World
 from oncebox.store import sqlite_turns
 
-# The lanes that run once faults stop, until nothing is due (the clock moves time on).
-DRAIN = (
-    "consumer-1",
-    "consumer-2",
-    "dispatcher-1",
-    "dispatcher-2",
-    "rescuer",
-    "resolver",
-    "clock",
-)
 DRAIN_STEPS = 3000  # the bound, in steps, within which every key must reach an end state
 TURN = "sqlite.waiting_turn"  # a SQLite writer waiting for the lock steps the others
 
@@ -74,7 +64,7 @@ def run(
         outcome = Outcome(seed, scheduler.steps, choices.made)
         with _virtual_time(scheduler), _quiet(), points.installed({TURN: scheduler.point}):
             world = World(url, scheduler, choices)
-            checker = Checker(world.real.connect(), {"mail": world.mail, "hook": world.hook})
+            checker = Checker(world.real.connect(), world.parts)
             try:
                 _play(world, scheduler, checker, outcome, steps)
             finally:
@@ -137,21 +127,24 @@ def _play(
                 scheduler.spawn(name, start())
         if check(checker.after_step()):
             return
-    if not _drain(scheduler, checker, check):
+    if not _drain(scheduler, checker, check, world.kept()):
         check(checker.quiet(world.wanted))
 
 
 def _drain(
-    scheduler: Scheduler, checker: Checker, check: Callable[[list[Violation]], bool]
+    scheduler: Scheduler,
+    checker: Checker,
+    check: Callable[[list[Violation]], bool],
+    kept: tuple[str, ...],
 ) -> bool:
     """Faults off, the enqueuers and the operator done: the lanes run until nothing is due.
     True when an invariant broke on the way."""
     scheduler.faults = False
-    scheduler.stop_all(keep=DRAIN)  # the others are done: nothing of theirs stays half-way
+    scheduler.stop_all(keep=kept)  # the others are done: nothing of theirs stays half-way
     for _ in range(DRAIN_STEPS):
         if checker.unfinished() == 0:
             return False
-        scheduler.step(only=list(DRAIN))
+        scheduler.step(only=list(kept))
         scheduler.settle_blocked()
         if check(checker.after_step()):
             return True
