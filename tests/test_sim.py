@@ -159,13 +159,16 @@ def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invari
 
 
 def test_a_failure_shrinks_to_a_shorter_run_that_breaks_the_same_invariant(tmp_path):
-    _seed, failed = first_failure("no-lease-fence", 80)
+    # the first seed of 0..80 that no-lease-fence fails (docs/simulation.md): found once, here
+    # pinned, so the test's budget goes to shrinking
+    failed = run(seed=50, steps=STEPS, mutation="no-lease-fence")
+    assert failed.failed, "seed 50 no longer fails no-lease-fence: pin the first one that does"
     case = Case("sqlite", STEPS, list(failed.record), "no-lease-fence")
     small, outcome = shrink(
         case,
         failed,
         lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
-        tries=60,
+        tries=15,
     )
     assert outcome.violation is not None and failed.violation is not None
     assert outcome.violation.invariant == failed.violation.invariant

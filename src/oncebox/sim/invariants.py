@@ -18,12 +18,9 @@ Once faults stop and the lanes have run until nothing is due (`quiet`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from oncebox.sim.parts import Part
+from typing import Any, Protocol
 
 JOB_ENDS = frozenset({"done", "dead", "cancelled"})
 MESSAGE_ENDS = frozenset({"sent", "dead", "ambiguous", "discarded"})
@@ -38,10 +35,18 @@ class Violation:
         return f"{self.invariant}: {self.detail}"
 
 
+class Checks(Protocol):
+    """A part's own invariants (`sim/parts/`), given the checker's read: SQL in, rows out."""
+
+    def after_step(self, rows: Callable[[str], list[Any]]) -> list[Violation]: ...
+
+    def quiet(self, rows: Callable[[str], list[Any]]) -> list[Violation]: ...
+
+
 class Checker:
     """See the module docstring. `connection` is the checker's own, outside every actor."""
 
-    def __init__(self, connection: Any, parts: Sequence[Part] = ()) -> None:
+    def __init__(self, connection: Any, parts: Sequence[Checks] = ()) -> None:
         self.connection = connection
         self.parts = list(parts)
 

@@ -14,13 +14,33 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
+from oncebox.box import Box
+from oncebox.sim.choices import Choices
 from oncebox.sim.invariants import Violation
+from oncebox.sim.scheduler import Scheduler
+from oncebox.sim.yields import YieldingStore
 
 Body = Callable[[], None]
 Starter = Callable[[], Body]  # how to start an actor (again, after a crash): a new body
 Rows = Callable[[str], list[Any]]  # the checker's read: SQL in, rows out
+
+
+class Stage(Protocol):
+    """What a part is given of its world (`sim/world.py`'s `World`)."""
+
+    box: Box
+    choices: Choices
+    scheduler: Scheduler
+    real: Any  # the store itself, unwrapped (its dialect, its connections)
+    store: YieldingStore
+    wanted: set[str]  # the keys that must reach an end once faults stop (L1)
+
+    def loop(self, round_: Callable[[], object]) -> Body: ...
+
+    def clock_now(self) -> datetime: ...
 
 
 class Part:

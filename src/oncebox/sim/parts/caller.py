@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Body, Part, Rows, Starter
+from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
 from oncebox.sim.scheduler import Crash
-
-if TYPE_CHECKING:
-    from oncebox.sim.world import World
 
 TASK = "order"
 
@@ -36,7 +33,7 @@ class CallerTransactions(Part):
 
     name = "caller"
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Stage) -> None:
         self.world = world
         self.made = 0
         self.committed: set[str] = set()

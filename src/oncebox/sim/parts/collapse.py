@@ -21,15 +21,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from oncebox.jobs.debounce import Debounce, Throttle
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Part, Rows, Starter, args_of
-
-if TYPE_CHECKING:
-    from oncebox.sim.world import World
+from oncebox.sim.parts import Part, Rows, Stage, Starter, args_of
 
 CUSTOMERS = 2
 TASKS = ("preview", "digest")
@@ -40,7 +36,7 @@ class Collapsing(Part):
 
     name = "collapse"
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Stage) -> None:
         self.world = world
         self.begun = 0
         self.returned = 0

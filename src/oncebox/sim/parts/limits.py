@@ -22,17 +22,14 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from oncebox.jobs.limits import Concurrency, Rate
 from oncebox.jobs.retry import Retry
 from oncebox.limits.rates import Limit as RateText
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Part, Rows, Starter
-
-if TYPE_CHECKING:
-    from oncebox.sim.world import World
+from oncebox.sim.parts import Part, Rows, Stage, Starter
 
 TENANTS = 2
 CONCURRENCY = 1
@@ -55,7 +52,7 @@ class Limited(Part):
 
     name = "limits"
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Stage) -> None:
         self.world = world
         self.made = 0
         rate = RateText.parse(RATE)

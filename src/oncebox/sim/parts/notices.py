@@ -17,17 +17,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from oncebox.jobs.retry import Retry
 from oncebox.kernel.errors import Permanent, RetryLater
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Part, Rows, Starter
+from oncebox.sim.parts import Part, Rows, Stage, Starter
 from oncebox.sim.providers import SimProvider
-
-if TYPE_CHECKING:
-    from oncebox.sim.world import World
 
 CUSTOMERS = 4
 PERIODS = ("2026-W01", "2026-W02")
@@ -41,7 +37,7 @@ class Notices(Part):
 
     name = "notices"
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Stage) -> None:
         self.world = world
         self._business_table()
         box, choices, real = world.box, world.choices, world.real

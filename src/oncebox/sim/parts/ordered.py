@@ -19,16 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from oncebox.jobs.retry import Retry
 from oncebox.kernel.errors import Permanent
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Part, Rows, Starter, args_of
-
-if TYPE_CHECKING:
-    from oncebox.sim.world import World
+from oncebox.sim.parts import Part, Rows, Stage, Starter, args_of
 
 ACCOUNTS = 2
 TASK = "step"
@@ -40,7 +37,7 @@ class Ordered(Part):
 
     name = "ordered"
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Stage) -> None:
         self.world = world
         self.made = 0
         self.leases: set[tuple[int, str]] = set()  # (job id, lease token) seen
