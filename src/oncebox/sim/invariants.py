@@ -2,32 +2,13 @@
 the world is quiet.
 
 The checker reads the database with its own SQL, between steps (every actor parked), as an
-observer independent of the store's statements; and the providers' records, the outside world's
-side. After every step:
+observer independent of the store's statements. Here are the invariants of every world; each
+part of the world (`sim/parts/`) adds its own, which the checker asks for too. After every step:
 
     S1  at most one intent per key
-    D1  a message never reaches the outside more often than its policy allows: once, plus once
-        for each time a person chose to send it again (a held send resolved `resend`, a dead
-        one replayed) — an idempotent channel's resend inside its window collapses at the
-        provider and is no copy; a held send is never resent without a person
-    D2  a `sent` message reached its provider, unless a person said it arrived
-    D3  a message keeps its token for life — the HMAC of its key, a replay or a discard
-        notwithstanding — and every copy the outside received carries a message's token, under
-        the idempotency key made from it (a replay under a new key is a new message to the
-        provider, which no window collapses)
     F1  a leased job or message is leased by one lease: its token and its deadline set together
-    S3  a handler's effect commits once per key, with its claim: one `sim_effects` row per
-        intent, none without one
-    F2  a writer fenced out commits nothing: no effect committed by an attempt whose lease was
-        rescued (recorded `lease_expired`)
     C1  the durable counters equal a recount from the rows: every job enqueued counted once, every
         job done counted once as completed or as a duplicate (a writer fenced out counts nothing)
-
-Once faults stop, after every step of the quiet phase:
-
-    A1  a handler runs at most twice under one attempt: in its batch, then on its own when
-        another job's writes were refused — a job whose own writes the database refuses spends
-        its attempt, and is not given back to run again for ever
 
 Once faults stop and the lanes have run until nothing is due (`quiet`):
 
@@ -37,16 +18,12 @@ Once faults stop and the lanes have run until nothing is due (`quiet`):
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from oncebox.outbox.tokens import derive_token, idempotency_key
-from oncebox.sim.providers import SimProvider
+from typing import Any, Protocol
 
 JOB_ENDS = frozenset({"done", "dead", "cancelled"})
 MESSAGE_ENDS = frozenset({"sent", "dead", "ambiguous", "discarded"})
-RESENT_BY_A_PERSON = ("resolve-resend", "replay")
 
 
 @dataclass(frozen=True)
@@ -58,27 +35,28 @@ class Violation:
         return f"{self.invariant}: {self.detail}"
 
 
+class Checks(Protocol):
+    """A part's own invariants (`sim/parts/`), given the checker's read: SQL in, rows out."""
+
+    def after_step(self, rows: Callable[[str], list[Any]]) -> list[Violation]: ...
+
+    def quiet(self, rows: Callable[[str], list[Any]]) -> list[Violation]: ...
+
+    def faults_stop(self) -> None: ...
+
+
 class Checker:
     """See the module docstring. `connection` is the checker's own, outside every actor."""
 
-    def __init__(
-        self,
-        connection: Any,
-        providers: dict[str, SimProvider],
-        secret: str,
-        runs: Counter[tuple[int, int]],
-    ) -> None:
+    def __init__(self, connection: Any, parts: Sequence[Checks] = ()) -> None:
         self.connection = connection
-        self.providers = providers
-        self.secret = secret  # the box's: the checker derives each key's token itself
-        self.runs = runs  # the handler's runs by (job, attempt), counted by the handler
-        self.quieted = False
+        self.parts = list(parts)
 
     def faults_stop(self) -> None:
-        """The quiet phase begins: from here a handler's runs are counted against A1 (a lost
-        connection gives a batch back unspent, so before it they are not bounded)."""
-        self.runs.clear()
-        self.quieted = True
+        """The quiet phase begins: each part may start checking what holds only without faults
+        (a lost connection gives a batch back unspent, so before it some counts are unbounded)."""
+        for part in self.parts:
+            part.faults_stop()
 
     def _rows(self, sql: str) -> list[Any]:
         cursor = self.connection.execute(sql)
@@ -94,8 +72,6 @@ class Checker:
             "SELECT key, count(*) FROM oncebox_intents GROUP BY key HAVING count(*) > 1"
         ):
             found.append(Violation("S1", f"{count} intents for {key}"))
-        found += self._copies()
-        found += self._tokens()
         for kind, table in (("job", "oncebox_jobs"), ("message", "oncebox_outbox")):
             for row_id, state in self._rows(
                 f"SELECT id, state FROM {table} WHERE (lease_token IS NULL) <> "
@@ -103,35 +79,8 @@ class Checker:
             ):
                 found.append(Violation("F1", f"{kind} {row_id} ({state}): a half-written lease"))
         found += self._counted()
-        found += self._effects()
-        if self.quieted:
-            found += [
-                Violation("A1", f"job {job} ran its handler {count} times under attempt {attempt}")
-                for (job, attempt), count in sorted(self.runs.items())
-                if count > 2
-            ]
-        return found
-
-    def _effects(self) -> list[Violation]:
-        found = []
-        effects = Counter(key for (key,) in self._rows("SELECT key FROM sim_effects"))
-        intents = {key for (key,) in self._rows("SELECT key FROM oncebox_intents")}
-        for key, count in effects.items():
-            if count > 1:
-                found.append(
-                    Violation("S3", f"{key}: its handler's effect committed {count} times")
-                )
-            if key not in intents:
-                found.append(Violation("S3", f"{key}: an effect committed without its intent"))
-        for job_id, attempt in self._rows(
-            "SELECT e.job_id, e.attempt FROM sim_effects e JOIN oncebox_job_attempts a "
-            "ON a.job_id = e.job_id AND a.attempt = e.attempt AND a.outcome = 'lease_expired'"
-        ):
-            found.append(
-                Violation(
-                    "F2", f"job {job_id} attempt {attempt} committed after its lease was rescued"
-                )
-            )
+        for part in self.parts:
+            found += part.after_step(self._rows)
         return found
 
     def _counted(self) -> list[Violation]:
@@ -154,62 +103,6 @@ class Checker:
                 )
         return found
 
-    def _copies(self) -> list[Violation]:
-        rows = self._rows("SELECT id, channel, token, state FROM oncebox_outbox")
-        resent = Counter(
-            int(target)
-            for target, action in self._rows(
-                "SELECT target_id, action FROM oncebox_audit WHERE target_kind = 'delivery'"
-            )
-            if action in RESENT_BY_A_PERSON
-        )
-        said_sent = {
-            int(target)
-            for (target,) in self._rows(
-                "SELECT target_id FROM oncebox_audit WHERE action = 'resolve-sent'"
-            )
-        }
-        found: list[Violation] = []
-        copies = {name: provider.copies() for name, provider in self.providers.items()}
-        for row_id, channel, token, state in rows:
-            got = copies.get(channel, {}).get(token, 0)
-            allowed = 1 + resent[int(row_id)]
-            if got > allowed:
-                found.append(
-                    Violation(
-                        "D1",
-                        f"message {row_id} ({channel}, {state}) reached the outside {got} "
-                        f"times; its policy allows {allowed}",
-                    )
-                )
-            if state == "sent" and got == 0 and int(row_id) not in said_sent:
-                found.append(
-                    Violation("D2", f"message {row_id} ({channel}) is sent but never arrived")
-                )
-        return found
-
-    def _tokens(self) -> list[Violation]:
-        found: list[Violation] = []
-        tokens = set()
-        for row_id, key, token in self._rows("SELECT id, key, token FROM oncebox_outbox"):
-            tokens.add(token)
-            original = str(key).removesuffix(f"~discarded-{row_id}")
-            if token != derive_token(self.secret, original):
-                found.append(
-                    Violation("D3", f"message {row_id} ({original}) no longer has its key's token")
-                )
-        for name, provider in self.providers.items():
-            for delivered in provider.deliveries:
-                if delivered.token not in tokens:
-                    found.append(
-                        Violation("D3", f"{name} received a copy under a token no message has")
-                    )
-                elif delivered.key != idempotency_key(delivered.token):
-                    found.append(
-                        Violation("D3", f"{name} received a copy under another message's key")
-                    )
-        return found
-
     def quiet(self, wanted: set[str]) -> list[Violation]:
         found: list[Violation] = []
         jobs = self._rows("SELECT id, key, state FROM oncebox_jobs")
@@ -225,6 +118,8 @@ class Checker:
             shown = "discarded" if discarded is not None else state
             if shown not in MESSAGE_ENDS:
                 found.append(Violation("L1", f"message {row_id} ({channel}) is still {shown}"))
+        for part in self.parts:
+            found += part.quiet(self._rows)
         return found
 
     def unfinished(self) -> int:

@@ -21,22 +21,9 @@ from oncebox.kernel import clock, points
 from oncebox.sim.choices import Choices
 from oncebox.sim.invariants import Checker, Violation
 from oncebox.sim.scheduler import Scheduler, Step
-from oncebox.sim.world import SECRET, World
+from oncebox.sim.world import World
 from oncebox.store import sqlite_turns
 
-# The actors that run once faults stop, until nothing is due (the clock moves time on): the
-# lanes, and the operator — the next morning's replays, resolutions and discards are what brings
-# a held or dead message back, and they must meet the lanes at work.
-DRAIN = (
-    "operator",
-    "consumer-1",
-    "consumer-2",
-    "dispatcher-1",
-    "dispatcher-2",
-    "rescuer",
-    "resolver",
-    "clock",
-)
 DRAIN_STEPS = 3000  # the bound, in steps, within which every key must reach an end state
 TURN = "sqlite.waiting_turn"  # a SQLite writer waiting for the lock steps the others
 
@@ -80,7 +67,7 @@ def run(
             world = World(database.url, scheduler, choices)
             database.attach(world.real)
             _mutate_schema(world, mutation)
-            checker = Checker(world.real.connect(), world.providers(), SECRET, world.runs)
+            checker = Checker(world.real.connect(), world.parts)
             try:
                 _play(world, scheduler, checker, outcome, steps)
             finally:
@@ -143,22 +130,25 @@ def _play(
                 scheduler.spawn(name, start())
         if check(checker.after_step()):
             return
-    if not _drain(scheduler, checker, check):
+    if not _drain(scheduler, checker, check, world.kept()):
         check(checker.quiet(world.wanted))
 
 
 def _drain(
-    scheduler: Scheduler, checker: Checker, check: Callable[[list[Violation]], bool]
+    scheduler: Scheduler,
+    checker: Checker,
+    check: Callable[[list[Violation]], bool],
+    kept: tuple[str, ...],
 ) -> bool:
     """Faults off, the enqueuers done: the lanes and the operator run until nothing is due.
     True when an invariant broke on the way."""
     scheduler.faults = False
     checker.faults_stop()
-    scheduler.stop_all(keep=DRAIN)  # the others are done: nothing of theirs stays half-way
+    scheduler.stop_all(keep=kept)  # the others are done: nothing of theirs stays half-way
     for _ in range(DRAIN_STEPS):
         if checker.unfinished() == 0:
             return False
-        scheduler.step(only=list(DRAIN))
+        scheduler.step(only=list(kept))
         scheduler.settle_blocked()
         if check(checker.after_step()):
             return True

@@ -48,6 +48,11 @@ class YieldingStore:
             with contextlib.suppress(Exception):  # a dead process's connection: nothing to save
                 session.close()
 
+    def keep_for_crash(self, connection: Any) -> None:
+        """A connection the running actor opened itself, as an application does: closed with
+        its sessions when it crashes."""
+        self.sessions.setdefault(self._scheduler.current() or "", []).append(connection)
+
     def _session(self, *args: Any, **kwargs: Any) -> YieldingSession:
         session = self._store.consumer_session(*args, **kwargs)
         self.sessions.setdefault(self._scheduler.current() or "", []).append(session)

@@ -1,0 +1,69 @@
+"""The world's parts: each declares its tasks on the box, its actors, the actors that keep running
+once faults stop, and the invariants that are its own — so features join the simulation side by
+side, each in its own module, without editing another's.
+
+A part is built from the world (`World.__init__`, in `PARTS` order) and declares its tasks there
+and then. The checker asks every part after every step (`after_step`) and once the world is
+quiet (`quiet`), handing it `rows`: a read of the database on the checker's own connection,
+between steps, with every actor parked. What a part's SQL reads must run on SQLite and on
+PostgreSQL alike; anything a dialect spells differently is read plainly and worked out here, in
+Python.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Protocol
+
+from oncebox.box import Box
+from oncebox.sim.choices import Choices
+from oncebox.sim.invariants import Violation
+from oncebox.sim.scheduler import Scheduler
+from oncebox.sim.yields import YieldingStore
+
+Body = Callable[[], None]
+Starter = Callable[[], Body]  # how to start an actor (again, after a crash): a new body
+Rows = Callable[[str], list[Any]]  # the checker's read: SQL in, rows out
+
+
+class Stage(Protocol):
+    """What a part is given of its world (`sim/world.py`'s `World`)."""
+
+    box: Box
+    choices: Choices
+    scheduler: Scheduler
+    real: Any  # the store itself, unwrapped (its dialect, its connections)
+    store: YieldingStore
+    wanted: set[str]  # the keys that must reach an end once faults stop (L1)
+
+    def loop(self, round_: Callable[[], object]) -> Body: ...
+
+    def clock_now(self) -> datetime: ...
+
+
+class Part:
+    """See the module docstring. `keep`: the actors of this part that must go on running in the
+    quiet phase (the lanes that bring its jobs to an end); the others are stopped there."""
+
+    name = "part"
+    keep: tuple[str, ...] = ()
+
+    def actors(self) -> Mapping[str, Starter]:
+        return {}
+
+    def after_step(self, rows: Rows) -> list[Violation]:
+        return []
+
+    def quiet(self, rows: Rows) -> list[Violation]:
+        return []
+
+    def faults_stop(self) -> None:
+        """The quiet phase begins (faults off): a part starts checking what holds only then."""
+
+
+def args_of(stored: Any) -> dict[str, Any]:
+    """A job's arguments as either store returns them (JSON text, or already decoded)."""
+    value = json.loads(stored) if isinstance(stored, (str, bytes)) else stored
+    return dict(value)

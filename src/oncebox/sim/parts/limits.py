@@ -1,0 +1,183 @@
+"""A limited task: one job at a time per partition, and a rate, shared by every consumer.
+
+- `export(tenant, n)`, keyed `export/{tenant}/{n}`, partitioned by `{tenant}` with
+  `Concurrency(1, per_partition=True)` and `Rate("3/min", per_partition=True)`; its handler
+  returns, or fails (a retry, which spends another token);
+- actor: `enqueue-limited`, up to three jobs at once, each of one of two tenants.
+
+What must hold, after every step (the checker sees every lease: a lease is its own committed
+store call, so its jobs are leased when the step that made it ends):
+
+    R1  limits are never over-granted: the jobs leased now of each partition are at most its
+        concurrency (counted by the partition their key names, not by the `limit_key` the store
+        wrote, so a job stripped of its partition still counts); and the leases seen, replayed
+        through a token bucket of the rate's size, never take a token the bucket did not hold
+    R2  tokens are spent only on leases, and every lease spends one: each partition's bucket, as
+        the store keeps it (`oncebox_limits`), holds what that replay says it holds
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from oncebox.jobs.limits import Concurrency, Rate
+from oncebox.jobs.retry import Retry
+from oncebox.limits.rates import Limit as RateText
+from oncebox.queue.context import JobContext
+from oncebox.sim.invariants import Violation
+from oncebox.sim.parts import Part, Rows, Stage, Starter
+
+TENANTS = 2
+CONCURRENCY = 1
+RATE = "3/min"
+TASK = "export"
+EPSILON = 1e-6  # float arithmetic: the store's and the replay's differ in their last digits
+
+
+@dataclass
+class _Bucket:
+    """The replay of one partition's bucket from the leases seen: its level after the last."""
+
+    level: float
+    at: datetime | None = None
+    leases: list[str] = field(default_factory=list)  # for the evidence
+
+
+class Limited(Part):
+    """See the module docstring."""
+
+    name = "limits"
+
+    def __init__(self, world: Stage) -> None:
+        self.world = world
+        self.made = 0
+        rate = RateText.parse(RATE)
+        self.capacity = float(rate.count)
+        self.refill_per_s = rate.refill_per_s
+        self.seen: set[tuple[int, str]] = set()  # (job id, lease token): the leases seen
+        self.buckets: dict[str, _Bucket] = {}
+        choices = world.choices
+        retry = Retry(
+            max_attempts=3, base_delay=timedelta(seconds=1), max_delay=timedelta(seconds=5)
+        )
+
+        @world.box.task(
+            name=TASK,
+            key="export/{tenant}/{n}",
+            partition="{tenant}",
+            limits=[Concurrency(CONCURRENCY, per_partition=True), Rate(RATE, per_partition=True)],
+            retry=retry,
+        )
+        def export(ctx: JobContext, tenant: int, n: int) -> None:
+            if choices.below(8) == 0:
+                raise RuntimeError("the export failed")
+
+        self.export = export
+        assert export.limits is not None
+        [self.rate_name] = [name for limit, name in export.limits.rules if isinstance(limit, Rate)]
+
+    def actors(self) -> Mapping[str, Starter]:
+        return {"enqueue-limited": lambda: self.world.loop(self._enqueue)}
+
+    def _enqueue(self) -> None:
+        """Up to three jobs at once, so that a backlog builds and the limits have work to hold
+        back."""
+        rows = []
+        for _ in range(1 + self.world.choices.below(3)):
+            self.made += 1
+            rows.append({"tenant": self.world.choices.below(TENANTS), "n": self.made})
+        self.world.box.enqueue_many(self.export, rows)
+        self.world.wanted.update(f"export/{row['tenant']}/{row['n']}" for row in rows)
+
+    # -- what must hold ----------------------------------------------------------------------
+
+    def after_step(self, rows: Rows) -> list[Violation]:
+        leased = rows(
+            "SELECT id, key, lease_token, leased_at FROM oncebox_jobs "
+            f"WHERE task = '{TASK}' AND state = 'leased'"
+        )
+        found: list[Violation] = []
+        running = Counter(_partition(key) for _, key, _, _ in leased)
+        for partition, count in sorted(running.items()):
+            if count > CONCURRENCY:
+                ids = sorted(int(i) for i, key, _, _ in leased if _partition(key) == partition)
+                found.append(
+                    Violation(
+                        "R1",
+                        f"{TASK} partition {partition}: {count} jobs leased at once {ids}, "
+                        f"its concurrency is {CONCURRENCY}",
+                    )
+                )
+        found += self._spent(leased)
+        found += self._buckets(rows)
+        return found
+
+    def _spent(self, leased: list[Any]) -> list[Violation]:
+        """The new leases, through each partition's bucket, in the order they were made."""
+        new: dict[tuple[str, str], list[tuple[int, datetime]]] = {}
+        for job_id, key, token, leased_at in leased:
+            if (int(job_id), str(token)) in self.seen:
+                continue
+            self.seen.add((int(job_id), str(token)))
+            new.setdefault((_partition(key), str(token)), []).append(
+                (int(job_id), _instant(leased_at))
+            )
+        found = []
+        for (partition, _token), jobs in sorted(new.items(), key=lambda item: item[1][0][1]):
+            bucket = self.buckets.setdefault(partition, _Bucket(self.capacity))
+            at = max(at for _, at in jobs)
+            if bucket.at is not None:
+                elapsed = max((at - bucket.at).total_seconds(), 0.0)
+                bucket.level = min(self.capacity, bucket.level + elapsed * self.refill_per_s)
+            bucket.at = at if bucket.at is None else max(bucket.at, at)
+            bucket.level -= len(jobs)
+            bucket.leases.append(f"{[j for j, _ in jobs]}@{at:%H:%M:%S}")
+            if bucket.level < -EPSILON:
+                found.append(
+                    Violation(
+                        "R1",
+                        f"{TASK} partition {partition}: leases {', '.join(bucket.leases[-4:])} "
+                        f"took more than the rate {RATE} holds ({bucket.level:.3f} tokens left)",
+                    )
+                )
+        return found
+
+    def _buckets(self, rows: Rows) -> list[Violation]:
+        found = []
+        stored = {
+            str(partition): float(tokens)
+            for partition, tokens in rows(
+                f"SELECT partition, tokens FROM oncebox_limits WHERE name = '{self.rate_name}'"
+            )
+            if tokens is not None
+        }
+        for partition in sorted(set(stored) | set(self.buckets)):
+            bucket = self.buckets.get(partition)
+            spent_on = self.capacity if bucket is None else bucket.level
+            kept = stored.get(partition, self.capacity)
+            if abs(kept - spent_on) > EPSILON:
+                leases = "none" if bucket is None else ", ".join(bucket.leases[-4:])
+                found.append(
+                    Violation(
+                        "R2",
+                        f"{TASK} partition {partition}: its bucket holds {kept:.3f} tokens, the "
+                        f"leases seen ({leases}) leave {spent_on:.3f}",
+                    )
+                )
+        return found
+
+
+def _partition(key: str) -> str:
+    """The partition a job's key names (`export/{tenant}/{n}`), as `{tenant}` renders it."""
+    return key.split("/")[1]
+
+
+def _instant(value: Any) -> datetime:
+    """A stored instant as a datetime, whichever store wrote it (SQLite: microseconds)."""
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromtimestamp(int(value) / 1_000_000, tz=UTC)
