@@ -28,7 +28,7 @@ from oncebox.store.sqlite import SqliteStore
 
 STEPS = 150
 CHUNKS, PER_CHUNK = 8, 25  # 200 worlds on SQLite, spread over the suite's processes
-PG_CHUNKS, PG_PER_CHUNK = 4, 5  # 20 worlds on PostgreSQL (2–7 s each: a chunk stays far inside its timeout)
+PG_CHUNKS, PG_PER_CHUNK = 4, 5  # 20 worlds on PostgreSQL, 2 to 7 s each
 PG_NO_LEASE_FENCE_BY = 10  # no-lease-fence is caught within these seeds on PostgreSQL (at 5)
 
 
