@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -62,31 +63,12 @@ def _seed_range(_ctx: click.Context, _param: click.Parameter, text: str | None) 
     show_default=True,
     help="Where a failure's case is written, for --replay.",
 )
-def sim(
-    *,
-    seed: int | None,
-    seed_range: range | None,
-    steps: int,
-    store: str,
-    mutation: str | None,
-    shrink: bool,
-    replay: Path | None,
-    save_to: Path,
-) -> None:
+def sim(**options: Any) -> None:
     """Run worlds of real actors, stepped one store call at a time by a seed, checking every
     invariant after every step. Exit 1 on the first failure, with its trace and how to replay
     it; 0 when every world held."""
     with reported():
-        code = _sim(
-            seed=seed,
-            seed_range=seed_range,
-            steps=steps,
-            store=store,
-            mutation=mutation,
-            shrink=shrink,
-            replay=replay,
-            save_to=save_to,
-        )
+        code = _sim(**options)
     sys.exit(code)
 
 
