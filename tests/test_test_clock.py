@@ -169,20 +169,27 @@ def test_a_demo_killed_mid_dispatch_leaves_nothing_eligible_lost_for_the_next_wo
         conn.close()
         box.close()
     eligible = {c for c in customers if is_active(c)}
-    period = next(iter(states)).rsplit("/", 1)[1]
-    unsettled = {
-        c
-        for c in eligible
-        if states.get(f"weekly-digest/customer-{c}/{period}") != "sent"
-        and f"weekly-digest/customer-{c}/{period}" not in dead_jobs
-    }
-    assert unsettled == set(), (
-        f"eligible customers with no digest and no visible state: {unsettled}"
-    )
+    # the demo's week, and any week the next worker's scheduler caught up with since (on the real
+    # clock, a Monday's fire after the demo's): each period complete on its own
+    periods = sorted({key.rsplit("/", 1)[1] for key in states})
+    assert periods
+    for period in periods:
+        dead = {key for key in dead_jobs if key.endswith(f"/{period}")}
+        unsettled = {
+            c
+            for c in eligible
+            if states.get(f"weekly-digest/customer-{c}/{period}") != "sent"
+            and f"weekly-digest/customer-{c}/{period}" not in dead
+        }
+        assert unsettled == set(), (
+            f"{period}: eligible customers with no digest and no visible state: {unsettled}"
+        )
+        digests = sum(
+            1 for key, state in states.items() if key.endswith(f"/{period}") and state == "sent"
+        )
+        assert digests == len(eligible) - len(dead) and digests > 0, period
     tokens = [
         email.message_from_bytes(path.read_bytes())["X-Oncebox-Token"]
         for path in outbox.glob("*.eml")
     ]
     assert len(tokens) == len(set(tokens)), "a digest was delivered twice"
-    digests = sum(1 for state in states.values() if state == "sent")
-    assert digests == len(eligible) - len(dead_jobs) and digests > 0
