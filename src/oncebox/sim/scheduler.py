@@ -89,14 +89,12 @@ class Scheduler:
         *,
         fault_rate: float = 0.03,
         blocked: Callable[[], int] | None = None,
-        on_step: Callable[[Step], None] | None = None,
         on_crash: Callable[[str], None] | None = None,
     ) -> None:
         self.choices = choices
         self.fault_rate = fault_rate
         self.faults = True
         self._blocked_count = blocked
-        self._on_step = on_step
         self.on_crash = on_crash
         self._actors: dict[str, _Actor] = {}
         self._cond = threading.Condition()
@@ -203,8 +201,6 @@ class Scheduler:
         step = Step(len(self.steps), actor.name, actor.at, fate)
         self.steps.append(step)
         self.elapsed += STEP_SECONDS
-        if self._on_step is not None:
-            self._on_step(step)
         with self._cond:
             actor.fate = fate
             actor.state = "running"
