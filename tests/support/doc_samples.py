@@ -33,13 +33,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import oncebox
+from oncebox.kernel.clock import real_now
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 STORY_PREFIX = "oncebox-doc-story-"
+STORY_CLOCK = Path(__file__).resolve().parent / "story_clock"  # its sitecustomize shifts the clock
 MARKER = re.compile(
     r"^(?P<indent> *)<!-- sample: (?P<names>[\w\- ]+) -->\n(?P=indent)```[^\n]*\n"
     r"(?P<content>.*?)^(?P=indent)```$",
@@ -56,12 +59,22 @@ def oncebox_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "oncebox.cli"]
 
 
+def pin_story_clock(instant: datetime) -> None:
+    """From now on, every command this process runs reads the host's clock as if this moment
+    were `instant` (support/story_clock): the story's rows are as old when it prints them as when
+    its samples were written, on any later day."""
+    shift = instant - real_now()
+    os.environ["STORY_CLOCK_SHIFT_US"] = str(shift // timedelta(microseconds=1))
+
+
 def base_environment() -> dict[str, str]:
     """This environment without any oncebox setting, as a fresh shell would have it; unbuffered,
     so stdout and stderr interleave in one pipe as they would on a terminal. The commands run
-    the oncebox this process imports (a checkout's own `src`, when it is not the installed one)."""
+    the oncebox this process imports (a checkout's own `src`, when it is not the installed one),
+    on the story's clock once `pin_story_clock` has set it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEBOX_")}
-    env["PYTHONPATH"] = str(Path(oncebox.__file__ or "").resolve().parent.parent)
+    source = str(Path(oncebox.__file__ or "").resolve().parent.parent)
+    env["PYTHONPATH"] = f"{STORY_CLOCK}{os.pathsep}{source}"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

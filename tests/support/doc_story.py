@@ -10,6 +10,9 @@ discarding, accepting drifted keys, and finally a clock a killed process left fr
 scenes use databases of their own (a fresh one to migrate, a second freight database without a
 secret, a shop with a delayed job, the chaos harness) and run beside the main one, as do
 read-only commands between two writes: the whole story stays well under a minute on two cores.
+Every command reads the host's clock as if the story began on that week's Thursday
+(`pin_story_clock`), so what ages — payloads past retention, the schedule's next fire — prints the
+same on any later day.
 
 Run it: `make doc-samples` (or `python tests/support/doc_story.py [--check]`).
 """
@@ -26,6 +29,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `support.*` importable as in the tests
@@ -44,6 +48,7 @@ from support.doc_samples import (
     expected,
     finish,
     mask,
+    pin_story_clock,
     resume,
     rewrite,
     run_command,
@@ -51,7 +56,8 @@ from support.doc_samples import (
 )
 from support.doc_story_apps import HOLD_CLOCK, MODULES
 
-PERIOD = "2026-W49"  # a past week: the demo simulates it on a clock behind the real one
+PERIOD = "2026-W49"  # a past week: the demo simulates it on a clock behind the story's
+STORY_NOW = datetime(2026, 12, 3, 12, tzinfo=UTC)  # when the story happens: that week's Thursday
 DEMO_DB = "sqlite:///oncebox-demo.db"
 FREIGHT = "oncebox.examples.logistics"  # the demo's own app, as shipped
 SESSION = {"ONCEBOX_DB": DEMO_DB, "ONCEBOX_APP": FREIGHT, "USER": "ops-alice"}
@@ -419,6 +425,7 @@ def job_id(story: Story, key: str) -> str:
 def record(*, keep: bool = False) -> dict[str, str]:
     """Every sample, from one run of the story in a new temporary directory (`keep`: left in
     place, to look at afterwards)."""
+    pin_story_clock(STORY_NOW)
     workdir = Path(tempfile.mkdtemp(prefix=STORY_PREFIX))
     if keep:
         print(f"the story runs in {workdir}", file=sys.stderr)
