@@ -46,11 +46,25 @@ class Checks(Protocol):
 
 
 class Checker:
-    """See the module docstring. `connection` is the checker's own, outside every actor."""
+    """See the module docstring. `connection` is the checker's own, outside every actor.
 
-    def __init__(self, connection: Any, parts: Sequence[Checks] = ()) -> None:
+    Most steps commit nothing: an actor waiting for its turn at SQLite's write lock, a lane
+    finding no work, a statement inside a transaction still open. So a read is kept until the
+    database says something committed since (`version`: SQLite's `data_version`, PostgreSQL's
+    snapshot), and the same SQL is answered from it: the checker's reads name no time and no
+    random, so on the same committed data they return the same rows."""
+
+    def __init__(
+        self,
+        connection: Any,
+        parts: Sequence[Checks] = (),
+        version: Callable[[Any], object] | None = None,
+    ) -> None:
         self.connection = connection
         self.parts = list(parts)
+        self._version = version
+        self._seen: object = None
+        self._kept: dict[str, list[Any]] = {}
 
     def faults_stop(self) -> None:
         """The quiet phase begins: each part may start checking what holds only without faults
@@ -58,7 +72,22 @@ class Checker:
         for part in self.parts:
             part.faults_stop()
 
+    def _refresh(self) -> None:
+        """Forget the kept reads if anything committed since they were made."""
+        if self._version is None:
+            self._kept = {}
+            return
+        version = self._version(self.connection)
+        if version != self._seen:
+            self._seen, self._kept = version, {}
+
     def _rows(self, sql: str) -> list[Any]:
+        kept = self._kept.get(sql)
+        if kept is None:
+            kept = self._kept[sql] = self._read(sql)
+        return list(kept)
+
+    def _read(self, sql: str) -> list[Any]:
         cursor = self.connection.execute(sql)
         rows = list(cursor.fetchall())
         commit = getattr(self.connection, "commit", None)
@@ -67,6 +96,7 @@ class Checker:
         return rows
 
     def after_step(self) -> list[Violation]:
+        self._refresh()
         found: list[Violation] = []
         for key, count in self._rows(
             "SELECT key, count(*) FROM oncebox_intents GROUP BY key HAVING count(*) > 1"
@@ -104,6 +134,7 @@ class Checker:
         return found
 
     def quiet(self, wanted: set[str]) -> list[Violation]:
+        self._refresh()
         found: list[Violation] = []
         jobs = self._rows("SELECT id, key, state FROM oncebox_jobs")
         keys = {key for _, key, _ in jobs}
@@ -124,6 +155,7 @@ class Checker:
 
     def unfinished(self) -> int:
         """Jobs and messages not yet at an end (the drain goes on while there are any)."""
+        self._refresh()
         [(jobs,)] = self._rows(
             "SELECT count(*) FROM oncebox_jobs WHERE state NOT IN ('done', 'dead', 'cancelled')"
         )
@@ -131,3 +163,19 @@ class Checker:
             "SELECT count(*) FROM oncebox_outbox WHERE state NOT IN ('sent', 'dead', 'ambiguous')"
         )
         return int(jobs) + int(messages)
+
+
+def sqlite_version(connection: Any) -> object:
+    """Changes whenever another connection commits to the file (the checker never writes)."""
+    return connection.execute("PRAGMA data_version").fetchone()[0]
+
+
+def postgres_version(connection: Any) -> object:
+    """The server's snapshot: any transaction that wrote and committed since the last look
+    changed it (an xid assigned moves `xmax`; a commit leaves the in-progress list). It is the
+    whole server's, so another database's writes make it change too: a read made again for
+    nothing, never a change missed."""
+    row = connection.execute("SELECT pg_current_snapshot()::text").fetchone()
+    if not getattr(connection, "autocommit", True):
+        connection.commit()
+    return row[0]

@@ -42,6 +42,8 @@ STUCK_AFTER = 60.0  # seconds an actor may run between two yield points before t
 STEP_SECONDS = 0.001  # monotonic time a step takes
 # The points where a fault may befall an actor: its store calls and its provider calls.
 FAULTY = ("store.", "session.", "tx.", "send.")
+# Where an actor waits for SQLite's write lock; while another holds it, it is not picked.
+TURN = "waiting_turn"
 
 
 class Crash(BaseException):
@@ -90,11 +92,13 @@ class Scheduler:
         fault_rate: float = 0.03,
         blocked: Callable[[], int] | None = None,
         on_crash: Callable[[str], None] | None = None,
+        write_lock_held: Callable[[], bool] | None = None,
     ) -> None:
         self.choices = choices
         self.fault_rate = fault_rate
         self.faults = True
         self._blocked_count = blocked
+        self._write_lock_held = write_lock_held
         self.on_crash = on_crash
         self._actors: dict[str, _Actor] = {}
         self._cond = threading.Condition()
@@ -189,7 +193,7 @@ class Scheduler:
     def step(self, only: list[str] | None = None) -> Step | None:
         """Pick a parked actor (among `only`, if given) and run it to its next point. None when
         no actor can move."""
-        names = [n for n in self.runnable() if only is None or n in only]
+        names = self._movable([n for n in self.runnable() if only is None or n in only])
         if not names:
             return None
         actor = self._actors[names[self.choices.below(len(names))]]
@@ -207,6 +211,18 @@ class Scheduler:
             actor.resumed.set()
         self._await(actor)
         return step
+
+    def _movable(self, names: list[str]) -> list[str]:
+        """The actors a step can move: not one waiting for SQLite's write lock while another
+        holds it — its step would look at the lock, find it taken and park where it was, a step
+        in which nothing happens. (A real waiter's looks take no one else's time either.) If
+        every actor waits, they are all left in: something outside them holds the lock."""
+        if self._write_lock_held is None:
+            return names
+        waiting = [n for n in names if self._actors[n].at.endswith(TURN)]
+        if not waiting or len(waiting) == len(names) or not self._write_lock_held():
+            return names
+        return [n for n in names if n not in waiting]
 
     def _await(self, actor: _Actor) -> None:
         """Wait until the running actor parks, ends, or blocks on a lock in the database; then

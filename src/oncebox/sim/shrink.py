@@ -3,8 +3,8 @@
 A run is a function of its record of choices (`Choices`), so shrinking edits the record, never
 the code: it tries fewer steps, then deletes runs of choices (halves, quarters, … single ones),
 then lowers each choice towards 0 (the first actor, no fault, the first key) — keeping each edit
-that still breaks the same invariant, until none does or the budget of tries is spent. What is
-left replays with `oncebox sim --replay FILE`.
+that still breaks the same invariant no later in the trace, until none does or the budget of
+tries is spent. What is left replays with `oncebox sim --replay FILE`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class Case:
 Runner = Callable[[Case], Outcome]
 
 
+def _seen_by(outcome: Outcome) -> int:
+    """How many steps a reader of the trace goes through before the failure."""
+    return len(outcome.steps) if outcome.at is None else outcome.at
+
+
 def shrink(case: Case, failed: Outcome, run: Runner, tries: int = 300) -> tuple[Case, Outcome]:
     """The smallest case found that breaks the same invariant as `failed`."""
     assert failed.violation is not None
@@ -62,7 +67,11 @@ def shrink(case: Case, failed: Outcome, run: Runner, tries: int = 300) -> tuple[
             return False
         spent += 1
         outcome = run(candidate)
-        if outcome.violation is not None and outcome.violation.invariant == wanted:
+        if (
+            outcome.violation is not None
+            and outcome.violation.invariant == wanted
+            and _seen_by(outcome) <= _seen_by(best_outcome)
+        ):
             best = Case(candidate.store, candidate.steps, list(outcome.record), candidate.mutation)
             best_outcome = outcome
             return True

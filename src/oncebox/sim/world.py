@@ -90,6 +90,7 @@ class World:
     parts: list[Part] = field(init=False)
     wanted: set[str] = field(default_factory=set)
     now: datetime = START
+    quiet: bool = False  # the faults have stopped: time runs on to the next thing due
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -199,9 +200,19 @@ class World:
         every lane paces itself by move together."""
         step = CLOCK_STEPS[self.choices.below(len(CLOCK_STEPS))]
         self.scheduler.point("clock")
+        if self.quiet:
+            step = max(step, self._until_next_due())
         self.now += step
         self.scheduler.elapsed += step.total_seconds()
         self.real.clock_set(ClockSetting(frozen_at=self.now))
+
+    def _until_next_due(self) -> timedelta:
+        """Once faults stop, how long until a job, a message or a lease falls due (none: no
+        wait): the lanes would only find nothing meanwhile, so time passes at once."""
+        upcoming: datetime | None = self.real.status_times().next_event()
+        if upcoming is None or upcoming <= self.now:
+            return timedelta(0)
+        return upcoming - self.now + timedelta(seconds=1)
 
     def _operate(self) -> None:
         """What an operator does the next morning, each through the box and audited: replay a

@@ -29,6 +29,7 @@ Nothing else is ever interpolated into SQL: values are bound parameters.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -121,9 +122,16 @@ def parse_files(texts: dict[str, str]) -> dict[str, str]:
     return blocks
 
 
+@functools.cache
+def _queries(dialect: str) -> dict[str, str]:
+    """The dialect's query files parsed, once per process: they are the package's own, and every
+    store opened (a simulation opens one per world) would otherwise read and parse them again."""
+    return parse_files({file: _read(dialect, file) for file in query_files(dialect)})
+
+
 def load_queries(dialect: str, schema: str | None = None) -> dict[str, LiteralString]:
     """The dialect's named queries from all its query files, with the schema token resolved."""
-    blocks = parse_files({file: _read(dialect, file) for file in query_files(dialect)})
+    blocks = dict(_queries(dialect))
     if schema is not None:
         quoted = quote_schema(schema)
         blocks = {name: sql.replace(SCHEMA_TOKEN, quoted) for name, sql in blocks.items()}
