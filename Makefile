@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-packages lint typecheck pytest install-test bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots fences-table
+.PHONY: demo test system-packages lint typecheck pytest install-test bench peers-env compare clean schema-snapshot doc-samples api-samples console-screenshots fences-table sim-soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,14 @@ schema-snapshot: $(STAMP)
 # tests/test_fences.py checks it still matches.
 fences-table: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python tests/support/fences.py
+
+# The deterministic simulation beyond the suite's budget: worlds of varied sizes until Ctrl-C,
+# each failure's case saved in sim-soak/ (docs/simulation.md). SIM_STORE=postgresql://… for
+# PostgreSQL worlds, SIM_FROM=N to start past the seeds already soaked.
+SIM_STORE ?= sqlite
+SIM_FROM ?= 0
+sim-soak: $(STAMP)
+	$(BIN)/oncebox sim --soak --store $(SIM_STORE) --seed $(SIM_FROM) --found sim-soak
 
 # The command samples in docs/cli.md and docs/runbook.md, rewritten from a real run of the operator
 # story in tests/support/doc_story.py; tests/test_doc_samples.py checks they still match.

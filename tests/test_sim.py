@@ -416,3 +416,19 @@ def test_a_statement_blocked_on_a_parked_actor_yields_and_a_deadlock_has_one_vic
         ["a", "store.update", "2", "(lock", "freed)"],
     ], steps
     assert all(run_ == runs[0] for run_ in runs), runs
+
+
+def test_a_saved_case_shrinks_when_replayed_with_shrink(tmp_path: Path):
+    failed = run(seed=1, steps=STEPS, mutation="release-refused-batch")  # docs/simulation.md
+    assert failed.failed and failed.violation is not None
+    saved, small = tmp_path / "case.json", tmp_path / "small.json"
+    Case("sqlite", STEPS, list(failed.record), "release-refused-batch").save(saved)
+    outcome = CliRunner().invoke(
+        main, ["sim", "--replay", str(saved), "--shrink", "--tries", "12", "--save", str(small)]
+    )
+    assert outcome.exit_code == 1, outcome.output
+    assert f"the case failed ({failed.violation}); shrinking" in outcome.output
+    case = Case.load(small)
+    assert len(case.record) < len(failed.record) and case.steps <= STEPS
+    again = run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
+    assert again.violation is not None and again.violation.invariant == "A1"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,13 @@ def _seed_range(_ctx: click.Context, _param: click.Parameter, text: str | None) 
 @click.option("--mutation", metavar="NAME", help="A fence removed on purpose (chaos mutations).")
 @click.option("--shrink", is_flag=True, help="Make a failure small before reporting it.")
 @click.option(
+    "--tries",
+    type=click.IntRange(1, 100_000),
+    default=300,
+    show_default=True,
+    help="How many runs --shrink may spend.",
+)
+@click.option(
     "--replay",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="Run the case a failure saved (its choices, steps, store and mutation) again.",
@@ -63,10 +72,23 @@ def _seed_range(_ctx: click.Context, _param: click.Parameter, text: str | None) 
     show_default=True,
     help="Where a failure's case is written, for --replay.",
 )
+@click.option(
+    "--soak",
+    is_flag=True,
+    help="Run worlds of varied sizes until stopped (Ctrl-C), or through --seeds; a failure "
+    "is saved and the soak goes on.",
+)
+@click.option(
+    "--found",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("sim-soak"),
+    show_default=True,
+    help="Where --soak saves each failure's case and, when it stops, summary.json.",
+)
 def sim(**options: Any) -> None:
     """Run worlds of real actors, stepped one store call at a time by a seed, checking every
     invariant after every step. Exit 1 on the first failure, with its trace and how to replay
-    it; 0 when every world held."""
+    it; 0 when every world held. With --soak: exit 1 if any world failed."""
     with reported():
         code = _sim(**options)
     sys.exit(code)
@@ -80,8 +102,11 @@ def _sim(
     store: str,
     mutation: str | None,
     shrink: bool,
+    tries: int,
     replay: Path | None,
     save_to: Path,
+    soak: bool,
+    found: Path,
 ) -> int:
     from oncebox.chaos.mutations import check  # noqa: PLC0415 (the harness loads on use)
     from oncebox.sim.runner import run  # noqa: PLC0415
@@ -92,11 +117,25 @@ def _sim(
         raise ConfigurationError(f"--store {redact(store)!r}: use sqlite or postgresql://…")
     if mutation is not None:
         check((mutation,))
+    if soak:
+        if replay is not None or shrink:
+            raise ConfigurationError(
+                "--soak runs seeds and saves failures: not with --replay or --shrink"
+            )
+        return _soak(store, seed, seed_range, mutation, found)
 
     if replay is not None:
         case = Case.load(replay)
         outcome = run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
-        return _report(outcome, case, f"--replay {replay}", save_to)
+        if shrink and outcome.failed:
+            say(f"the case failed ({outcome.violation}); shrinking…")
+            case, outcome = shrunk(
+                case,
+                outcome,
+                lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
+                tries,
+            )
+        return _report(outcome, case, f"--replay {replay}", save_to, shrunk_=shrink)
     seeds = seed_range or range(seed or 0, (seed or 0) + 1)
     where = "sqlite" if store == "sqlite" else redact(store)
     say(
@@ -116,10 +155,32 @@ def _sim(
                     case,
                     outcome,
                     lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
+                    tries,
                 )
             return _report(outcome, case, again, save_to, shrunk_=shrink)
     say(f"{len(seeds)} worlds, every invariant held")
     return 0
+
+
+def _soak(
+    store: str, seed: int | None, seeds: range | None, mutation: str | None, found: Path
+) -> int:
+    """Worlds until SIGINT or SIGTERM (the one under way finishes first), or through `seeds`."""
+    from oncebox.sim.soak import soak  # noqa: PLC0415
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    where = "sqlite" if store == "sqlite" else redact(store)
+    bound = (
+        f"seeds {seeds.start}..{seeds.stop - 1}"
+        if seeds
+        else f"from seed {seed or 0}, until stopped"
+    )
+    say(f"oncebox sim --soak · {where} · {bound}" + (f" · mutation {mutation}" if mutation else ""))
+    summary = soak(store, seeds, found, stop, start=seed or 0, mutation=mutation, say=say)
+    say(f"soak stopped: {summary.line()}; {found / 'summary.json'}")
+    return 1 if summary.failures else 0
 
 
 def _report(outcome: object, case: object, again: str, save_to: Path, shrunk_: bool = False) -> int:
