@@ -7,8 +7,10 @@ part of the world (`sim/parts/`) adds its own, which the checker asks for too. A
 
     S1  at most one intent per key
     F1  a leased job or message is leased by one lease: its token and its deadline set together
-    C1  the durable counters equal a recount from the rows: every job enqueued counted once, every
-        job done counted once as completed or as a duplicate (a writer fenced out counts nothing)
+    C1  the durable counters equal a recount of what the rows went through: every job enqueued
+        counted once, every arrival of a job at done counted once as completed or as a duplicate
+        (a writer fenced out counts nothing; a job re-opened when its last message was discarded
+        and run again counts again; a job the pruner deleted stays counted)
 
 Once faults stop and the lanes have run until nothing is due (`quiet`):
 
@@ -18,6 +20,7 @@ Once faults stop and the lanes have run until nothing is due (`quiet`):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -65,6 +68,12 @@ class Checker:
         self._version = version
         self._seen: object = None
         self._kept: dict[str, list[Any]] = {}
+        self._jobs: dict[int, tuple[str, Any]] = {}  # every job as last seen: (state, outcome)
+        self._arrived: Counter[tuple[str, Any]] = Counter()  # arrivals at each (state, outcome)
+        self._ever = 0  # jobs ever seen
+        self._gone: set[int] = set()  # the jobs the pruner deleted
+        self._keys: dict[int, Any] = {}
+        self.pruned_keys: set[Any] = set()  # the keys of the jobs the pruner deleted
 
     def faults_stop(self) -> None:
         """The quiet phase begins: each part may start checking what holds only without faults
@@ -114,22 +123,32 @@ class Checker:
         return found
 
     def _counted(self) -> list[Violation]:
+        """The counters against what the rows went through. They count events: a job that
+        completed, was re-opened (its last message discarded) and completed again counts twice,
+        and a job the pruner deleted stays counted. The checker sees every commit (it reads after
+        every step), so each arrival of a job at an outcome is seen once."""
         counters = dict(self._rows("SELECT name, sum(value) FROM oncebox_counters GROUP BY name"))
-        [(jobs, completed, duplicates)] = self._rows(
-            "SELECT count(*), "
-            "coalesce(sum(CASE WHEN state = 'done' AND outcome = 'completed' THEN 1 END), 0), "
-            "coalesce(sum(CASE WHEN state = 'done' AND outcome = 'duplicate' THEN 1 END), 0) "
-            "FROM oncebox_jobs"
-        )
+        read = self._rows("SELECT id, key, state, outcome FROM oncebox_jobs")
+        jobs = {int(job_id): (str(state), outcome) for job_id, _key, state, outcome in read}
+        for job_id, key, _state, _outcome in read:
+            if int(job_id) not in self._jobs and int(job_id) not in self._gone:
+                self._ever += 1
+            if jobs[int(job_id)] != self._jobs.get(int(job_id)):
+                self._arrived[jobs[int(job_id)]] += 1
+            self._keys[int(job_id)] = key
+        for job_id in set(self._jobs) - set(jobs):  # pruned: finished, never to change again
+            self._gone.add(job_id)
+            self.pruned_keys.add(self._keys.pop(job_id))
+        self._jobs = jobs
         found = []
-        for name, rows in (
-            ("jobs_enqueued", jobs),
-            ("jobs_completed", completed),
-            ("claim_conflicts", duplicates),
+        for name, recount in (
+            ("jobs_enqueued", self._ever),
+            ("jobs_completed", self._arrived[("done", "completed")]),
+            ("claim_conflicts", self._arrived[("done", "duplicate")]),
         ):
-            if int(counters.get(name) or 0) != int(rows):
+            if int(counters.get(name) or 0) != recount:
                 found.append(
-                    Violation("C1", f"{name} counts {counters.get(name) or 0}, the rows {rows}")
+                    Violation("C1", f"{name} counts {counters.get(name) or 0}, the rows {recount}")
                 )
         return found
 
@@ -137,7 +156,7 @@ class Checker:
         self._refresh()
         found: list[Violation] = []
         jobs = self._rows("SELECT id, key, state FROM oncebox_jobs")
-        keys = {key for _, key, _ in jobs}
+        keys = {key for _, key, _ in jobs} | self.pruned_keys  # a pruned job ended first
         for key in sorted(wanted - keys):
             found.append(Violation("L1", f"{key} was enqueued and has no job"))
         for job_id, key, state in jobs:

@@ -36,6 +36,7 @@ from oncebox.sim.parts.collapse import Collapsing
 from oncebox.sim.parts.limits import Limited
 from oncebox.sim.parts.notices import Notices
 from oncebox.sim.parts.ordered import Ordered
+from oncebox.sim.parts.retained import Retained
 from oncebox.sim.providers import SimProvider
 from oncebox.sim.scheduler import Scheduler
 from oncebox.sim.yields import YieldingStore
@@ -51,6 +52,7 @@ PARTS: tuple[Callable[[World], Part], ...] = (
     Collapsing,
     Ordered,
     CallerTransactions,
+    Retained,
 )
 # The lanes that run on once faults stop, until nothing is due (the clock moves time on).
 LANES_KEPT = (
@@ -89,6 +91,7 @@ class World:
     store: YieldingStore = field(init=False)
     parts: list[Part] = field(init=False)
     wanted: set[str] = field(default_factory=set)
+    providers: dict[str, SimProvider] = field(default_factory=dict)
     now: datetime = START
     quiet: bool = False  # the faults have stopped: time runs on to the next thing due
     _closers: list[Callable[[], None]] = field(default_factory=list)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from oncebox.box import Box
 from oncebox.sim.choices import Choices
 from oncebox.sim.invariants import Violation
+from oncebox.sim.providers import SimProvider
 from oncebox.sim.scheduler import Scheduler
 from oncebox.sim.yields import YieldingStore
 
@@ -37,6 +38,7 @@ class Stage(Protocol):
     real: Any  # the store itself, unwrapped (its dialect, its connections)
     store: YieldingStore
     wanted: set[str]  # the keys that must reach an end once faults stop (L1)
+    providers: dict[str, SimProvider]  # each channel's simulated provider, by channel name
 
     def loop(self, round_: Callable[[], object]) -> Body: ...
 
