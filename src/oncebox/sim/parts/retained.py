@@ -18,11 +18,12 @@ serves"), for every task and channel of the world, not only this part's:
         finished, and with every message it wrote sent or discarded; a message only once sent
         (or discarded), past its channel's `keep_messages`, its job already gone; a payload is
         dropped only from a sent message past `keep_payloads`; an intent only of a task that
-        sets `keep_intents`, past it since the claim
+        sets `keep_intents`, past it since the claim, or freed by the discard of its last message
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -168,7 +169,8 @@ class Retained(Part):
                 found.append(
                     Violation("P1", f"message {row_id} ({channel}) lost its payload early")
                 )
-        for key in sorted(set(self.intents) - set(intents)):
+        released = self._released(rows)
+        for key in sorted(set(self.intents) - set(intents) - released):
             task, claimed = self.intents[key]
             keep = plan.policy("intents", task)
             if keep is None or claimed is None or claimed + keep > now:
@@ -176,6 +178,20 @@ class Retained(Part):
         self.jobs, self.messages, self.intents = jobs, messages, intents
         self.payloads = dropped
         return found
+
+    @staticmethod
+    def _released(rows: Rows) -> set[str]:
+        """The intents an operator freed: the discard of the last message of a key standing
+        releases the key, so that a re-run of its job may write it afresh."""
+        intent_of = {int(i): str(k) for i, k in rows("SELECT id, intent_key FROM oncebox_outbox")}
+        freed = set()
+        for target, details in rows(
+            "SELECT target_id, details FROM oncebox_audit WHERE action = 'discard'"
+        ):
+            said = json.loads(details) if isinstance(details, (str, bytes)) else details
+            if said.get("intent_released") and int(target) in intent_of:
+                freed.add(intent_of[int(target)])
+        return freed
 
     @staticmethod
     def _messages(rows: Rows) -> list[Any]:
