@@ -32,6 +32,7 @@ from oncebox.store.postgres import PostgresStore
 from oncebox.store.records import ApiRequestClaim
 from support.api_server import call, served_api
 from support.contract import T0
+from support.seeded_work import work_seeded
 from support.waiting import wait_until
 
 DIGEST = "/v1/tasks/weekly_digest/jobs"
@@ -130,7 +131,7 @@ def test_enqueued_over_http_processed_by_a_worker_and_its_receipts_read_back(tmp
             "POST", base + DIGEST, token, {"args": {"customer_id": 1, "period": "2026-W33"}}
         )
         assert made[0] == 201, made
-        box.work(until_idle=True)  # the worker: the job, then its message
+        work_seeded(box)  # the worker: the job, then its message
         status, _, chain = call("GET", base + made[2]["links"]["key"], token)
         assert status == 200
         assert [j["state"] for j in chain["jobs"]] == ["done"]

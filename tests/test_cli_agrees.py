@@ -20,6 +20,7 @@ from oncebox.cli.app import main
 from oncebox.jobs.periods import iso_week
 from oncebox.lanes.dispatcher import DispatcherResult
 from oncebox.lanes.worker import WorkerResult
+from support.host_clock import README_WEEK_THURSDAY, host_clock_at
 from test_cli import CODE, TESTS
 from test_readme import readme_example
 
@@ -99,7 +100,11 @@ def test_the_app_the_docs_name_for_the_readmes_module_loads_it(tmp_path):
 
 def test_a_worker_says_what_it_runs_when_it_starts(tmp_path):
     (tmp_path / "freight.py").write_text(readme_example())
-    result = oncebox(tmp_path, "worker", "--app", "freight", "--until-idle", "--concurrency", "2")
+    ordinary_day = host_clock_at(README_WEEK_THURSDAY, os.pathsep.join([str(TESTS), str(CODE)]))
+    result = oncebox(
+        tmp_path, "worker", "--app", "freight", "--until-idle", "--concurrency", "2",
+        env=ordinary_day,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == (
         "worker started: sqlite:///oncebox.db · app freight · tasks weekly_digest · "

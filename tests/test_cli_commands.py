@@ -52,6 +52,18 @@ def freight(tmp_path: Path):
     return url, env, tmp_path
 
 
+def fan_outs_paused(url: str) -> None:
+    """Pause the weekly digest's fan-outs, unaudited (no operator acted): the test's workers run
+    the jobs it made and no others. Running, a worker's scheduler fans out the week due on the
+    real clock — on a Monday within the schedule's grace after its 09:00 fire, the current one —
+    beside the test's own PERIOD; a period run by hand (`schedule run`) is not held back."""
+    box = build_box(url)
+    try:
+        box.pause_schedule("weekly-digest")
+    finally:
+        box.close()
+
+
 def run(env, *args, cwd=None):
     return oncebox(*args, env=env, cwd=cwd)
 
@@ -143,12 +155,13 @@ def test_commands_that_run_code_require_the_app(freight):
 
 
 def test_a_schedule_run_then_worker_then_status_shows_the_periods_coverage(freight):
-    _url, env, tmp = freight
+    url, env, tmp = freight
     listed = ok_json(run(env, "schedule", "list", "--json"))
     assert [(s["name"], s["cron"], s["period"], s["paused"]) for s in listed] == [
         ("weekly-digest", "0 9 * * MON", "iso_week", False)
     ]
     assert listed[0]["next_fire_at"].endswith("09:00:00Z")
+    fan_outs_paused(url)  # PERIOD's coverage, not the week due now
 
     fan_out = ok_json(run(env, "schedule", "run", "weekly-digest", "--period", PERIOD, "--json"))
     assert (fan_out["eligible"], fan_out["enqueued"]) == (4, 4)
@@ -344,15 +357,17 @@ def test_a_ready_job_is_cancelled_with_an_audit_and_only_once(freight):
     assert run(env, "jobs", "cancel", key).returncode == 2  # no --reason
 
 
-def dead_poison(env) -> str:
+def dead_poison(url: str, env) -> str:
+    """PERIOD fanned out by hand and worked: customer POISON's job dead, its key returned."""
+    fan_outs_paused(url)
     run(env, "schedule", "run", "weekly-digest", "--period", PERIOD)
     assert run(env, "worker", "--until-idle").returncode == 0
     return f"weekly-digest/customer-{POISON}/{PERIOD}"
 
 
 def test_jobs_list_and_show_find_the_dead_poison_with_its_error(freight):
-    _url, env, _tmp = freight
-    key = dead_poison(env)
+    url, env, _tmp = freight
+    key = dead_poison(url, env)
     dead = ok_json(run(env, "jobs", "list", "--state", "dead", "--json"))
     assert [(j["key"], j["schedule"], j["period"]) for j in dead] == [
         (key, "weekly-digest", PERIOD)
@@ -372,8 +387,8 @@ def test_jobs_list_and_show_find_the_dead_poison_with_its_error(freight):
 
 
 def test_dlq_list_show_and_a_rate_limited_replay_all_keep_the_key_and_audit(freight):
-    _url, env, _tmp = freight
-    key = dead_poison(env)
+    url, env, _tmp = freight
+    key = dead_poison(url, env)
     [letter] = ok_json(run(env, "dlq", "list", "--json"))
     assert (letter["kind"], letter["key"]) == ("job", key)
     [shown] = ok_json(run(env, "dlq", "show", key, "--json"))
@@ -409,8 +424,8 @@ def test_dlq_list_show_and_a_rate_limited_replay_all_keep_the_key_and_audit(frei
 
 
 def test_dlq_filters_a_dry_run_and_a_discard_as_an_operator_runs_them(freight):
-    _url, env, _tmp = freight
-    key = dead_poison(env)
+    url, env, _tmp = freight
+    key = dead_poison(url, env)
     by_period = ok_json(run(env, "dlq", "list", "--period", PERIOD, "--json"))
     assert [r["key"] for r in by_period] == [key]
     assert ok_json(run(env, "dlq", "list", "--period", "2026-W34", "--json")) == []
@@ -466,7 +481,8 @@ def test_dlq_commands_refuse_bad_input(freight, args, needle):
 
 
 def test_an_ambiguous_smtp_send_is_listed_shown_and_resolved_with_an_audit(freight):
-    _url, env, _tmp = freight
+    url, env, _tmp = freight
+    fan_outs_paused(url)
     with SmtpSink() as sink:
         sink.script("drop")  # the first message arrives; its acknowledgement is lost
         env = {**env, "ONCEBOX_EMAIL": sink.url}
@@ -517,7 +533,7 @@ def test_an_ambiguous_smtp_send_is_listed_shown_and_resolved_with_an_audit(freig
 
 def test_keys_check_and_accept_guard_a_drifted_deploy(freight):
     url, env, _tmp = freight
-    dead_poison(env)  # the running app has recorded its canaries
+    dead_poison(url, env)  # the running app has recorded its canaries
     checked = ok_json(run(env, "keys", "check", "--json"))
     assert {(c["kind"], c["name"], c["status"]) for c in checked} == {
         ("task", "weekly_digest", "ok"),
@@ -588,6 +604,7 @@ def test_status_and_dlq_on_postgresql(pg_url, tmp_path):
 
 def test_a_worker_without_a_secret_stores_one_that_every_worker_then_shares(freight):
     url, env, tmp = freight
+    fan_outs_paused(url)
     env = {**env, "ONCEBOX_SECRET": ""}
     run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")
     run(env, "enqueue", "weekly_digest", "customer_id=2", f"period={PERIOD}")
@@ -659,7 +676,9 @@ def test_operator_commands_on_an_unmigrated_postgresql_say_run_migrate(pg_templa
 
 def frozen_unsendable_message(url: str, env, monkeypatch) -> str:
     """A digest written by an older version that let a U+2028 into its subject: the job runs
-    (consumer lane only), then its frozen row is edited as that version would have written it."""
+    (consumer lane only), then its frozen row is edited as that version would have written it;
+    the fan-outs paused, so that the test's workers run that key alone."""
+    fan_outs_paused(url)
     for name in ("ONCEBOX_SECRET", "ONCEBOX_EMAIL"):
         monkeypatch.setenv(name, env[name])
     run(env, "enqueue", "weekly_digest", "customer_id=1", f"period={PERIOD}")

@@ -28,6 +28,7 @@ from oncebox.store.params import AuditFilter, JobFilter, ProviderEvent
 from oncebox.testing import FrozenClock
 from support.digest_schedule import scheduled_box
 from support.rows import job_row
+from support.seeded_work import work_seeded
 from support.waiting import wait_until
 
 BASE = "http://console.test"
@@ -708,7 +709,7 @@ def week_box(path: Path) -> Box:
             yield {"customer": customer, "period": ctx.period}
 
     box.run_schedule("weekly-digest", "2026-W33")
-    box.work(until_idle=True)
+    work_seeded(box)
     return box
 
 

@@ -12,6 +12,7 @@ from oncebox.cli.prometheus import StoreCollector
 from oncebox.kernel.clock import ClockSetting
 from oncebox.status import PeriodFigures
 from support.digest_schedule import scheduled_box
+from support.seeded_work import work_seeded
 
 PERIOD = "2026-W33"
 
@@ -37,7 +38,7 @@ def test_a_scrape_reads_the_period_figures_of_the_last_refresh_and_the_depths_li
         assert before[f"oncebox_period_pending{{{key}}}"] == 3
         assert before["oncebox_jobs{state=ready}"] == 3
 
-        box.work(until_idle=True)
+        work_seeded(box)
         stale = samples(collector)
         assert stale["oncebox_jobs{state=done}"] == 3  # the depths: read on the scrape
         assert stale[f"oncebox_period_pending{{{key}}}"] == 3  # the periods: not yet refreshed

@@ -21,7 +21,10 @@ from oncebox.fakes.smtp_sink import free_port
 from support.binaries import require
 from support.waiting import wait_until
 from test_cli import TESTS, assert_one_line_error, oncebox
-from test_cli_commands import freight  # noqa: F401 (a fixture)
+from test_cli_commands import (
+    fan_outs_paused,
+    freight,  # noqa: F401 (a fixture)
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "src" / "oncebox" / "alerts" / "oncebox.rules.yml"
@@ -29,8 +32,10 @@ RULES = ROOT / "src" / "oncebox" / "alerts" / "oncebox.rules.yml"
 
 @pytest.fixture
 def worked(freight):  # noqa: F811 (the fixture above)
-    """The freight database after a week's digests: a fan-out, a duplicate enqueue, a dead job."""
-    _url, env, _tmp = freight
+    """The freight database after a week's digests: a fan-out, a duplicate enqueue, a dead job —
+    of that week alone (its worker fans out no other)."""
+    url, env, _tmp = freight
+    fan_outs_paused(url)
     assert (
         oncebox("schedule", "run", "weekly-digest", "--period", "2026-W33", env=env).returncode == 0
     )

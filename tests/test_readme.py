@@ -11,6 +11,8 @@ import sys
 from email import message_from_bytes
 from pathlib import Path
 
+from support.host_clock import README_WEEK_THURSDAY, host_clock_at
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("ONCEBOX_")}
 
@@ -34,8 +36,12 @@ def readme_output() -> list[str]:
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`args` in `cwd` as a new user runs them — on an ordinary day: the README shows what the
+    example prints then, not on a Monday just after its schedule's 09:00 fire, when its worker
+    rightly fans out that week too."""
+    env = {**CLEAN, **host_clock_at(README_WEEK_THURSDAY, CLEAN.get("PYTHONPATH", ""))}
     return subprocess.run(
-        args, cwd=cwd, env=CLEAN, capture_output=True, text=True, check=False, timeout=120
+        args, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=120
     )
 
 

@@ -30,6 +30,7 @@ from oncebox.jobs.periods import iso_week
 from oncebox.providers import Outgoing, Receipt
 from oncebox.providers.base import SendAmbiguous, SendPermanent
 from support.reports import SECRET, SECRET_ENV
+from support.seeded_work import work_seeded
 
 CONSOLE = "http://console.test"
 PERIOD = "2026-W33"
@@ -58,7 +59,7 @@ class Scripted:
 def seeded_box(url: str) -> Box:
     """The box (its channel `email` takes provider reports: set SECRET_ENV first) with its rows:
     customers 1-4 of PERIOD fanned out and worked — 1 sent, 2 a dead message, 3 held, 4 a dead
-    job — and one replay audited."""
+    job — and one replay audited; nothing of any other week, on any day."""
     box = Box(url, seed=11, secret="surfaces-test-secret-0123456789")
     box.channel("email", provider=Scripted(), reports=Reports(secret_env=SECRET_ENV))
 
@@ -74,10 +75,10 @@ def seeded_box(url: str) -> Box:
             yield {"customer_id": customer_id, "period": ctx.period}
 
     box.run_schedule("weekly-digest", PERIOD)
-    box.work(until_idle=True)
+    work_seeded(box)  # PERIOD's rows only, whatever week is due on the real clock
     [job] = box.dead_letters(DeadFilter(kind="job"))
     box.replay(job.id, reason="seeded", actor="seed", kind="job")
-    box.work(until_idle=True)  # dead again: a dead job with two attempts and an audit entry
+    work_seeded(box)  # dead again: a dead job with two attempts and an audit entry
     return box
 
 
