@@ -39,10 +39,10 @@ from typing import Any
 
 import oncebox
 from oncebox.kernel.clock import real_now
+from support.host_clock import STORY_CLOCK
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 STORY_PREFIX = "oncebox-doc-story-"
-STORY_CLOCK = Path(__file__).resolve().parent / "story_clock"  # its sitecustomize shifts the clock
 MARKER = re.compile(
     r"^(?P<indent> *)<!-- sample: (?P<names>[\w\- ]+) -->\n(?P=indent)```[^\n]*\n"
     r"(?P<content>.*?)^(?P=indent)```$",
