@@ -126,15 +126,10 @@ def _sim(
 
     if replay is not None:
         case = Case.load(replay)
-        outcome = run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
+        outcome = _run_case(case)
         if shrink and outcome.failed:
             say(f"the case failed ({outcome.violation}); shrinking…")
-            case, outcome = shrunk(
-                case,
-                outcome,
-                lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
-                tries,
-            )
+            case, outcome = shrunk(case, outcome, _run_case, tries)
         return _report(outcome, case, f"--replay {replay}", save_to, shrunk_=shrink)
     seeds = seed_range or range(seed or 0, (seed or 0) + 1)
     where = "sqlite" if store == "sqlite" else redact(store)
@@ -151,15 +146,17 @@ def _sim(
             )
             if shrink:
                 say(f"seed {number} failed ({outcome.violation}); shrinking…")
-                case, outcome = shrunk(
-                    case,
-                    outcome,
-                    lambda c: run(c.store, record=c.record, steps=c.steps, mutation=c.mutation),
-                    tries,
-                )
+                case, outcome = shrunk(case, outcome, _run_case, tries)
             return _report(outcome, case, again, save_to, shrunk_=shrink)
     say(f"{len(seeds)} worlds, every invariant held")
     return 0
+
+
+def _run_case(case: Any) -> Any:
+    """A saved case run again: its store, its choices, its steps, its mutation."""
+    from oncebox.sim.runner import run  # noqa: PLC0415
+
+    return run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
 
 
 def _soak(
