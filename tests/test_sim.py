@@ -27,6 +27,10 @@ from oncebox.store import allocation, sqlfiles, sqlite
 from oncebox.store.sqlite import SqliteStore
 
 # The suite's budget (docs/simulation.md): 2 000 worlds, spread over the suite's processes.
+# A chunk of worlds, or a mutation's seeds to its first failure, runs for minutes on a loaded
+# 2-core machine: the suite's two-minute bound per test is too tight for these.
+pytestmark = pytest.mark.timeout(600)
+
 STEPS = 150  # a deep world: 150 steps with faults, then the quiet phase (about 900 in all)
 CHUNKS, PER_CHUNK = 4, 25  # 100 deep worlds on SQLite
 SWEEP_STEPS = 25  # a shallow world (about 150 steps in all): many more seeds for the time
