@@ -5,10 +5,8 @@ The budget here is the suite's (docs/simulation.md); `oncebox sim --seeds` runs 
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,14 +15,23 @@ from click.testing import CliRunner
 from conftest import PG_URL
 from oncebox.chaos.mutations import MUTATIONS
 from oncebox.cli.app import main
-from oncebox.jobs.debounce import Collapse
 from oncebox.sim.choices import Choices
 from oncebox.sim.postgres import Probe, world_database
 from oncebox.sim.runner import Outcome, run
 from oncebox.sim.scheduler import Scheduler
 from oncebox.sim.shrink import Case, shrink
-from oncebox.store import allocation, sqlfiles, sqlite
-from oncebox.store.sqlite import SqliteStore
+from support.sim_breakages import (
+    a_debounce_key_per_enqueue,
+    bucket_never_spent,
+    caller_committed_for_it,
+    collapse_uncounted,
+    heads_out_of_order,
+    settled_counted_twice,
+    spent_without_a_lease,
+    unlimited_concurrency,
+    unsent_jobs_pruned,
+    young_jobs_pruned,
+)
 
 # The suite's budget (docs/simulation.md): 2 000 worlds, spread over the suite's processes.
 # A chunk of worlds, or a mutation's seeds to its first failure, runs for minutes on a loaded
@@ -37,7 +44,8 @@ SWEEP_STEPS = 25  # a shallow world (about 150 steps in all): many more seeds fo
 SWEEP_CHUNKS, SWEEP_PER_CHUNK = 37, 50  # 1 850 shallow worlds on SQLite
 PG_STEPS = 30
 PG_CHUNKS, PG_PER_CHUNK = 5, 10  # 50 worlds on PostgreSQL, one to a few seconds each
-PG_NO_LEASE_FENCE_BY = 10  # no-lease-fence is caught within these seeds on PostgreSQL (at 1)
+PG_MUTATION_STEPS = 60  # shallower than on SQLite: a PostgreSQL world costs seconds
+PG_NO_LEASE_FENCE_BY = 30  # no-lease-fence is caught within these seeds on PostgreSQL (at 1)
 
 
 def trace(outcome: Outcome) -> list[str]:
@@ -152,102 +160,6 @@ def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
     assert set(CAUGHT) | UNSEEN == sqlite
 
 
-def rewrite(monkeypatch: pytest.MonkeyPatch, query: str, old: str, new: str) -> None:
-    """Every SQLite store opened meanwhile runs `query` with `old` replaced by `new`."""
-    load = sqlfiles.load_queries
-
-    def rewritten(dialect: str) -> dict[str, str]:
-        queries = load(dialect)
-        assert old in queries[query], f"{query} no longer holds {old!r}: update the test"
-        queries[query] = queries[query].replace(old, new)
-        return queries
-
-    monkeypatch.setattr(sqlite, "load_queries", rewritten)
-
-
-def unlimited_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lease no longer counts the slots in use: every partition has all its room."""
-
-    monkeypatch.setattr(allocation, "_used", lambda plan, leased: {})
-
-
-def bucket_never_spent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lease reads every bucket as full, whatever was spent from it."""
-
-    monkeypatch.setattr(allocation, "_level", lambda rule, bucket, now: rule.capacity)
-
-
-def spent_without_a_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A limited lease spends one token more than it leased jobs."""
-    rewrite(monkeypatch, "limit_spend", "level - leased, at", "level - leased - 1, at")
-
-
-def a_debounce_key_per_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each enqueue renders a debounce key of its own: nothing collapses."""
-    count = itertools.count()
-    key_of = Collapse.key_of
-
-    def apart(self: Collapse, task: str, args: Any) -> str:
-        return f"{key_of(self, task, args)}/{next(count)}"
-
-    monkeypatch.setattr(Collapse, "key_of", apart)
-
-
-def collapse_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An enqueue that joins a pending job is no longer counted."""
-    rewrite(
-        monkeypatch,
-        "job_merge__count",
-        "VALUES ('enqueue_collapsed', 0, 1)",
-        "VALUES ('enqueue_collapsed', 0, 0)",
-    )
-
-
-def heads_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lease waits only for a group's leased job, not for its earlier ready ones."""
-    rewrite(
-        monkeypatch,
-        "job_lease",
-        "AND (g.state = 'leased' OR g.id < j.id)",
-        "AND g.state = 'leased'",
-    )
-
-
-def caller_committed_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An enqueue on the caller's connection commits the caller's transaction."""
-
-    insert = SqliteStore._insert_job
-
-    def committing(self: SqliteStore, params: dict[str, Any], connection: object | None) -> Any:
-        inserted = insert(self, params, connection)
-        if connection is not None:
-            connection.commit()  # type: ignore[attr-defined]
-        return inserted
-
-    monkeypatch.setattr(SqliteStore, "_insert_job", committing)
-
-
-def settled_counted_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A settlement adds two to its counter."""
-    rewrite(monkeypatch, "job_finish__count", "       0, count(*)", "       0, 2 * count(*)")
-
-
-def young_jobs_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pruner takes finished jobs however recently they finished."""
-    rewrite(monkeypatch, "job_prune", "AND j.finished_at < :now - :older_than_us", "")
-
-
-def unsent_jobs_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pruner takes a finished job whose message is still to be sent."""
-    rewrite(
-        monkeypatch,
-        "job_prune",
-        "AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o\n                      WHERE o.job_id = "
-        "j.id AND o.state <> 'sent' AND o.discarded_at IS NULL)",
-        "",
-    )
-
-
 @pytest.mark.parametrize(
     ("breakage", "invariant"),
     [
@@ -302,14 +214,14 @@ def test_the_command_runs_seeds_and_says_how_to_replay_a_failure(tmp_path):
     saved = tmp_path / "failure.json"
     failing = CliRunner().invoke(
         main,
-        ["sim", "--seeds", "0..80", "--mutation", "no-lease-fence", "--save", str(saved)],
+        ["sim", "--seeds", "0..80", "--mutation", "ack-before-commit", "--save", str(saved)],
     )
     assert failing.exit_code == 1, failing.output
     assert (
         "replay: oncebox sim --seed " in failing.output
-        and "--mutation no-lease-fence" in failing.output
+        and "--mutation ack-before-commit" in failing.output
     )
-    assert json.loads(saved.read_text())["mutation"] == "no-lease-fence"
+    assert json.loads(saved.read_text())["mutation"] == "ack-before-commit"
 
 
 @pytest.mark.parametrize(
@@ -360,7 +272,7 @@ def test_every_invariant_holds_in_every_world_of_the_budget_on_postgres(pg_templ
 @pytest.mark.postgres
 def test_a_fence_removed_is_caught_on_postgres(pg_template):
     for seed in range(PG_NO_LEASE_FENCE_BY + 1):
-        outcome = run(PG_URL, seed=seed, steps=STEPS, mutation="no-lease-fence")
+        outcome = run(PG_URL, seed=seed, steps=PG_MUTATION_STEPS, mutation="no-lease-fence")
         if outcome.failed:
             # a stale settlement (F2) or a stale send marker's second copy (D1)
             assert outcome.violation is not None and outcome.violation.invariant in ("F2", "D1")

@@ -10,26 +10,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from oncebox.cli.app import main
 from oncebox.sim.runner import run
 from oncebox.sim.shrink import Case
+from support.sim_breakages import settled_counted_twice
 
 
-def test_a_soak_goes_on_past_a_failure_and_saves_each_case_to_replay(tmp_path: Path):
+def test_a_soak_goes_on_past_a_failure_and_saves_each_case_to_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Every world that settles a job fails here (each settlement counted twice, C1): the soak
+    must save each failure and go on to the end of its range, whatever seeds the worlds hold."""
+    settled_counted_twice(monkeypatch)
     found = tmp_path / "found"
-    args = ["--seeds", "0..11", "--mutation", "release-refused-batch", "--found", str(found)]
+    args = ["--seeds", "0..7", "--found", str(found)]
     outcome = CliRunner().invoke(main, ["sim", "--soak", *args])
     assert outcome.exit_code == 1, outcome.output
     summary = json.loads((found / "summary.json").read_text())
-    assert summary["worlds"] == 12 and summary["last_seed"] == 11  # on past each failure
-    assert summary["failures"], outcome.output
+    assert summary["worlds"] == 8 and summary["last_seed"] == 7  # on past each failure
+    assert len(summary["failures"]) >= 2, outcome.output
     for failure in summary["failures"]:
         case = Case.load(Path(failure["case"]))
-        assert case.mutation == "release-refused-batch"
         again = run(case.store, record=case.record, steps=case.steps, mutation=case.mutation)
         assert again.violation is not None and again.violation.invariant == failure["invariant"]
+        assert failure["invariant"] == "C1"
         assert f"seed {failure['seed']} ({case.steps} steps) FAILED" in outcome.output
 
 
