@@ -26,6 +26,7 @@ from support.sim_breakages import (
     caller_committed_for_it,
     collapse_uncounted,
     heads_out_of_order,
+    kept_answers_pruned_early,
     settled_counted_twice,
     spent_without_a_lease,
     unlimited_concurrency,
@@ -101,6 +102,8 @@ CAUGHT = {
     "ignore-window": ("D1",),
     "new-token-on-replay": ("D3",),
     "release-refused-batch": ("A1",),
+    # a retry takes an Idempotency-Key from a holder that renewed in time
+    "idempotency-fixed-takeover": ("H1",),
 }
 MUTATION_SEEDS = 60
 # The SQLite mutations the simulation cannot see yet, each with why (docs/simulation.md).
@@ -138,8 +141,6 @@ UNSEEN = {
     # real time: busy timeouts and a lock held for seconds, where the run takes turns at yield
     # points with every timeout out of reach
     "greedy-writer",
-    # the HTTP API's Idempotency-Key records are not in the world
-    "idempotency-fixed-takeover",
     # task limits and rate buckets are not in the world yet
     "unlimit-any-task",
     "spend-picks",
@@ -173,6 +174,7 @@ def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
         (collapse_uncounted, "K2"),
         (heads_out_of_order, "O1"),
         (caller_committed_for_it, "T1"),
+        (kept_answers_pruned_early, "H2"),
     ],
 )
 def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invariant):

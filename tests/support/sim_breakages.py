@@ -107,3 +107,13 @@ def unsent_jobs_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
         "j.id AND o.state <> 'sent' AND o.discarded_at IS NULL)",
         "",
     )
+
+
+def kept_answers_pruned_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API's pruner takes every answered Idempotency-Key record, expired or not."""
+    rewrite(
+        monkeypatch,
+        "api_request_prune",
+        "WHERE expires_at <= :now\n    ORDER BY",
+        "WHERE status IS NOT NULL\n    ORDER BY",
+    )

@@ -87,12 +87,15 @@ def fingerprint(method: str, path: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-def begin(store: Store, key_id: int, idempotency_key: str, request: str) -> Held | Replay:
-    """Hold `idempotency_key` for this request, or say what to answer instead."""
+def begin(
+    store: Store, key_id: int, idempotency_key: str, request: str, *, retain: timedelta = RETAIN
+) -> Held | Replay:
+    """Hold `idempotency_key` for this request, or say what to answer instead. (`retain`: the
+    simulation keeps its records minutes, so that its worlds see them expire and pruned.)"""
     claim = secrets.token_hex(16)
     for _ in range(_TRIES):
         held = store.api_request_claim(
-            ApiRequestClaim(key_id, idempotency_key, request, claim, RETAIN, HOLD)
+            ApiRequestClaim(key_id, idempotency_key, request, claim, retain, HOLD)
         )
         if held is not None:
             return Held(key_id, idempotency_key, claim)

@@ -99,7 +99,7 @@ class Server:
             self.deadlock_ms = self._deadlock_timeout()
             store = open_store(self.world_url("oncebox sim migrate"), migrate=True)
             store.close()
-            self.tables = self._relations("r")
+            self.tables = self._referencing_first(self._relations("r"))
             self.sequences = self._relations("S")
         except psycopg.Error as exc:
             raise _fail(url, exc) from None
@@ -144,6 +144,24 @@ class Server:
             {"schema": self.schema, "kind": kind},
         ).fetchall()
         return [name for (name,) in rows]
+
+    def _referencing_first(self, tables: list[str]) -> list[str]:
+        """`tables` in an order a DELETE of each can follow: a table before any it references
+        (an Idempotency-Key record before its API key)."""
+        rows = self.admin.execute(
+            "SELECT c.conrelid::regclass::text, c.confrelid::regclass::text FROM pg_constraint c "
+            "JOIN pg_namespace n ON n.oid = c.connamespace "
+            "WHERE n.nspname = %(schema)s AND c.contype = 'f' AND c.conrelid <> c.confrelid",
+            {"schema": self.schema},
+        ).fetchall()
+        references = {(child.split(".")[-1], parent.split(".")[-1]) for child, parent in rows}
+        ordered: list[str] = []
+        left = list(tables)
+        while left:  # the schema's references form no cycle: each pass places one table
+            ready = next(t for t in left if not any(p == t and c in left for c, p in references))
+            ordered.append(ready)
+            left.remove(ready)
+        return ordered
 
     def options(self) -> str:
         """libpq `options` for every session of a world."""
