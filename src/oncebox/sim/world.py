@@ -36,6 +36,7 @@ from oncebox.sim.parts.collapse import Collapsing
 from oncebox.sim.parts.limits import Limited
 from oncebox.sim.parts.notices import Notices
 from oncebox.sim.parts.ordered import Ordered
+from oncebox.sim.parts.reports import Reported
 from oncebox.sim.parts.retained import Retained
 from oncebox.sim.providers import SimProvider
 from oncebox.sim.scheduler import Scheduler
@@ -53,6 +54,7 @@ PARTS: tuple[Callable[[World], Part], ...] = (
     Ordered,
     CallerTransactions,
     Retained,
+    Reported,
 )
 # The lanes that run on once faults stop, until nothing is due (the clock moves time on).
 LANES_KEPT = (
