@@ -104,6 +104,16 @@ CAUGHT = {
     "release-refused-batch": ("A1",),
     # a retry takes an Idempotency-Key from a holder that renewed in time
     "idempotency-fixed-takeover": ("H1",),
+    # the resolver settles a held send its provider reported failed (or in a kind oncebox does
+    # not track), the event read before its check, or recorded between its check and its write
+    "resolver-ignores-reports": ("V1",),
+    "resolver-report-race": ("V1",),
+    # the events find no message: its stage stays where it was
+    "unmatched-reports": ("M1",),
+    # a resolver from a stale page resends the row's next hold, which another worker's resolver
+    # resent and its dispatcher held again: no lookup proved it never arrived, and the provider
+    # may have taken it (a third copy)
+    "resolver-stale-attempt": ("V1", "D1"),
 }
 MUTATION_SEEDS = 60
 # The SQLite mutations the simulation cannot see yet, each with why (docs/simulation.md).
@@ -121,13 +131,6 @@ UNSEEN = {
     # new holder's settlement is fenced out and rolled back, and the job runs again — a run
     # wasted, nothing committed twice
     "unfenced-give-back",
-    # one resolver, and no provider it can ask or that reports: a stale page needs a second
-    # resolver and a non-idempotent channel it resends on (a lookup, `unreported="resend"`)
-    "resolver-stale-attempt",
-    # provider reports (the receiver, events) are not in the world yet
-    "resolver-ignores-reports",
-    "resolver-report-race",
-    "unmatched-reports",
     # the handler never tries transaction control
     "no-guard",
     # the world's periods are fixed strings, not computed from the clock

@@ -4,7 +4,8 @@ app, `POST /{channel}` per channel whose `reports=` names its signing secret —
 
 Each request is answered so that the provider does the right thing next: a signature or a
 timestamp that does not verify is refused (`401`, nothing read further, nothing written); a
-verified event is recorded and acknowledged (`200`), settling the held send it says the provider
+verified event is recorded and acknowledged (`200`, `deliveries/receiving.py`, which the
+simulation's reporter calls too), settling the held send it says the provider
 took in the same transaction — also when it is about a message oncebox does not hold, of a kind
 it does not track, or not an event at all (counted, and acknowledged so it is not sent again);
 the store away is `503` with `Retry-After`, so the provider retries it later. The body is read
@@ -25,11 +26,10 @@ from starlette.routing import Route
 
 from oncebox.api.problems import Problem, problem_of
 from oncebox.box import Box
-from oncebox.deliveries.events import provider_event, read_event
+from oncebox.deliveries.receiving import receive_event, receive_unreadable
 from oncebox.deliveries.reports import Reports
-from oncebox.kernel.errors import InvalidArguments, InvalidInput, StoreUnavailable
+from oncebox.kernel.errors import StoreUnavailable
 from oncebox.kernel.inert import printable
-from oncebox.kernel.storable import checked_text
 from oncebox.providers.webhook_signatures import (
     MAX_WEBHOOK_BYTES,
     UnreadableBody,
@@ -86,30 +86,11 @@ def _record(
     box: Box, channel: str, headers: Mapping[str, str], payload: Mapping[str, Any]
 ) -> Response:
     event_id, _stamp, _signature = webhook_headers(headers)
-    try:
-        read = read_event(payload)
-        checked_text(event_id, "the event's id")
-    except InvalidArguments as exc:  # signed, so the provider's: acknowledged, not retried
-        return _unreadable(box, channel, str(exc))
-    except InvalidInput as exc:  # the same: sending it again would not change it
-        log.warning("channel %s: a signed delivery event no store keeps: %s", channel, exc)
-        box.store.counter_add({"provider_events_unstorable": 1})
-        return _acknowledged("unstorable", str(exc))
-    recorded = box.store.provider_event_record(provider_event(channel, event_id, read))
-    return JSONResponse(
-        {"outcome": recorded.outcome, "stage": read.stage, "settled": recorded.settled}
-    )
+    return JSONResponse(receive_event(box.store, channel, event_id, payload).body())
 
 
 def _unreadable(box: Box, channel: str, reason: str) -> Response:
-    log.warning("channel %s: a signed request that is not a delivery event: %s", channel, reason)
-    box.store.counter_add({"provider_events_unreadable": 1})
-    return _acknowledged("unreadable", reason)
-
-
-def _acknowledged(outcome: str, detail: str) -> Response:
-    """A 2xx for a signed request recorded as nothing: a provider retries anything else."""
-    return JSONResponse({"outcome": outcome, "stage": None, "settled": False, "detail": detail})
+    return JSONResponse(receive_unreadable(box.store, channel, reason).body())
 
 
 async def _capped(request: Request) -> bytes | None:

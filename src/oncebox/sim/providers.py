@@ -28,6 +28,7 @@ from oncebox.sim.scheduler import Scheduler
 
 # Out of 100: how a send ends. Accepted most often; every other outcome often enough to meet.
 ACCEPT, RETRYABLE, THROTTLED, PERMANENT, LOST_BEFORE = 70, 78, 83, 85, 92  # the rest: lost after
+ODDS = (ACCEPT, RETRYABLE, THROTTLED, PERMANENT, LOST_BEFORE)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class SimProvider:
     choices: Choices
     now: Callable[[], datetime]
     window: timedelta | None = None
+    odds: tuple[int, int, int, int, int] = ODDS  # a provider's own: `ACCEPT, …, LOST_BEFORE`
     deliveries: list[Delivered] = field(default_factory=list)
     _first: dict[str, tuple[datetime, Receipt]] = field(default_factory=dict)
     idempotent: bool = field(init=False)
@@ -60,19 +62,20 @@ class SimProvider:
         the sender parks while the answer travels back (a stall there is a late answer). A
         sender frozen between its last check and its request's first byte is outside the model
         (docs/simulation.md)."""
+        accept, retryable, throttled, permanent, lost_before = self.odds
         roll = self.choices.below(100)
-        taken = roll < ACCEPT or roll >= LOST_BEFORE
+        taken = roll < accept or roll >= lost_before
         receipt = self._take(outgoing, idempotency_key) if taken else None
         self.scheduler.point(f"send.{self.name}")
-        if receipt is not None and roll < ACCEPT:
+        if receipt is not None and roll < accept:
             return receipt
         if receipt is not None:
             raise SendAmbiguous(f"{self.name}: taken, and the answer lost")
-        if roll < RETRYABLE:
+        if roll < retryable:
             raise SendRetryable(f"{self.name}: 503")
-        if roll < THROTTLED:
-            raise SendThrottled(f"{self.name}: 429", timedelta(seconds=1 + roll - RETRYABLE))
-        if roll < PERMANENT:
+        if roll < throttled:
+            raise SendThrottled(f"{self.name}: 429", timedelta(seconds=1 + roll - retryable))
+        if roll < permanent:
             raise SendPermanent(f"{self.name}: 422")
         raise SendAmbiguous(f"{self.name}: timed out before the provider took it")
 

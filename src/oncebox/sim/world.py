@@ -37,6 +37,7 @@ from oncebox.sim.parts.limits import Limited
 from oncebox.sim.parts.notices import Notices
 from oncebox.sim.parts.ordered import Ordered
 from oncebox.sim.parts.requests import Requests
+from oncebox.sim.parts.reports import Reported
 from oncebox.sim.parts.retained import Retained
 from oncebox.sim.providers import SimProvider
 from oncebox.sim.scheduler import Scheduler
@@ -55,6 +56,7 @@ PARTS: tuple[Callable[[World], Part], ...] = (
     CallerTransactions,
     Retained,
     Requests,
+    Reported,
 )
 # The lanes that run on once faults stop, until nothing is due (the clock moves time on).
 LANES_KEPT = (

@@ -35,6 +35,7 @@ WINDOW = timedelta(hours=1)
 NOTICE_KEY = "notice/{customer}/{period}"
 REFUSED = "notice/3/2026-W02"  # the key whose messages the database refuses (`_refusal`)
 RESENT_BY_A_PERSON = ("resolve-resend", "replay")
+LANES = ("resolver", "provider")  # the audit's actors that are lanes, not people
 
 
 class Notices(Part):
@@ -214,10 +215,10 @@ class Notices(Part):
         messages = rows("SELECT id, channel, token, state FROM oncebox_outbox")
         resent = Counter(
             int(target)
-            for target, action in rows(
-                "SELECT target_id, action FROM oncebox_audit WHERE target_kind = 'delivery'"
+            for target, actor, action in rows(
+                "SELECT target_id, actor, action FROM oncebox_audit WHERE target_kind = 'delivery'"
             )
-            if action in RESENT_BY_A_PERSON
+            if action in RESENT_BY_A_PERSON and actor not in LANES
         )
         said_sent = {
             int(target)
@@ -230,6 +231,9 @@ class Notices(Part):
         for row_id, channel, token, state in messages:
             if channel not in copies:  # a channel of no simulated provider: nothing to count
                 continue
+            policy = self.world.box.channels[channel]
+            if policy.ambiguity == "retry" and not policy.idempotent:
+                continue  # it resends an unknown outcome, counted: D4 (`parts/reports.py`)
             got = copies[channel].get(token, 0)
             allowed = 1 + resent[int(row_id)]
             if got > allowed:
