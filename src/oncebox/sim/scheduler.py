@@ -79,6 +79,7 @@ class _Actor:
     resumed: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     crashed: bool = False  # once crashed, every later point raises at once: nothing more runs
+    wakes: float = 0.0  # resting (`Scheduler.rest`) until the run's monotonic time reaches this
 
 
 class Scheduler:
@@ -138,6 +139,20 @@ class Scheduler:
             raise Crash(f"{actor.name} crashed at {where}")
         if fate == "disconnect":
             raise StoreUnavailable(f"{actor.name} lost its connection at {where}")
+
+    def rest(self, seconds: float) -> None:
+        """Park until `seconds` of the run's monotonic time have passed: a paced lane's pause
+        between rounds (the ticker's interval). A resting actor is not picked meanwhile, so its
+        pause burns no steps — as a real lane's sleep takes no one else's time. Outside an actor
+        it is nothing."""
+        actor: _Actor | None = getattr(self._local, "actor_state", None)
+        if actor is None:
+            return
+        actor.wakes = self.elapsed + seconds
+        try:
+            self.point("rest")
+        finally:
+            actor.wakes = 0.0
 
     def after(self, where: str) -> None:
         """Called when a store call returns: a call that blocked on a lock parks here, so its
@@ -216,7 +231,10 @@ class Scheduler:
         """The actors a step can move: not one waiting for SQLite's write lock while another
         holds it — its step would look at the lock, find it taken and park where it was, a step
         in which nothing happens. (A real waiter's looks take no one else's time either.) If
-        every actor waits, they are all left in: something outside them holds the lock."""
+        every actor waits, they are all left in: something outside them holds the lock. Nor one
+        resting (`rest`) whose time has not come, unless every actor rests."""
+        awake = [n for n in names if self._actors[n].wakes <= self.elapsed]
+        names = awake or names
         if self._write_lock_held is None:
             return names
         waiting = [n for n in names if self._actors[n].at.endswith(TURN)]

@@ -37,6 +37,7 @@ from oncebox.sim.parts.limits import Limited
 from oncebox.sim.parts.notices import Notices
 from oncebox.sim.parts.ordered import Ordered
 from oncebox.sim.parts.retained import Retained
+from oncebox.sim.parts.schedules import Schedules
 from oncebox.sim.providers import SimProvider
 from oncebox.sim.scheduler import Scheduler
 from oncebox.sim.yields import YieldingStore
@@ -53,6 +54,7 @@ PARTS: tuple[Callable[[World], Part], ...] = (
     Ordered,
     CallerTransactions,
     Retained,
+    Schedules,
 )
 # The lanes that run on once faults stop, until nothing is due (the clock moves time on).
 LANES_KEPT = (
