@@ -24,10 +24,12 @@ from support.sim_breakages import (
     a_debounce_key_per_enqueue,
     bucket_never_spent,
     caller_committed_for_it,
+    claimed_while_leased,
     collapse_uncounted,
     heads_out_of_order,
     settled_counted_twice,
     spent_without_a_lease,
+    stale_owner_extends,
     unlimited_concurrency,
     unsent_jobs_pruned,
     young_jobs_pruned,
@@ -175,11 +177,13 @@ def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
         (collapse_uncounted, "K2"),
         (heads_out_of_order, "O1"),
         (caller_committed_for_it, "T1"),
+        (stale_owner_extends, "W3"),
+        (claimed_while_leased, "W2"),
     ],
 )
 def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invariant):
-    """The jobs-side invariants fail when the mechanism they watch is broken (none of the chaos
-    mutations reaches them on SQLite: docs/simulation.md lists the seeds each takes)."""
+    """The jobs-side and fan-out invariants fail when the mechanism they watch is broken (no
+    chaos mutation reaches them on SQLite: docs/simulation.md lists the seeds each takes)."""
     breakage(monkeypatch)
     _seed, outcome = first_failure(None, 60, breakage.__name__)
     assert outcome.violation is not None and outcome.violation.invariant == invariant, str(

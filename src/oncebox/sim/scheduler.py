@@ -201,6 +201,14 @@ class Scheduler:
         actor = self._actors.get(name)
         return actor is not None and actor.state != "done"
 
+    def moved(self) -> set[str]:
+        """The actors whose store calls may have run in the last step: the one it moved, and
+        those parked where a call that blocked returned (`after`: a lock the step freed lets
+        the blocked call finish while the step ends, on PostgreSQL)."""
+        with self._cond:
+            freed = {n for n, a in self._actors.items() if a.at.endswith("(lock freed)")}
+        return freed | ({self.steps[-1].actor} if self.steps else set())
+
     def runnable(self) -> list[str]:
         with self._cond:
             return sorted(name for name, a in self._actors.items() if a.state == "parked")

@@ -8,9 +8,9 @@ beside them, and an operator taking over the fan-outs of owners judged gone.
 - actors: `ticker-1`, `ticker-2` (the real `ScheduleTicker`, built by `build_ticker`, each under
   an owner name of its own, and a new one each time it is started again, as a new process has:
   a fan-out's extend and finish are fenced on the owner, so two of one name would pass for each
-  other), resting their interval between rounds; `trigger`, the verb behind the HTTP trigger
-  and `oncebox schedule run`'s cron use (`runtime/trigger.py`), a round a minute; and, in one
-  world in two (a person on call, by the seed), `take-over`: an operator who takes over a
+  other), resting a minute between rounds; `trigger`, the verb behind the HTTP trigger and
+  `oncebox schedule run`'s cron use (`runtime/trigger.py`), a round every five minutes; and, in
+  one world in two (a person on call, by the seed), `take-over`: an operator who takes over a
   running fan-out whose owner is judged gone (`runtime/fanout.py`, audited) rather than wait
   out its lease (one whose lease ran out is the scheduler's to resume). An owner stalls when
   the clock moves on while it is parked mid-fan-out, and crashes or loses its connection by
@@ -66,9 +66,9 @@ TASK = "tick"
 KEY = "tick/{period}/{n}"
 KEYS = 2
 CRON = "*/5 9 * * *"
-TICKER_EVERY = timedelta(seconds=15)  # the ticker's interval (its default)
-TRIGGER_EVERY = timedelta(minutes=1)  # an external cron's, a minute apart
-OPERATOR_EVERY = timedelta(seconds=20)  # how often the operator looks at `status`
+TICKER_EVERY = timedelta(minutes=1)  # the ticker's interval (its steps are the world's too)
+TRIGGER_EVERY = timedelta(minutes=5)  # an external cron's, at the schedule's own pace
+OPERATOR_EVERY = timedelta(seconds=30)  # how often the operator looks at `status`
 TICKERS = ("ticker-1", "ticker-2")
 
 
@@ -160,8 +160,12 @@ class Schedules(Part):
         return start
 
     def _paced(self, actor: str, round_: Any, every: timedelta) -> Body:
+        """A person's or a cron's actor: its first round comes `every` after it starts (a cron
+        fires at its times, not when its host boots)."""
+
         def body() -> None:
             self._life(actor)
+            self.world.scheduler.rest(every.total_seconds())
             self._rounds(round_, every)
 
         return body
@@ -221,10 +225,9 @@ class Schedules(Part):
         for period in runs:
             self.world.wanted.update(KEY.format(period=period, n=n) for n in range(KEYS))
         found = self._jobs(rows, runs)
-        steps = self.world.scheduler.steps
-        mover = steps[-1].actor if steps else ""
+        movers = self.world.scheduler.moved()
         for period in sorted(set(runs) & set(self.runs)):
-            found += self._moved(period, self.runs[period], runs[period], mover)
+            found += self._moved(period, self.runs[period], runs[period], movers)
         self.runs = runs
         return found
 
@@ -249,7 +252,7 @@ class Schedules(Part):
                 seen.add(str(key))
         return found
 
-    def _moved(self, period: str, was: _Run, now: _Run, mover: str) -> list[Violation]:
+    def _moved(self, period: str, was: _Run, now: _Run, movers: set[str]) -> list[Violation]:
         if was == now:
             return []
         at = self.world.clock_now()
@@ -267,12 +270,13 @@ class Schedules(Part):
                     )
                 ]
             return []
-        mine = self.owners.get(mover)
-        if was.owner is not None and mine != was.owner:
+        mine = {self.owners.get(mover) for mover in movers}
+        if was.owner is not None and was.owner not in mine:
+            who = ", ".join(f"{m} ({self.owners.get(m)})" for m in sorted(movers))
             return [
                 Violation(
                     "W3",
-                    f"{NAME} {period}: {mover} ({mine}) wrote to {was.owner}'s run "
+                    f"{NAME} {period}: {who} wrote to {was.owner}'s run "
                     f"({was.state} → {now.state}, enqueued {was.enqueued} → {now.enqueued})",
                 )
             ]
