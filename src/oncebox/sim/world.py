@@ -6,9 +6,9 @@ the outbox's expired leases too), the resolver, an operator (replay, discard, ca
 and the clock, which moves the store's frozen time by small steps and, now and then, past every
 lease. The parts (`sim/parts/`, in `PARTS` order) declare the tasks, their enqueuers and their
 own invariants: the notices and their channels, limits, debounce and throttle, ordered groups,
-and enqueues in the caller's transaction. Everything is small on purpose, so that actors
-collide: a handful of customers make every key wanted by several enqueues, every job leased by
-several consumers.
+enqueues in the caller's transaction, retention, and a schedule's fan-outs. Everything is small
+on purpose, so that actors collide: a handful of customers make every key wanted by several
+enqueues, every job leased by several consumers.
 
 A crashed actor is started again at once, as a supervisor restarts a worker: a new lane, a new
 session, nothing carried over.
