@@ -24,11 +24,13 @@ from support.sim_breakages import (
     a_debounce_key_per_enqueue,
     bucket_never_spent,
     caller_committed_for_it,
+    claimed_while_leased,
     collapse_uncounted,
     heads_out_of_order,
     kept_answers_pruned_early,
     settled_counted_twice,
     spent_without_a_lease,
+    stale_owner_extends,
     unlimited_concurrency,
     unsent_jobs_pruned,
     young_jobs_pruned,
@@ -114,6 +116,12 @@ CAUGHT = {
     # resent and its dispatcher held again: no lookup proved it never arrived, and the provider
     # may have taken it (a third copy)
     "resolver-stale-attempt": ("V1", "D1"),
+    # a fan-out left stalled is never finished: its period's other keys never enqueued
+    "no-resume": ("L1",),
+    # the same, in the quiet phase, where only the trigger (cron) resumes stalled fan-outs
+    "trigger-skips-stalled": ("L1",),
+    # the operator's take-over lands on a run its owner extended (or a scheduler claimed) meanwhile
+    "take-over-unfenced": ("W2",),
 }
 MUTATION_SEEDS = 60
 # The SQLite mutations the simulation cannot see yet, each with why (docs/simulation.md).
@@ -135,10 +143,6 @@ UNSEEN = {
     "no-guard",
     # the world's periods are fixed strings, not computed from the clock
     "period-%Y",
-    # schedules, fan-outs and their triggers are not in the world yet
-    "no-resume",
-    "trigger-skips-stalled",
-    "take-over-unfenced",
     # the run sets the store's clock itself; no process holds a test clock's lease
     "clock-never-lapses",
     # real time: busy timeouts and a lock held for seconds, where the run takes turns at yield
@@ -178,11 +182,13 @@ def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
         (heads_out_of_order, "O1"),
         (caller_committed_for_it, "T1"),
         (kept_answers_pruned_early, "H2"),
+        (stale_owner_extends, "W3"),
+        (claimed_while_leased, "W2"),
     ],
 )
 def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invariant):
-    """The jobs-side invariants fail when the mechanism they watch is broken (none of the chaos
-    mutations reaches them on SQLite: docs/simulation.md lists the seeds each takes)."""
+    """The jobs-side and fan-out invariants fail when the mechanism they watch is broken (no
+    chaos mutation reaches them on SQLite: docs/simulation.md lists the seeds each takes)."""
     breakage(monkeypatch)
     _seed, outcome = first_failure(None, 60, breakage.__name__)
     assert outcome.violation is not None and outcome.violation.invariant == invariant, str(

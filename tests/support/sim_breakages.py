@@ -117,3 +117,23 @@ def kept_answers_pruned_early(monkeypatch: pytest.MonkeyPatch) -> None:
         "WHERE expires_at <= :now\n    ORDER BY",
         "WHERE status IS NOT NULL\n    ORDER BY",
     )
+
+
+def stale_owner_extends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fan-out's batch extends its run whoever owns it now (the owner fence dropped)."""
+    rewrite(
+        monkeypatch,
+        "schedule_run_extend",
+        "WHERE schedule = :schedule AND period = :period AND owner = :owner AND state = 'running'",
+        "WHERE schedule = :schedule AND period = :period AND state = 'running'",
+    )
+
+
+def claimed_while_leased(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler claims a running fan-out whatever its lease (the lease fence dropped)."""
+    rewrite(
+        monkeypatch,
+        "schedule_run_claim",
+        "WHERE (r.state = 'running' AND r.lease_expires_at < excluded.started_at)",
+        "WHERE (r.state = 'running')",
+    )

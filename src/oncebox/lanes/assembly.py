@@ -198,9 +198,14 @@ def build_resolver(
     return AmbiguityResolver(runtime.store, channels, config=config)
 
 
-def build_ticker(runtime: Runtime, config: TickerConfig | None = None) -> ScheduleTicker:
-    """The scheduler lane of every schedule of the box."""
-    return ScheduleTicker(runtime, runtime.schedules, worker_name("scheduler"), config=config)
+def build_ticker(
+    runtime: Runtime, config: TickerConfig | None = None, *, owner: str | None = None
+) -> ScheduleTicker:
+    """The scheduler lane of every schedule of the box. `owner`: the name its fan-outs are
+    fenced on (default: this process's); two tickers in one process need two names, or each
+    would pass for the other."""
+    name = worker_name("scheduler") if owner is None else owner
+    return ScheduleTicker(runtime, runtime.schedules, name, config=config)
 
 
 def build_expiry_sweeper(

@@ -47,6 +47,8 @@ class Checks(Protocol):
 
     def faults_stop(self) -> None: ...
 
+    def unfinished(self, rows: Callable[[str], list[Any]]) -> int: ...
+
 
 class Checker:
     """See the module docstring. `connection` is the checker's own, outside every actor.
@@ -173,7 +175,8 @@ class Checker:
         return found
 
     def unfinished(self) -> int:
-        """Jobs and messages not yet at an end (the drain goes on while there are any)."""
+        """Jobs and messages not yet at an end, and what the parts say is not (the drain goes on
+        while there are any)."""
         self._refresh()
         [(jobs,)] = self._rows(
             "SELECT count(*) FROM oncebox_jobs WHERE state NOT IN ('done', 'dead', 'cancelled')"
@@ -181,7 +184,7 @@ class Checker:
         [(messages,)] = self._rows(
             "SELECT count(*) FROM oncebox_outbox WHERE state NOT IN ('sent', 'dead', 'ambiguous')"
         )
-        return int(jobs) + int(messages)
+        return int(jobs) + int(messages) + sum(part.unfinished(self._rows) for part in self.parts)
 
 
 def sqlite_version(connection: Any) -> object:

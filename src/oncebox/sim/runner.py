@@ -22,6 +22,7 @@ from typing import Any
 
 from oncebox.chaos.mutations import drop_unique_claim, mutated
 from oncebox.kernel import clock, points
+from oncebox.runtime import fanout, trigger
 from oncebox.sim.choices import Choices
 from oncebox.sim.invariants import Checker, Violation, postgres_version, sqlite_version
 from oncebox.sim.scheduler import Scheduler, Step
@@ -33,6 +34,7 @@ from oncebox.store import open_store, sqlite_turns
 # more actors): 3 060 for the 9 of the world before the `reports` part, 3 740 with its 11.
 DRAIN_STEPS_PER_ACTOR = 340
 TURN = "sqlite.waiting_turn"  # a SQLite writer waiting for the lock steps the others
+RENEWERS = (fanout, trigger)  # the modules whose fan-out owners renew (`owners.renewing`)
 
 
 @dataclass
@@ -102,18 +104,31 @@ def _quiet() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _virtual_time(scheduler: Scheduler) -> Iterator[None]:
-    """The kernel's monotonic clock reads the run's steps, and a SQLite writer waiting for its
-    turn looks again at once (the others step meanwhile: `sqlite.waiting_turn`) — one simulation
-    at a time in a process: these are the process's."""
+    """The kernel's monotonic clock reads the run's steps, a SQLite writer waiting for its turn
+    looks again at once (the others step meanwhile: `sqlite.waiting_turn`), and a fan-out
+    owner's renewals are held off: they run in a thread of their own on the host's clock, which
+    would write between the scheduler's steps (an owner is heard from through its batches, each
+    extending its run). One simulation at a time in a process: these are the process's."""
     real = clock.monotonic
     retries = sqlite_turns.FIRST_RETRY, sqlite_turns.LAST_RETRY
+    renewing = [getattr(module, "renewing") for module in RENEWERS]  # noqa: B009
     clock.monotonic = scheduler.monotonic
     sqlite_turns.FIRST_RETRY = sqlite_turns.LAST_RETRY = 0.0
+    for module in RENEWERS:
+        setattr(module, "renewing", _no_renewals)  # noqa: B010
     try:
         yield
     finally:
         clock.monotonic = real
         sqlite_turns.FIRST_RETRY, sqlite_turns.LAST_RETRY = retries
+        for module, renew in zip(RENEWERS, renewing, strict=True):
+            setattr(module, "renewing", renew)  # noqa: B010
+
+
+@contextlib.contextmanager
+def _no_renewals(*_run: object) -> Iterator[None]:
+    """`owners.renewing` inside a run: no thread, no renewal."""
+    yield
 
 
 def _play(

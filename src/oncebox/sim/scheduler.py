@@ -79,6 +79,7 @@ class _Actor:
     resumed: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     crashed: bool = False  # once crashed, every later point raises at once: nothing more runs
+    wakes: float = 0.0  # resting (`Scheduler.rest`) until the run's monotonic time reaches this
 
 
 class Scheduler:
@@ -139,6 +140,20 @@ class Scheduler:
         if fate == "disconnect":
             raise StoreUnavailable(f"{actor.name} lost its connection at {where}")
 
+    def rest(self, seconds: float) -> None:
+        """Park until `seconds` of the run's monotonic time have passed: a paced lane's pause
+        between rounds (the ticker's interval). A resting actor is not picked meanwhile, so its
+        pause burns no steps — as a real lane's sleep takes no one else's time. Outside an actor
+        it is nothing."""
+        actor: _Actor | None = getattr(self._local, "actor_state", None)
+        if actor is None:
+            return
+        actor.wakes = self.elapsed + seconds
+        try:
+            self.point("rest")
+        finally:
+            actor.wakes = 0.0
+
     def after(self, where: str) -> None:
         """Called when a store call returns: a call that blocked on a lock parks here, so its
         actor runs no further until it is picked again."""
@@ -186,6 +201,14 @@ class Scheduler:
         actor = self._actors.get(name)
         return actor is not None and actor.state != "done"
 
+    def moved(self) -> set[str]:
+        """The actors whose store calls may have run in the last step: the one it moved, and
+        those parked where a call that blocked returned (`after`: a lock the step freed lets
+        the blocked call finish while the step ends, on PostgreSQL)."""
+        with self._cond:
+            freed = {n for n, a in self._actors.items() if a.at.endswith("(lock freed)")}
+        return freed | ({self.steps[-1].actor} if self.steps else set())
+
     def runnable(self) -> list[str]:
         with self._cond:
             return sorted(name for name, a in self._actors.items() if a.state == "parked")
@@ -216,7 +239,10 @@ class Scheduler:
         """The actors a step can move: not one waiting for SQLite's write lock while another
         holds it — its step would look at the lock, find it taken and park where it was, a step
         in which nothing happens. (A real waiter's looks take no one else's time either.) If
-        every actor waits, they are all left in: something outside them holds the lock."""
+        every actor waits, they are all left in: something outside them holds the lock. Nor one
+        resting (`rest`) whose time has not come, unless every actor rests."""
+        awake = [n for n in names if self._actors[n].wakes <= self.elapsed]
+        names = awake or names
         if self._write_lock_held is None:
             return names
         waiting = [n for n in names if self._actors[n].at.endswith(TURN)]

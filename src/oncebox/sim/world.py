@@ -7,9 +7,9 @@ and the clock, which moves the store's frozen time by small steps and, now and t
 lease. The parts (`sim/parts/`, in `PARTS` order) declare the tasks, their enqueuers and their
 own invariants: the notices and their channels in every world, and, each in one world of two by
 the seed, limits, debounce and throttle, ordered groups, enqueues in the caller's transaction,
-retention, the HTTP API's Idempotency-Key records and providers' reports. Everything is small on purpose, so that actors
-collide: a handful of customers make every key wanted by several enqueues, every job leased by
-several consumers.
+retention, the HTTP API's Idempotency-Key records, providers' reports and a schedule's
+fan-outs. Everything is small on purpose, so that actors collide: a handful of customers make
+every key wanted by several enqueues, every job leased by several consumers.
 
 A crashed actor is started again at once, as a supervisor restarts a worker: a new lane, a new
 session, nothing carried over.
@@ -37,9 +37,10 @@ from oncebox.sim.parts.collapse import Collapsing
 from oncebox.sim.parts.limits import Limited
 from oncebox.sim.parts.notices import Notices
 from oncebox.sim.parts.ordered import Ordered
-from oncebox.sim.parts.requests import Requests
 from oncebox.sim.parts.reports import Reported
+from oncebox.sim.parts.requests import Requests
 from oncebox.sim.parts.retained import Retained
+from oncebox.sim.parts.schedules import Schedules
 from oncebox.sim.providers import SimProvider
 from oncebox.sim.scheduler import Scheduler
 from oncebox.sim.yields import YieldingStore
@@ -58,6 +59,7 @@ PARTS: tuple[Callable[[World], Part], ...] = (
     Retained,
     Requests,
     Reported,
+    Schedules,
 )
 # The lanes that run on once faults stop, until nothing is due (the clock moves time on).
 LANES_KEPT = (

@@ -64,6 +64,11 @@ class Part:
     def faults_stop(self) -> None:
         """The quiet phase begins (faults off): a part starts checking what holds only then."""
 
+    def unfinished(self, rows: Rows) -> int:
+        """What of this part's is not at an end yet, beyond jobs and messages (a fan-out still
+        running): the quiet phase goes on while any part has some."""
+        return 0
+
 
 def args_of(stored: Any) -> dict[str, Any]:
     """A job's arguments as either store returns them (JSON text, or already decoded)."""
