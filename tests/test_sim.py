@@ -101,14 +101,17 @@ CAUGHT = {
     "ignore-window": ("D1",),
     "new-token-on-replay": ("D3",),
     "release-refused-batch": ("A1",),
+    # a broker's redelivery of a message whose run committed (its acknowledgement lost) is
+    # claimed a second time (`parts/brokered.py`)
+    "no-unique-index": ("S1", "B1"),
 }
 MUTATION_SEEDS = 60
+# no-lease-rescue needs a consumer to die holding a lease and nothing else to end its job: about
+# one world in thirty, the first at seed 106 since the broker's worlds (`parts/brokered.py`)
+# drew the seeds' choices afresh (it was 9 before, by luck: seeds 0..59 then held one failure)
+MUTATION_SEEDS_OF = {"no-lease-rescue": 120}
 # The SQLite mutations the simulation cannot see yet, each with why (docs/simulation.md).
 UNSEEN = {
-    # the table queue leases a job to one holder at a time, and a claim commits only with its
-    # holder's fenced settlement: the unique claim stands behind the lease fence, for two
-    # deliveries of one job racing (a broker's redelivery) — it comes with the broker worlds
-    "no-unique-index",
     # their harm is time and a person's work, not a broken guarantee: rows or jobs wait out
     # their lease (a held send a person resolves; an attempt spent on a job that never ran).
     # No invariant bounds latency or judges why a job's attempts were spent yet
@@ -148,7 +151,7 @@ UNSEEN = {
 
 @pytest.mark.parametrize("mutation", sorted(CAUGHT))
 def test_a_fence_removed_is_caught(mutation):
-    _seed, outcome = first_failure(mutation, MUTATION_SEEDS)
+    _seed, outcome = first_failure(mutation, MUTATION_SEEDS_OF.get(mutation, MUTATION_SEEDS))
     assert outcome.violation is not None and outcome.violation.invariant in CAUGHT[mutation], (
         f"{mutation}: {outcome.violation}\n{outcome.trace()}"
     )

@@ -64,6 +64,16 @@ class Part:
     def faults_stop(self) -> None:
         """The quiet phase begins (faults off): a part starts checking what holds only then."""
 
+    def counted(self, rows: Rows) -> dict[str, tuple[int, int]]:
+        """What this part's lanes count with no job row to recount it from (C1), by counter:
+        at least, at most."""
+        return {}
+
+    def unfinished(self) -> int:
+        """What this part holds outside the store that is not yet at an end (a broker's
+        messages): the drain goes on while there is any."""
+        return 0
+
 
 def args_of(stored: Any) -> dict[str, Any]:
     """A job's arguments as either store returns them (JSON text, or already decoded)."""
