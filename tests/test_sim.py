@@ -283,6 +283,31 @@ def test_a_fence_removed_is_caught_on_postgres(pg_template):
     pytest.fail(f"no-lease-fence survived seeds 0..{PG_NO_LEASE_FENCE_BY} on PostgreSQL")
 
 
+# The PostgreSQL-only mutations a world holding the broker catches (`parts/brokered.py`), each
+# with the invariants that catch it and the seeds within which, at PG_MUTATION_STEPS steps (the
+# first failing seeds are in docs/simulation.md)
+PG_CAUGHT = {
+    # a stale copy given back comes back, and is given back again once faults stop (seed 21)
+    "stale-given-back": (("B3",), 30),
+    # a message no one settles is delivered past max_deliveries, never set aside (seed 31)
+    "rabbitmq-no-delivery-limit": (("B5", "B2", "L1"), 40),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("mutation", sorted(PG_CAUGHT))
+def test_a_brokers_fence_removed_is_caught_on_postgres(pg_template, mutation):
+    invariants, bound = PG_CAUGHT[mutation]
+    for seed in range(bound + 1):
+        outcome = run(PG_URL, seed=seed, steps=PG_MUTATION_STEPS, mutation=mutation)
+        if outcome.failed:
+            assert outcome.violation is not None and outcome.violation.invariant in invariants, (
+                f"{mutation}: {outcome.violation}\n{outcome.trace()}"
+            )
+            return
+    pytest.fail(f"{mutation} survived seeds 0..{bound} on PostgreSQL")
+
+
 @pytest.mark.postgres
 def test_the_command_runs_worlds_on_postgres(pg_template):
     held = CliRunner().invoke(main, ["sim", "--seeds", "0..1", "--steps", "60", "--store", PG_URL])

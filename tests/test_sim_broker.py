@@ -129,3 +129,16 @@ def test_a_queue_declared_without_our_delivery_limit_dead_letters_at_rabbitmqs_d
         wire.give_back([got])
     assert len(wire.receive(1)) == 1  # past our limit of 3: still delivered
     assert broker.given_up_ever == []
+
+
+def test_a_message_returned_to_the_limit_is_named_while_it_is_still_delivered():
+    broker, _clock = _broker()
+    with mutated("rabbitmq-no-delivery-limit"):
+        broker.wire(URL, "q").declare()
+    wire = broker.wire(URL, "q")
+    wire.publish([_message(1)])
+    for _ in range(3):
+        assert broker.returned("oncebox.q", 3) == []
+        [got] = wire.receive(1)
+        wire.give_back([got])
+    assert [m.message_id for m in broker.returned("oncebox.q", 3)] == ["m1"]

@@ -172,6 +172,13 @@ class SimBroker:
         counted = sum(len(held) for name, held in self.queues.items() if not name.endswith(".dead"))
         return counted + len(self.unacked)
 
+    def returned(self, queue: str, times: int) -> list[Message]:
+        """The messages of `queue` (ready or held) that came back unsettled `times` times or
+        more."""
+        held = [one for one in self.queues.get(queue, []) if one.returns >= times]
+        held += [u.held for u in self.unacked.values() if u.queue == queue]
+        return [one.message for one in held if one.returns >= times]
+
     def dead_letters(self, queue: str) -> list[Message]:
         return [held.message for held in self.queues.get(f"oncebox.{queue}.dead", [])]
 

@@ -29,6 +29,8 @@ What must hold (the world's S1 and L1 cover the claims and the recorded keys):
     B3  once faults stop, no message is given back (rejected) twice: a copy found stale is
         acknowledged, and a delivery whose settlement lost its race is given back once, to be
         found stale
+    B5  after every step: the broker's delivery limit is in force — no message of the queue
+        that came back unsettled `max_deliveries` times is still delivered (it is set aside)
     B4  after every step (PostgreSQL): one head per ordered group in the broker — at most one
         `leg` of a route relayed with its current attempt's publish written (migration 0023)
 """
@@ -51,7 +53,8 @@ from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
 from oncebox.sim.scheduler import Crash
 
 QUEUE = "brokered"
-BROKER = "amqp://sim/?max_deliveries=3"
+MAX_DELIVERIES = 3
+BROKER = f"amqp://sim/?max_deliveries={MAX_DELIVERIES}"
 TASK = "ship"
 KEY = "ship/{n}"
 KEYS = 3
@@ -236,6 +239,14 @@ class Brokered(Part):
             ):
                 if int(heads) > 1:
                     found.append(Violation("B4", f"route {group} has {heads} heads published"))
+        for message in self.broker.returned(f"oncebox.{QUEUE}", MAX_DELIVERIES):
+            found.append(
+                Violation(
+                    "B5",
+                    f"message {message.message_id} came back {MAX_DELIVERIES} times and is "
+                    "still delivered: its broker's delivery limit is not in force",
+                )
+            )
         for message_id in self.broker.rejected_twice:
             found.append(Violation("B3", f"message {message_id} given back twice once quiet"))
         return found
