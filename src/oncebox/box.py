@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
 from oncebox.aio import AsyncBox
-from oncebox.brokers.brokered import broker_kind, refuse_unbrokerable, relay_channel, wire_for
+from oncebox.brokers.brokered import broker_kind, refuse_unbrokerable, relay_channel
 from oncebox.jobs.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from oncebox.jobs.debounce import Debounce, Throttle
 from oncebox.jobs.keyguard import KeyGuard
@@ -318,7 +318,7 @@ class Box(Operations):
         if known is not None and known != broker:
             raise ConfigurationError(f"queue {name!r} is declared with two brokers")
         self.runtime.brokers[name] = broker
-        self.runtime.channel_set.add(relay_channel(name, broker))
+        self.runtime.channel_set.add(relay_channel(name, broker, self.runtime.wire_for))
 
     def publish_unrecorded(self, task: Task | str | Callable[..., Any], /, **args: Any) -> str:
         """Publish a job of `task` straight to its queue's broker, confirmed, with no record in
@@ -336,7 +336,7 @@ class Box(Operations):
         from oncebox.brokers.transport import task_message  # noqa: PLC0415
 
         message = task_message(resolved, args, self.runtime.max_payload_bytes)
-        queue = wire_for(broker, resolved.queue)
+        queue = self.runtime.wire_for(broker, resolved.queue)
         most = getattr(queue, "max_deliveries", None)  # SQS, NATS: the attempt is the count
         if most is not None and resolved.retry.max_attempts > most:
             raise ConfigurationError(

@@ -11,6 +11,7 @@ trigger: migration 0016) live on PostgreSQL only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -110,7 +111,9 @@ def check_message_size(broker: str, task: Task, args_json: str) -> None:
         )
 
 
-def relay_channel(queue: str, broker: str) -> Channel:
+def relay_channel(
+    queue: str, broker: str, wire: Callable[[str, str], Any] | None = None
+) -> Channel:
     """The outbox channel that publishes the jobs of `queue` to its broker: publishes whose lost
     answer is simply sent again — the consumer finds a second copy stale and never runs it
     (`BrokerRelay`: a batch through the wire's `publish_batch`)."""
@@ -119,5 +122,5 @@ def relay_channel(queue: str, broker: str) -> Channel:
     url = urlunsplit(parts._replace(query=urlencode([*query, ("queue", queue)])))
     from oncebox.brokers.relay import BrokerRelay  # noqa: PLC0415
 
-    provider = BrokerRelay(url, name=f"{broker_kind(broker)}-relay", wire=wire_for)
+    provider = BrokerRelay(url, name=f"{broker_kind(broker)}-relay", wire=wire or wire_for)
     return Channel(name=f"{RELAY_PREFIX}{queue}", provider=provider, retry=RELAY_RETRY)

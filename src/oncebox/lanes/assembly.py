@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from oncebox.brokers.brokered import refuse_unbrokerable, wire_for
+from oncebox.brokers.brokered import refuse_unbrokerable
 from oncebox.kernel.errors import ConfigurationError
 from oncebox.lanes.consumer import SQLITE_BUDGET, Consumer, ConsumerConfig
 from oncebox.lanes.delivery_rescuer import DeliveryRescuer, DeliveryRescuerConfig
@@ -125,7 +125,7 @@ def broker_transport(
     for task in runtime.registry.all():
         if task.queue == queue:
             refuse_unbrokerable(task, recorded=runtime.store.dialect == "postgres")
-    wire = wire_for(runtime.brokers[queue], queue, prefetch=config.batch_size)
+    wire = runtime.wire_for(runtime.brokers[queue], queue, prefetch=config.batch_size)
     wire.declare()
     return BrokerTransport(
         wire,
@@ -232,4 +232,4 @@ def build_given_up_sweep(
     """The sweep of what the brokers of `brokers` (queue → its broker's URL) gave up on."""
     from oncebox.lanes.given_up import GivenUpSweep  # noqa: PLC0415 (a broker's modules)
 
-    return GivenUpSweep(runtime.store, brokers, wire_for, config, worker=worker)
+    return GivenUpSweep(runtime.store, brokers, runtime.wire_for, config, worker=worker)

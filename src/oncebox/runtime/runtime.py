@@ -13,8 +13,9 @@ import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
+from oncebox.brokers.brokered import wire_for
 from oncebox.jobs.declarations import LimitDeclarations
 from oncebox.jobs.keyguard import KeyGuard
 from oncebox.jobs.tasks import Registry
@@ -76,6 +77,10 @@ class Runtime:
     sweepers: dict[str, Sweeper] = field(default_factory=dict)
     # queues a broker holds (`box.queue(name, broker=...)`): queue name -> the broker's URL
     brokers: dict[str, str] = field(default_factory=dict)
+    # (broker URL, queue, prefetch=, wait_s=) -> a connection to that queue (`brokers/`): the
+    # one place a box's lanes, relay and unrecorded publishes get their broker's wire from (the
+    # simulation puts its in-memory broker here: `sim/broker.py`)
+    wire_for: Callable[..., Any] = field(default=wire_for)
     workers: LocalWorkers = field(default_factory=LocalWorkers)
     orm: Orm | None = None  # `box.use_sqlalchemy()`, Django: what handlers write through
     # the caller's transaction an enqueue joins when given no `connection=` (Django's, inside

@@ -84,6 +84,7 @@ def run(
                 _play(world, scheduler, checker, outcome, steps)
             finally:
                 scheduler.stop_all()
+                _unmutate_schema(checker.connection, world.real.dialect, mutation)
                 with contextlib.suppress(Exception):
                     checker.connection.close()
                 world.close()
@@ -156,7 +157,7 @@ def _play(
         if check(checker.after_step()):
             return
     world.quiet = True
-    if not _drain(world, scheduler, checker, check):
+    if not _drain(world, scheduler, checker, check, starters):
         check(checker.quiet(world.wanted))
 
 
@@ -165,9 +166,11 @@ def _drain(
     scheduler: Scheduler,
     checker: Checker,
     check: Callable[[list[Violation]], bool],
+    starters: dict[str, Callable[[], Callable[[], None]]],
 ) -> bool:
     """Faults off, the enqueuers done: the lanes and the operator run until nothing is due.
-    True when an invariant broke on the way."""
+    True when an invariant broke on the way. A lane that dies even so (a handler that takes
+    its worker down) is started again, as before."""
     kept = world.kept()
     scheduler.faults = False
     checker.faults_stop()
@@ -177,6 +180,9 @@ def _drain(
             return False
         scheduler.step(only=list(kept))
         scheduler.settle_blocked()
+        for name in kept:
+            if name in starters and not scheduler.alive(name):
+                scheduler.spawn(name, starters[name]())
         if check(checker.after_step()):
             return True
     return False
@@ -202,6 +208,19 @@ def _mutate_schema(world: World, mutation: str | None) -> None:
         drop_unique_claim(conn, world.real.dialect)
     finally:
         conn.close()
+
+
+def _unmutate_schema(conn: Any, dialect: str, mutation: str | None) -> None:
+    """A PostgreSQL world's schema serves the process's next world (`sim/postgres.py`): the
+    intents get their key back (their rows are the world's, emptied after it anyway)."""
+    if mutation != "no-unique-index" or dialect != "postgres":
+        return
+    conn.execute("DELETE FROM oncebox_intents")
+    conn.execute(
+        "ALTER TABLE oncebox_intents ADD CONSTRAINT oncebox_intents_pkey PRIMARY KEY (key)"
+    )
+    if not getattr(conn, "autocommit", True):
+        conn.commit()
 
 
 @dataclass(frozen=True)

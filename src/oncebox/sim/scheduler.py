@@ -40,8 +40,10 @@ Fate = Literal["go", "crash", "disconnect"]
 WAIT_SLICE = 0.02  # seconds the scheduler waits for the running actor before asking if it blocks
 STUCK_AFTER = 60.0  # seconds an actor may run between two yield points before the run fails
 STEP_SECONDS = 0.001  # monotonic time a step takes
-# The points where a fault may befall an actor: its store calls and its provider calls.
-FAULTY = ("store.", "session.", "tx.", "send.")
+# The points where a fault may befall an actor: its store calls, its provider and broker calls.
+FAULTY = ("store.", "session.", "tx.", "send.", "broker.")
+# Where only a crash may: not a store call (a broker's own lost connection is its wire's choice)
+CRASH_ONLY = ("send.", "broker.")
 # Where an actor waits for SQLite's write lock; while another holds it, it is not picked.
 TURN = "waiting_turn"
 
@@ -154,6 +156,14 @@ class Scheduler:
         finally:
             actor.wakes = 0.0
 
+    def crash_here(self, why: str) -> None:
+        """The running actor's process dies here, by its own code (a handler that takes its
+        worker down): as a crash the scheduler chose, nothing of it runs after."""
+        actor: _Actor | None = getattr(self._local, "actor_state", None)
+        if actor is not None:
+            actor.crashed = True
+        raise Crash(why)
+
     def after(self, where: str) -> None:
         """Called when a store call returns: a call that blocked on a lock parks here, so its
         actor runs no further until it is picked again."""
@@ -223,7 +233,7 @@ class Scheduler:
         fate: Fate = "go"
         if self.faults and actor.at.startswith(FAULTY) and self.choices.chance(self.fault_rate):
             # a provider call cannot lose the store's connection: only a crash befalls it there
-            store_call = not actor.at.startswith("send.")
+            store_call = not actor.at.startswith(CRASH_ONLY)
             fate = "disconnect" if store_call and self.choices.below(2) else "crash"
         step = Step(len(self.steps), actor.name, actor.at, fate)
         self.steps.append(step)

@@ -26,12 +26,14 @@ from typing import Any, Literal
 from oncebox.box import Box
 from oncebox.kernel.clock import ClockSetting
 from oncebox.kernel.errors import OnceboxError, StoreUnavailable
-from oncebox.lanes.assembly import build_lease_rescuer, build_resolver
+from oncebox.lanes.assembly import build_consumer, build_lease_rescuer, build_resolver
 from oncebox.lanes.consumer import ConsumerConfig
 from oncebox.lanes.dispatcher import DispatcherConfig
 from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
+from oncebox.queue.watch import HandlerWatch
 from oncebox.sim.choices import Choices
 from oncebox.sim.parts import Body, Part, Starter
+from oncebox.sim.parts.brokered import Brokered
 from oncebox.sim.parts.caller import CallerTransactions
 from oncebox.sim.parts.collapse import Collapsing
 from oncebox.sim.parts.limits import Limited
@@ -60,6 +62,7 @@ PARTS: tuple[Callable[[World], Part], ...] = (
     Requests,
     Reported,
     Schedules,
+    Brokered,
 )
 # The lanes that run on once faults stop, until nothing is due (the clock moves time on).
 LANES_KEPT = (
@@ -196,7 +199,17 @@ class World:
             lease=LEASE,
             lock_timeout=timedelta(hours=1),  # a wait is the scheduler's to end, never a timer
         )
-        return self._built(lambda: self.box.consumer(config, name=f"sim-{name}").run_once)
+        runtime = self.box.runtime
+        # the table's queues: a broker-held queue's jobs are its own lanes' (`parts/brokered.py`)
+        tabled = tuple(sorted({t.queue for t in runtime.registry.all()} - set(runtime.brokers)))
+        watch = HandlerWatch(exit_on_hang=False)
+        return self._built(
+            lambda: (
+                build_consumer(runtime, config, watch, queues=tabled, name=f"sim-{name}")[
+                    0
+                ].run_once
+            )
+        )
 
     def _dispatcher(self, name: str) -> Callable[[], None]:
         config = DispatcherConfig(batch_size=2, lease=LEASE)
@@ -204,8 +217,18 @@ class World:
 
     def _rescuer(self) -> Callable[[], None]:
         runtime, channels = self.box.runtime, self.box.channels
+        brokered = {  # PostgreSQL: a replayed job of a broker-held queue goes to the relay
+            queue: [t.name for t in runtime.registry.all() if t.queue == queue]
+            for queue in runtime.brokers
+        }
+        if self.real.dialect != "postgres":
+            brokered = {}
         return self._built(
-            lambda: build_lease_rescuer(runtime, LeaseRescuerConfig(), channels).run_once
+            lambda: (
+                build_lease_rescuer(
+                    runtime, LeaseRescuerConfig(), channels, brokered=brokered or None
+                ).run_once
+            )
         )
 
     def _resolver(self) -> Callable[[], None]:

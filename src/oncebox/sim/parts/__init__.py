@@ -64,9 +64,14 @@ class Part:
     def faults_stop(self) -> None:
         """The quiet phase begins (faults off): a part starts checking what holds only then."""
 
+    def counted(self, rows: Rows) -> dict[str, tuple[int, int]]:
+        """What this part's lanes count with no job row to recount it from (C1), by counter:
+        at least, at most."""
+        return {}
+
     def unfinished(self, rows: Rows) -> int:
         """What of this part's is not at an end yet, beyond jobs and messages (a fan-out still
-        running): the quiet phase goes on while any part has some."""
+        running, a broker's messages): the quiet phase goes on while any part has some."""
         return 0
 
 

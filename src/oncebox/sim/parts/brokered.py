@@ -1,0 +1,265 @@
+"""A queue a broker holds (in one world of two, as every part but the notices): the real broker
+lanes (`brokers/`) over the in-memory broker (`sim/broker.py`), which redelivers, reorders,
+counts deliveries and sets aside past its limit.
+
+- queue `brokered`, held by `amqp://sim/?max_deliveries=3` (`Runtime.wire_for` is the sim
+  broker's); task `ship(n)`, keyed `ship/{n}`: its handler returns, fails (a retry), or — for
+  the poison keys, `n` ending in 9 — takes its worker down, every time (its broker gives it up
+  after three deliveries, and the sweep makes it a dead letter);
+- actors: `publish` (SQLite: `publish_unrecorded`, keys `ship/0`..`ship/2`, and now and then
+  `ship/9`; PostgreSQL: that or, half the time, an enqueue — keys `ship/10`..`ship/12` and
+  `ship/19` — whose `relayed` job the world's dispatchers publish through the relay:
+  migration 0016), `broker-1` and `broker-2` (two racing consumer lanes on
+  `BrokerTransport`) and `given-up` (the sweep, `lanes/given_up.py`). The world's rescuer
+  hands a replayed job of the queue back to the relay (PostgreSQL), and the world's table
+  consumers leave the queue alone, as a worker does. Once faults stop, `broker-1` and the
+  sweep run on. On PostgreSQL also `leg(route, n)`, ordered by `route`: `enqueue-legs` (two
+  in one batch) and `legs-in-tx` (one in the caller's transaction, held open across a yield
+  point, then committed or rolled back).
+
+What must hold (the world's S1 and L1 cover the claims and the recorded keys):
+
+    B1  after every step: one run committed per key — the key's claim (an intent) at most once,
+        and a recorded key's job settled done at most once (a stale copy acknowledged unrun,
+        never run to a second commit)
+    B2  once quiet: every message the broker set aside past its delivery limit is visible —
+        a relayed job's row dead (or moved on: a copy that lost its race), an unrecorded one
+        in the queue's dead letters — and the broker holds nothing more
+        (every message published acknowledged or dead-lettered: none silently dropped)
+    B3  once faults stop, no message is given back (rejected) twice: a copy found stale is
+        acknowledged, and a delivery whose settlement lost its race is given back once, to be
+        found stale
+    B5  after every step: the broker's delivery limit is in force — no message of the queue
+        that came back unsettled `max_deliveries` times is still delivered (it is set aside)
+    B4  after every step (PostgreSQL): one head per ordered group in the broker — at most one
+        `leg` of a route relayed with its current attempt's publish written (migration 0023)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from oncebox.jobs.retry import Retry
+from oncebox.lanes.assembly import broker_transport, build_given_up_sweep
+from oncebox.lanes.consumer import ConsumerConfig
+from oncebox.lanes.given_up import GivenUpSweepConfig
+from oncebox.queue.context import JobContext
+from oncebox.sim.broker import SimBroker
+from oncebox.sim.invariants import Violation
+from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
+from oncebox.sim.scheduler import Crash
+
+QUEUE = "brokered"
+MAX_DELIVERIES = 3
+BROKER = f"amqp://sim/?max_deliveries={MAX_DELIVERIES}"
+TASK = "ship"
+KEY = "ship/{n}"
+KEYS = 3
+POISON = 9  # a key ending in 9 takes its worker down
+RECORDED = 10  # recorded keys start here (PostgreSQL)
+LEASE = timedelta(seconds=30)
+LEG = "leg"  # PostgreSQL: an ordered task on the queue, its groups kept in order by the relay
+LEG_KEY = "leg/{route}/{n}"
+ROUTES, LEGS = 2, 3
+
+
+class Brokered(Part):
+    """See the module docstring."""
+
+    name = "brokered"
+    # once faults stop one consumer lane drains the queue (each kept lane is steps a drain
+    # pays for); the two race while the faults run
+    keep: tuple[str, ...] = ("broker-1", "given-up")
+
+    def __init__(self, world: Stage) -> None:
+        self.world = world
+        self.postgres = world.real.dialect == "postgres"
+        self.broker = SimBroker(
+            world.scheduler, world.choices, world.clock_now, world.store.keep_for_crash
+        )
+        box, choices, scheduler = world.box, world.choices, world.scheduler
+        box.runtime.wire_for = self.broker.wire
+        box.queue(QUEUE, broker=BROKER)
+        retry = Retry(max_attempts=2, base_delay=timedelta(seconds=1))
+
+        @box.task(name=TASK, key=KEY, queue=QUEUE, retry=retry)
+        def ship(ctx: JobContext, n: int) -> None:
+            if n % 10 == POISON:
+                scheduler.crash_here(f"{TASK}/{n} takes its worker down")
+            if choices.below(6) == 0:
+                raise RuntimeError("the shipment failed")
+
+        self.ship = ship
+        if self.postgres:  # an ordered task keeps its order only recorded, through the relay
+
+            @box.task(name=LEG, key=LEG_KEY, queue=QUEUE, group_by="route", retry=retry)
+            def leg(ctx: JobContext, route: int, n: int) -> None:
+                if choices.below(6) == 0:
+                    raise RuntimeError("the leg failed")
+
+            self.leg = leg
+
+    # -- the actors --------------------------------------------------------------------------
+
+    def actors(self) -> Mapping[str, Starter]:
+        actors: dict[str, Starter] = {
+            "publish": lambda: self.world.loop(self._publish),
+            "broker-1": lambda: self._consumer("b1"),
+            "broker-2": lambda: self._consumer("b2"),
+            "given-up": self._sweep,
+        }
+        if self.postgres:
+            actors["enqueue-legs"] = lambda: self.world.loop(self._legs)
+            actors["legs-in-tx"] = self._legs_in_tx
+        return actors
+
+    def _legs(self) -> None:
+        """Two legs in one statement: a batch whose insert may wait on a key another
+        transaction holds, while a later enqueue of its group decides (0023's race)."""
+        choices = self.world.choices
+        rows = [{"route": choices.below(ROUTES), "n": choices.below(LEGS)} for _ in range(2)]
+        self.world.box.enqueue_many(self.leg, rows)
+        self.world.wanted.update(LEG_KEY.format(**row) for row in rows)
+
+    def _legs_in_tx(self) -> Body:
+        """One leg in the caller's transaction, held open across a yield point (its row's key
+        held), then committed or rolled back."""
+        world = self.world
+        state: dict[str, Any] = {}
+
+        def round_() -> None:
+            if "conn" not in state:
+                state["conn"] = conn = world.real.connect()
+                world.store.keep_for_crash(conn)
+            conn = state["conn"]
+            row = {"route": world.choices.below(ROUTES), "n": world.choices.below(LEGS)}
+            try:
+                world.box.enqueue(self.leg, connection=conn, route=row["route"], n=row["n"])
+                world.scheduler.point("legs.commit")
+            except BaseException as exc:
+                if not isinstance(exc, Crash):
+                    conn.rollback()
+                raise
+            if world.choices.below(3) == 0:
+                conn.rollback()
+                return
+            conn.commit()
+            world.wanted.add(LEG_KEY.format(**row))
+
+        return world.loop(round_)
+
+    def _publish(self) -> None:
+        choices = self.world.choices
+        n = POISON if choices.chance(0.05) else choices.below(KEYS)
+        if self.postgres and choices.below(2) == 0:
+            self.world.box.enqueue(self.ship, n=RECORDED + n)
+            self.world.wanted.add(KEY.format(n=RECORDED + n))
+        else:
+            self.world.box.publish_unrecorded(self.ship, n=n)
+
+    def _consumer(self, name: str) -> Body:
+        runtime, box = self.world.box.runtime, self.world.box
+        config = ConsumerConfig(
+            batch_size=2, max_batch_size=2, lease=LEASE, lock_timeout=timedelta(hours=1)
+        )
+
+        def body() -> None:  # built in the actor's own thread: its connections die with it
+            transport = broker_transport(runtime, QUEUE, config, name)
+            consumer = box.consumer(config, transport=transport, name=f"sim-{name}")
+            self.world.loop(consumer.run_once)()
+
+        return body
+
+    def _sweep(self) -> Body:
+        runtime = self.world.box.runtime
+
+        def body() -> None:
+            sweep = build_given_up_sweep(
+                runtime, {QUEUE: BROKER}, GivenUpSweepConfig(batch_size=2), worker="sim-given-up"
+            )
+            self.world.loop(sweep.run_once)()
+
+        return body
+
+    def counted(self, rows: Rows) -> dict[str, tuple[int, int]]:
+        """An unrecorded message's completion leaves its claim (an intent, never pruned here)
+        and no job; a copy absorbed by a claim, or found stale, counts a claim conflict and
+        leaves nothing: at most one a delivery."""
+        [(claims,)] = rows(
+            f"SELECT count(*) FROM oncebox_intents i WHERE i.task = '{TASK}' AND NOT EXISTS "
+            "(SELECT 1 FROM oncebox_jobs j WHERE j.key = i.key)"
+        )
+        delivered = self.broker.handed_out
+        return {"jobs_completed": (int(claims), int(claims)), "claim_conflicts": (0, delivered)}
+
+    def unfinished(self, rows: Rows) -> int:
+        return self.broker.waiting()
+
+    # -- what must hold ----------------------------------------------------------------------
+
+    def after_step(self, rows: Rows) -> list[Violation]:
+        found: list[Violation] = []
+        for key, count in rows(
+            f"SELECT key, count(*) FROM oncebox_intents WHERE task = '{TASK}' GROUP BY key"
+        ):
+            if int(count) > 1:
+                found.append(Violation("B1", f"{key} was run to {count} commits (claims)"))
+        if self.postgres:
+            done = {
+                str(key): int(count)
+                for key, count in rows(
+                    f"SELECT key, count(*) FROM oncebox_jobs WHERE task = '{TASK}' "
+                    "AND state = 'done' GROUP BY key"
+                )
+            }
+            for key, count in sorted(done.items()):
+                if count > 1:
+                    found.append(Violation("B1", f"{key}: {count} jobs settled done"))
+        if self.postgres:
+            for group, heads in rows(
+                "SELECT j.group_key, count(*) FROM oncebox_jobs j JOIN oncebox_outbox o "
+                "ON o.key = '~relay/' || j.id || '/' || (j.attempt + 1) "
+                f"WHERE j.task = '{LEG}' AND j.state = 'relayed' GROUP BY j.group_key"
+            ):
+                if int(heads) > 1:
+                    found.append(Violation("B4", f"route {group} has {heads} heads published"))
+        for message in self.broker.returned(f"oncebox.{QUEUE}", MAX_DELIVERIES):
+            found.append(
+                Violation(
+                    "B5",
+                    f"message {message.message_id} came back {MAX_DELIVERIES} times and is "
+                    "still delivered: its broker's delivery limit is not in force",
+                )
+            )
+        for message_id in self.broker.rejected_twice:
+            found.append(Violation("B3", f"message {message_id} given back twice once quiet"))
+        return found
+
+    def quiet(self, rows: Rows) -> list[Violation]:
+        found: list[Violation] = []
+        if self.broker.waiting():
+            found.append(
+                Violation("B2", f"the broker still holds {self.broker.waiting()} message(s)")
+            )
+        dead_letters = {m.message_id for m in self.broker.dead_letters(QUEUE)}
+        jobs = {
+            int(i): (str(state), int(attempt))
+            for i, state, attempt in rows(
+                f"SELECT id, state, attempt FROM oncebox_jobs WHERE task = '{TASK}'"
+            )
+        }
+        for message in self.broker.given_up_ever:
+            body = json.loads(message.body)
+            if "job" not in body:
+                if message.message_id not in dead_letters:
+                    found.append(Violation("B2", f"{body}: set aside, and not in the dead letters"))
+                continue
+            state, attempt = jobs.get(int(body["job"]), ("gone", 0))
+            if state == "relayed" and attempt == int(body["run"]) - 1:
+                found.append(
+                    Violation("B2", f"job {body['job']} run {body['run']} set aside, still {state}")
+                )
+        return found
