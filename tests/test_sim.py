@@ -48,7 +48,7 @@ SWEEP_CHUNKS, SWEEP_PER_CHUNK = 37, 50  # 1 850 shallow worlds on SQLite
 PG_STEPS = 30
 PG_CHUNKS, PG_PER_CHUNK = 5, 10  # 50 worlds on PostgreSQL, one to a few seconds each
 PG_MUTATION_STEPS = 60  # shallower than on SQLite: a PostgreSQL world costs seconds
-PG_NO_LEASE_FENCE_BY = 30  # no-lease-fence is caught within these seeds on PostgreSQL (at 1)
+PG_NO_LEASE_FENCE_AT = 1  # no-lease-fence's first failing seed on PostgreSQL (PG_MUTATION_STEPS)
 
 
 def trace(outcome: Outcome) -> list[str]:
@@ -83,54 +83,53 @@ def test_every_invariant_holds_in_every_shallow_world_of_the_sweep(chunk):
         assert not outcome.failed, f"seed {seed}: {outcome.violation}\n{outcome.trace()}"
 
 
-def first_failure(mutation: str | None, seeds: int, broken: str = "") -> tuple[int, Outcome]:
-    """The first seed that fails with `mutation` on (None: with what the test `broken`)."""
-    for seed in range(seeds):
-        outcome = run(seed=seed, steps=STEPS, mutation=mutation)
-        if outcome.failed:
-            return seed, outcome
-    pytest.fail(f"{mutation or broken} survived {seeds} seeds")
+def failing(seed: int, mutation: str | None, invariants: tuple[str, ...]) -> Outcome:
+    """The world of `seed` (a deep one) with `mutation` on (None: with what the test broke),
+    which must fail by one of `invariants`."""
+    outcome = run(seed=seed, steps=STEPS, mutation=mutation)
+    assert outcome.violation is not None, f"{mutation}: seed {seed} held (re-measure: {MEASURE})"
+    assert outcome.violation.invariant in invariants, f"{outcome.violation}\n{outcome.trace()}"
+    return outcome
 
 
-# Every SQLite mutation the simulation's world exercises and the invariants that catch it (the
-# first failing seed of each, at 150 steps, is in docs/simulation.md). Each is run on the first
-# MUTATION_SEEDS seeds: the runs stop at the first failure, so a caught mutation costs its
-# seeds-to-detection, and a survivor the whole budget.
-CAUGHT = {
+# How the first failing seeds below were measured, and how to measure them again once the worlds
+# change (a new part, a new choice): the first seed that fails, scanning from 0.
+MEASURE = "oncebox sim --seeds 0..199 --mutation NAME (150 steps)"
+
+# Every SQLite mutation the simulation's world exercises: its first failing seed at 150 steps
+# (docs/simulation.md's table), within the budget's deep worlds, and the invariants that catch
+# it. The test runs that seed: a world is a function of its seed, so the budget's deep worlds
+# run with the mutation on would fail there, and its earlier seeds were measured to hold.
+CAUGHT: dict[str, tuple[int, tuple[str, ...]]] = {
     # a stale dispatcher's send marker lands, a second copy (D1), or a stale settlement (F2)
-    "no-lease-fence": ("D1", "F2"),
-    "ack-before-commit": ("F2",),
-    "no-lease-rescue": ("L1",),
-    "ignore-window": ("D1",),
-    "new-token-on-replay": ("D3",),
-    "release-refused-batch": ("A1",),
+    "no-lease-fence": (11, ("D1", "F2")),
+    "ack-before-commit": (11, ("F2",)),
+    "no-lease-rescue": (32, ("L1",)),
+    "ignore-window": (0, ("D1",)),
+    "new-token-on-replay": (0, ("D3",)),
+    "release-refused-batch": (1, ("A1",)),
     # a retry takes an Idempotency-Key from a holder that renewed in time
-    "idempotency-fixed-takeover": ("H1",),
+    "idempotency-fixed-takeover": (19, ("H1",)),
     # the resolver settles a held send its provider reported failed (or in a kind oncebox does
     # not track), the event read before its check, or recorded between its check and its write
-    "resolver-ignores-reports": ("V1",),
-    "resolver-report-race": ("V1",),
+    "resolver-ignores-reports": (6, ("V1",)),
+    "resolver-report-race": (47, ("V1",)),
     # the events find no message: its stage stays where it was
-    "unmatched-reports": ("M1",),
+    "unmatched-reports": (0, ("M1",)),
     # a resolver from a stale page resends the row's next hold, which another worker's resolver
     # resent and its dispatcher held again: no lookup proved it never arrived, and the provider
     # may have taken it (a third copy)
-    "resolver-stale-attempt": ("V1", "D1"),
+    "resolver-stale-attempt": (88, ("V1", "D1")),
     # a fan-out left stalled is never finished: its period's other keys never enqueued
-    "no-resume": ("L1",),
+    "no-resume": (0, ("L1",)),
     # the same, in the quiet phase, where only the trigger (cron) resumes stalled fan-outs
-    "trigger-skips-stalled": ("L1",),
+    "trigger-skips-stalled": (0, ("L1",)),
     # the operator's take-over lands on a run its owner extended (or a scheduler claimed) meanwhile
-    "take-over-unfenced": ("W2",),
+    "take-over-unfenced": (0, ("W2",)),
     # a broker's redelivery of a message whose run committed (its acknowledgement lost) is
     # claimed a second time (`parts/brokered.py`)
-    "no-unique-index": ("S1", "B1"),
+    "no-unique-index": (0, ("S1", "B1")),
 }
-MUTATION_SEEDS = 60
-# no-lease-rescue needs a consumer to die holding a lease and nothing else to end its job: about
-# one world in thirty, the first at seed 106 since the broker's worlds (`parts/brokered.py`)
-# drew the seeds' choices afresh (it was 9 before, by luck: seeds 0..59 then held one failure)
-MUTATION_SEEDS_OF = {"no-lease-rescue": 120}
 # The SQLite mutations the simulation cannot see yet, each with why (docs/simulation.md).
 UNSEEN = {
     # their harm is time and a person's work, not a broken guarantee: rows or jobs wait out
@@ -158,11 +157,10 @@ UNSEEN = {
 
 
 @pytest.mark.parametrize("mutation", sorted(CAUGHT))
-def test_a_fence_removed_is_caught(mutation):
-    _seed, outcome = first_failure(mutation, MUTATION_SEEDS_OF.get(mutation, MUTATION_SEEDS))
-    assert outcome.violation is not None and outcome.violation.invariant in CAUGHT[mutation], (
-        f"{mutation}: {outcome.violation}\n{outcome.trace()}"
-    )
+def test_a_fence_removed_is_caught_within_the_budget(mutation):
+    seed, invariants = CAUGHT[mutation]
+    assert seed < CHUNKS * PER_CHUNK  # a deep world of the budget: held there without it
+    failing(seed, mutation, invariants)
 
 
 def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
@@ -171,36 +169,54 @@ def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
     assert set(CAUGHT) | UNSEEN == sqlite
 
 
+# Each breakage's first failing seed at 150 steps (docs/simulation.md), measured as MEASURE says
+# with the breakage applied in the process (as the test applies it).
+SEED_OF_BREAKAGE = {
+    "settled_counted_twice": 0,
+    "young_jobs_pruned": 0,
+    "unsent_jobs_pruned": 43,
+    "unlimited_concurrency": 7,
+    "bucket_never_spent": 73,
+    "spent_without_a_lease": 7,
+    "a_debounce_key_per_enqueue": 6,
+    "collapse_uncounted": 6,
+    "heads_out_of_order": 1,
+    "caller_committed_for_it": 0,
+    "kept_answers_pruned_early": 32,
+    "stale_owner_extends": 0,
+    "claimed_while_leased": 33,
+}
+
+
 @pytest.mark.parametrize(
-    ("breakage", "invariant"),
+    ("breakage", "invariant", "seed"),
     [
-        (settled_counted_twice, "C1"),
-        (young_jobs_pruned, "P1"),
-        (unsent_jobs_pruned, "P1"),
-        (unlimited_concurrency, "R1"),
-        (bucket_never_spent, "R2"),
-        (spent_without_a_lease, "R2"),
-        (a_debounce_key_per_enqueue, "K1"),
-        (collapse_uncounted, "K2"),
-        (heads_out_of_order, "O1"),
-        (caller_committed_for_it, "T1"),
-        (kept_answers_pruned_early, "H2"),
-        (stale_owner_extends, "W3"),
-        (claimed_while_leased, "W2"),
+        (settled_counted_twice, "C1", SEED_OF_BREAKAGE["settled_counted_twice"]),
+        (young_jobs_pruned, "P1", SEED_OF_BREAKAGE["young_jobs_pruned"]),
+        (unsent_jobs_pruned, "P1", SEED_OF_BREAKAGE["unsent_jobs_pruned"]),
+        (unlimited_concurrency, "R1", SEED_OF_BREAKAGE["unlimited_concurrency"]),
+        (bucket_never_spent, "R2", SEED_OF_BREAKAGE["bucket_never_spent"]),
+        (spent_without_a_lease, "R2", SEED_OF_BREAKAGE["spent_without_a_lease"]),
+        (a_debounce_key_per_enqueue, "K1", SEED_OF_BREAKAGE["a_debounce_key_per_enqueue"]),
+        (collapse_uncounted, "K2", SEED_OF_BREAKAGE["collapse_uncounted"]),
+        (heads_out_of_order, "O1", SEED_OF_BREAKAGE["heads_out_of_order"]),
+        (caller_committed_for_it, "T1", SEED_OF_BREAKAGE["caller_committed_for_it"]),
+        (kept_answers_pruned_early, "H2", SEED_OF_BREAKAGE["kept_answers_pruned_early"]),
+        (stale_owner_extends, "W3", SEED_OF_BREAKAGE["stale_owner_extends"]),
+        (claimed_while_leased, "W2", SEED_OF_BREAKAGE["claimed_while_leased"]),
     ],
 )
-def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invariant):
+def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invariant, seed):
     """The jobs-side and fan-out invariants fail when the mechanism they watch is broken (no
-    chaos mutation reaches them on SQLite: docs/simulation.md lists the seeds each takes)."""
+    chaos mutation reaches them on SQLite), at the first failing seed docs/simulation.md lists,
+    a deep world of the budget."""
     breakage(monkeypatch)
-    _seed, outcome = first_failure(None, 60, breakage.__name__)
-    assert outcome.violation is not None and outcome.violation.invariant == invariant, str(
-        outcome.violation
-    )
+    assert seed < CHUNKS * PER_CHUNK
+    failing(seed, None, (invariant,))
 
 
 def test_a_failure_shrinks_to_a_shorter_run_that_breaks_the_same_invariant(tmp_path):
-    _seed, failed = first_failure("ack-before-commit", MUTATION_SEEDS)
+    failed = failing(CAUGHT["ack-before-commit"][0], "ack-before-commit", ("F2",))
     case = Case("sqlite", STEPS, list(failed.record), "ack-before-commit")
     small, outcome = shrink(
         case,
@@ -283,40 +299,34 @@ def test_every_invariant_holds_in_every_world_of_the_budget_on_postgres(pg_templ
         assert not outcome.failed, f"seed {seed}: {outcome.violation}\n{outcome.trace()}"
 
 
+def failing_on_postgres(seed: int, mutation: str, invariants: tuple[str, ...]) -> None:
+    outcome = run(PG_URL, seed=seed, steps=PG_MUTATION_STEPS, mutation=mutation)
+    assert outcome.violation is not None, f"{mutation}: seed {seed} held on PostgreSQL"
+    assert outcome.violation.invariant in invariants, f"{outcome.violation}\n{outcome.trace()}"
+
+
 @pytest.mark.postgres
 def test_a_fence_removed_is_caught_on_postgres(pg_template):
-    for seed in range(PG_NO_LEASE_FENCE_BY + 1):
-        outcome = run(PG_URL, seed=seed, steps=PG_MUTATION_STEPS, mutation="no-lease-fence")
-        if outcome.failed:
-            # a stale settlement (F2) or a stale send marker's second copy (D1)
-            assert outcome.violation is not None and outcome.violation.invariant in ("F2", "D1")
-            return
-    pytest.fail(f"no-lease-fence survived seeds 0..{PG_NO_LEASE_FENCE_BY} on PostgreSQL")
+    # a stale settlement (F2) or a stale send marker's second copy (D1)
+    failing_on_postgres(PG_NO_LEASE_FENCE_AT, "no-lease-fence", ("F2", "D1"))
 
 
 # The PostgreSQL-only mutations a world holding the broker catches (`parts/brokered.py`), each
-# with the invariants that catch it and the seeds within which, at PG_MUTATION_STEPS steps (the
-# first failing seeds are in docs/simulation.md)
-PG_CAUGHT = {
-    # a stale copy given back comes back, and is given back again once faults stop (seed 21)
-    "stale-given-back": (("B3",), 30),
-    # a message no one settles is delivered past max_deliveries, never set aside (seed 31)
-    "rabbitmq-no-delivery-limit": (("B5", "B2", "L1"), 40),
+# with its first failing seed at PG_MUTATION_STEPS steps (docs/simulation.md) and the invariants
+# that catch it.
+PG_CAUGHT: dict[str, tuple[int, tuple[str, ...]]] = {
+    # a stale copy given back comes back, and is given back again once faults stop
+    "stale-given-back": (5, ("B3",)),
+    # a message no one settles is delivered past max_deliveries, never set aside
+    "rabbitmq-no-delivery-limit": (14, ("B5", "B2", "L1")),
 }
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("mutation", sorted(PG_CAUGHT))
 def test_a_brokers_fence_removed_is_caught_on_postgres(pg_template, mutation):
-    invariants, bound = PG_CAUGHT[mutation]
-    for seed in range(bound + 1):
-        outcome = run(PG_URL, seed=seed, steps=PG_MUTATION_STEPS, mutation=mutation)
-        if outcome.failed:
-            assert outcome.violation is not None and outcome.violation.invariant in invariants, (
-                f"{mutation}: {outcome.violation}\n{outcome.trace()}"
-            )
-            return
-    pytest.fail(f"{mutation} survived seeds 0..{bound} on PostgreSQL")
+    seed, invariants = PG_CAUGHT[mutation]
+    failing_on_postgres(seed, mutation, invariants)
 
 
 @pytest.mark.postgres
@@ -396,7 +406,7 @@ def test_a_statement_blocked_on_a_parked_actor_yields_and_a_deadlock_has_one_vic
 
 
 def test_a_saved_case_shrinks_when_replayed_with_shrink(tmp_path: Path):
-    _seed, failed = first_failure("release-refused-batch", MUTATION_SEEDS)
+    failed = failing(CAUGHT["release-refused-batch"][0], "release-refused-batch", ("A1",))
     assert failed.violation is not None
     saved, small = tmp_path / "case.json", tmp_path / "small.json"
     Case("sqlite", STEPS, list(failed.record), "release-refused-batch").save(saved)

@@ -245,6 +245,8 @@ class World:
         self.now += step
         self.scheduler.elapsed += step.total_seconds()
         self.real.clock_set(ClockSetting(frozen_at=self.now))
+        for part in self.parts:  # what threads of their own do while time passes
+            part.time_passed()
 
     def _until_next_due(self) -> timedelta:
         """Once faults stop, how long until a job, a message or a lease falls due (none: no

@@ -64,6 +64,12 @@ class Part:
     def faults_stop(self) -> None:
         """The quiet phase begins (faults off): a part starts checking what holds only then."""
 
+    def time_passed(self) -> None:
+        """The clock has moved: what the processes' own background threads did meanwhile (a
+        renewal every few seconds), done within the clock's step, on the store itself — a
+        thread that beats every 10 s has beaten through a 10-minute move, unless its process
+        was stalled."""
+
     def counted(self, rows: Rows) -> dict[str, tuple[int, int]]:
         """What this part's lanes count with no job row to recount it from (C1), by counter:
         at least, at most."""

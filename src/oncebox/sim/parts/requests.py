@@ -6,12 +6,15 @@ goes through, over the world's store.
 - `booking(n)`, keyed `booking/{n}`: what a request does (an enqueue, keyed, so a request run twice
   writes one job; the Idempotency-Key saves the second answer, not a second job);
 - actors `api-client-1`, `api-client-2`: a request `POST /v1/tasks/booking/jobs` with one of three
-  Idempotency-Keys (now and then with another body: a 422), which, once it holds the key, works
+  Idempotency-Keys (now and then with another body: a 422; told 409, in flight, it tries the
+  same request again, up to four times), which, once it holds the key, works
   a while, enqueues and records its answer — or, by choice, fails (a 5xx lets the key go) or
   answers "not yet" (a 409, not kept). (Four clients: enough requests at once that a retry of
   one key meets its holder at work.);
-- actor `api-renewals`: the holders' renewal threads (`idempotency.kept`), a beat each round for
-  every request at work; a holder's renewals end with its request or its process;
+- the holders' renewal threads (`idempotency.kept`, a beat every 10 s) beat through each move of
+  the clock, within its step (`time_passed`): every request at work renews its hold, unless its
+  process was stalled through the move; a holder's renewals end with its request or its
+  process;
 - actor `api-pruner`: `api_request_prune`, as the API's own loop calls it.
 
 Records are kept 5 minutes here, not the API's 24 hours, so that a world's clock takes them past
@@ -42,10 +45,11 @@ from oncebox.sim.parts.retained import instant
 
 TASK = "booking"
 KEY = "booking/{n}"
-ORDERS = 2
+ORDERS = 1  # one key: every request meets the others
 RETAIN = timedelta(minutes=5)
 PATH = "/v1/tasks/booking/jobs"
 PRUNE_BATCH = 2
+RETRIES = 4  # a client's tries of one request while another holds its key
 CLIENTS = 4  # enough requests at once that retries of one key meet a holder at work
 
 Seen = tuple[str, int | None, datetime | None, datetime | None]  # claim, status, held, expires
@@ -76,11 +80,7 @@ class Requests(Part):
     def actors(self) -> Mapping[str, Starter]:
         loop = self.world.loop
         clients = {f"api-client-{n}": lambda: loop(self._request) for n in range(1, CLIENTS + 1)}
-        return {
-            **clients,
-            "api-renewals": lambda: loop(self._renew),
-            "api-pruner": lambda: loop(self._prune),
-        }
+        return {**clients, "api-pruner": lambda: loop(self._prune)}
 
     def _request(self) -> None:
         """One POST with an Idempotency-Key, as api/guard.py runs it."""
@@ -88,11 +88,17 @@ class Requests(Part):
         n = choices.below(ORDERS)
         body = json.dumps({"n": n if choices.below(8) else n + ORDERS}).encode()
         fingerprint = idempotency.fingerprint("POST", PATH, body)
-        try:
-            begun = idempotency.begin(
-                world.store, self.key_id, f"booking-{n}", fingerprint, retain=RETAIN
-            )
-        except Problem:  # 409 in flight, 422 reused: the client is told, nothing is written
+        for _ in range(RETRIES):  # a client told 409 (in flight) retries the same request
+            try:
+                begun = idempotency.begin(
+                    world.store, self.key_id, f"booking-{n}", fingerprint, retain=RETAIN
+                )
+                break
+            except Problem as problem:  # 409 in flight, 422 reused: nothing is written
+                if problem.status != 409:
+                    return
+                world.scheduler.rest(1.0)  # its Retry-After: 1
+        else:
             return
         if isinstance(begun, idempotency.Replay):
             return
@@ -105,7 +111,7 @@ class Requests(Part):
 
     def _answer(self, begun: idempotency.Held, n: int) -> None:
         world, choices = self.world, self.world.choices
-        for _ in range(choices.below(4)):  # the handler at work, a while
+        for _ in range(choices.below(6)):  # the handler at work, a while
             world.scheduler.point("api.at_work")
         ending = choices.below(6)
         if ending in (0, 1):  # the handler failed (a 5xx), or "not yet" (a 409): not kept
@@ -118,15 +124,18 @@ class Requests(Part):
             world.store, begun, 201, json.dumps({"job": job.job_id, "created": job.created}), {}
         )
 
-    def _renew(self) -> None:
-        """The holders' renewal threads, one beat each: every request at work renews its hold
-        (`idempotency._renew`'s statement), and one that lost its key stops renewing."""
+    def time_passed(self) -> None:
+        """The holders' renewal threads beat through the clock's move (`idempotency.kept`
+        renews every 10 s): each request at work renews its hold, unless its process was
+        stalled through the move (one in four, by the seed), and one that lost its key stops."""
         for name, held in sorted(self.holding.items()):
-            renewed = self.world.store.api_request_renew(
+            if self.world.choices.below(4) == 0:
+                continue
+            renewed = self.world.real.api_request_renew(
                 held.key_id, held.idempotency_key, held.claim, idempotency.HOLD
             )
             if not renewed and self.holding.get(name) is held:
-                del self.holding[name]
+                del self.holding[name]  # (a renewal may wait its turn at SQLite's write lock)
 
     def _prune(self) -> None:
         while self.world.store.api_request_prune(PRUNE_BATCH) == PRUNE_BATCH:
