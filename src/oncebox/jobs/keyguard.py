@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from oncebox.kernel.clock import monotonic
+from oncebox.kernel import clock as kernel_clock
 from oncebox.kernel.errors import KeyDrift, NotFound, StoreUnavailable
 from oncebox.store.params import JobFilter, KeyCanary, reason_text
 
@@ -178,6 +178,12 @@ class CanaryStatus:
     detail: str = ""
 
 
+def _kernel_monotonic() -> float:
+    """The kernel's clock looked up at each read, not bound once: a clock put in its place (the
+    simulation's virtual time) governs when a canary is read again."""
+    return kernel_clock.monotonic()
+
+
 class KeyGuard:
     """Verifies a box's tasks and schedules against the recorded canaries, with a short cache so
     the hot path (every enqueue, every lease) costs a dictionary look-up."""
@@ -187,12 +193,12 @@ class KeyGuard:
         store: Store,
         tasks: Callable[[], Iterable[Task]],
         schedules: Callable[[], Iterable[Schedule]],
-        clock: Callable[[], float] = monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.store = store
         self._tasks = tasks
         self._schedules = schedules
-        self._clock = clock
+        self._clock = clock or _kernel_monotonic
         # (kind, name, what the code says): a redeclared template is checked afresh
         self._trusted_until: dict[tuple[str, str, str], float] = {}
         self._reported: set[str] = set()
