@@ -6,6 +6,7 @@ The budget here is the suite's (docs/simulation.md); `oncebox sim --seeds` runs 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -83,10 +84,16 @@ def test_every_invariant_holds_in_every_shallow_world_of_the_sweep(chunk):
         assert not outcome.failed, f"seed {seed}: {outcome.violation}\n{outcome.trace()}"
 
 
-def failing(seed: int, mutation: str | None, invariants: tuple[str, ...]) -> Outcome:
-    """The world of `seed` (a deep one) with `mutation` on (None: with what the test broke),
-    which must fail by one of `invariants`."""
-    outcome = run(seed=seed, steps=STEPS, mutation=mutation)
+def failing(
+    seed: int,
+    mutation: str | None,
+    invariants: tuple[str, ...],
+    store: str = "sqlite",
+    steps: int = STEPS,
+) -> Outcome:
+    """The world of `seed` with `mutation` on (None: with what the test broke), which must
+    fail by one of `invariants`."""
+    outcome = run(store, seed=seed, steps=steps, mutation=mutation)
     assert outcome.violation is not None, f"{mutation}: seed {seed} held (re-measure: {MEASURE})"
     assert outcome.violation.invariant in invariants, f"{outcome.violation}\n{outcome.trace()}"
     return outcome
@@ -169,47 +176,31 @@ def test_every_sqlite_mutation_is_caught_or_named_unseen_with_its_reason():
     assert set(CAUGHT) | UNSEEN == sqlite
 
 
-# Each breakage's first failing seed at 150 steps (docs/simulation.md), measured as MEASURE says
-# with the breakage applied in the process (as the test applies it).
-SEED_OF_BREAKAGE = {
-    "settled_counted_twice": 0,
-    "young_jobs_pruned": 0,
-    "unsent_jobs_pruned": 14,
-    "unlimited_concurrency": 7,
-    "bucket_never_spent": 73,
-    "spent_without_a_lease": 7,
-    "a_debounce_key_per_enqueue": 6,
-    "collapse_uncounted": 6,
-    "heads_out_of_order": 1,
-    "caller_committed_for_it": 0,
-    "kept_answers_pruned_early": 32,
-    "stale_owner_extends": 0,
-    "claimed_while_leased": 3,
+# Each breakage, the invariant that catches it and its first failing seed at 150 steps
+# (docs/simulation.md), measured as MEASURE says with the breakage applied in the process.
+BREAKAGES: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str, int]] = {
+    "settled_counted_twice": (settled_counted_twice, "C1", 0),
+    "young_jobs_pruned": (young_jobs_pruned, "P1", 0),
+    "unsent_jobs_pruned": (unsent_jobs_pruned, "P1", 14),
+    "unlimited_concurrency": (unlimited_concurrency, "R1", 7),
+    "bucket_never_spent": (bucket_never_spent, "R2", 73),
+    "spent_without_a_lease": (spent_without_a_lease, "R2", 7),
+    "a_debounce_key_per_enqueue": (a_debounce_key_per_enqueue, "K1", 6),
+    "collapse_uncounted": (collapse_uncounted, "K2", 6),
+    "heads_out_of_order": (heads_out_of_order, "O1", 1),
+    "caller_committed_for_it": (caller_committed_for_it, "T1", 0),
+    "kept_answers_pruned_early": (kept_answers_pruned_early, "H2", 32),
+    "stale_owner_extends": (stale_owner_extends, "W3", 0),
+    "claimed_while_leased": (claimed_while_leased, "W2", 3),
 }
 
 
-@pytest.mark.parametrize(
-    ("breakage", "invariant", "seed"),
-    [
-        (settled_counted_twice, "C1", SEED_OF_BREAKAGE["settled_counted_twice"]),
-        (young_jobs_pruned, "P1", SEED_OF_BREAKAGE["young_jobs_pruned"]),
-        (unsent_jobs_pruned, "P1", SEED_OF_BREAKAGE["unsent_jobs_pruned"]),
-        (unlimited_concurrency, "R1", SEED_OF_BREAKAGE["unlimited_concurrency"]),
-        (bucket_never_spent, "R2", SEED_OF_BREAKAGE["bucket_never_spent"]),
-        (spent_without_a_lease, "R2", SEED_OF_BREAKAGE["spent_without_a_lease"]),
-        (a_debounce_key_per_enqueue, "K1", SEED_OF_BREAKAGE["a_debounce_key_per_enqueue"]),
-        (collapse_uncounted, "K2", SEED_OF_BREAKAGE["collapse_uncounted"]),
-        (heads_out_of_order, "O1", SEED_OF_BREAKAGE["heads_out_of_order"]),
-        (caller_committed_for_it, "T1", SEED_OF_BREAKAGE["caller_committed_for_it"]),
-        (kept_answers_pruned_early, "H2", SEED_OF_BREAKAGE["kept_answers_pruned_early"]),
-        (stale_owner_extends, "W3", SEED_OF_BREAKAGE["stale_owner_extends"]),
-        (claimed_while_leased, "W2", SEED_OF_BREAKAGE["claimed_while_leased"]),
-    ],
-)
-def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, breakage, invariant, seed):
+@pytest.mark.parametrize("name", sorted(BREAKAGES))
+def test_a_flow_control_guarantee_broken_is_caught(monkeypatch, name):
     """The jobs-side and fan-out invariants fail when the mechanism they watch is broken (no
     chaos mutation reaches them on SQLite), at the first failing seed docs/simulation.md lists,
     a deep world of the budget."""
+    breakage, invariant, seed = BREAKAGES[name]
     breakage(monkeypatch)
     assert seed < CHUNKS * PER_CHUNK
     failing(seed, None, (invariant,))
@@ -299,16 +290,10 @@ def test_every_invariant_holds_in_every_world_of_the_budget_on_postgres(pg_templ
         assert not outcome.failed, f"seed {seed}: {outcome.violation}\n{outcome.trace()}"
 
 
-def failing_on_postgres(seed: int, mutation: str, invariants: tuple[str, ...]) -> None:
-    outcome = run(PG_URL, seed=seed, steps=PG_MUTATION_STEPS, mutation=mutation)
-    assert outcome.violation is not None, f"{mutation}: seed {seed} held on PostgreSQL"
-    assert outcome.violation.invariant in invariants, f"{outcome.violation}\n{outcome.trace()}"
-
-
 @pytest.mark.postgres
 def test_a_fence_removed_is_caught_on_postgres(pg_template):
     # a stale settlement (F2) or a stale send marker's second copy (D1)
-    failing_on_postgres(PG_NO_LEASE_FENCE_AT, "no-lease-fence", ("F2", "D1"))
+    failing(PG_NO_LEASE_FENCE_AT, "no-lease-fence", ("F2", "D1"), PG_URL, PG_MUTATION_STEPS)
 
 
 # The PostgreSQL-only mutations a world holding the broker catches (`parts/brokered.py`), each
@@ -326,7 +311,7 @@ PG_CAUGHT: dict[str, tuple[int, tuple[str, ...]]] = {
 @pytest.mark.parametrize("mutation", sorted(PG_CAUGHT))
 def test_a_brokers_fence_removed_is_caught_on_postgres(pg_template, mutation):
     seed, invariants = PG_CAUGHT[mutation]
-    failing_on_postgres(seed, mutation, invariants)
+    failing(seed, mutation, invariants, PG_URL, PG_MUTATION_STEPS)
 
 
 @pytest.mark.postgres
