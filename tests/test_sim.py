@@ -29,6 +29,7 @@ from support.sim_breakages import (
     collapse_uncounted,
     heads_out_of_order,
     kept_answers_pruned_early,
+    rescued_before_its_time,
     settled_counted_twice,
     spent_without_a_lease,
     stale_owner_extends,
@@ -192,6 +193,7 @@ BREAKAGES: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str, int]] = {
     "kept_answers_pruned_early": (kept_answers_pruned_early, "H2", 32),
     "stale_owner_extends": (stale_owner_extends, "W3", 0),
     "claimed_while_leased": (claimed_while_leased, "W2", 3),
+    "rescued_before_its_time": (rescued_before_its_time, "F3", 0),
 }
 
 
@@ -296,7 +298,7 @@ def test_a_fence_removed_is_caught_on_postgres(pg_template):
     failing(PG_NO_LEASE_FENCE_AT, "no-lease-fence", ("F2", "D1"), PG_URL, PG_MUTATION_STEPS)
 
 
-# The PostgreSQL-only mutations a world holding the broker catches (`parts/brokered.py`), each
+# The PostgreSQL-only mutations the worlds catch (the broker's: `parts/brokered.py`), each
 # with its first failing seed at PG_MUTATION_STEPS steps (docs/simulation.md) and the invariants
 # that catch it.
 PG_CAUGHT: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -304,6 +306,9 @@ PG_CAUGHT: dict[str, tuple[int, tuple[str, ...]]] = {
     "stale-given-back": (5, ("B3",)),
     # a message no one settles is delivered past max_deliveries, never set aside
     "rabbitmq-no-delivery-limit": (14, ("B5", "B2", "L1")),
+    # a cancelled `box.aio` call goes on sending after the caller's rollback: its job commits
+    # with the caller's next transaction (`parts/caller.py`, `enqueue-in-tx-async`)
+    "aio-ignores-cancel": (5, ("T1",)),
 }
 
 

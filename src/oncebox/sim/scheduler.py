@@ -44,6 +44,11 @@ STEP_SECONDS = 0.001  # monotonic time a step takes
 FAULTY = ("store.", "session.", "tx.", "send.", "broker.")
 # Where only a crash may: not a store call (a broker's own lost connection is its wire's choice)
 CRASH_ONLY = ("send.", "broker.")
+# A lost connection is a partition of its process from the store: the process's next store
+# calls fail too, up to this many (by choice), while the others carry on. Its rounds end and
+# begin again meanwhile, and what it meant to do at once after the outage waits (a give-back:
+# by then its jobs may be rescued and leased by another, whose leases it must not touch).
+PARTITION_CALLS = 4
 # Where an actor waits for SQLite's write lock; while another holds it, it is not picked.
 TURN = "waiting_turn"
 
@@ -82,6 +87,7 @@ class _Actor:
     error: BaseException | None = None
     crashed: bool = False  # once crashed, every later point raises at once: nothing more runs
     wakes: float = 0.0  # resting (`Scheduler.rest`) until the run's monotonic time reaches this
+    cut_off: int = 0  # store calls still to fail: a lost connection's partition lasts a while
 
 
 class Scheduler:
@@ -231,10 +237,15 @@ class Scheduler:
             return None
         actor = self._actors[names[self.choices.below(len(names))]]
         fate: Fate = "go"
-        if self.faults and actor.at.startswith(FAULTY) and self.choices.chance(self.fault_rate):
-            # a provider call cannot lose the store's connection: only a crash befalls it there
-            store_call = not actor.at.startswith(CRASH_ONLY)
+        # a provider call cannot lose the store's connection: only a crash befalls it there
+        store_call = not actor.at.startswith(CRASH_ONLY)
+        if self.faults and actor.at.startswith(FAULTY) and store_call and actor.cut_off:
+            actor.cut_off -= 1
+            fate = "disconnect"
+        elif self.faults and actor.at.startswith(FAULTY) and self.choices.chance(self.fault_rate):
             fate = "disconnect" if store_call and self.choices.below(2) else "crash"
+            if fate == "disconnect":
+                actor.cut_off = self.choices.below(PARTITION_CALLS)
         step = Step(len(self.steps), actor.name, actor.at, fate)
         self.steps.append(step)
         self.elapsed += STEP_SECONDS

@@ -32,6 +32,7 @@ from oncebox.lanes.dispatcher import DispatcherConfig
 from oncebox.lanes.lease_rescuer import LeaseRescuerConfig
 from oncebox.queue.watch import HandlerWatch
 from oncebox.sim.choices import Choices
+from oncebox.sim.leases import LeaseEnds
 from oncebox.sim.parts import Body, Part, Starter
 from oncebox.sim.parts.brokered import Brokered
 from oncebox.sim.parts.caller import CallerTransactions
@@ -102,6 +103,7 @@ class World:
     parts: list[Part] = field(init=False)
     wanted: set[str] = field(default_factory=set)
     providers: dict[str, SimProvider] = field(default_factory=dict)
+    holders: dict[str, str] = field(default_factory=dict)  # a lease's `leased_by` -> its actor
     now: datetime = START
     quiet: bool = False  # the faults have stopped: time runs on to the next thing due
     _closers: list[Callable[[], None]] = field(default_factory=list)
@@ -113,6 +115,7 @@ class World:
         self.scheduler.on_crash = self.store.drop_sessions
         self.box = Box(store=self.store, secret=SECRET, seed=0)
         self.parts = [make(self) for make in self._chosen(PARTS)]
+        self.parts.append(LeaseEnds(self.scheduler.moved, self.holders, self.clock_now))
 
     def _chosen(self, parts: tuple[Callable[[World], Part], ...]) -> list[Callable[[World], Part]]:
         """The notices in every world (their channels are the lanes' own work); each other part
@@ -151,10 +154,10 @@ class World:
         """Each actor's name and how to start it (again, after a crash): a factory of its
         body, so a restart builds new lanes with new sessions. The lanes, then each part's."""
         actors: dict[str, Starter] = {
-            "consumer-1": lambda: self._consumer("c1"),
-            "consumer-2": lambda: self._consumer("c2"),
-            "dispatcher-1": lambda: self._dispatcher("d1"),
-            "dispatcher-2": lambda: self._dispatcher("d2"),
+            "consumer-1": lambda: self._consumer("c1", "consumer-1"),
+            "consumer-2": lambda: self._consumer("c2", "consumer-2"),
+            "dispatcher-1": lambda: self._dispatcher("d1", "dispatcher-1"),
+            "dispatcher-2": lambda: self._dispatcher("d2", "dispatcher-2"),
             "rescuer": self._rescuer,
             "resolver": self._resolver,
             "operator": lambda: self.loop(self._operate),
@@ -192,7 +195,8 @@ class World:
 
         return body
 
-    def _consumer(self, name: str) -> Callable[[], None]:
+    def _consumer(self, name: str, actor: str) -> Callable[[], None]:
+        self.holders[f"sim-{name}"] = actor
         config = ConsumerConfig(
             batch_size=2,
             max_batch_size=2,
@@ -211,7 +215,8 @@ class World:
             )
         )
 
-    def _dispatcher(self, name: str) -> Callable[[], None]:
+    def _dispatcher(self, name: str, actor: str) -> Callable[[], None]:
+        self.holders[name] = actor
         config = DispatcherConfig(batch_size=2, lease=LEASE)
         return self._built(lambda: self.box.dispatcher(config, name=name).run_once)
 
