@@ -408,6 +408,12 @@ def apply(store: Any, names: tuple[str, ...]) -> None:
     switches.switch_on(names)
 
 
+def rewrites_sql(name: str, dialect: str) -> bool:
+    """Whether mutation `name` rewrites `dialect`'s own queries. One that does not changes only
+    Python code both stores run (or their schemas alike): caught on one store, it is caught."""
+    return bool(_QUERY_REWRITES.get(name, {}).get(dialect))
+
+
 def rewrite_queries(queries: dict[str, str], dialect: str, names: tuple[str, ...]) -> None:
     for name in names:
         for query, old, new in _QUERY_REWRITES.get(name, {}).get(dialect, ()):
