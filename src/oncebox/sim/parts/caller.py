@@ -123,8 +123,9 @@ class CallerTransactions(Part):
 
         def round_() -> None:
             if "loop" not in state:
+                state["executor"] = ThreadPoolExecutor(1, "sim-aio")
                 state["loop"] = asyncio.new_event_loop()
-                state["loop"].set_default_executor(ThreadPoolExecutor(1, "sim-aio"))
+                state["loop"].set_default_executor(state["executor"])
             loop: asyncio.AbstractEventLoop = state["loop"]
             if "conn" not in state:
                 conn = loop.run_until_complete(_Cancelling.connect(world.real.conninfo))
@@ -134,7 +135,16 @@ class CallerTransactions(Part):
             with _chunks(CHUNK):
                 loop.run_until_complete(self._enqueue_async(state["conn"]))
 
-        return world.loop(round_)
+        rounds = world.loop(round_)
+
+        def body() -> None:
+            try:
+                rounds()
+            finally:  # the process ends: its executor's idle thread with it
+                if "loop" in state:
+                    state["executor"].shutdown(wait=False)
+
+        return body
 
     async def _enqueue_async(self, conn: _Cancelling) -> None:
         """Every round: PostgreSQL's transactions wait for no write lock of the whole file."""
