@@ -1,13 +1,17 @@
-"""PostgreSQL worlds: a schema per process, emptied between worlds; every session of a world named,
-so the scheduler can ask which of them wait on a lock.
+"""PostgreSQL worlds: a database per process, its schema emptied between worlds; every session
+of a world named, so the scheduler can ask which of them wait on a lock.
 
-**The schema.** Migrating a schema costs 0.4 to 0.7 s, as much as a world takes. So each process
-migrates one schema once (`oncebox_sim_<random>`), runs its worlds there one after another, and
-empties it after each (`Server.empty`): every table the world made (`sim_effects`) dropped, every
-oncebox table emptied, every sequence back to 1, so the next world starts from the state a fresh
-migration leaves. The schema is dropped when the process exits. A process killed first leaves it
-behind; the session advisory lock its owner held tells a later process that nobody owns it, and
-the later process drops it.
+**The database.** Migrating costs 0.4 to 0.7 s, as much as a world takes. So each process
+creates one database (`oncebox_sim_<random>`) and migrates one schema there once, runs its
+worlds there one after another, and empties the schema after each (`Server.empty`): every table
+the world made (`sim_effects`) dropped, every oncebox table emptied, every sequence back to 1, so
+the next world starts from the state a fresh migration leaves. A database, not only a schema:
+advisory locks are per database, and the relay's group locks (`hashtextextended(queue ||
+group_key)`) of two processes' worlds in one database would meet — a wait on another world's
+session, which neither scheduler sees or moves. The database is dropped when the process exits.
+A process killed first leaves it behind; the session advisory lock its owner held (in the
+database the URL names) tells a later process that nobody owns it, and the later process drops
+it.
 
 **The sessions.** Every connection of a world carries an `application_name` starting with the
 world's tag (`oncebox sim <random>`): the pool's and the checker's through the URL, the
@@ -67,7 +71,7 @@ LEFTOVERS_SQL = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
     "WHERE application_name LIKE %(names)s AND pid <> pg_backend_pid()"
 )
-LOCK_KEY = "hashtextextended('oncebox-sim:' || %(schema)s, 0)"
+LOCK_KEY = "hashtextextended('oncebox-sim:' || %(name)s, 0)"
 
 
 def _fail(server: str, exc: psycopg.Error) -> StoreUnavailable:
@@ -76,8 +80,9 @@ def _fail(server: str, exc: psycopg.Error) -> StoreUnavailable:
 
 
 class Server:
-    """One process's place on a server: its schema, migrated once, and its admin connection
-    (which holds the schema's advisory lock, empties the schema and runs the probe)."""
+    """One process's place on a server: its database and schema, migrated once; the connection
+    to the URL's database that holds its advisory lock (and drops it at exit); and the admin
+    connection in its own, which empties the schema and runs the probe."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -87,15 +92,21 @@ class Server:
                 f"--store {redact(url)}: give the server and database only; each world makes "
                 f"its own schema and pool (remove {', '.join(sorted(ours))})"
             )
-        self.conninfo = conninfo
-        self.schema = f"{SCHEMA_PREFIX}{uuid.uuid4().hex[:12]}"
+        name = f"{SCHEMA_PREFIX}{uuid.uuid4().hex[:12]}"
+        self.database = self.schema = name
+        self.conninfo = _in_database(conninfo, name)
         self.lock = threading.Lock()
         try:
-            self.admin = psycopg.connect(
+            # in the database the URL names: the lock that says this process is alive
+            self.root = psycopg.connect(
                 conninfo, autocommit=True, application_name="oncebox sim admin"
             )
-            self.admin.execute(f"SELECT pg_advisory_lock({LOCK_KEY})", {"schema": self.schema})
+            self.root.execute(f"SELECT pg_advisory_lock({LOCK_KEY})", {"name": name})
             self._sweep()
+            self.root.execute(f'CREATE DATABASE "{name}"'.encode())
+            self.admin = psycopg.connect(
+                self.conninfo, autocommit=True, application_name="oncebox sim admin"
+            )
             self.deadlock_ms = self._deadlock_timeout()
             store = open_store(self.world_url("oncebox sim migrate"), migrate=True)
             store.close()
@@ -111,18 +122,26 @@ class Server:
         atexit.register(self.drop)
 
     def _sweep(self) -> None:
-        """Drop the schemas of processes that died before dropping theirs (nobody holds their
-        lock)."""
-        rows = self.admin.execute(
-            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %(p)s",
-            {"p": SCHEMA_PREFIX.replace("_", r"\_") + "%"},
-        ).fetchall()
-        for (schema,) in rows:
-            key = {"schema": schema}
-            [(free,)] = self.admin.execute(f"SELECT pg_try_advisory_lock({LOCK_KEY})", key)
+        """Drop the databases of processes that died before dropping theirs (nobody holds their
+        lock), and the schemas an older release's processes left in the URL's database."""
+        like = {"p": SCHEMA_PREFIX.replace("_", r"\_") + "%"}
+        found = [
+            (f'DATABASE IF EXISTS "{name}" WITH (FORCE)', name)
+            for (name,) in self.root.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %(p)s", like
+            )
+        ] + [
+            (f'SCHEMA IF EXISTS "{name}" CASCADE', name)
+            for (name,) in self.root.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE %(p)s", like
+            )
+        ]
+        for what, name in found:
+            key = {"name": name}
+            [(free,)] = self.root.execute(f"SELECT pg_try_advisory_lock({LOCK_KEY})", key)
             if free:
-                self.admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
-                self.admin.execute(f"SELECT pg_advisory_unlock({LOCK_KEY})", key)
+                self.root.execute(f"DROP {what}".encode())
+                self.root.execute(f"SELECT pg_advisory_unlock({LOCK_KEY})", key)
 
     def _deadlock_timeout(self) -> int:
         """A short deadlock_timeout when this role may set it (a superuser's, or one granted
@@ -202,9 +221,11 @@ class Server:
 
     def drop(self) -> None:
         with contextlib.suppress(psycopg.Error):
-            if not self.admin.closed:
-                self.admin.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'.encode())
-                self.admin.close()
+            self.admin.close()
+            if not self.root.closed:
+                database = f'"{self.database}"'
+                self.root.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)".encode())
+                self.root.close()
 
 
 @dataclass
@@ -244,6 +265,16 @@ class Probe:
         self.server.admin.execute(LEFTOVERS_SQL, {"names": self.names})
 
 
+def _in_database(conninfo: str, name: str) -> str:
+    """`conninfo` (a URL, as `split_url` leaves it) on the database `name` of the same server:
+    the URL's path names it (a `dbname=` in its query would override the path: dropped)."""
+    scheme, _, rest = conninfo.partition("://")
+    base, _, query = rest.partition("?")
+    kept = [piece for piece in query.split("&") if piece and not piece.startswith("dbname=")]
+    authority = base.partition("/")[0]
+    return f"{scheme}://{authority}/{name}" + ("?" + "&".join(kept) if kept else "")
+
+
 _SERVERS: dict[str, Server] = {}
 
 
@@ -251,7 +282,7 @@ _SERVERS: dict[str, Server] = {}
 def world_database(url: str) -> Iterator[tuple[str, Probe]]:
     """A world's URL on the server `url` names, and its probe; the schema emptied after."""
     server = _SERVERS.get(url)
-    if server is None or server.admin.closed:
+    if server is None or server.root.closed:
         server = _SERVERS[url] = Server(url)
     probe = Probe(server, f"oncebox sim {uuid.uuid4().hex[:10]}")
     with server.lock:

@@ -140,9 +140,11 @@ class CallerTransactions(Part):
         def body() -> None:
             try:
                 rounds()
-            finally:  # the process ends: its executor's idle thread with it
+            finally:  # the process ends: its connection, its loop and its executor with it
+                if "conn" in state:
+                    _Severed(state["conn"]).close()
                 if "loop" in state:
-                    state["executor"].shutdown(wait=False)
+                    state["loop"].close()  # which shuts its executor down, not waiting
 
         return body
 
@@ -249,7 +251,8 @@ class _Severed:
         self.conn = conn
 
     def close(self) -> None:
-        self.conn.pgconn.finish()
+        if not self.conn.closed:
+            self.conn.pgconn.finish()
 
 
 @contextmanager
