@@ -104,6 +104,7 @@ class World:
     wanted: set[str] = field(default_factory=set)
     providers: dict[str, SimProvider] = field(default_factory=dict)
     holders: dict[str, str] = field(default_factory=dict)  # a lease's `leased_by` -> its actor
+    collapsed_elsewhere: int = 0  # enqueues outside `collapse` that joined a pending job (K2)
     now: datetime = START
     quiet: bool = False  # the faults have stopped: time runs on to the next thing due
     _closers: list[Callable[[], None]] = field(default_factory=list)

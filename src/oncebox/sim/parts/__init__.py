@@ -39,6 +39,9 @@ class Stage(Protocol):
     store: YieldingStore
     wanted: set[str]  # the keys that must reach an end once faults stop (L1)
     providers: dict[str, SimProvider]  # each channel's simulated provider, by channel name
+    # the committed enqueues of other parts' collapsing tasks that joined a pending job: the
+    # durable `enqueue_collapsed` counts them with the `collapse` part's own (K2)
+    collapsed_elsewhere: int
 
     def loop(self, round_: Callable[[], object]) -> Body: ...
 

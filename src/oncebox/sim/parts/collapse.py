@@ -13,7 +13,9 @@ What must hold, after every step:
         `debounce_key` the store keeps)
     K2  every enqueue is accounted for: it joined a pending job (the durable `enqueue_collapsed`)
         or made one (a row) — so those two together are at least the enqueues that returned,
-        and at most the enqueues begun (one that crashed may or may not have written)
+        and at most the enqueues begun (one that crashed may or may not have written). The
+        counter is every task's: the joins another part's enqueues committed (the limits
+        part's `export-latest`, PostgreSQL) are taken out (`collapsed_elsewhere`)
 """
 
 from __future__ import annotations
@@ -99,13 +101,14 @@ class Collapsing(Part):
         [(collapsed,)] = rows(
             "SELECT coalesce(sum(value), 0) FROM oncebox_counters WHERE name = 'enqueue_collapsed'"
         )
-        accounted = int(collapsed) + len(jobs)
+        accounted = int(collapsed) - self.world.collapsed_elsewhere + len(jobs)
         if not self.returned <= accounted <= self.begun:
             found.append(
                 Violation(
                     "K2",
                     f"{self.returned} enqueues returned ({self.begun} begun), but "
-                    f"{collapsed} joined a pending job and {len(jobs)} made one",
+                    f"{collapsed} joined a pending job ({self.world.collapsed_elsewhere} of "
+                    f"them another part's) and {len(jobs)} made one",
                 )
             )
         return found

@@ -4,14 +4,24 @@
   `Concurrency(1, per_partition=True)` and `Rate("3/min", per_partition=True)`; its handler
   returns, or fails (a retry, which spends another token);
 - actor: `enqueue-limited`, up to three jobs at once, each of one of two tenants.
+- PostgreSQL also: `export-latest(tenant, n)`, keyed `export-latest/{tenant}/{n}`, under the
+  same limits (shared by name: its jobs and `export`'s count and spend together),
+  `Throttle(1 s, by="{tenant}", keep="first")` and priority 1 (a tenant's pending one is leased
+  first); actor `latest-in-tx`: one enqueue of it in the caller's transaction, held open across
+  a yield point, then committed or rolled back. An enqueue that joins the tenant's pending job
+  updates its row and holds it until the caller's transaction ends: a limited lease that chose
+  that job passes over it (`SKIP LOCKED`), and must spend no token on it (R2). The rate holds
+  jobs back longest late in a run, so the actor goes on for `QUIET_ROUNDS` rounds once faults
+  stop. SQLite's lease holds the write lock from its choice on: it passes over nothing.
 
 What must hold, after every step (the checker sees every lease: a lease is its own committed
 store call, so its jobs are leased when the step that made it ends):
 
-    R1  limits are never over-granted: the jobs leased now of each partition are at most its
-        concurrency (counted by the partition their key names, not by the `limit_key` the store
-        wrote, so a job stripped of its partition still counts); and the leases seen, replayed
-        through a token bucket of the rate's size, never take a token the bucket did not hold
+    R1  limits are never over-granted: the jobs leased now of each partition (of both tasks:
+        their limits are one) are at most its concurrency (counted by the partition their key
+        names, not by the `limit_key` the store wrote, so a job stripped of its partition still
+        counts); and the leases seen, replayed through a token bucket of the rate's size, never
+        take a token the bucket did not hold
     R2  tokens are spent only on leases, and every lease spends one: each partition's bucket, as
         the store keeps it (`oncebox_limits`), holds what that replay says it holds
 """
@@ -20,21 +30,26 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from oncebox.jobs.debounce import Throttle
 from oncebox.jobs.limits import Concurrency, Rate
 from oncebox.jobs.retry import Retry
 from oncebox.limits.rates import Limit as RateText
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Part, Rows, Stage, Starter
+from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
+from oncebox.sim.scheduler import Crash
 
 TENANTS = 2
 CONCURRENCY = 1
 RATE = "3/min"
 TASK = "export"
+LATEST = "export-latest"  # PostgreSQL: throttled, enqueued in the caller's transaction
+TASKS = (TASK, LATEST)
+QUIET_ROUNDS = 8  # `latest-in-tx`'s requests once faults stop, before it stops too
 EPSILON = 1e-6  # float arithmetic: the store's and the replay's differ in their last digits
 
 
@@ -79,9 +94,32 @@ class Limited(Part):
         self.export = export
         assert export.limits is not None
         [self.rate_name] = [name for limit, name in export.limits.rules if isinstance(limit, Rate)]
+        self.postgres = world.real.dialect == "postgres"
+        self.quiet_rounds: int | None = None  # counted once faults stop
+        if self.postgres:
+            # the rate holds jobs back longest once the backlog has built, late in a run: the
+            # caller's requests go on a while after faults stop, to meet the leases at work
+            self.keep = ("latest-in-tx",)
+
+            @world.box.task(
+                name=LATEST,
+                key="export-latest/{tenant}/{n}",
+                partition="{tenant}",
+                limits=[replace(limit, name=name) for limit, name in export.limits.rules],
+                throttle=Throttle(timedelta(seconds=1), by="{tenant}", keep="first"),
+                retry=retry,
+                priority=1,
+            )
+            def export_latest(ctx: JobContext, tenant: int, n: int) -> None:
+                pass
+
+            self.latest = export_latest
 
     def actors(self) -> Mapping[str, Starter]:
-        return {"enqueue-limited": lambda: self.world.loop(self._enqueue)}
+        actors: dict[str, Starter] = {"enqueue-limited": lambda: self.world.loop(self._enqueue)}
+        if self.postgres:
+            actors["latest-in-tx"] = self._latest_in_tx
+        return actors
 
     def _enqueue(self) -> None:
         """Up to three jobs at once, so that a backlog builds and the limits have work to hold
@@ -93,12 +131,51 @@ class Limited(Part):
         self.world.box.enqueue_many(self.export, rows)
         self.world.wanted.update(f"export/{row['tenant']}/{row['n']}" for row in rows)
 
+    def _latest_in_tx(self) -> Body:
+        """One enqueue of `export-latest` in the caller's transaction, held open across a yield
+        point (the row of the pending job it joined held), then committed or rolled back."""
+        world = self.world
+        state: dict[str, Any] = {}
+
+        def round_() -> None:
+            if "conn" not in state:
+                state["conn"] = conn = world.real.connect()
+                world.store.keep_for_crash(conn)
+            conn = state["conn"]
+            if self.quiet_rounds is not None:
+                if self.quiet_rounds >= QUIET_ROUNDS:
+                    return
+                self.quiet_rounds += 1
+            self.made += 1
+            n, tenant = self.made, world.choices.below(TENANTS)
+            try:
+                done = world.box.enqueue(self.latest, connection=conn, tenant=tenant, n=n)
+                world.scheduler.point("latest.commit")
+            except BaseException as exc:
+                if not isinstance(exc, Crash):  # a crash's connection is closed: rolled back
+                    conn.rollback()
+                raise
+            if world.choices.below(3) == 0:
+                conn.rollback()
+                return
+            conn.commit()
+            if done.reason == "collapsed":
+                world.collapsed_elsewhere += 1
+            elif done.created:
+                world.wanted.add(f"{LATEST}/{tenant}/{n}")
+
+        return world.loop(round_)
+
+    def faults_stop(self) -> None:
+        self.quiet_rounds = 0
+
     # -- what must hold ----------------------------------------------------------------------
 
     def after_step(self, rows: Rows) -> list[Violation]:
+        listed = ", ".join(f"'{task}'" for task in TASKS)
         leased = rows(
             "SELECT id, key, lease_token, leased_at FROM oncebox_jobs "
-            f"WHERE task = '{TASK}' AND state = 'leased'"
+            f"WHERE task IN ({listed}) AND state = 'leased'"
         )
         found: list[Violation] = []
         running = Counter(_partition(key) for _, key, _, _ in leased)
