@@ -65,6 +65,16 @@ def test_a_seed_replays_exactly_and_so_does_its_record():
     assert trace(run(seed=8, steps=STEPS)) != trace(first)
 
 
+def test_a_parts_variant_shares_its_choice_and_moves_no_world_without_it():
+    """`World._chosen` draws a part with two variants as below(4) where it drew below(2): the
+    high bit is that answer and the draws after it are unchanged, so the worlds without the
+    variant (the limits part's rolling deploy) stay the worlds they were, seeds and all."""
+    for seed in range(300):
+        before, after = Choices(seed), Choices(seed)
+        assert after.below(4) // 2 == before.below(2), seed
+        assert [before.below(9) for _ in range(4)] == [after.below(9) for _ in range(4)], seed
+
+
 def test_the_budget_is_two_thousand_worlds_on_both_stores():
     deep, shallow, pg = CHUNKS * PER_CHUNK, SWEEP_CHUNKS * SWEEP_PER_CHUNK, PG_CHUNKS * PG_PER_CHUNK
     assert deep + shallow + pg >= 2000 and pg >= 50
