@@ -108,6 +108,7 @@ class World:
     now: datetime = START
     quiet: bool = False  # the faults have stopped: time runs on to the next thing due
     _closers: list[Callable[[], None]] = field(default_factory=list)
+    _variants: dict[Callable[[World], Part], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.real = open_store(self.url, migrate=True)
@@ -122,8 +123,28 @@ class World:
         """The notices in every world (their channels are the lanes' own work); each other part
         by the seed, one world in two. With every part in, each actor would step too seldom in
         the steps with faults for races to meet, and a world would cost the sum of them all; a
-        shrink, lowering a choice to 0, leaves out a part the failure does not need."""
-        return [make for make in parts if make is Notices or self.choices.below(2) == 1]
+        shrink, lowering a choice to 0, leaves out a part the failure does not need.
+
+        A part with variants (`Part.variants`, a power of two: the limits part's rolling
+        deploy) is drawn with its variant in the same choice, `below(2 * variants)`: CPython's
+        `randrange` draws it from the same word of the generator as `below(2)`, its high bit
+        that answer, so a variant added moves no world but its own (`variant_of`: 0 is the
+        world the part made before)."""
+        chosen: list[Callable[[World], Part]] = []
+        for make in parts:
+            if make is Notices:
+                chosen.append(make)
+                continue
+            variants = getattr(make, "variants", 1)
+            drawn = self.choices.below(2 * variants)
+            if drawn >= variants:
+                self._variants[make] = drawn - variants
+                chosen.append(make)
+        return chosen
+
+    def variant_of(self, part: Callable[[World], Part]) -> int:
+        """Which of its variants a part chosen in this world is (0: its first)."""
+        return self._variants.get(part, 0)
 
     @property
     def notices(self) -> Notices:

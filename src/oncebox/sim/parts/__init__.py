@@ -47,6 +47,8 @@ class Stage(Protocol):
 
     def clock_now(self) -> datetime: ...
 
+    def variant_of(self, part: Callable[[Any], Part]) -> int: ...
+
 
 class Part:
     """See the module docstring. `keep`: the actors of this part that must go on running in the
@@ -54,6 +56,7 @@ class Part:
 
     name = "part"
     keep: tuple[str, ...] = ()
+    variants = 1  # worlds of this part, told apart by the seed (`Stage.variant_of`; a power of 2)
 
     def actors(self) -> Mapping[str, Starter]:
         return {}

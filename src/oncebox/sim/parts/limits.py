@@ -3,7 +3,11 @@
 - `export(tenant, n)`, keyed `export/{tenant}/{n}`, partitioned by `{tenant}` with
   `Concurrency(1, per_partition=True)` and `Rate("3/min", per_partition=True)`; its handler
   returns, or fails (a retry, which spends another token);
-- actor: `enqueue-limited`, up to three jobs at once, each of one of two tenants.
+- actor: `enqueue-limited`, up to three jobs at once, each of one of two tenants;
+- in one world in two (its variant, by the seed), a rolling deploy: a worker of the release
+  before `export` was limited runs beside the world's consumers, `old-consumer` and
+  `old-rescuer` (`rolling.py`), while the world's consumers, the new release's, declare the
+  limit with every beat.
 - PostgreSQL also: `export-latest(tenant, n)`, keyed `export-latest/{tenant}/{n}`, under the
   same limits (shared by name: its jobs and `export`'s count and spend together),
   `Throttle(1 s, by="{tenant}", keep="first")` and priority 1 (a tenant's pending one is leased
@@ -21,7 +25,10 @@ store call, so its jobs are leased when the step that made it ends):
         their limits are one) are at most its concurrency (counted by the partition their key
         names, not by the `limit_key` the store wrote, so a job stripped of its partition still
         counts); and the leases seen, replayed through a token bucket of the rate's size, never
-        take a token the bucket did not hold
+        take a token the bucket did not hold. Of the jobs the limits hold: in a rolling deploy,
+        a job whose partition the old worker's rescuer took once no process had declared the
+        limit within `LAPSE` is the old release's to run, without limits (`rolling.py`: the
+        fence's own trade), and is not counted here or in R2
     R2  tokens are spent only on leases, and every lease spends one: each partition's bucket, as
         the store keeps it (`oncebox_limits`), holds what that replay says it holds
 """
@@ -41,6 +48,8 @@ from oncebox.limits.rates import Limit as RateText
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
 from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
+from oncebox.sim.parts.rolling import ACTORS as OLD_ACTORS
+from oncebox.sim.parts.rolling import OldRelease
 from oncebox.sim.scheduler import Crash
 
 TENANTS = 2
@@ -66,6 +75,7 @@ class Limited(Part):
     """See the module docstring."""
 
     name = "limits"
+    variants = 2  # 1: a rolling deploy, a worker of the release before the limit beside
 
     def __init__(self, world: Stage) -> None:
         self.world = world
@@ -96,10 +106,11 @@ class Limited(Part):
         [self.rate_name] = [name for limit, name in export.limits.rules if isinstance(limit, Rate)]
         self.postgres = world.real.dialect == "postgres"
         self.quiet_rounds: int | None = None  # counted once faults stop
+        kept: tuple[str, ...] = ()
         if self.postgres:
             # the rate holds jobs back longest once the backlog has built, late in a run: the
             # caller's requests go on a while after faults stop, to meet the leases at work
-            self.keep = ("latest-in-tx",)
+            kept += ("latest-in-tx",)
 
             @world.box.task(
                 name=LATEST,
@@ -114,12 +125,23 @@ class Limited(Part):
                 pass
 
             self.latest = export_latest
+        self.old: OldRelease | None = None
+        if world.variant_of(Limited) == 1:
+            self.old = OldRelease(world, TASK, "export/{tenant}/{n}", retry)
+            kept += OLD_ACTORS
+        self.keep = kept
 
     def actors(self) -> Mapping[str, Starter]:
         actors: dict[str, Starter] = {"enqueue-limited": lambda: self.world.loop(self._enqueue)}
         if self.postgres:
             actors["latest-in-tx"] = self._latest_in_tx
+        if self.old is not None:
+            actors.update(self.old.actors())
         return actors
+
+    def time_passed(self) -> None:
+        if self.old is not None:  # the new release's workers beat through the move
+            self.old.beat()
 
     def _enqueue(self) -> None:
         """Up to three jobs at once, so that a backlog builds and the limits have work to hold
@@ -177,6 +199,9 @@ class Limited(Part):
             "SELECT id, key, lease_token, leased_at FROM oncebox_jobs "
             f"WHERE task IN ({listed}) AND state = 'leased'"
         )
+        if self.old is not None:  # the jobs the fence let go are no longer the limits' (R1)
+            freed = self.old.freed_by_lapse(rows)
+            leased = [row for row in leased if int(row[0]) not in freed]
         found: list[Violation] = []
         running = Counter(_partition(key) for _, key, _, _ in leased)
         for partition, count in sorted(running.items()):
