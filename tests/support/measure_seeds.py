@@ -4,7 +4,7 @@ A world is a function of its seed, so a change to the worlds (a new part, actor 
 the seeds at which a removed fence is first caught. This scans each pinned mutation's and
 breakage's seeds from 0, as docs/simulation.md says they were measured, stops at its first
 failure, and prints it beside the pinned one — with the lines to paste into `CAUGHT`,
-`BREAKAGES`, `PG_NO_LEASE_FENCE_AT` and `PG_CAUGHT` when they moved:
+`BREAKAGES` and `PG_CAUGHT` when they moved:
 
     .venv/bin/python tests/support/measure_seeds.py                 # SQLite, 150 steps
     .venv/bin/python tests/support/measure_seeds.py --store pg      # PostgreSQL, 60 steps
@@ -25,7 +25,7 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -48,6 +48,7 @@ class Target:
     breakage: bool
     pinned: int | None  # its first failing seed as the tests pin it (None: not pinned)
     invariants: tuple[str, ...]  # those the tests accept (empty: any)
+    steps: int | None = None  # the steps it is pinned at (None: the store's default)
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,10 @@ class Found:
 def pinned(postgres: bool) -> list[Target]:
     """What tests/test_sim.py pins for one store, with the invariants it accepts."""
     if postgres:
-        lease_fence = Target("no-lease-fence", False, test_sim.PG_NO_LEASE_FENCE_AT, ("F2", "D1"))
-        caught = [Target(n, False, s, i) for n, (s, i) in sorted(test_sim.PG_CAUGHT.items())]
-        return [lease_fence, *caught]
+        return [
+            Target(n, False, seed, i, steps)
+            for n, (steps, seed, i) in sorted(test_sim.PG_CAUGHT.items())
+        ]
     mutations = [Target(n, False, s, i) for n, (s, i) in sorted(test_sim.CAUGHT.items())]
     breakages = [Target(n, True, s, (i,)) for n, (_b, i, s) in sorted(test_sim.BREAKAGES.items())]
     return mutations + breakages
@@ -103,6 +105,7 @@ def chosen(names: list[str], postgres: bool) -> list[Target]:
 def scan(job: tuple[Target, str, int, int]) -> Found:
     """Seeds 0, 1, … of `target` until one fails (or `upto` held)."""
     target, store, steps, upto = job
+    steps = target.steps or steps
     began = time.perf_counter()
     mutation = None if target.breakage else target.name
     with pytest.MonkeyPatch.context() as patch:
@@ -142,10 +145,10 @@ def pasted(found: Found, postgres: bool) -> str:
     if target.breakage:
         return f'"{target.name}": ({target.name}, "{found.invariant}", {seed}),  # BREAKAGES'
     invariants = target.invariants or ((found.invariant,) if found.invariant else ())
-    where = "PG_CAUGHT" if postgres else "CAUGHT"
-    if postgres and target.name == "no-lease-fence":
-        return f"PG_NO_LEASE_FENCE_AT = {seed}"
-    return f'"{target.name}": ({seed}, {invariants!r}),  # {where}'
+    if postgres:
+        steps = target.steps or test_sim.PG_MUTATION_STEPS
+        return f'"{target.name}": ({steps}, {seed}, {invariants!r}),  # PG_CAUGHT'
+    return f'"{target.name}": ({seed}, {invariants!r}),  # CAUGHT'
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     store = PG_URL if args.store == "pg" else args.store
     steps = args.steps or (test_sim.PG_MUTATION_STEPS if postgres else test_sim.STEPS)
     targets = chosen(args.names, postgres)
+    if args.steps:  # said on the command line: for every target, whatever it is pinned at
+        targets = [replace(target, steps=args.steps) for target in targets]
     # the longest scans first, so the processes finish together
     targets.sort(key=lambda t: -1 if t.pinned is None else t.pinned, reverse=True)
     jobs = [(target, store, steps, args.upto) for target in targets]
