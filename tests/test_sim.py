@@ -304,6 +304,9 @@ PG_CAUGHT: dict[str, tuple[int, tuple[str, ...]]] = {
     "stale-given-back": (5, ("B3",)),
     # a message no one settles is delivered past max_deliveries, never set aside
     "rabbitmq-no-delivery-limit": (14, ("B5", "B2", "L1")),
+    # a stopping worker gives back what its batch never started as failed deliveries, which its
+    # broker counts toward the limit that buries a job as dead
+    "counted-give-back": (27, ("B6",)),
 }
 
 
