@@ -313,8 +313,9 @@ def test_every_invariant_holds_in_every_world_of_the_budget_on_postgres(pg_templ
 # seed 0, `tests/support/measure_seeds.py --store pg`), that seed, and the invariants that catch
 # it. A mutation that rewrites PostgreSQL's own SQL is checked here, whatever SQLite's worlds see.
 PG_CAUGHT: dict[str, tuple[int, int, tuple[str, ...]]] = {
-    # a stale settlement (F2) or a stale send marker's second copy (D1)
-    "no-lease-fence": (PG_MUTATION_STEPS, 9, ("F2", "D1")),
+    # a stale settlement (F2) or a stale send marker's second copy (D1), ending the lease of the
+    # worker that took the job over (F3)
+    "no-lease-fence": (PG_MUTATION_STEPS, 9, ("F2", "D1", "F3")),
     # a stale copy given back comes back, and is given back again once faults stop
     "stale-given-back": (PG_MUTATION_STEPS, 11, ("B3",)),
     # a message no one settles is delivered past max_deliveries, never set aside
@@ -330,6 +331,9 @@ PG_CAUGHT: dict[str, tuple[int, int, tuple[str, ...]]] = {
     "resolver-ignores-reports": (PG_MUTATION_STEPS, 9, ("V1",)),
     "resolver-stale-attempt": (PG_MUTATION_STEPS, 20, ("V1", "D1")),
     "no-resume": (PG_MUTATION_STEPS, 18, ("L1",)),
+    # a stopping worker gives back what its batch never started as failed deliveries, which its
+    # broker counts toward the limit that buries a job as dead
+    "counted-give-back": (PG_MUTATION_STEPS, 27, ("B6",)),
     "new-token-on-replay": (PG_DEEP_STEPS, 20, ("D3",)),
     "take-over-unfenced": (PG_DEEP_STEPS, 0, ("W2",)),
     "idempotency-fixed-takeover": (PG_DEEP_STEPS, 19, ("H1",)),

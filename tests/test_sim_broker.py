@@ -142,3 +142,39 @@ def test_a_message_returned_to_the_limit_is_named_while_it_is_still_delivered():
         [got] = wire.receive(1)
         wire.give_back([got])
     assert [m.message_id for m in broker.returned("oncebox.q", 3)] == ["m1"]
+
+
+def test_the_broker_records_why_it_counted_each_return():
+    """A rejection, a connection its holder closed, one lost under a call, one gone with its
+    holder's process: each return counted, and why (B6 reads it)."""
+    kept: list[object] = []
+    choices = Choices(0)
+    scheduler = Scheduler(choices)
+    broker = SimBroker(scheduler, choices, _Clock(), kept.append)
+    wire = broker.wire(URL, "q")
+    wire.declare()
+    wire.publish([_message(n) for n in range(4)])
+    [rejected] = wire.receive(1)
+    wire.give_back([rejected])
+    [closed] = wire.receive(1)
+    wire.close()
+    dying = broker.wire(URL, "q")
+    [died] = dying.receive(1)
+    kept[-1].close()  # type: ignore[attr-defined]  # its process died (`keep_for_crash`)
+    losing, lost = broker.wire(URL, "q"), None
+    while lost is None:  # an acknowledgement lost with its connection, by the run's choice
+        [got] = losing.receive(1)
+        scheduler.faults = True
+        try:
+            losing.ack([got])
+        except BrokerUnavailable:
+            lost = got
+        scheduler.faults = False
+        if lost is None:
+            losing.publish([got.message])  # settled: the same message again, to try again
+    assert [broker.counted[int(r.tag)] for r in (rejected, closed, died, lost)] == [
+        "rejected",
+        "closed",
+        "died",
+        "lost",
+    ]

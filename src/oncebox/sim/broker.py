@@ -11,7 +11,9 @@ RabbitMQ does:
 - a receive hands out ready messages in an order the run chooses (a returned message is not
   first in line), each held unacknowledged by the connection until acknowledged;
 - a connection that closes or dies (its actor crashed: `YieldingStore.keep_for_crash`) returns
-  what it held, each return counted; a rejection (`give_back`) is counted too. Past the main
+  what it held, each return counted; a rejection (`give_back`) is counted too. Why each
+  delivery's return was counted is remembered (`counted`: rejected, its connection closed by
+  its holder, lost under a call, or gone with its holder's process), for the checker. Past the main
   queue's `x-delivery-limit` returns a message is dead-lettered to its
   `x-dead-letter-routing-key` (RabbitMQ 4's default of 20 when no limit is declared);
 - a queue with `x-message-ttl` (the retry ladder) expires its messages, on the world's clock,
@@ -39,6 +41,9 @@ from oncebox.sim.choices import Choices
 from oncebox.sim.scheduler import Scheduler
 
 DEFAULT_DELIVERY_LIMIT = 20  # RabbitMQ 4's, on a quorum queue declared without one
+# why a return was counted: a rejection, or the connection that held it closed by its holder,
+# dropped under a call (a fault), or gone with its holder's process (a crash)
+CAUSES = ("rejected", "closed", "lost", "died")
 LOST = 0.05  # while faults run: an acknowledgement or a publish lost with its connection
 
 
@@ -74,6 +79,8 @@ class SimBroker:
     given_up_ever: list[Message] = field(default_factory=list)
     published: list[Message] = field(default_factory=list)
     rejected_twice: list[str] = field(default_factory=list)  # once quiet: message ids
+    # why a delivery (by its tag) came back counted: one of CAUSES
+    counted: dict[int, str] = field(default_factory=dict)
     handed_out: int = 0  # deliveries of the consumed queues (not the given-up sweep's)
     _tags: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _connections: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -125,14 +132,16 @@ class SimBroker:
         for tag in tags:
             self.unacked.pop(tag, None)
 
-    def requeue(self, tags: Sequence[int], *, rejected: bool = False) -> None:
-        """Back to its queue, a return counted: past the queue's limit, dead-lettered."""
+    def requeue(self, tags: Sequence[int], cause: str) -> None:
+        """Back to its queue, a return counted (`cause`: one of CAUSES): past the queue's
+        limit, dead-lettered."""
         for tag in tags:
             unacked = self.unacked.pop(tag, None)
             if unacked is None:
                 continue
+            self.counted[tag] = cause
             held, queue = unacked.held, unacked.queue
-            if rejected and not self.scheduler.faults:
+            if cause == "rejected" and not self.scheduler.faults:
                 held.rejected_quiet += 1
                 if held.rejected_quiet == 2:
                     self.rejected_twice.append(held.message.message_id)
@@ -148,9 +157,13 @@ class SimBroker:
                 continue
             self.queues[queue].append(held)
 
-    def drop_connection(self, connection: int) -> None:
+    def drop_connection(self, connection: int, cause: str) -> None:
         """A connection gone: what it held comes back, each return counted."""
-        self.requeue(sorted(t for t, u in self.unacked.items() if u.connection == connection))
+        self.requeue(self.holding(connection), cause)
+
+    def holding(self, connection: int) -> list[int]:
+        """The tags of the deliveries `connection` holds unacknowledged."""
+        return sorted(t for t, u in self.unacked.items() if u.connection == connection)
 
     def _expire(self) -> None:
         """Messages past their queue's TTL, on to its dead-letter routing key."""
@@ -210,7 +223,7 @@ class SimQueue(RabbitQueue):
         self.broker = broker
         self._sim_channel: _Channel | None = None
         self._connection_id = 0
-        broker.keep_for_crash(self)
+        broker.keep_for_crash(_Death(self))
 
     def _open(self) -> Any:
         if self._sim_channel is None:
@@ -221,14 +234,25 @@ class SimQueue(RabbitQueue):
         return self._sim_channel
 
     def close(self) -> None:
+        self.drop("closed")
+
+    def drop(self, cause: str) -> None:
+        """The connection gone (`cause`: closed, lost or died): what it held comes back."""
         if self._sim_channel is not None:
             self._sim_channel.is_open = False
-            self.broker.drop_connection(self._connection_id)
+            self.broker.drop_connection(self._connection_id, cause)
         self._sim_channel = None
         self._channel = None
 
+    def holding(self) -> dict[int, str]:
+        """What this connection holds unacknowledged: message ids by delivery tag."""
+        if self._sim_channel is None:
+            return {}
+        held = self.broker.holding(self._connection_id)
+        return {tag: self.broker.unacked[tag].held.message.message_id for tag in held}
+
     def _lose_connection(self, what: str, *, maybe_published: bool = False) -> BrokerUnavailable:
-        self.close()
+        self.drop("lost")
         return BrokerUnavailable(
             f"the sim broker's connection dropped ({what})", maybe_published=maybe_published
         )
@@ -275,7 +299,7 @@ class SimQueue(RabbitQueue):
     def give_back(self, received: Sequence[Received]) -> None:
         self.broker.point("give_back")
         self._channel_of(received)
-        self.broker.requeue([int(one.tag) for one in received], rejected=True)
+        self.broker.requeue([int(one.tag) for one in received], "rejected")
 
     def prefetched(self) -> int:
         return 0  # a receive takes only what it hands out: nothing waits on the connection
@@ -285,3 +309,14 @@ class SimQueue(RabbitQueue):
         self._open()
         taken = self.broker.take(self.given_up_name, limit, self._connection_id, any_order=False)
         return [GivenUp(one.message, self.delivery_limit, one) for one in taken]
+
+
+class _Death:
+    """What a crash closes of a connection (`YieldingStore.keep_for_crash`): it goes with its
+    holder's process, whose returns are counted as the process's death."""
+
+    def __init__(self, queue: SimQueue) -> None:
+        self.queue = queue
+
+    def close(self) -> None:
+        self.queue.drop("died")

@@ -10,7 +10,11 @@ counts deliveries and sets aside past its limit.
   `ship/9`; PostgreSQL: that or, half the time, an enqueue — keys `ship/10`..`ship/12` and
   `ship/19` — whose `relayed` job the world's dispatchers publish through the relay:
   migration 0016), `broker-1` and `broker-2` (two racing consumer lanes on
-  `BrokerTransport`) and `given-up` (the sweep, `lanes/given_up.py`). The world's rescuer
+  `BrokerTransport`; on PostgreSQL a lane's worker is told to stop before one transaction in
+  four, faults or not, as a deploy's SIGTERM: it hands back unrun what its batch has not
+  started, closes, and a new one starts in its place — SQLite's worlds keep their seeds, the
+  mutation of that hand-back being pinned on PostgreSQL) and `given-up` (the sweep,
+  `lanes/given_up.py`). The world's rescuer
   hands a replayed job of the queue back to the relay (PostgreSQL), and the world's table
   consumers leave the queue alone, as a worker does. Once faults stop, `broker-1` and the
   sweep run on. On PostgreSQL also `leg(route, n)`, ordered by `route`: `enqueue-legs` (two
@@ -33,21 +37,29 @@ What must hold (the world's S1 and L1 cover the claims and the recorded keys):
         that came back unsettled `max_deliveries` times is still delivered (it is set aside)
     B4  after every step (PostgreSQL): one head per ordered group in the broker — at most one
         `leg` of a route relayed with its current attempt's publish written (migration 0023)
+    B6  after every step: a delivery handed back unrun is counted by no broker — of what a
+        worker held when told to stop (none of it started), nothing comes back as a return its
+        broker counts (a rejection, or held on a connection its worker closed), unless the
+        connection was lost or its process died meanwhile. So a message set aside past its
+        delivery limit was counted only for deliveries that failed or took their worker down
+        (the broker's own record of why each return was counted, `SimBroker.counted`)
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from oncebox.brokers.transport import BrokerTransport
 from oncebox.jobs.retry import Retry
 from oncebox.lanes.assembly import broker_transport, build_given_up_sweep
-from oncebox.lanes.consumer import ConsumerConfig
+from oncebox.lanes.consumer import Consumer, ConsumerConfig
 from oncebox.lanes.given_up import GivenUpSweepConfig
 from oncebox.queue.context import JobContext
-from oncebox.sim.broker import SimBroker
+from oncebox.sim.broker import SimBroker, SimQueue
 from oncebox.sim.invariants import Violation
 from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
 from oncebox.sim.scheduler import Crash
@@ -61,9 +73,27 @@ KEYS = 3
 POISON = 9  # a key ending in 9 takes its worker down
 RECORDED = 10  # recorded keys start here (PostgreSQL)
 LEASE = timedelta(seconds=30)
+STOP = 0.25  # PostgreSQL: a consumer's worker told to stop before one of its transactions
 LEG = "leg"  # PostgreSQL: an ordered task on the queue, its groups kept in order by the relay
 LEG_KEY = "leg/{route}/{n}"
 ROUTES, LEGS = 2, 3
+
+
+@dataclass
+class _Lane:
+    """One worker's consumer lane on the queue: its connection and its consumer."""
+
+    transport: BrokerTransport
+    consumer: Consumer
+    stopped: bool = False  # told to stop: it exits after the round under way
+
+    def close(self) -> None:
+        """As a stopping worker closes its lanes: the consumer, then the broker's connection
+        (what its prefetch held handed back, then closed)."""
+        try:
+            self.consumer.close()
+        finally:
+            self.transport.close()
 
 
 class Brokered(Part):
@@ -80,6 +110,8 @@ class Brokered(Part):
         self.broker = SimBroker(
             world.scheduler, world.choices, world.clock_now, world.store.keep_for_crash
         )
+        # what stopping workers held, none of it started: message ids by delivery tag (B6)
+        self.unrun: dict[int, str] = {}
         box, choices, scheduler = world.box, world.choices, world.scheduler
         box.runtime.wire_for = self.broker.wire
         box.queue(QUEUE, broker=BROKER)
@@ -161,17 +193,45 @@ class Brokered(Part):
             self.world.box.publish_unrecorded(self.ship, n=n)
 
     def _consumer(self, name: str) -> Body:
-        runtime, box = self.world.box.runtime, self.world.box
+        """A consumer lane; on PostgreSQL, now and then, its worker told to stop (a deploy's
+        SIGTERM) before one of its transactions: the batch under way gives back what it has
+        not started, the lane closes, and a new worker starts in its place a round later."""
         config = ConsumerConfig(
             batch_size=2, max_batch_size=2, lease=LEASE, lock_timeout=timedelta(hours=1)
         )
 
         def body() -> None:  # built in the actor's own thread: its connections die with it
-            transport = broker_transport(runtime, QUEUE, config, name)
-            consumer = box.consumer(config, transport=transport, name=f"sim-{name}")
-            self.world.loop(consumer.run_once)()
+            lane = self._lane(name, config)
+
+            def round_() -> None:
+                nonlocal lane
+                if lane.stopped:  # the worker exits, and a new one starts in its place
+                    lane.close()
+                    lane = self._lane(name, config)
+                    return
+                lane.consumer.run_once()
+
+            self.world.loop(round_)()
 
         return body
+
+    def _lane(self, name: str, config: ConsumerConfig) -> _Lane:
+        runtime, world = self.world.box.runtime, self.world
+        transport = broker_transport(runtime, QUEUE, config, name)
+        assert isinstance(transport, BrokerTransport) and isinstance(transport.queue, SimQueue)
+        lane = _Lane(transport, world.box.consumer(config, transport=transport, name=f"sim-{name}"))
+        wire = transport.queue
+
+        def stopping() -> bool:  # asked before each transaction of a batch, as a worker's is
+            if lane.stopped or not self.postgres:
+                return lane.stopped
+            if world.choices.chance(STOP):
+                lane.stopped = True
+                self.unrun.update(wire.holding())  # none started: each handed back unrun
+            return lane.stopped
+
+        lane.consumer.stopping = stopping
+        return lane
 
     def _sweep(self) -> Body:
         runtime = self.world.box.runtime
@@ -236,6 +296,21 @@ class Brokered(Part):
             )
         for message_id in self.broker.rejected_twice:
             found.append(Violation("B3", f"message {message_id} given back twice once quiet"))
+        return found + self._counted_unrun()
+
+    def _counted_unrun(self) -> list[Violation]:
+        """B6: what a stopping worker handed back unrun, counted by its broker all the same."""
+        found: list[Violation] = []
+        for tag, message_id in sorted(self.unrun.items()):
+            cause = self.broker.counted.get(tag)
+            if cause in ("rejected", "closed"):
+                found.append(
+                    Violation(
+                        "B6",
+                        f"message {message_id}: handed back unrun by a stopping worker, and "
+                        f"counted by its broker ({cause}) as a delivery that took a worker down",
+                    )
+                )
         return found
 
     def quiet(self, rows: Rows) -> list[Violation]:
