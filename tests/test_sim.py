@@ -317,6 +317,19 @@ def test_a_brokers_fence_removed_is_caught_on_postgres(pg_template, mutation):
     failing(seed, mutation, invariants, PG_URL, PG_MUTATION_STEPS)
 
 
+# no-group-head-fence's first case (0023), a batch decided after a later enqueue of its group:
+# the first seed at PG_MUTATION_STEPS whose first violation it, not a replay, makes
+PG_BATCH_RACE_AT = 59
+
+
+@pytest.mark.postgres
+def test_a_batch_decided_after_a_later_enqueue_of_its_group_is_caught_on_postgres(pg_template):
+    outcome = failing(PG_BATCH_RACE_AT, "no-group-head-fence", ("B4",), PG_URL, PG_MUTATION_STEPS)
+    # a booking held the planner's batch until the faults stopped and its process died; an
+    # appended leg of the batch's other route was its head by then
+    assert outcome.at == PG_MUTATION_STEPS, outcome.trace()
+
+
 @pytest.mark.postgres
 def test_the_command_runs_worlds_on_postgres(pg_template):
     held = CliRunner().invoke(main, ["sim", "--seeds", "0..1", "--steps", "60", "--store", PG_URL])
