@@ -334,6 +334,9 @@ PG_CAUGHT: dict[str, tuple[int, int, tuple[str, ...]]] = {
     # a stopping worker gives back what its batch never started as failed deliveries, which its
     # broker counts toward the limit that buries a job as dead
     "counted-give-back": (PG_MUTATION_STEPS, 27, ("B6",)),
+    # an operator's replay of a dead leg, handed to the relay while a later leg of its route is
+    # the head, published beside it: two heads in the broker
+    "no-group-head-fence": (PG_MUTATION_STEPS, 11, ("B4",)),
     "new-token-on-replay": (PG_DEEP_STEPS, 20, ("D3",)),
     "take-over-unfenced": (PG_DEEP_STEPS, 0, ("W2",)),
     "idempotency-fixed-takeover": (PG_DEEP_STEPS, 19, ("H1",)),
@@ -371,6 +374,19 @@ def test_every_postgres_mutation_is_caught_there_or_by_the_same_code_on_sqlite_o
     }
     assert not set(PG_CAUGHT) & PG_UNSEEN
     assert set(PG_CAUGHT) | PG_UNSEEN | shared == postgres
+
+
+# no-group-head-fence's first case (0023), a batch decided after a later enqueue of its group:
+# the first seed at PG_MUTATION_STEPS whose first violation it, not a replay, makes
+PG_BATCH_RACE_AT = 59
+
+
+@pytest.mark.postgres
+def test_a_batch_decided_after_a_later_enqueue_of_its_group_is_caught_on_postgres(pg_template):
+    outcome = failing(PG_BATCH_RACE_AT, "no-group-head-fence", ("B4",), PG_URL, PG_MUTATION_STEPS)
+    # a booking held the planner's batch until the faults stopped and its process died; an
+    # appended leg of the batch's other route was its head by then
+    assert outcome.at == PG_MUTATION_STEPS, outcome.trace()
 
 
 @pytest.mark.postgres

@@ -65,6 +65,15 @@ def unfence_group_heads(store: Any) -> None:
         conn.execute(definition.replace(_HEAD_FENCE, f"{_HEAD_FENCE} AND false"))
 
 
+def refence_group_heads(conn: Any) -> None:
+    """Put the head fence back in the relay trigger's function of `conn`'s schema (its
+    search_path): a simulation process's schema serves its next worlds, which must not inherit
+    a mutated world's trigger."""
+    [(definition,)] = conn.execute("SELECT pg_get_functiondef('oncebox_jobs_relay'::regproc)")
+    if f"{_HEAD_FENCE} AND false" in definition:
+        conn.execute(definition.replace(f"{_HEAD_FENCE} AND false", _HEAD_FENCE))
+
+
 def _no_group_head_fence() -> None:
     from oncebox.store.postgres import PostgresStore  # noqa: PLC0415
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from oncebox.chaos.mutations import drop_unique_claim, mutated
+from oncebox.chaos.switches import refence_group_heads
 from oncebox.kernel import clock, points
 from oncebox.runtime import fanout, trigger
 from oncebox.sim.choices import Choices
@@ -212,13 +213,17 @@ def _mutate_schema(world: World, mutation: str | None) -> None:
 
 def _unmutate_schema(conn: Any, dialect: str, mutation: str | None) -> None:
     """A PostgreSQL world's schema serves the process's next world (`sim/postgres.py`): the
-    intents get their key back (their rows are the world's, emptied after it anyway)."""
-    if mutation != "no-unique-index" or dialect != "postgres":
+    intents get their key back (their rows are the world's, emptied after it anyway), the relay
+    trigger its head fence."""
+    if dialect != "postgres" or mutation not in ("no-unique-index", "no-group-head-fence"):
         return
-    conn.execute("DELETE FROM oncebox_intents")
-    conn.execute(
-        "ALTER TABLE oncebox_intents ADD CONSTRAINT oncebox_intents_pkey PRIMARY KEY (key)"
-    )
+    if mutation == "no-group-head-fence":
+        refence_group_heads(conn)
+    else:
+        conn.execute("DELETE FROM oncebox_intents")
+        conn.execute(
+            "ALTER TABLE oncebox_intents ADD CONSTRAINT oncebox_intents_pkey PRIMARY KEY (key)"
+        )
     if not getattr(conn, "autocommit", True):
         conn.commit()
 

@@ -17,9 +17,14 @@ counts deliveries and sets aside past its limit.
   `lanes/given_up.py`). The world's rescuer
   hands a replayed job of the queue back to the relay (PostgreSQL), and the world's table
   consumers leave the queue alone, as a worker does. Once faults stop, `broker-1` and the
-  sweep run on. On PostgreSQL also `leg(route, n)`, ordered by `route`: `enqueue-legs` (two
-  in one batch) and `legs-in-tx` (one in the caller's transaction, held open across a yield
-  point, then committed or rolled back).
+  sweep run on. On PostgreSQL also `leg(route, n)`, ordered by `route`, and its enqueuers,
+  which run their rounds without a pause: `enqueue-legs` (a planner: the next leg of each
+  route in one batch), `legs-in-tx` (a booking: the next one to three legs of a route in the
+  caller's transaction, which calls another service before it commits or rolls back) and
+  `append-leg-1`, `append-leg-2` (a leg appended to a route alone). A planner's batch may wait
+  on a booking's key or route lock while an appended leg of its other route decides (0023's
+  race); an operator's replay of a dead leg is handed to the relay while a later leg of its
+  route is the head (0023's other case): B4 sees either as two heads.
 
 What must hold (the world's S1 and L1 cover the claims and the recorded keys):
 
@@ -48,13 +53,14 @@ What must hold (the world's S1 and L1 cover the claims and the recorded keys):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from oncebox.brokers.transport import BrokerTransport
 from oncebox.jobs.retry import Retry
+from oncebox.kernel.errors import OnceboxError, StoreUnavailable
 from oncebox.lanes.assembly import broker_transport, build_given_up_sweep
 from oncebox.lanes.consumer import Consumer, ConsumerConfig
 from oncebox.lanes.given_up import GivenUpSweepConfig
@@ -76,7 +82,9 @@ LEASE = timedelta(seconds=30)
 STOP = 0.25  # PostgreSQL: a consumer's worker told to stop before one of its transactions
 LEG = "leg"  # PostgreSQL: an ordered task on the queue, its groups kept in order by the relay
 LEG_KEY = "leg/{route}/{n}"
-ROUTES, LEGS = 2, 3
+ROUTES = 2
+# a booking's transaction calls another service before it commits, holding what it enqueued
+SLOW_CALL = 2.0  # seconds of the run's time: in a world, until the clock actor next moves it
 
 
 @dataclass
@@ -133,6 +141,13 @@ class Brokered(Part):
                     raise RuntimeError("the leg failed")
 
             self.leg = leg
+            # the legs' key canaries, recorded as the application's earlier run did (a check
+            # outside an actor is no yield point): a first check would cost each leg enqueuer
+            # two of the few steps a world gives it
+            box.runtime.key_guard.require_task(box.runtime.registry.resolve(LEG))
+        self.enqueued: set[tuple[int, int]] = set()  # (route, n) of the legs known enqueued
+        self.numbered = [0] * ROUTES  # the legs numbered so far, each route's
+        self.appended: set[tuple[int, int]] = set()  # (route, n) of the legs appended
 
     # -- the actors --------------------------------------------------------------------------
 
@@ -144,21 +159,48 @@ class Brokered(Part):
             "given-up": self._sweep,
         }
         if self.postgres:
-            actors["enqueue-legs"] = lambda: self.world.loop(self._legs)
+            actors["enqueue-legs"] = lambda: self._busy(self._legs)
             actors["legs-in-tx"] = self._legs_in_tx
+            actors["append-leg-1"] = lambda: self._busy(self._append_leg)
+            actors["append-leg-2"] = lambda: self._busy(self._append_leg)
         return actors
 
-    def _legs(self) -> None:
-        """Two legs in one statement: a batch whose insert may wait on a key another
-        transaction holds, while a later enqueue of its group decides (0023's race)."""
-        choices = self.world.choices
-        rows = [{"route": choices.below(ROUTES), "n": choices.below(LEGS)} for _ in range(2)]
-        self.world.box.enqueue_many(self.leg, rows)
+    def _next_leg(self, route: int, besides: tuple[int, ...] = ()) -> int:
+        """The route's next leg: the first not yet known to be enqueued (an enqueue that
+        returned, or a caller's that committed, named it), nor appended, nor in `besides`."""
+        n = 0
+        while (route, n) in self.enqueued or (route, n) in self.appended or n in besides:
+            n += 1
+        self.numbered[route] = max(self.numbered[route], n + 1)
+        return n
+
+    def _enqueued(self, rows: list[dict[str, int]]) -> None:
+        self.enqueued.update((row["route"], row["n"]) for row in rows)
         self.world.wanted.update(LEG_KEY.format(**row) for row in rows)
 
+    def _legs(self) -> None:
+        """A planner: the next leg of each route in one statement, the routes in the seed's
+        order. Its insert may wait on a leg a booking holds (the same key, or its route's lock
+        at the statement's end) while a leg appended to its other route decides (0023's
+        race)."""
+        first = self.world.choices.below(ROUTES)
+        rows = [{"route": route, "n": self._next_leg(route)} for route in (first, 1 - first)]
+        self.world.box.enqueue_many(self.leg, rows)
+        self._enqueued(rows)
+
+    def _append_leg(self) -> None:
+        """A leg appended to a route, alone: it takes the route's next number."""
+        route = self.world.choices.below(ROUTES)
+        row = {"route": route, "n": self.numbered[route]}
+        self.numbered[route] += 1
+        self.appended.add((route, row["n"]))
+        self.world.box.enqueue(self.leg, route=route, n=row["n"])
+        self._enqueued([row])
+
     def _legs_in_tx(self) -> Body:
-        """One leg in the caller's transaction, held open across a yield point (its row's key
-        held), then committed or rolled back."""
+        """A booking: the next one to three legs of a route, each enqueued in the caller's
+        transaction (their keys and the route's lock held from the first), which then calls
+        another service (a rest of `SLOW_CALL`) and commits or rolls back."""
         world = self.world
         state: dict[str, Any] = {}
 
@@ -167,10 +209,14 @@ class Brokered(Part):
                 state["conn"] = conn = world.real.connect()
                 world.store.keep_for_crash(conn)
             conn = state["conn"]
-            row = {"route": world.choices.below(ROUTES), "n": world.choices.below(LEGS)}
+            route, legs = world.choices.below(ROUTES), 1 + world.choices.below(3)
+            rows: list[dict[str, int]] = []
             try:
-                world.box.enqueue(self.leg, connection=conn, route=row["route"], n=row["n"])
-                world.scheduler.point("legs.commit")
+                for _ in range(legs):
+                    row = {"route": route, "n": self._next_leg(route, tuple(r["n"] for r in rows))}
+                    rows.append(row)
+                    world.box.enqueue(self.leg, connection=conn, route=route, n=row["n"])
+                world.scheduler.rest(SLOW_CALL)  # holding its rows and its route's lock
             except BaseException as exc:
                 if not isinstance(exc, Crash):
                     conn.rollback()
@@ -179,9 +225,25 @@ class Brokered(Part):
                 conn.rollback()
                 return
             conn.commit()
-            world.wanted.add(LEG_KEY.format(**row))
+            self._enqueued(rows)
 
-        return world.loop(round_)
+        return self._busy(round_)
+
+    def _busy(self, round_: Callable[[], object]) -> Body:
+        """An enqueuer with no pause between its rounds: its store calls are its yield points.
+        A round that fails pauses at `idle` (one that failed before its first call must not
+        spin). The leg enqueuers' rounds run so: with an `idle` between them, each would move
+        every other pick of the two or three a 60-step world gives it."""
+        scheduler = self.world.scheduler
+
+        def body() -> None:
+            while True:
+                try:
+                    round_()
+                except (StoreUnavailable, OnceboxError):
+                    scheduler.point("idle")
+
+        return body
 
     def _publish(self) -> None:
         choices = self.world.choices
