@@ -83,6 +83,9 @@ STOP = 0.25  # PostgreSQL: a consumer's worker told to stop before one of its tr
 LEG = "leg"  # PostgreSQL: an ordered task on the queue, its groups kept in order by the relay
 LEG_KEY = "leg/{route}/{n}"
 ROUTES = 2
+# a route's legs, at most: ordered legs run one at a time through the broker, so a world whose
+# enqueuers ran on without a bound left more than its quiet phase can run (PostgreSQL, 150 steps)
+LEGS_PER_ROUTE = 6
 # a booking's transaction calls another service before it commits, holding what it enqueued
 SLOW_CALL = 2.0  # seconds of the run's time: in a world, until the clock actor next moves it
 
@@ -185,12 +188,19 @@ class Brokered(Part):
         race)."""
         first = self.world.choices.below(ROUTES)
         rows = [{"route": route, "n": self._next_leg(route)} for route in (first, 1 - first)]
+        rows = [row for row in rows if row["n"] < LEGS_PER_ROUTE]
+        if not rows:
+            self.world.scheduler.point("idle")  # every route planned: nothing more to enqueue
+            return
         self.world.box.enqueue_many(self.leg, rows)
         self._enqueued(rows)
 
     def _append_leg(self) -> None:
         """A leg appended to a route, alone: it takes the route's next number."""
         route = self.world.choices.below(ROUTES)
+        if self.numbered[route] >= LEGS_PER_ROUTE:
+            self.world.scheduler.point("idle")  # the route is planned to its end
+            return
         row = {"route": route, "n": self.numbered[route]}
         self.numbered[route] += 1
         self.appended.add((route, row["n"]))
@@ -214,6 +224,8 @@ class Brokered(Part):
             try:
                 for _ in range(legs):
                     row = {"route": route, "n": self._next_leg(route, tuple(r["n"] for r in rows))}
+                    if row["n"] >= LEGS_PER_ROUTE:
+                        break
                     rows.append(row)
                     world.box.enqueue(self.leg, connection=conn, route=route, n=row["n"])
                 world.scheduler.rest(SLOW_CALL)  # holding its rows and its route's lock
