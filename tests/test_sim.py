@@ -163,9 +163,9 @@ UNSEEN = {
     # No invariant bounds latency or judges why a job's attempts were spent yet
     "strand-on-outage",
     "spend-on-outage",
-    # a give-back after an outage that takes the jobs another consumer leased meanwhile: the
-    # new holder's settlement is fenced out and rolled back, and the job runs again — a run
-    # wasted, nothing committed twice
+    # a give-back after an outage that takes the jobs another consumer leased meanwhile: F3
+    # would see it, but the path (a consumer partitioned with a batch half-run until its jobs'
+    # 5-minute leases ran out, were rescued and leased by the other) met in no seed of 0..299
     "unfenced-give-back",
     # the handler never tries transaction control
     "no-guard",
@@ -316,30 +316,30 @@ def test_every_invariant_holds_in_every_world_of_the_budget_on_postgres(pg_templ
 PG_CAUGHT: dict[str, tuple[int, int, tuple[str, ...]]] = {
     # a stale settlement (F2) or a stale send marker's second copy (D1), ending the lease of the
     # worker that took the job over (F3)
-    "no-lease-fence": (PG_MUTATION_STEPS, 9, ("F2", "D1", "F3")),
+    "no-lease-fence": (PG_MUTATION_STEPS, 6, ("F2", "D1", "F3")),
     # a stale copy given back comes back, and is given back again once faults stop
-    "stale-given-back": (PG_MUTATION_STEPS, 11, ("B3",)),
+    "stale-given-back": (PG_MUTATION_STEPS, 0, ("B3",)),
     # a message no one settles is delivered past max_deliveries, never set aside
-    "rabbitmq-no-delivery-limit": (PG_MUTATION_STEPS, 14, ("B5", "B2", "L1")),
+    "rabbitmq-no-delivery-limit": (PG_MUTATION_STEPS, 131, ("B5", "B2", "L1")),
     # a cancelled `box.aio` call goes on sending after the caller's rollback: its job commits
     # with the caller's next transaction (`parts/caller.py`, `enqueue-in-tx-async`)
-    "aio-ignores-cancel": (PG_MUTATION_STEPS, 5, ("T1",)),
+    "aio-ignores-cancel": (PG_MUTATION_STEPS, 104, ("T1",)),
     # an old release's worker runs the new release's limited jobs without a token (R2) or a slot
-    "unlimit-any-task": (PG_MUTATION_STEPS, 24, ("R2", "R1")),
+    "unlimit-any-task": (PG_MUTATION_STEPS, 40, ("R2", "R1")),
     # a limited lease passes over a job whose row `latest-in-tx`'s open transaction holds, and
     # is charged for it
-    "spend-picks": (PG_MUTATION_STEPS, 12, ("R2",)),
+    "spend-picks": (PG_MUTATION_STEPS, 0, ("R2",)),
     "resolver-ignores-reports": (PG_MUTATION_STEPS, 9, ("V1",)),
     "resolver-stale-attempt": (PG_MUTATION_STEPS, 20, ("V1", "D1")),
-    "no-resume": (PG_MUTATION_STEPS, 18, ("L1",)),
+    "no-resume": (PG_MUTATION_STEPS, 14, ("L1",)),
     # a stopping worker gives back what its batch never started as failed deliveries, which its
     # broker counts toward the limit that buries a job as dead
-    "counted-give-back": (PG_MUTATION_STEPS, 27, ("B6",)),
-    # an operator's replay of a dead leg, handed to the relay while a later leg of its route is
-    # the head, published beside it: two heads in the broker
-    "no-group-head-fence": (PG_MUTATION_STEPS, 11, ("B4",)),
+    "counted-give-back": (PG_MUTATION_STEPS, 11, ("B6",)),
+    # two heads of a route in the broker: an operator's replayed leg handed to the relay beside
+    # its route's head, or a batch decided after a later enqueue of its group (PG_BATCH_RACE_AT)
+    "no-group-head-fence": (PG_MUTATION_STEPS, 37, ("B4",)),
     "new-token-on-replay": (PG_DEEP_STEPS, 20, ("D3",)),
-    "take-over-unfenced": (PG_DEEP_STEPS, 0, ("W2",)),
+    "take-over-unfenced": (PG_DEEP_STEPS, 60, ("W2",)),
     "idempotency-fixed-takeover": (PG_DEEP_STEPS, 19, ("H1",)),
 }
 # The PostgreSQL mutations its worlds cannot see yet, each with why (docs/simulation.md).
@@ -353,6 +353,9 @@ PG_UNSEEN = {
     # a redelivery's second claim: seed 11 on SQLite, none on PostgreSQL within 40 seeds at 60
     # steps and 16 at 150
     "no-unique-index",
+    # an event recorded between the resolver's check and its write: seed 67 on SQLite at 150
+    # steps, none on PostgreSQL within 40 seeds at 150
+    "resolver-report-race",
 }
 
 
@@ -379,7 +382,7 @@ def test_every_postgres_mutation_is_caught_there_or_by_the_same_code_on_sqlite_o
 
 # no-group-head-fence's first case (0023), a batch decided after a later enqueue of its group:
 # the first seed at PG_MUTATION_STEPS whose first violation it, not a replay, makes
-PG_BATCH_RACE_AT = 59
+PG_BATCH_RACE_AT = 42
 
 
 @pytest.mark.postgres
