@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from oncebox.box import Box
 from oncebox.sim.choices import Choices
 from oncebox.sim.invariants import Violation
 from oncebox.sim.providers import SimProvider
-from oncebox.sim.scheduler import Scheduler
+from oncebox.sim.scheduler import Crash, Scheduler
 from oncebox.sim.yields import YieldingStore
+
+T = TypeVar("T")
 
 Body = Callable[[], None]
 Starter = Callable[[], Body]  # how to start an actor (again, after a crash): a new body
@@ -85,6 +87,32 @@ class Part:
         """What of this part's is not at an end yet, beyond jobs and messages (a fan-out still
         running, a broker's messages): the quiet phase goes on while any part has some."""
         return 0
+
+
+def own_connection(world: Stage, state: dict[str, Any]) -> Any:
+    """The connection an application's process opens for itself, as its actor first runs (in
+    its own thread, so it dies with it: closed, its transaction rolled back, when it crashes)."""
+    if "conn" not in state:
+        state["conn"] = world.real.connect()
+        world.store.keep_for_crash(state["conn"])
+    return state["conn"]
+
+
+def in_own_transaction(world: Stage, conn: Any, work: Callable[[], T]) -> tuple[bool, T]:
+    """`work` in the application's transaction on `conn`, then, by the run's choice, its commit
+    (two times in three) or its rollback: whether it committed, and what `work` returned. A
+    failure rolls it back; a crash leaves that to the connection's close."""
+    try:
+        done = work()
+    except BaseException as exc:
+        if not isinstance(exc, Crash):
+            conn.rollback()
+        raise
+    if world.choices.below(3) == 0:
+        conn.rollback()
+        return False, done
+    conn.commit()
+    return True, done
 
 
 def args_of(stored: Any) -> dict[str, Any]:

@@ -67,8 +67,7 @@ from oncebox.lanes.given_up import GivenUpSweepConfig
 from oncebox.queue.context import JobContext
 from oncebox.sim.broker import SimBroker, SimQueue
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
-from oncebox.sim.scheduler import Crash
+from oncebox.sim.parts import Body, Part, Rows, Stage, Starter, in_own_transaction, own_connection
 
 QUEUE = "brokered"
 MAX_DELIVERIES = 3
@@ -215,13 +214,11 @@ class Brokered(Part):
         state: dict[str, Any] = {}
 
         def round_() -> None:
-            if "conn" not in state:
-                state["conn"] = conn = world.real.connect()
-                world.store.keep_for_crash(conn)
-            conn = state["conn"]
+            conn = own_connection(world, state)
             route, legs = world.choices.below(ROUTES), 1 + world.choices.below(3)
             rows: list[dict[str, int]] = []
-            try:
+
+            def work() -> None:
                 for _ in range(legs):
                     row = {"route": route, "n": self._next_leg(route, tuple(r["n"] for r in rows))}
                     if row["n"] >= LEGS_PER_ROUTE:
@@ -229,15 +226,9 @@ class Brokered(Part):
                     rows.append(row)
                     world.box.enqueue(self.leg, connection=conn, route=route, n=row["n"])
                 world.scheduler.rest(SLOW_CALL)  # holding its rows and its route's lock
-            except BaseException as exc:
-                if not isinstance(exc, Crash):
-                    conn.rollback()
-                raise
-            if world.choices.below(3) == 0:
-                conn.rollback()
-                return
-            conn.commit()
-            self._enqueued(rows)
+
+            if in_own_transaction(world, conn, work)[0]:
+                self._enqueued(rows)
 
         return self._busy(round_)
 

@@ -36,7 +36,7 @@ import psycopg
 
 from oncebox.queue.context import JobContext
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
+from oncebox.sim.parts import Body, Part, Rows, Stage, Starter, own_connection
 from oncebox.sim.scheduler import Crash
 
 TASK = "order"
@@ -73,11 +73,7 @@ class CallerTransactions(Part):
         state: dict[str, Any] = {}
 
         def round_() -> None:
-            if "conn" not in state:
-                conn = world.real.connect()
-                world.store.keep_for_crash(conn)
-                state["conn"] = conn
-            self._enqueue(state["conn"])
+            self._enqueue(own_connection(world, state))
 
         return world.loop(round_)
 

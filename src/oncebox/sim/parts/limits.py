@@ -46,11 +46,11 @@ from oncebox.jobs.limits import Concurrency, Rate
 from oncebox.jobs.retry import Retry
 from oncebox.limits.rates import Limit as RateText
 from oncebox.queue.context import JobContext
+from oncebox.runtime.enqueue import EnqueueResult
 from oncebox.sim.invariants import Violation
-from oncebox.sim.parts import Body, Part, Rows, Stage, Starter
+from oncebox.sim.parts import Body, Part, Rows, Stage, Starter, in_own_transaction, own_connection
 from oncebox.sim.parts.rolling import ACTORS as OLD_ACTORS
 from oncebox.sim.parts.rolling import OldRelease
-from oncebox.sim.scheduler import Crash
 
 TENANTS = 2
 CONCURRENCY = 1
@@ -160,27 +160,22 @@ class Limited(Part):
         state: dict[str, Any] = {}
 
         def round_() -> None:
-            if "conn" not in state:
-                state["conn"] = conn = world.real.connect()
-                world.store.keep_for_crash(conn)
-            conn = state["conn"]
+            conn = own_connection(world, state)
             if self.quiet_rounds is not None:
                 if self.quiet_rounds >= QUIET_ROUNDS:
                     return
                 self.quiet_rounds += 1
             self.made += 1
             n, tenant = self.made, world.choices.below(TENANTS)
-            try:
+
+            def work() -> EnqueueResult:
                 done = world.box.enqueue(self.latest, connection=conn, tenant=tenant, n=n)
                 world.scheduler.point("latest.commit")
-            except BaseException as exc:
-                if not isinstance(exc, Crash):  # a crash's connection is closed: rolled back
-                    conn.rollback()
-                raise
-            if world.choices.below(3) == 0:
-                conn.rollback()
+                return done
+
+            committed, done = in_own_transaction(world, conn, work)
+            if not committed:
                 return
-            conn.commit()
             if done.reason == "collapsed":
                 world.collapsed_elsewhere += 1
             elif done.created:
