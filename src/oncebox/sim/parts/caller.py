@@ -119,9 +119,8 @@ class CallerTransactions(Part):
 
         def round_() -> None:
             if "loop" not in state:
-                state["executor"] = ThreadPoolExecutor(1, "sim-aio")
                 state["loop"] = asyncio.new_event_loop()
-                state["loop"].set_default_executor(state["executor"])
+                state["loop"].set_default_executor(ThreadPoolExecutor(1, "sim-aio"))
             loop: asyncio.AbstractEventLoop = state["loop"]
             if "conn" not in state:
                 conn = loop.run_until_complete(_Cancelling.connect(world.real.conninfo))
