@@ -239,10 +239,11 @@ class Scheduler:
         fate: Fate = "go"
         # a provider call cannot lose the store's connection: only a crash befalls it there
         store_call = not actor.at.startswith(CRASH_ONLY)
-        if self.faults and actor.at.startswith(FAULTY) and store_call and actor.cut_off:
+        faulty = self.faults and actor.at.startswith(FAULTY)
+        if faulty and store_call and actor.cut_off:
             actor.cut_off -= 1
             fate = "disconnect"
-        elif self.faults and actor.at.startswith(FAULTY) and self.choices.chance(self.fault_rate):
+        elif faulty and self.choices.chance(self.fault_rate):
             fate = "disconnect" if store_call and self.choices.below(2) else "crash"
             if fate == "disconnect":
                 actor.cut_off = self.choices.below(PARTITION_CALLS)
