@@ -27,7 +27,7 @@ inserted AS (
     FROM clock
     WHERE %(key)s::text IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = %(key)s::text)
-    ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
+    ON CONFLICT (key) WHERE stage <> 'cancelled' DO NOTHING
     RETURNING id, state
 ),
 counted AS (
@@ -59,7 +59,7 @@ inserted AS (
     FROM rows r, clock
     WHERE r.key IS NULL
        OR NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i WHERE i.key = r.key)
-    ON CONFLICT (key) WHERE state <> 'cancelled' DO NOTHING
+    ON CONFLICT (key) WHERE stage <> 'cancelled' DO NOTHING
     RETURNING id, key
 ),
 counted AS (
@@ -95,10 +95,10 @@ merged AS (
                                  COALESCE(j.created_at + make_interval(secs => %(max_wait_s)s),
                                           'infinity'::timestamptz)) END
     FROM clock
-    WHERE j.debounce_key = %(debounce_key)s AND j.state = 'ready'
+    WHERE j.debounce_key = %(debounce_key)s AND j.stage = 'ready' AND j.state = 'ready'
       AND (NOT %(keep_last)s OR %(key)s::text IS NULL OR j.key = %(key)s::text
            OR (NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs o
-                           WHERE o.key = %(key)s::text AND o.state <> 'cancelled')
+                           WHERE o.key = %(key)s::text AND o.stage <> 'cancelled')
                AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_intents i
                                WHERE i.key = %(key)s::text)))
     RETURNING j.id, j.key
@@ -162,7 +162,7 @@ SELECT j.id AS active_job_id, j.state AS active_state, i.job_id AS intent_job_id
        i.claimed_at AS intent_claimed_at
 FROM (SELECT 1) AS one
 LEFT JOIN __S__.oncebox_jobs j
-       ON j.key = %(key)s AND j.state <> 'cancelled'
+       ON j.key = %(key)s AND j.stage <> 'cancelled'
 LEFT JOIN __S__.oncebox_intents i ON i.key = %(key)s;
 
 -- name: job_lease_settings
@@ -189,34 +189,48 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 picked AS (
     SELECT j.id
     FROM __S__.oncebox_jobs j
-    WHERE j.state = 'ready' AND j.limit_key IS NULL
+    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.limit_key IS NULL
       AND j.run_at <= (SELECT now FROM clock)
       AND j.task = ANY(%(tasks)s::text[])
       AND j.queue = ANY(%(queues)s::text[])
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM __S__.oncebox_jobs g
             WHERE g.group_key = j.group_key AND g.queue = j.queue
-              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND g.stage = 'ready' AND g.id <> j.id
               AND (g.state = 'leased' OR g.id < j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
+),
+leased AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = 'leased',
+        attempt = j.attempt + 1,
+        leased_by = %(worker)s,
+        leased_at = clock.now,
+        lease_token = %(token)s,
+        lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        debounce_key = NULL  -- no longer pending: a later enqueue starts the next one (0015)
+    FROM clock
+    -- the picked rows by primary key: joined to `picked` instead, the planner read a table it
+    -- believed small from end to end to find them again (see job_finish)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
+              j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
+              j.trace_context, j.lease_expires_at
+),
+held AS (  -- the lease's own row (0024): what the heartbeat moves and the rescuer reads; one
+           -- lease may take limited jobs and then unlimited ones under its token
+    INSERT INTO __S__.oncebox_job_leases AS l (token, worker, expires_at, ids)
+    SELECT %(token)s::uuid, %(worker)s, max(lease_expires_at), array_agg(id ORDER BY id)
+    FROM leased
+    HAVING count(*) > 0
+    ON CONFLICT (token) DO UPDATE
+    SET ids = l.ids || excluded.ids, expires_at = GREATEST(l.expires_at, excluded.expires_at)
 )
-UPDATE __S__.oncebox_jobs j
-SET state = 'leased',
-    attempt = j.attempt + 1,
-    leased_by = %(worker)s,
-    leased_at = clock.now,
-    lease_token = %(token)s,
-    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
-    debounce_key = NULL  -- no longer pending: a later enqueue starts the next one (0015)
-FROM clock
--- the picked rows by primary key: joined to `picked` instead, the planner read a table it
--- believed small from end to end to find them again (see job_finish)
-WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
-          j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
-          j.trace_context;
+SELECT id, key, task, args_json, attempt, max_attempts, attempt_base, priority, run_at,
+       expires_at, leased_at, trace_context
+FROM leased;
 
 -- name: job_unlimit
 -- Ready jobs that carry a partition though the caller's code declares their task without
@@ -239,7 +253,7 @@ UPDATE __S__.oncebox_jobs
 SET limit_key = NULL
 WHERE id = ANY(ARRAY(
     SELECT id FROM __S__.oncebox_jobs
-    WHERE state = 'ready' AND limit_key IS NOT NULL
+    WHERE stage = 'ready' AND state = 'ready' AND limit_key IS NOT NULL
       AND task = ANY(ARRAY(SELECT task FROM undeclared))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED));
@@ -251,11 +265,13 @@ WHERE id = ANY(ARRAY(
 -- bucket; none yet: NULL name, a full bucket).
 WITH RECURSIVE parts(task, part) AS (
     SELECT t.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
-                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = t.task)
+                    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.limit_key IS NOT NULL
+                      AND j.task = t.task)
     FROM unnest(%(tasks)s::text[]) AS t(task)
     UNION ALL
     SELECT p.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
-                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = p.task
+                    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.limit_key IS NOT NULL
+                      AND j.task = p.task
                       AND j.limit_key > p.part)
     FROM parts p
     WHERE p.part IS NOT NULL
@@ -269,10 +285,10 @@ ORDER BY 1, 2;
 
 -- name: job_limited_leased
 -- The slots in use: the leased jobs per partition of the tasks that share a concurrency limit
--- (oncebox_jobs_limited_leased).
-SELECT task, limit_key AS partition, count(*) AS leased
+-- (oncebox_jobs_slots: a leased job's `slot` is its partition, 0024).
+SELECT task, slot AS partition, count(*) AS leased
 FROM __S__.oncebox_jobs
-WHERE state = 'leased' AND limit_key IS NOT NULL AND task = ANY(%(counted)s::text[])
+WHERE slot IS NOT NULL AND task = ANY(%(counted)s::text[])
 GROUP BY 1, 2;
 
 -- name: job_limited_next_due
@@ -282,7 +298,8 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT t.task, f.run_at AS at
 FROM unnest(%(tasks)s::text[]) AS t(task),
      LATERAL (SELECT j.task, j.run_at FROM __S__.oncebox_jobs j
-              WHERE j.state = 'ready' AND (j.task, j.run_at) > (t.task, (SELECT now FROM clock))
+              WHERE j.stage = 'ready' AND j.state = 'ready'
+                AND (j.task, j.run_at) > (t.task, (SELECT now FROM clock))
               ORDER BY j.task, j.run_at LIMIT 1) f
 WHERE f.task = t.task;
 
@@ -293,11 +310,13 @@ WHERE f.task = t.task;
 -- partition's oldest job, when its jobs share a priority).
 WITH RECURSIVE parts(task, part) AS (
     SELECT t.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
-                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = t.task)
+                    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.limit_key IS NOT NULL
+                      AND j.task = t.task)
     FROM unnest(%(tasks)s::text[]) AS t(task)
     UNION ALL
     SELECT p.task, (SELECT min(j.limit_key) FROM __S__.oncebox_jobs j
-                    WHERE j.state = 'ready' AND j.limit_key IS NOT NULL AND j.task = p.task
+                    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.limit_key IS NOT NULL
+                      AND j.task = p.task
                       AND j.limit_key > p.part)
     FROM parts p
     WHERE p.part IS NOT NULL
@@ -308,7 +327,7 @@ SELECT l.task, l.part AS partition, count(w.run_at) AS waiting, min(w.run_at) AS
 FROM listed l
 LEFT JOIN LATERAL (
     SELECT j.run_at FROM __S__.oncebox_jobs j
-    WHERE j.state = 'ready' AND j.task = l.task AND j.limit_key = l.part
+    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.task = l.task AND j.limit_key = l.part
       AND j.run_at <= (SELECT now FROM clock)
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT %(cap)s
@@ -326,13 +345,13 @@ FROM (SELECT x ->> 0 AS task, x ->> 1 AS part, (x ->> 2)::int AS n
 CROSS JOIN LATERAL (
     SELECT j.id, j.priority, j.run_at
     FROM __S__.oncebox_jobs j
-    WHERE j.state = 'ready' AND j.task = a.task AND j.limit_key = a.part
+    WHERE j.stage = 'ready' AND j.state = 'ready' AND j.task = a.task AND j.limit_key = a.part
       AND j.run_at <= (SELECT now FROM clock)
       AND j.queue = ANY(%(queues)s::text[])
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM __S__.oncebox_jobs g
             WHERE g.group_key = j.group_key AND g.queue = j.queue
-              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND g.stage = 'ready' AND g.id <> j.id
               AND (g.state = 'leased' OR g.id < j.id)))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT a.n
@@ -360,68 +379,115 @@ picked AS (
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM __S__.oncebox_jobs g
             WHERE g.group_key = j.group_key AND g.queue = j.queue
-              AND g.state IN ('ready', 'leased') AND g.id <> j.id
+              AND g.stage = 'ready' AND g.id <> j.id
               AND (g.state = 'leased' OR g.id < j.id)))
     FOR UPDATE OF j SKIP LOCKED
+),
+leased AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = 'leased',
+        attempt = j.attempt + 1,
+        leased_by = %(worker)s,
+        leased_at = clock.now,
+        lease_token = %(token)s,
+        lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        debounce_key = NULL
+    FROM clock
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
+              j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
+              j.trace_context, j.lease_expires_at
+),
+held AS (  -- the lease's own row (0024): what the heartbeat moves and the rescuer reads; one
+           -- lease may take limited jobs and then unlimited ones under its token
+    INSERT INTO __S__.oncebox_job_leases AS l (token, worker, expires_at, ids)
+    SELECT %(token)s::uuid, %(worker)s, max(lease_expires_at), array_agg(id ORDER BY id)
+    FROM leased
+    HAVING count(*) > 0
+    ON CONFLICT (token) DO UPDATE
+    SET ids = l.ids || excluded.ids, expires_at = GREATEST(l.expires_at, excluded.expires_at)
 )
-UPDATE __S__.oncebox_jobs j
-SET state = 'leased',
-    attempt = j.attempt + 1,
-    leased_by = %(worker)s,
-    leased_at = clock.now,
-    lease_token = %(token)s,
-    lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
-    debounce_key = NULL
-FROM clock
-WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.key, j.task, j.args::text AS args_json, j.attempt, j.max_attempts,
-          j.attempt_base, j.priority, j.run_at, j.expires_at, clock.now AS leased_at,
-          j.trace_context;
+SELECT id, key, task, args_json, attempt, max_attempts, attempt_base, priority, run_at,
+       expires_at, leased_at, trace_context
+FROM leased;
 
 -- name: job_lease_extend
--- Heartbeat: push the deadline of live leases out (never earlier); never revives an ended lease.
--- A row locked right now is skipped: its consumer transaction is settling it. Waiting for it
+-- Heartbeat: push the deadline of live leases out (never earlier), on each lease's own row (0024)
+-- and on its jobs; never revives an ended lease (a rescued job no longer holds the token).
+-- A job row locked right now is skipped: its consumer transaction is settling it. Waiting for it
 -- while holding the rows this statement already updated would deadlock with that settlement,
 -- which takes its rows in its own order; skipped, a row keeps a deadline at least two thirds of
 -- a lease away, and the next beat extends it if the settlement rolled back.
 -- fence: state, lease_token
-UPDATE __S__.oncebox_jobs
-SET lease_expires_at = GREATEST(lease_expires_at,
-    (SELECT __S__.oncebox_now()) + make_interval(secs => %(lease_s)s))
-WHERE id IN (SELECT id FROM __S__.oncebox_jobs
-             WHERE state = 'leased' AND lease_token = ANY(%(tokens)s::uuid[])
-             FOR UPDATE SKIP LOCKED);
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+extended AS (
+    UPDATE __S__.oncebox_job_leases l
+    SET expires_at = GREATEST(l.expires_at,
+                              (SELECT now FROM clock) + make_interval(secs => %(lease_s)s))
+    WHERE l.token = ANY(%(tokens)s::uuid[])
+    RETURNING l.token, l.ids, l.expires_at
+)
+UPDATE __S__.oncebox_jobs j
+SET lease_expires_at = GREATEST(j.lease_expires_at, e.expires_at)
+FROM extended e
+WHERE j.id IN (SELECT x.id FROM __S__.oncebox_jobs x
+               WHERE x.id = ANY(ARRAY(SELECT unnest(ids) FROM extended))
+                 AND x.state = 'leased' AND x.lease_token = ANY(%(tokens)s::uuid[])
+               FOR UPDATE SKIP LOCKED)
+  AND j.lease_token = e.token;
 
 -- name: job_release
 -- Give leased jobs back without spending an attempt (shutdown, a lock timeout on the claim, a
 -- batch a store outage cut short), due after %(delay_s)s. %(jobs)s: [id, the attempt its lease
--- took] per job. A lease that ran out and was rescued, or taken since, is not touched.
+-- took] per job. A lease that ran out and was rescued, or taken since, is not touched. The
+-- lease's own row goes with its last held job (see job_finish).
 -- fence: lease_token, attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 given AS MATERIALIZED (
     SELECT (g ->> 0)::bigint AS id, (g ->> 1)::int AS attempt
     FROM jsonb_array_elements(%(jobs)s::jsonb) AS g
+),
+released AS (
+    UPDATE __S__.oncebox_jobs j
+    SET state = 'ready',
+        attempt = j.attempt - 1,
+        run_at = clock.now + make_interval(secs => %(delay_s)s),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM given g, clock
+    WHERE j.id = ANY(ARRAY(SELECT id FROM given)) AND j.id = g.id  -- by primary key: see job_finish
+      AND j.lease_token = %(token)s AND j.attempt = g.attempt AND j.state = 'leased'
+    RETURNING j.id
+),
+closed AS (  -- see job_finish
+    DELETE FROM __S__.oncebox_job_leases l
+    WHERE l.token = %(token)s::uuid
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs h
+                      WHERE h.id = ANY(l.ids) AND h.lease_token = l.token
+                        AND h.id <> ALL(ARRAY(SELECT id FROM released)))
 )
-UPDATE __S__.oncebox_jobs j
-SET state = 'ready',
-    attempt = j.attempt - 1,
-    run_at = clock.now + make_interval(secs => %(delay_s)s),
-    lease_token = NULL,
-    lease_expires_at = NULL
-FROM given g, clock
-WHERE j.id = ANY(ARRAY(SELECT id FROM given)) AND j.id = g.id  -- by primary key: see job_finish
-  AND j.lease_token = %(token)s AND j.attempt = g.attempt AND j.state = 'leased'
-RETURNING j.id;
+SELECT id FROM released;
 
 -- name: job_rescue_expired
--- Leases past their deadline: the attempt is recorded as lease_expired, and the job becomes
--- ready again, or dead when its attempts or max age are spent.
--- fence: state, lease_expires_at
+-- Leases past their deadline, found by their own rows (0024), up to %(limit)s jobs: the attempt
+-- is recorded as lease_expired, and the job becomes ready again, or dead when its attempts or
+-- max age are spent. A lease's row goes once none of its jobs holds its token; one whose job a
+-- transaction holds right now (settling it) stays for the next pass.
+-- fence: state, lease_token, lease_expires_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
+ran_out AS MATERIALIZED (
+    SELECT l.token, l.ids FROM __S__.oncebox_job_leases l
+    WHERE l.expires_at < (SELECT now FROM clock)
+    ORDER BY l.expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
 expired AS (
-    SELECT id FROM __S__.oncebox_jobs
-    WHERE state = 'leased' AND lease_expires_at < (SELECT now FROM clock)
-    ORDER BY lease_expires_at
+    SELECT j.id FROM __S__.oncebox_jobs j
+    WHERE j.id = ANY(ARRAY(SELECT unnest(ids) FROM ran_out))
+      AND j.state = 'leased' AND j.lease_expires_at < (SELECT now FROM clock)
+      AND j.lease_token = ANY(ARRAY(SELECT token FROM ran_out))
+    ORDER BY j.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
@@ -444,6 +510,14 @@ rescued AS (
     WHERE j.id = expired.id
     RETURNING j.id, j.key, j.task, j.state, j.attempt, j.leased_by, j.leased_at, j.last_error,
               clock.now
+),
+closed AS (
+    DELETE FROM __S__.oncebox_job_leases l
+    USING ran_out r
+    WHERE l.token = r.token
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs h
+                      WHERE h.id = ANY(r.ids) AND h.lease_token = r.token
+                        AND h.id <> ALL(ARRAY(SELECT id FROM rescued)))
 ),
 recorded AS (
     INSERT INTO __S__.oncebox_job_attempts
@@ -494,6 +568,16 @@ settled AS (
     -- planner read the leased index, whose dead entries grow with every lease until a vacuum.
     WHERE j.id = ANY(ARRAY(SELECT id FROM input)) AND j.id = i.id AND j.lease_token = %(token)s
     RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.outcome, i.error, clock.now
+),
+closed AS (
+    -- The lease's own row (0024) goes with its last held job: a probe by primary key per job
+    -- of the lease. Two transactions settling halves of one lease at once each see the other's
+    -- half held, and leave the row to the rescuer, which deletes it once its deadline passes.
+    DELETE FROM __S__.oncebox_job_leases l
+    WHERE l.token = %(token)s::uuid
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs h
+                      WHERE h.id = ANY(l.ids) AND h.lease_token = l.token
+                        AND h.id <> ALL(ARRAY(SELECT id FROM settled)))
 ),
 recorded AS (
     INSERT INTO __S__.oncebox_job_attempts
@@ -589,7 +673,7 @@ WHERE j.id IN (
     SELECT r.id
     FROM unnest(%(tasks)s::text[]) AS t(task),
          LATERAL (SELECT x.id FROM __S__.oncebox_jobs x
-                  WHERE x.state = 'ready' AND x.task = t.task
+                  WHERE x.stage = 'ready' AND x.state = 'ready' AND x.task = t.task
                     AND x.queue = ANY(%(queues)s::text[])
                   ORDER BY x.task, x.run_at LIMIT %(limit)s
                   FOR UPDATE SKIP LOCKED) r
@@ -689,7 +773,7 @@ SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, 
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs
-WHERE (key = %(key)s AND state <> 'cancelled')
+WHERE (key = %(key)s AND stage <> 'cancelled')
    OR id = (SELECT job_id FROM __S__.oncebox_intents WHERE key = %(key)s)
 ORDER BY id;
 
@@ -712,7 +796,7 @@ GROUP BY 1, 2 HAVING sum(value) <> 0;
 SELECT (SELECT min(f.run_at)
         FROM unnest(%(tasks)s::text[]) AS t(task),
              LATERAL (SELECT j.task, j.run_at FROM __S__.oncebox_jobs j
-                      WHERE j.state = 'ready' AND j.task >= t.task
+                      WHERE j.stage = 'ready' AND j.state = 'ready' AND j.task >= t.task
                         AND j.queue = ANY(%(queues)s::text[])
                       ORDER BY j.task, j.run_at LIMIT 1) f
         WHERE f.task = t.task) AS at,
@@ -729,7 +813,7 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT j.id, j.schedule, j.period, j.state, j.finished_at
     FROM __S__.oncebox_jobs j
-    WHERE j.state IN ('done', 'cancelled') AND j.task = %(task)s
+    WHERE j.stage IN ('done', 'cancelled') AND j.task = %(task)s
       AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
       -- OFFSET 0 keeps this a probe of oncebox_outbox_job per job: as an anti-join the planner,
       -- expecting almost no unsent message, read the whole outbox for every batch (bench/
@@ -788,11 +872,11 @@ RETURNING j.id;
 -- kept for ever).
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT (SELECT min(finished_at) FROM __S__.oncebox_jobs
-        WHERE state IN ('done', 'cancelled') AND task = %(task)s) AS oldest,
+        WHERE stage IN ('done', 'cancelled') AND task = %(task)s) AS oldest,
        (SELECT count(*) FROM (
             SELECT 1 FROM __S__.oncebox_jobs j
             WHERE %(older_than_s)s::float8 IS NOT NULL
-              AND j.state IN ('done', 'cancelled') AND j.task = %(task)s
+              AND j.stage IN ('done', 'cancelled') AND j.task = %(task)s
               AND j.finished_at < (SELECT now FROM clock)
                                   - make_interval(secs => %(older_than_s)s::float8)
               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o  -- a probe: see job_prune
@@ -811,6 +895,8 @@ SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, 
        lease_expires_at, finished_at, last_error, schedule, period
 FROM __S__.oncebox_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  -- the same filter in `stage`, so a state's own index serves it (the dead rows': 0024)
+  AND (%(state)s::text IS NULL OR %(state)s::text = 'leased' OR stage = %(state)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(schedule)s::text IS NULL OR schedule = %(schedule)s::text)
@@ -822,6 +908,6 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
        OR finished_at > (SELECT now FROM clock) - make_interval(secs => %(newer_than_s)s::float8))
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
   AND (%(key_prefix)s::text IS NULL  -- a key range, through oncebox_jobs_one_per_key
-       OR (key >= %(key_prefix)s::text AND key < %(key_upper)s::text AND state <> 'cancelled'))
+       OR (key >= %(key_prefix)s::text AND key < %(key_upper)s::text AND stage <> 'cancelled'))
 ORDER BY id DESC
 LIMIT %(limit)s;

@@ -104,6 +104,13 @@ TABLE oncebox_job_attempts
   CONSTRAINT CHECK ((outcome = ANY (ARRAY['failed'::text, 'dead'::text, 'lease_expired'::text, 'superseded'::text])))
   CONSTRAINT PRIMARY KEY (job_id, attempt)
 
+TABLE oncebox_job_leases
+  token uuid NOT NULL
+  worker text NOT NULL
+  expires_at timestamp with time zone NOT NULL
+  ids ARRAY NOT NULL
+  CONSTRAINT PRIMARY KEY (token)
+
 TABLE oncebox_jobs
   id bigint NOT NULL
   key text COLLATE "C"
@@ -131,13 +138,15 @@ TABLE oncebox_jobs
   trace_context text
   limit_key text
   debounce_key text
+  stage text COLLATE "C" NOT NULL
+  slot text COLLATE "C"
   CONSTRAINT CHECK (((outcome IS NOT NULL) = (state = 'done'::text)))
   CONSTRAINT CHECK (((state = 'leased'::text) = (lease_token IS NOT NULL)))
   CONSTRAINT CHECK ((max_attempts >= 1))
   CONSTRAINT CHECK ((outcome = ANY (ARRAY['completed'::text, 'duplicate'::text])))
   CONSTRAINT CHECK ((state = ANY (ARRAY['ready'::text, 'leased'::text, 'relayed'::text, 'done'::text, 'dead'::text, 'cancelled'::text])))
   CONSTRAINT PRIMARY KEY (id)
-  WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.05)
+  WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.05, fillfactor=40)
 
 TABLE oncebox_key_canaries
   kind text NOT NULL
@@ -310,33 +319,31 @@ CREATE INDEX oncebox_intents_task_claimed ON __S__.oncebox_intents USING btree (
 
 CREATE UNIQUE INDEX oncebox_job_attempts_pkey ON __S__.oncebox_job_attempts USING btree (job_id, attempt)
 
-CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC, run_at, id) WHERE ((state = 'ready'::text) AND (limit_key IS NULL))
+CREATE INDEX oncebox_job_leases_deadline ON __S__.oncebox_job_leases USING btree (expires_at)
 
-CREATE INDEX oncebox_jobs_dead ON __S__.oncebox_jobs USING btree (id) WHERE (state = 'dead'::text)
+CREATE UNIQUE INDEX oncebox_job_leases_pkey ON __S__.oncebox_job_leases USING btree (token)
 
-CREATE UNIQUE INDEX oncebox_jobs_debounce ON __S__.oncebox_jobs USING btree (debounce_key) WHERE ((state = 'ready'::text) AND (debounce_key IS NOT NULL))
+CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs USING btree (priority DESC, run_at, id) WHERE ((stage = 'ready'::text) AND (limit_key IS NULL))
 
-CREATE INDEX oncebox_jobs_due ON __S__.oncebox_jobs USING btree (run_at) WHERE (state = 'ready'::text)
+CREATE INDEX oncebox_jobs_dead ON __S__.oncebox_jobs USING btree (id) WHERE (stage = 'dead'::text)
 
-CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs USING btree (task, finished_at, id) WHERE (state = ANY (ARRAY['done'::text, 'cancelled'::text]))
+CREATE UNIQUE INDEX oncebox_jobs_debounce ON __S__.oncebox_jobs USING btree (debounce_key) WHERE ((stage = 'ready'::text) AND (debounce_key IS NOT NULL))
 
-CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text])))
+CREATE INDEX oncebox_jobs_finished ON __S__.oncebox_jobs USING btree (task, finished_at, id) WHERE (stage = ANY (ARRAY['done'::text, 'cancelled'::text]))
 
-CREATE INDEX oncebox_jobs_group_active ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (state = ANY (ARRAY['ready'::text, 'leased'::text, 'relayed'::text])))
+CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs USING btree (queue, group_key, id) WHERE ((group_key IS NOT NULL) AND (stage = ANY (ARRAY['ready'::text, 'relayed'::text])))
 
-CREATE INDEX oncebox_jobs_leased ON __S__.oncebox_jobs USING btree (lease_expires_at) WHERE (state = 'leased'::text)
+CREATE INDEX oncebox_jobs_limited ON __S__.oncebox_jobs USING btree (task, limit_key, priority DESC, run_at, id) WHERE ((stage = 'ready'::text) AND (limit_key IS NOT NULL))
 
-CREATE INDEX oncebox_jobs_limited ON __S__.oncebox_jobs USING btree (task, limit_key, priority DESC, run_at, id) WHERE ((state = 'ready'::text) AND (limit_key IS NOT NULL))
-
-CREATE INDEX oncebox_jobs_limited_leased ON __S__.oncebox_jobs USING btree (task, limit_key) WHERE ((state = 'leased'::text) AND (limit_key IS NOT NULL))
-
-CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON __S__.oncebox_jobs USING btree (key) WHERE (state <> 'cancelled'::text)
+CREATE UNIQUE INDEX oncebox_jobs_one_per_key ON __S__.oncebox_jobs USING btree (key) WHERE (stage <> 'cancelled'::text)
 
 CREATE UNIQUE INDEX oncebox_jobs_pkey ON __S__.oncebox_jobs USING btree (id)
 
 CREATE INDEX oncebox_jobs_schedule_period ON __S__.oncebox_jobs USING btree (schedule, period) WHERE (schedule IS NOT NULL)
 
-CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs USING btree (task, run_at) WHERE (state = 'ready'::text)
+CREATE INDEX oncebox_jobs_slots ON __S__.oncebox_jobs USING btree (task, slot) WHERE (slot IS NOT NULL)
+
+CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs USING btree (task, run_at) WHERE (stage = 'ready'::text)
 
 CREATE UNIQUE INDEX oncebox_key_canaries_pkey ON __S__.oncebox_key_canaries USING btree (kind, name)
 
@@ -488,7 +495,7 @@ BEGIN
                     AND state NOT IN ('ready', 'leased', 'relayed')) f,
                  LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
                           WHERE g.queue = f.queue AND g.group_key = f.group_key
-                            AND g.state IN ('ready', 'leased', 'relayed')
+                            AND g.stage IN ('ready', 'relayed')
                           ORDER BY g.id LIMIT 1) h
             WHERE h.state = 'relayed'
         ) d;
@@ -507,7 +514,7 @@ BEGIN
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM __S__.oncebox_jobs g
             WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
-              AND g.state IN ('ready', 'leased', 'relayed')))
+              AND g.stage IN ('ready', 'relayed')))
       AND (j.group_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM __S__.oncebox_jobs g
             JOIN __S__.oncebox_outbox o ON o.key = '~relay/' || g.id || '/' || (g.attempt + 1)
