@@ -564,8 +564,7 @@ settled AS (
     -- an index condition, where `j.id = i.id` alone let the planner read a table it believed
     -- small from end to end, matching each row against each element (tests/
     -- test_postgres_plans.py). The input is MATERIALIZED so each id is read from the JSON once.
-    -- No `state = 'leased'`: the token implies it (a CHECK constraint), and it would let the
-    -- planner read the leased index, whose dead entries grow with every lease until a vacuum.
+    -- No `state = 'leased'`: the token implies it (a CHECK constraint).
     WHERE j.id = ANY(ARRAY(SELECT id FROM input)) AND j.id = i.id AND j.lease_token = %(token)s
     RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.outcome, i.error, clock.now
 ),

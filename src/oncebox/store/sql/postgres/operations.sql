@@ -58,7 +58,8 @@ SELECT
     (SELECT lease_expires_at FROM __S__.oncebox_outbox WHERE state IN ('leased', 'sending')
       ORDER BY lease_expires_at LIMIT 1) AS next_message_lease_end,
     (SELECT now FROM clock) AS now,
-    -- leases run out and not yet rescued: a range of the leased indexes (leases are few)
+    -- leases run out and not yet rescued: jobs through the leases' rows, messages through the
+    -- outbox's leased index (leases are few)
     (SELECT count(*) FROM held
       WHERE lease_expires_at < (SELECT now FROM clock)) AS jobs_past_lease,
     (SELECT count(*) FROM __S__.oncebox_outbox
