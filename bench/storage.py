@@ -149,9 +149,9 @@ def proc_stat(pid: int | str) -> list[str] | None:
 
 def postmaster_of(admin: str) -> int:
     """The postmaster's pid: the parent of a backend."""
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(admin, autocommit=True) as conn:  # read while the backend lives
         backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
-    fields = proc_stat(backend)
+        fields = proc_stat(backend)
     if fields is None:
         raise SystemExit(f"storage: no /proc/{backend}/stat for the server's backend")
     return int(fields[1])
