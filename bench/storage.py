@@ -663,7 +663,19 @@ def commit() -> str:
         text=True,
     )
     dirty = subprocess.run(
-        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "src", "bench"],
+        # the code measured: tracked changes to src and bench, not the results being written
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            "src",
+            "bench",
+            ":!bench/results",
+        ],
         check=False,
         capture_output=True,
         text=True,
