@@ -1,8 +1,9 @@
 """Storage per job: the WAL, server CPU and row writes each processed job costs (issue 47).
 
-    .venv/bin/python bench/storage.py [--jobs 20000] [--size tiny|default]
+    .venv/bin/python bench/storage.py [--jobs 20000] [--repeat 3] [--size tiny|default]
                                       [--per-job] [--backlog] [--prune]
-                                      [--large 1000000] [--pg-bin DIR] [--json PATH]
+                                      [--small 10000] [--large 1000000] [--measure 10000]
+                                      [--pg-bin DIR] [--json PATH]
 
 Everything runs on a private PostgreSQL cluster (bench/idle.py's `private_cluster`: a temporary
 directory, a free port, `pg_stat_statements` loaded, fsync off), set here as the shared benchmark
@@ -39,6 +40,9 @@ table counters when it exits; an idle one may hold them for 10 s). Per job:
   job and `hot_pct` = HOT updates / updates; `jobs_hot_pct` and `outbox_hot_pct` are those of
   the tables named `…jobs` and `…outbox` ("leases HOT %").
 `ratios` divides oncebox's figures by the floor's (full by floor_full, noop by floor_noop).
+The runs repeat `--repeat` times, interleaved; each figure is the median of its rounds. The
+machine's load average at the start and end is recorded: CPU and times move with it, the counts
+(WAL, rows, index entries) hardly.
 
 `--backlog` runs bench/backlog.py's oncebox measurement on the cluster: keyed no-op throughput
 over the first `--measure` jobs of a `--large` backlog against a `--small` one.
@@ -62,6 +66,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -108,11 +113,12 @@ class Size:
     small: int
     large: int
     measure: int
+    repeat: int
 
 
 SIZES = {
-    "default": Size(jobs=20_000, small=10_000, large=1_000_000, measure=10_000),
-    "tiny": Size(jobs=300, small=600, large=2_000, measure=300),
+    "default": Size(jobs=20_000, small=10_000, large=1_000_000, measure=10_000, repeat=3),
+    "tiny": Size(jobs=300, small=600, large=2_000, measure=300, repeat=1),
 }
 
 
@@ -482,14 +488,27 @@ def ratio(ours: float, theirs: float) -> float | None:
     return round(ours / theirs, 2) if theirs else None
 
 
-def per_job(admin: str, postmaster: int, jobs: int) -> dict[str, Any]:
+def per_job(admin: str, postmaster: int, jobs: int, repeat: int = 1) -> dict[str, Any]:
+    """Each run `repeat` times, the runs interleaved (a busy spell of the machine falls on all
+    of them): each figure is the median of its rounds (`rounds` keeps them all); the tables and
+    the WAL by kind and relation are the last round's."""
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS}
+    for _ in range(repeat):
+        for name, (schema, make) in RUNS.items():
+            load, process = make(jobs)
+            figures = measure_run(
+                admin, postmaster, jobs, oncebox_schema=schema, load=load, process=process
+            )
+            rounds[name].append(figures)
+            print(f"storage: {name} done in {figures['seconds']} s", file=sys.stderr)
     runs: dict[str, Any] = {}
-    for name, (schema, make) in RUNS.items():
-        load, process = make(jobs)
-        runs[name] = measure_run(
-            admin, postmaster, jobs, oncebox_schema=schema, load=load, process=process
-        )
-        print(f"storage: {name} done in {runs[name]['seconds']} s", file=sys.stderr)
+    for name, done in rounds.items():
+        scalars = [k for k, v in done[-1].items() if isinstance(v, int | float)]
+        runs[name] = {
+            **done[-1],
+            **{k: statistics.median(r[k] for r in done) for k in scalars},
+            "rounds": [{k: r[k] for k in scalars} for r in done],
+        }
     ratios = {
         f"{ours}/{theirs}": {
             f: ratio(runs[ours][f], runs[theirs][f])
@@ -497,7 +516,7 @@ def per_job(admin: str, postmaster: int, jobs: int) -> dict[str, Any]:
         }
         for ours, theirs in (("full", "floor_full"), ("noop", "floor_noop"))
     }
-    return {**runs, "ratios": ratios}
+    return {**runs, "repeat": repeat, "ratios": ratios}
 
 
 # -- the backlog and the prune --------------------------------------------------------------
@@ -685,7 +704,10 @@ def commit() -> str:
 
 def show_per_job(figures: dict[str, Any]) -> None:
     names = [n for n in RUNS if n in figures]
-    print(f"\nper job · {figures['noop']['jobs']:,} jobs · one fresh database each")
+    print(
+        f"\nper job · {figures['noop']['jobs']:,} jobs · one fresh database each · "
+        f"median of {figures['repeat']}"
+    )
     print(f"{'':<34}" + "".join(f"{n:>12}" for n in names))
     rows = [
         ("WAL bytes (processing)", "wal_bytes"),
@@ -727,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", type=int)
     parser.add_argument("--large", type=int)
     parser.add_argument("--measure", type=int)
+    parser.add_argument("--repeat", type=int, help="rounds of the per-job runs (median)")
     parser.add_argument("--pg-bin", type=Path, default=PG_BIN)
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "storage.json")
     args = parser.parse_args(argv)
@@ -736,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         small=args.small or base.small,
         large=args.large or base.large,
         measure=args.measure or base.measure,
+        repeat=args.repeat or base.repeat,
     )
     if not 0 < size.measure <= min(size.small, size.large):
         parser.error("--measure must be positive and at most both backlog sizes")
@@ -747,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
         "size": args.size,
         "jobs": size.jobs,
+        # how busy the machine was (2 cores shared with other work): CPU figures move with it
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         with private_cluster(args.pg_bin) as admin:
@@ -754,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"storage: private cluster {report['cluster']}", file=sys.stderr)
             postmaster = postmaster_of(admin)
             if per:
-                report["per_job"] = per_job(admin, postmaster, size.jobs)
+                report["per_job"] = per_job(admin, postmaster, size.jobs, size.repeat)
                 show_per_job(report["per_job"])
             if args.backlog:
                 report["backlog"] = backlog_figures(admin, size)
@@ -779,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterUnavailable as exc:
         print(f"storage: no private cluster to measure on: {exc}", file=sys.stderr)
         return 1
+    report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nstorage: written to {args.json}")
