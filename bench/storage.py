@@ -19,9 +19,10 @@ database is read from `pg_stat_user_tables`, whatever its name (the readings: be
 - `floor_full`: the floor's full path (bench/floor.py, its own three-table schema);
 - `floor_noop`: the floor's claim-and-mark-done, beside `noop`.
 The load (enqueue or COPY, then ANALYZE, as autovacuum would) is outside the measured phase; its
-WAL is reported apart (`enqueue_wal_bytes`: around the enqueue call alone). The phase runs from
-the processing's start until its connections have closed and left the server (a backend sends its
-table counters when it exits; an idle one may hold them for 10 s). Per job:
+WAL is reported apart (`enqueue_wal_bytes`: around the whole load, its ANALYZE's few KB
+included). The phase runs from the processing's start until its connections have closed and
+left the server (a backend sends its table counters when it exits; an idle one may hold them
+for 10 s); `seconds` and `per_s` time the processing alone. Per job:
 - `wal_bytes`: `pg_current_wal_lsn()` after minus before;
 - `server_cpu_us`: user + system CPU of every process of the cluster (backends, WAL writer,
   checkpointer, …) from `/proc/<pid>/stat` — the postmaster's children alive at either reading,
@@ -157,13 +158,14 @@ def measure_run(
         meter.reset_statements()
         before = meter.read()
         process(url)
+        processed = time.perf_counter()  # `seconds`: the processing, not the wait below
         meter.quiet()
         after = meter.read()
         statement_ms = meter.statement_ms()
         tables = table_figures(tables_before, meter.tables(), jobs)
         wal = meter.wal(before.lsn, after.lsn, jobs)
     wal_bytes = lsn_bytes(admin, before.lsn, after.lsn)
-    seconds = after.at - before.at
+    seconds = processed - before.at
     return {
         "jobs": jobs,
         "seconds": round(seconds, 3),
