@@ -61,24 +61,30 @@ def analyse(url: str) -> None:
             conn.execute("ANALYZE")
 
 
+def noop_box(url: str, keyed: bool) -> Box:
+    """A Box with the no-op task `noop`: keyed ("bench/{n}", through the claim) or keyless."""
+    box = Box(url)
+    if keyed:
+
+        @box.task(key="bench/{n}")
+        def noop(ctx: oncebox.JobContext, n: int) -> None:
+            pass
+
+    else:
+
+        @box.task(name="noop")
+        def noop_keyless(ctx: oncebox.JobContext, n: int) -> None:
+            pass
+
+    return box
+
+
 def run_once(url: str, jobs: int, keyed: bool, stats: str = "fresh") -> dict[str, float]:
     """Bulk-enqueue `jobs` no-op jobs, then drain them with one worker. `stats`: "fresh"
     analyses the tables after the load, as autovacuum would; "stale" leaves the statistics of
     the empty tables (a robustness row: oncebox's lease forces its index order)."""
-    box = Box(url)
+    box = noop_box(url, keyed)
     try:
-        if keyed:
-
-            @box.task(key="bench/{n}")
-            def noop(ctx: oncebox.JobContext, n: int) -> None:
-                pass
-
-        else:
-
-            @box.task(name="noop")
-            def noop_keyless(ctx: oncebox.JobContext, n: int) -> None:
-                pass
-
         started = time.perf_counter()
         created = box.enqueue_many("noop", [{"n": i} for i in range(jobs)]).created
         enqueued = time.perf_counter() - started

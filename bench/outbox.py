@@ -77,12 +77,18 @@ def full_path(url: str, jobs: int, concurrency: int = 1, stats: str = "fresh") -
         if stats == "fresh":
             analyse(url)  # as autovacuum would have by then
         started = time.perf_counter()
-        result = box.work(config=WorkerConfig(until_idle=True, concurrency=concurrency))
+        work_full(box, jobs, concurrency)
         elapsed = time.perf_counter() - started
-        assert result.consumed.completed == jobs and result.dispatched.sent == jobs, result
         return jobs / elapsed
     finally:
         box.close()
+
+
+def work_full(box: Box, jobs: int, concurrency: int = 1) -> None:
+    """The full path's work, once `jobs` are enqueued: one worker (consumer and dispatcher)
+    until idle; every job completed and every message sent."""
+    result = box.work(config=WorkerConfig(until_idle=True, concurrency=concurrency))
+    assert result.consumed.completed == jobs and result.dispatched.sent == jobs, result
 
 
 def median(
