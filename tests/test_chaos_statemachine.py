@@ -373,7 +373,7 @@ class FreightMachine(RuleBasedStateMachine):
                 intents=Counter(r[0] for r in rows("SELECT key FROM oncebox_intents")),
                 jobs=[
                     (int(r[0]), r[1], r[2], r[3])
-                    for r in rows("SELECT id, key, state, last_error FROM oncebox_jobs")
+                    for r in rows("SELECT id, key, state, last_error FROM oncebox_all_jobs")
                 ],
                 job_attempts=Counter(
                     {

@@ -176,7 +176,7 @@ def test_racing_enqueuers_in_threads_and_processes_make_one_pending_job(store_ur
     for racer in racers:
         racer.join(60)
         assert getattr(racer, "exitcode", 0) == 0
-    pending = sql(setup, "SELECT state, debounce_key FROM oncebox_jobs")
+    pending = sql(setup, "SELECT state, debounce_key FROM oncebox_all_jobs")
     assert pending == [("ready", "preview/1")]
     counted = setup.store.counter_list()
     assert (counted["jobs_enqueued"], counted["enqueue_collapsed"]) == (1, 29)
@@ -193,7 +193,7 @@ def test_a_debounced_enqueue_in_a_rolled_back_transaction_leaves_the_pending_job
         joined = box.enqueue("preview", connection=conn, customer=1, edit=2)
         assert joined.job_id == first.job_id
         conn.rollback()
-    [(args,)] = sql(box, "SELECT args::text FROM oncebox_jobs")
+    [(args,)] = sql(box, "SELECT args::text FROM oncebox_all_jobs")
     assert '"edit": 1' in args
     box.close()
 
@@ -245,7 +245,7 @@ def test_a_debounced_task_refuses_a_run_time_and_a_bulk_enqueue(tmp_path):
         box.enqueue("preview", delay=timedelta(seconds=1), customer=1, edit=1)
     with pytest.raises(ConfigurationError, match="enqueue its jobs one by one"):
         box.enqueue_many("preview", [{"customer": 1, "edit": 1}])
-    assert sql(box, "SELECT count(*) FROM oncebox_jobs") == [(0,)]
+    assert sql(box, "SELECT count(*) FROM oncebox_all_jobs") == [(0,)]
     box.close()
 
 
@@ -286,7 +286,7 @@ def test_the_debounce_key_is_rendered_from_the_arguments_as_stored(tmp_path):
     first = box.enqueue(refresh, region=Region.EU)
     again = box.enqueue(refresh, region="eu")  # the same stored value: the same pending job
     assert (again.reason, again.job_id) == ("collapsed", first.job_id)
-    assert sql(box, "SELECT debounce_key FROM oncebox_jobs") == [("refresh/eu",)]
+    assert sql(box, "SELECT debounce_key FROM oncebox_all_jobs") == [("refresh/eu",)]
     box.close()
 
 

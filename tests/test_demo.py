@@ -64,7 +64,7 @@ def assert_each_active_customer_has_one_digest(
     digests = Counter(to for (to, subject) in delivered if subject.startswith("Your shipments"))
     assert set(digests) == {email for _id, email in active} - set(poison)
     assert set(digests.values()) == {1}
-    dead = rows(url, "SELECT key, last_error FROM oncebox_jobs WHERE state = 'dead'")
+    dead = rows(url, "SELECT key, last_error FROM oncebox_all_jobs WHERE state = 'dead'")
     assert len(dead) == 1
     assert "is not an address" in dead[0][1]
 
@@ -236,9 +236,9 @@ def test_status_counts_what_the_demo_absorbed_and_what_the_rows_hold(tmp_path, m
         report.claim_conflicts,
     )
     assert report.enqueue_dedupes > 0 and report.claim_conflicts == 20
-    [(jobs,)] = rows(url, "SELECT count(*) FROM oncebox_jobs")
-    [(done,)] = rows(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'done'")
-    [(dead,)] = rows(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'dead'")
+    [(jobs,)] = rows(url, "SELECT count(*) FROM oncebox_all_jobs")
+    [(done,)] = rows(url, "SELECT count(*) FROM oncebox_all_jobs WHERE state = 'done'")
+    [(dead,)] = rows(url, "SELECT count(*) FROM oncebox_all_jobs WHERE state = 'dead'")
     assert counters["jobs_enqueued"] == jobs
     assert counters["jobs_dead"] == dead == len(report.dead_jobs)
     assert data["jobs"]["done"] == done == served["oncebox_jobs{state=done}"]

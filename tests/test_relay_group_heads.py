@@ -44,7 +44,7 @@ def heads(url: str, group: str) -> list[str]:
     broker, or on its way there), in the order those publishes were decided."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT j.key FROM oncebox_jobs j"
+            "SELECT j.key FROM oncebox_all_jobs j"
             " JOIN oncebox_outbox o ON o.key = '~relay/' || j.id || '/' || (j.attempt + 1)"
             " WHERE j.queue = %s AND j.group_key = %s AND j.state = 'relayed' ORDER BY o.id",
             (QUEUE, group),

@@ -107,6 +107,7 @@ def test_a_migration_blocked_by_a_long_transaction_gives_up_and_applies_nothing(
         # take the schema back to before 0004, as an older deployment left it
         admin.execute("DROP TABLE public.oncebox_key_canaries")
         admin.execute("DROP INDEX public.oncebox_outbox_job")
+        admin.execute("DROP VIEW public.oncebox_all_jobs")  # (0025) names the two columns
         admin.execute("ALTER TABLE public.oncebox_jobs DROP COLUMN schedule, DROP COLUMN period")
         admin.execute("DELETE FROM public.oncebox_migrations WHERE version = 4")
         with psycopg.connect(pg_url) as reader:

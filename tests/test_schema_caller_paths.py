@@ -22,7 +22,7 @@ pytestmark = pytest.mark.postgres
 
 def keys_in(conninfo: str, schema: str) -> list[str]:
     with psycopg.connect(conninfo) as conn:
-        rows = conn.execute(f'SELECT key FROM "{schema}".oncebox_jobs ORDER BY key').fetchall()
+        rows = conn.execute(f'SELECT key FROM "{schema}".oncebox_all_jobs ORDER BY key').fetchall()
     return [row[0] for row in rows]
 
 

@@ -114,7 +114,7 @@ def test_a_job_whose_partition_cannot_be_rendered_is_refused_and_nothing_is_writ
         with pytest.raises(InvalidKey, match=r"task 'export': partition: .*contains '/'"):
             box.enqueue(export, tenant="a/b")
         box.enqueue(export, tenant="acme")
-        assert sql(box, "SELECT limit_key FROM oncebox_jobs") == [("acme",)]
+        assert sql(box, "SELECT limit_key FROM oncebox_all_jobs") == [("acme",)]
     finally:
         box.close()
 
@@ -153,7 +153,7 @@ def test_jobs_of_a_limited_task_carry_their_partition_and_others_none(tmp_path: 
     try:
         box.enqueue("export", tenant="acme", n=1)
         box.enqueue("ping", n=1)
-        rows = sql(box, "SELECT task, limit_key FROM oncebox_jobs ORDER BY id")
+        rows = sql(box, "SELECT task, limit_key FROM oncebox_all_jobs ORDER BY id")
         assert rows == [("export", "acme"), ("ping", "")]
     finally:
         box.close()
@@ -230,7 +230,7 @@ def test_a_slot_held_by_a_worker_killed_mid_job_frees_when_its_lease_is_rescued(
         assert sorted(ran) == [1, 2] and result.completed == 2
     attempts = sql(box, "SELECT job_id, outcome FROM oncebox_job_attempts ORDER BY job_id")
     assert attempts == [(first, "lease_expired")]
-    assert {row[0] for row in sql(box, "SELECT state FROM oncebox_jobs")} == {"done"}
+    assert {row[0] for row in sql(box, "SELECT state FROM oncebox_all_jobs")} == {"done"}
     assert second != first
     box.close()
 
@@ -247,7 +247,7 @@ def test_three_worker_processes_lease_a_rate_limited_task_within_its_bucket(stor
     for worker in workers:
         worker.join(120)
         assert worker.exitcode == 0
-    leased = sorted(row[0] for row in sql(setup, "SELECT leased_at FROM oncebox_jobs"))
+    leased = sorted(row[0] for row in sql(setup, "SELECT leased_at FROM oncebox_all_jobs"))
     setup.close()
     assert len(leased) == 3 * RATE
     times = [_instant(value) for value in leased]
@@ -299,7 +299,7 @@ def deploy_adding_a_limit(url: str) -> Deployed:
             ran.append(n)
 
         drain(old)
-        kept = [row[0] for row in sql(old, "SELECT limit_key FROM oncebox_jobs ORDER BY id")]
+        kept = [row[0] for row in sql(old, "SELECT limit_key FROM oncebox_all_jobs ORDER BY id")]
         declared = [d.task for d in old.store.limit_declaration_list()]
     finally:
         old.close()

@@ -163,7 +163,7 @@ def test_a_demo_killed_mid_dispatch_leaves_nothing_eligible_lost_for_the_next_wo
             ).fetchall()
         )
         dead_jobs = {
-            row[0] for row in conn.execute("SELECT key FROM oncebox_jobs WHERE state = 'dead'")
+            row[0] for row in conn.execute("SELECT key FROM oncebox_all_jobs WHERE state = 'dead'")
         }
     finally:
         conn.close()

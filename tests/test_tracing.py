@@ -47,7 +47,7 @@ def mailer(store_url: str) -> Iterator[tuple[Box, MemoryProvider]]:
 
 def stored_context(box: Box, job_id: int | None) -> tuple[str | None, str]:
     ((context, args),) = sql(
-        box, "SELECT trace_context, args FROM oncebox_jobs WHERE id = ?", (job_id,)
+        box, "SELECT trace_context, args FROM oncebox_all_jobs WHERE id = ?", (job_id,)
     )
     return context, args if isinstance(args, str) else json.dumps(args)
 
@@ -236,7 +236,7 @@ def test_without_an_sdk_the_jobs_run_and_no_context_is_stored(store_url, block, 
     assert done.stdout.split() == ["1", "1"]
     box = Box(store_url, secret=TEST_SECRET)
     try:
-        assert sql(box, "SELECT trace_context FROM oncebox_jobs") == [(None,)]
+        assert sql(box, "SELECT trace_context FROM oncebox_all_jobs") == [(None,)]
         assert sql(box, "SELECT trace_context FROM oncebox_outbox") == [(None,)]
     finally:
         box.close()

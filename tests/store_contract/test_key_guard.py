@@ -66,7 +66,7 @@ def test_a_changed_key_template_is_refused_until_accepted(store_url, made):
     assert "oncebox keys accept task:digest" in message
     with pytest.raises(KeyDrift):
         new.enqueue_many("digest", [{"customer_id": 2, "period": "2026-W33"}])
-    assert [r[0] for r in sql(new, "SELECT count(*) FROM oncebox_jobs")] == [1]
+    assert [r[0] for r in sql(new, "SELECT count(*) FROM oncebox_all_jobs")] == [1]
 
     audit_id = new.key_guard.accept("digest", actor="ops", reason="customer prefix dropped")
     assert audit_id is not None

@@ -13,7 +13,7 @@ SELECT kind, name, queue, state, outcome, sum(value) FROM oncebox_depths
 GROUP BY 1, 2, 3, 4, 5 HAVING sum(value) <> 0
 """
 COUNTED = """
-SELECT 'job', task, queue, state, COALESCE(outcome, ''), count(*) FROM oncebox_jobs
+SELECT 'job', task, queue, state, COALESCE(outcome, ''), count(*) FROM oncebox_all_jobs
 GROUP BY 2, 3, 4, 5
 UNION ALL
 SELECT 'message', channel, '', CASE WHEN discarded_at IS NULL THEN state ELSE 'discarded' END,

@@ -41,4 +41,4 @@ def add_customers(box: Box, ids: Any) -> None:
 
 
 def digest_keys(box: Box) -> list[str]:
-    return sorted(row[0] for row in sql(box, "SELECT key FROM oncebox_jobs"))
+    return sorted(row[0] for row in sql(box, "SELECT key FROM oncebox_all_jobs"))

@@ -416,7 +416,7 @@ def message_id(story: Story, key: str) -> str:
 
 
 def job_id(story: Story, key: str) -> str:
-    return _query(story, "SELECT id FROM oncebox_jobs WHERE key = ?", key)
+    return _query(story, "SELECT id FROM oncebox_all_jobs WHERE key = ?", key)
 
 
 # -- the whole story -----------------------------------------------------------------------------

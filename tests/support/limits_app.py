@@ -61,7 +61,7 @@ def limited_box(url: str, counts: Path, *, together: int) -> Box:
     def export(ctx: JobContext, tenant: str, n: int) -> None:
         leased = sql(
             box,
-            "SELECT limit_key, count(*) FROM oncebox_jobs WHERE state = 'leased' "
+            "SELECT limit_key, count(*) FROM oncebox_all_jobs WHERE state = 'leased' "
             "AND task = 'export' GROUP BY limit_key",
         )
         with _locked(counts) as state:
@@ -80,7 +80,7 @@ def limited_box(url: str, counts: Path, *, together: int) -> Box:
         for _ in range(int(WAIT_FOR_PEERS_S / 0.01)):
             [(tenants,)] = sql(
                 box,
-                "SELECT count(DISTINCT limit_key) FROM oncebox_jobs WHERE task = 'export' "
+                "SELECT count(DISTINCT limit_key) FROM oncebox_all_jobs WHERE task = 'export' "
                 "AND state IN ('ready', 'leased')",
             )
             if read_counts(counts)["running"].get("all", 0) >= min(together, int(tenants)):

@@ -32,6 +32,10 @@ def dump_sqlite(path: str) -> str:
     return HEADER + "".join(f"\n-- {kind} {name}\n{sql.strip()};\n" for kind, name, sql in rows)
 
 
+# A history's weekly partitions (…_20261207) are made by the date the migration ran: not schema.
+WEEKLY = r"_[0-9]{8}$"
+
+
 def dump_postgres(url: str, schema: str = "public") -> str:
     lines: list[str] = []
     with psycopg.connect(url) as conn:
@@ -40,8 +44,8 @@ def dump_postgres(url: str, schema: str = "public") -> str:
             r[0]
             for r in conn.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
-                "AND table_name LIKE 'oncebox%%' ORDER BY 1",
-                (schema,),
+                "AND table_name LIKE 'oncebox%%' AND table_name !~ %s ORDER BY 1",
+                (schema, WEEKLY),
             )
         ]
         for table in tables:
@@ -74,8 +78,8 @@ def dump_postgres(url: str, schema: str = "public") -> str:
                     lines.append(f"  WITH ({options})")
         for (definition,) in conn.execute(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename LIKE 'oncebox%%' "
-            "ORDER BY indexname",
-            (schema,),
+            "AND tablename !~ %s ORDER BY indexname",
+            (schema, WEEKLY),
         ):
             lines.append(f"\n{definition}")
         for name, source in conn.execute(

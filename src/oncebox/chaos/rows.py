@@ -44,7 +44,7 @@ def read_rows(box: Box) -> Rows:
             jobs=[
                 (int(r[0]), r[1], r[2], r[3], int(r[4]), r[5])
                 for r in rows(
-                    "SELECT id, key, state, outcome, attempt, last_error FROM oncebox_jobs"
+                    "SELECT id, key, state, outcome, attempt, last_error FROM oncebox_all_jobs"
                 )
             ],
             job_attempts=Counter(

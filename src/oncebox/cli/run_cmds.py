@@ -30,14 +30,25 @@ from oncebox.cli.common import (
 )
 from oncebox.jobs.codec import MAX_DEPTH
 from oncebox.jobs.tasks import Task
+from oncebox.kernel.clock import monotonic
 from oncebox.kernel.errors import InvalidArguments
+from oncebox.lanes.pruner import HISTORY_AHEAD
 from oncebox.lanes.worker import WorkerConfig, WorkerStarted
 from oncebox.store import open_store
+from oncebox.store.protocol import Store
+from oncebox.store.records import HISTORY_WAITING_CAP
 
 
 @click.command()
 @db_option
-def migrate(db: str | None) -> None:
+@click.option(
+    "--move-history",
+    is_flag=True,
+    help="Then move the finished jobs of a deployment from before the history (migration 25, "
+    "PostgreSQL) into it now, in batches, with progress (the workers' pruners do it otherwise, "
+    "paced). Online; stop and rerun it at any point.",
+)
+def migrate(db: str | None, move_history: bool) -> None:
     """Apply the schema migrations this oncebox knows (safe to run repeatedly, and to run
     before new workers start). Without --db, to Box()'s default database, ./oncebox.db."""
     fresh = not db and not DEFAULT_FILE.exists()
@@ -48,15 +59,50 @@ def migrate(db: str | None) -> None:
         try:
             applied = store.schema_migrate()
             status = store.schema_status()
+            if applied:
+                say(
+                    f"applied migration(s) {', '.join(map(str, applied))}; "
+                    f"schema is at version {status.current}"
+                )
+            else:
+                say(f"schema is up to date (version {status.current})")
+            _history(store, move=move_history)
         finally:
             store.close()
-    if applied:
-        say(
-            f"applied migration(s) {', '.join(map(str, applied))}; "
-            f"schema is at version {status.current}"
-        )
-    else:
-        say(f"schema is up to date (version {status.current})")
+
+
+#: finished jobs moved per transaction by `migrate --move-history`
+MOVE_BATCH = 5_000
+
+
+def _history(store: Store, *, move: bool) -> None:
+    """Say what waits to move into the history; with `move`, move it, saying how far it got
+    every few seconds (each batch commits: a stop loses nothing)."""
+    first = store.job_history_tend(HISTORY_AHEAD, MOVE_BATCH if move else 0)
+    if not move:
+        if first.waiting:
+            say(
+                f"finished jobs from before the history wait to move into it ({first.waiting}"
+                f"{'+' if first.waiting >= HISTORY_WAITING_CAP else ''}): the workers' pruners "
+                "move them in batches, or run `oncebox migrate --move-history` to move them now"
+            )
+        return
+    moved, started, shown = first.moved, monotonic(), monotonic()
+    while first.moved:
+        first = store.job_history_tend(HISTORY_AHEAD, MOVE_BATCH)
+        moved += first.moved
+        if monotonic() - shown >= PROGRESS_EVERY_S:
+            shown = monotonic()
+            say(f"  moved {moved} finished jobs into the history ({rate(moved, started)}/s)")
+    say(f"moved {moved} finished jobs into the history in {monotonic() - started:.1f} s")
+
+
+PROGRESS_EVERY_S = 5.0
+
+
+def rate(count: int, since: float) -> int:
+    took = monotonic() - since
+    return round(count / took) if took > 0 else count
 
 
 @click.command()

@@ -41,6 +41,9 @@ ORDER: tuple[PruneKind, ...] = (
     "schedule_runs",
 )
 assert sorted(ORDER) == sorted(PRUNE_KINDS)
+#: How far ahead the history's weekly partitions are made: a pruner stopped for up to four
+#: weeks still finds every week made (and a row whose week is late waits in the default one).
+HISTORY_AHEAD = timedelta(weeks=4)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class PrunerResult:
 
     pruned: dict[PruneKind, int] = field(default_factory=lambda: dict.fromkeys(PRUNE_KINDS, 0))
     full: bool = False
+    moved: int = 0  # finished jobs moved into the history (a deployment from before it)
 
     def total(self) -> int:
         return sum(self.pruned.values())
@@ -81,8 +85,14 @@ class Pruner:
         return cls(runtime.store, config, plan_for(runtime))
 
     def run_once(self) -> PrunerResult:
-        """One pass: a batch per kind and name past its retention."""
+        """One pass: the history's weeks made ahead and a batch of finished jobs from before
+        it moved in (`Store.job_history_tend`), then a batch per kind and name past its
+        retention."""
         result = PrunerResult()
+        if self.store.keeps_history:
+            tended = self.store.job_history_tend(HISTORY_AHEAD, self.config.batch_size)
+            result.moved = tended.moved
+            result.full = tended.moved >= self.config.batch_size
         deleting: set[str] = set()  # channels whose message batch came back full
         for kind in ORDER:
             for name in self._names(kind):
@@ -113,6 +123,7 @@ class Pruner:
             result = self.run_once()
             for kind, acted in result.pruned.items():
                 total.pruned[kind] += acted
+            total.moved += result.moved
             if not result.full:
                 return total
 

@@ -131,7 +131,7 @@ class Checker:
         and a job the pruner deleted stays counted. The checker sees every commit (it reads after
         every step), so each arrival of a job at an outcome is seen once."""
         counters = dict(self._rows("SELECT name, sum(value) FROM oncebox_counters GROUP BY name"))
-        read = self._rows("SELECT id, key, state, outcome FROM oncebox_jobs")
+        read = self._rows("SELECT id, key, state, outcome FROM oncebox_all_jobs")
         jobs = {int(job_id): (str(state), outcome) for job_id, _key, state, outcome in read}
         for job_id, key, _state, _outcome in read:
             if int(job_id) not in self._jobs and int(job_id) not in self._gone:
@@ -165,7 +165,7 @@ class Checker:
     def quiet(self, wanted: set[str]) -> list[Violation]:
         self._refresh()
         found: list[Violation] = []
-        jobs = self._rows("SELECT id, key, state FROM oncebox_jobs")
+        jobs = self._rows("SELECT id, key, state FROM oncebox_all_jobs")
         keys = {key for _, key, _ in jobs} | self.pruned_keys  # a pruned job ended first
         for key in sorted(wanted - keys):
             found.append(Violation("L1", f"{key} was enqueued and has no job"))
@@ -187,7 +187,7 @@ class Checker:
         running, a broker's messages: `Part.unfinished`): the drain goes on while there are any."""
         self._refresh()
         [(jobs,)] = self._rows(
-            "SELECT count(*) FROM oncebox_jobs WHERE state NOT IN ('done', 'dead', 'cancelled')"
+            "SELECT count(*) FROM oncebox_all_jobs WHERE state NOT IN ('done', 'dead', 'cancelled')"
         )
         [(messages,)] = self._rows(
             "SELECT count(*) FROM oncebox_outbox WHERE state NOT IN ('sent', 'dead', 'ambiguous')"

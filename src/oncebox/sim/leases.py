@@ -29,7 +29,7 @@ from oncebox.sim.parts import Part, Rows
 # counts a millisecond): a lease this close to its end may be rescued already.
 MARGIN = timedelta(seconds=1)
 LEASED = {
-    "job": "SELECT id, lease_token, leased_by, lease_expires_at FROM oncebox_jobs "
+    "job": "SELECT id, lease_token, leased_by, lease_expires_at FROM oncebox_all_jobs "
     "WHERE lease_token IS NOT NULL",
     "message": "SELECT id, lease_token, leased_by, lease_expires_at FROM oncebox_outbox "
     "WHERE lease_token IS NOT NULL",

@@ -62,9 +62,11 @@ from oncebox.store.params import (
 from oncebox.store.protocol import ClaimLockTimeout, HandlerConnection, T
 from oncebox.store.pruning import PruneOperations
 from oncebox.store.records import (
+    HISTORY_WAITING_CAP,
     ActionResult,
     BucketState,
     DueTime,
+    HistoryTended,
     LeasedJob,
     OutboxLeased,
     RescuedJob,
@@ -247,6 +249,7 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
 
     dialect: Literal["postgres"] = "postgres"
     supports_notifications = True
+    keeps_history = True
 
     def __init__(self, url: str, *, metrics: Metrics | None = None) -> None:
         self.url = url
@@ -581,6 +584,26 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
     def job_prune(self, task: str, older_than: timedelta, limit: int) -> int:
         params = {"task": task, "older_than_s": older_than.total_seconds(), "limit": limit}
         return len(self._apply("job_prune", params).rows)
+
+    @operation
+    def job_history_tend(self, ahead: timedelta, limit: int) -> HistoryTended:
+        """Three statements, each its own transaction: what is still to move, the weeks (a
+        busy lock gives up, and the next pass tries again: the default partition holds a row
+        whose week is late), and one batch moved."""
+        waiting = self._fetch("job_history_waiting", {"limit": HISTORY_WAITING_CAP})
+        first, count = self._instant(waiting.first("first_finished_at")), waiting.first("waiting")
+        try:
+            made: int | None = int(
+                self._fetch(
+                    "job_history_weeks", {"from_at": first, "ahead_s": ahead.total_seconds()}
+                ).first("made")
+            )
+        except pg_errors.LockNotAvailable:
+            made = None
+        moved = (
+            len(self._apply("job_history_move", {"limit": limit}).rows) if count and limit else 0
+        )
+        return HistoryTended(made, moved, int(count or 0))
 
     # -- the outbox ----------------------------------------------------------------------------
 

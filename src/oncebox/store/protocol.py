@@ -62,6 +62,7 @@ from oncebox.store.records import (
     DueTime,
     EnqueueConflict,
     Held,
+    HistoryTended,
     InsertManyResult,
     IntentRow,
     JobRow,
@@ -318,6 +319,17 @@ class Store(Protocol):
 
     def prune_names(self, kind: PruneKind) -> list[str]:
         """The names that have rows of `kind` retention may act on ([''] for unnamed kinds)."""
+        ...
+
+    #: Whether finished jobs leave the jobs table for a history (PostgreSQL, migration 0025):
+    #: only then has `job_history_tend` anything to do (the pruner asks it on every pass).
+    keeps_history: bool
+
+    def job_history_tend(self, ahead: timedelta, limit: int) -> HistoryTended:
+        """The history of finished jobs kept ready (PostgreSQL, migration 0025): its weeks
+        made up to `ahead` (and back to the first finished job still to move), and one batch of
+        at most `limit` finished jobs from before the history moved into it. SQLite keeps its
+        finished jobs in its jobs table: nothing to do."""
         ...
 
     # audit

@@ -555,6 +555,21 @@ class Held:
     waiting: int
 
 
+#: finished jobs still to move into the history are counted up to this many (`job_history_tend`)
+HISTORY_WAITING_CAP = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryTended:
+    """What one pass of `Store.job_history_tend` did: weekly partitions made (None: their
+    lock was busy, the next pass tries again), finished jobs moved into the history, and how
+    many were still to move before it (counted up to a limit)."""
+
+    made: int | None
+    moved: int
+    waiting: int
+
+
 @dataclass(frozen=True, slots=True)
 class LimitedPartition:
     """One partition of a limited task (jobs/limits.py): its due jobs waiting (counted up to a

@@ -58,6 +58,11 @@ DIALECT_ONLY: dict[str, str] = {
     "clock_write": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "clock_reset": "postgres: the shared clock is a table; on SQLite it is a file read in Python",
     "job_lease_settings": "postgres: planner and commit settings for the lease's transaction",
+    "job_history_weeks": "postgres: the history's weekly partitions (0025); SQLite keeps finished "
+    "jobs in its jobs table",
+    "job_history_move": "postgres: finished jobs from before the history move into it (0025); "
+    "SQLite keeps finished jobs in its jobs table",
+    "job_history_waiting": "postgres: what job_history_move has still to move",
     "job_relay_check": "postgres: a queue a broker holds records its jobs on PostgreSQL only "
     "(0016's relayed state and relay trigger); SQLite refuses such a queue's enqueue",
     "job_settle_relayed": "postgres: see job_relay_check",

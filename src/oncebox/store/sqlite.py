@@ -68,6 +68,7 @@ from oncebox.store.records import (
     ActionResult,
     BucketState,
     DueTime,
+    HistoryTended,
     LeasedJob,
     OutboxLeased,
     RelayedRow,
@@ -143,6 +144,7 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
 
     dialect: Literal["sqlite"] = "sqlite"
     supports_notifications = True  # by watching the database files: see `wait_for_work`
+    keeps_history = False  # finished jobs stay in the jobs table
 
     def __init__(
         self,
@@ -504,6 +506,11 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
         return ActionResult(job_id=row["id"], key=row["key"], audit_id=audit.first("id"))
 
     # -- due times, pruning --------------------------------------------------------------------
+
+    @operation
+    def job_history_tend(self, ahead: timedelta, limit: int) -> HistoryTended:
+        """SQLite keeps its finished jobs in its jobs table (see `Store.job_history_tend`)."""
+        return HistoryTended(0, 0, 0)
 
     @operation
     def job_prune(self, task: str, older_than: timedelta, limit: int) -> int:

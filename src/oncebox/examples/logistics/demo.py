@@ -171,7 +171,7 @@ def _require_empty(url: str) -> None:
     try:
         conn = getattr(store, "connect")()  # noqa: B009 (both stores have one)
         try:
-            for table in ("oncebox_jobs", "freight_customers"):
+            for table in ("oncebox_all_jobs", "freight_customers"):
                 try:
                     if conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]:
                         held.append(table)
@@ -407,7 +407,7 @@ def _collect(demo: DemoRun) -> None:
         report.dead_jobs = [
             f"{r[0]}: {str(r[1]).splitlines()[0]}"
             for r in conn.execute(
-                "SELECT key, last_error FROM oncebox_jobs WHERE state = 'dead' ORDER BY key"
+                "SELECT key, last_error FROM oncebox_all_jobs WHERE state = 'dead' ORDER BY key"
             )
         ]
         report.dead_messages = [
@@ -456,7 +456,7 @@ def check_invariants(demo: DemoRun) -> list[str]:
         ):
             rows.setdefault(key, []).append((state, token))
         lingering = conn.execute(
-            "SELECT (SELECT count(*) FROM oncebox_jobs WHERE state IN ('ready', 'leased')), "
+            "SELECT (SELECT count(*) FROM oncebox_all_jobs WHERE state IN ('ready', 'leased')), "
             "(SELECT count(*) FROM oncebox_outbox WHERE state IN ('pending', 'leased', "
             "'sending'))"
         ).fetchone()

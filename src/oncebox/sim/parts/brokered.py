@@ -315,7 +315,7 @@ class Brokered(Part):
         leaves nothing: at most one a delivery."""
         [(claims,)] = rows(
             f"SELECT count(*) FROM oncebox_intents i WHERE i.task = '{TASK}' AND NOT EXISTS "
-            "(SELECT 1 FROM oncebox_jobs j WHERE j.key = i.key)"
+            "(SELECT 1 FROM oncebox_all_jobs j WHERE j.key = i.key)"
         )
         delivered = self.broker.handed_out
         return {"jobs_completed": (int(claims), int(claims)), "claim_conflicts": (0, delivered)}
@@ -336,7 +336,7 @@ class Brokered(Part):
             done = {
                 str(key): int(count)
                 for key, count in rows(
-                    f"SELECT key, count(*) FROM oncebox_jobs WHERE task = '{TASK}' "
+                    f"SELECT key, count(*) FROM oncebox_all_jobs WHERE task = '{TASK}' "
                     "AND state = 'done' GROUP BY key"
                 )
             }
@@ -345,7 +345,7 @@ class Brokered(Part):
                     found.append(Violation("B1", f"{key}: {count} jobs settled done"))
         if self.postgres:
             for group, heads in rows(
-                "SELECT j.group_key, count(*) FROM oncebox_jobs j JOIN oncebox_outbox o "
+                "SELECT j.group_key, count(*) FROM oncebox_all_jobs j JOIN oncebox_outbox o "
                 "ON o.key = '~relay/' || j.id || '/' || (j.attempt + 1) "
                 f"WHERE j.task = '{LEG}' AND j.state = 'relayed' GROUP BY j.group_key"
             ):
@@ -388,7 +388,7 @@ class Brokered(Part):
         jobs = {
             int(i): (str(state), int(attempt))
             for i, state, attempt in rows(
-                f"SELECT id, state, attempt FROM oncebox_jobs WHERE task = '{TASK}'"
+                f"SELECT id, state, attempt FROM oncebox_all_jobs WHERE task = '{TASK}'"
             )
         }
         for message in self.broker.given_up_ever:

@@ -202,7 +202,7 @@ class CallerTransactions(Part):
     # -- what must hold ----------------------------------------------------------------------
 
     def after_step(self, rows: Rows) -> list[Violation]:
-        keys = {key for (key,) in rows(f"SELECT key FROM oncebox_jobs WHERE task = '{TASK}'")}
+        keys = {key for (key,) in rows(f"SELECT key FROM oncebox_all_jobs WHERE task = '{TASK}'")}
         found = []
         for key in sorted(keys & self.rolled_back):
             found.append(Violation("T1", f"{key}: its caller rolled back, and the job is there"))

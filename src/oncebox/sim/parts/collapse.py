@@ -77,7 +77,8 @@ class Collapsing(Part):
     def after_step(self, rows: Rows) -> list[Violation]:
         listed = ", ".join(f"'{task}'" for task in TASKS)
         jobs = rows(
-            f"SELECT id, task, args, state, leased_at FROM oncebox_jobs WHERE task IN ({listed})"
+            "SELECT id, task, args, state, leased_at FROM oncebox_all_jobs "
+            f"WHERE task IN ({listed})"
         )
         found = []
         pending = Counter(

@@ -191,7 +191,7 @@ class Limited(Part):
     def after_step(self, rows: Rows) -> list[Violation]:
         listed = ", ".join(f"'{task}'" for task in TASKS)
         leased = rows(
-            "SELECT id, key, lease_token, leased_at FROM oncebox_jobs "
+            "SELECT id, key, lease_token, leased_at FROM oncebox_all_jobs "
             f"WHERE task IN ({listed}) AND state = 'leased'"
         )
         if self.old is not None:  # the jobs the fence let go are no longer the limits' (R1)

@@ -71,7 +71,9 @@ class Ordered(Part):
     # -- what must hold ----------------------------------------------------------------------
 
     def after_step(self, rows: Rows) -> list[Violation]:
-        jobs = rows(f"SELECT id, args, state, lease_token FROM oncebox_jobs WHERE task = '{TASK}'")
+        jobs = rows(
+            f"SELECT id, args, state, lease_token FROM oncebox_all_jobs WHERE task = '{TASK}'"
+        )
         groups: dict[Any, list[tuple[int, str, str | None]]] = {}
         for job_id, args, state, token in jobs:
             groups.setdefault(args_of(args)["account"], []).append((int(job_id), str(state), token))

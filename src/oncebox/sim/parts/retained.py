@@ -121,7 +121,7 @@ class Retained(Part):
         jobs = {
             int(i): (str(task), str(state), instant(finished))
             for i, task, state, finished in rows(
-                "SELECT id, task, state, finished_at FROM oncebox_jobs"
+                "SELECT id, task, state, finished_at FROM oncebox_all_jobs"
             )
         }
         messages = {

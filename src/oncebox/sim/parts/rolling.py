@@ -108,7 +108,8 @@ class OldRelease:
         them go, and they are the release without the limit's to run. Read after every step:
         a job is stripped by a pass of its own, and leased in a later step."""
         ready = rows(
-            f"SELECT id, limit_key FROM oncebox_jobs WHERE task = '{self.task}' AND state = 'ready'"
+            "SELECT id, limit_key FROM oncebox_all_jobs "
+            f"WHERE task = '{self.task}' AND state = 'ready'"
         )
         stripped = {int(i) for i, part in ready if part is None and int(i) in self.partitioned}
         if stripped and self._lapsed(rows):

@@ -235,7 +235,7 @@ class Schedules(Part):
         found = []
         seen: set[str] = set()
         for job_id, key, schedule, period, state in rows(
-            f"SELECT id, key, schedule, period, state FROM oncebox_jobs WHERE task = '{TASK}'"
+            f"SELECT id, key, schedule, period, state FROM oncebox_all_jobs WHERE task = '{TASK}'"
         ):
             rendered = {KEY.format(period=period, n=n) for n in range(KEYS)}
             if schedule != NAME or key not in rendered or str(period) not in runs:

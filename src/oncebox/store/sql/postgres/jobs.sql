@@ -539,9 +539,10 @@ counted AS (  -- counters.sql
 SELECT id, key, task, state, attempt, leased_by AS worker FROM rescued;
 
 -- name: job_finish
--- Settle leased jobs of one lease, fenced on its token: done (completed | duplicate), ready again
--- after a delay (failed attempt), or dead. Failed attempts are recorded. Returns the ids settled;
--- a job whose lease was superseded is not among them.
+-- Settle leased jobs of one lease, fenced on its token: done (completed | duplicate) — moved to
+-- the history in this statement (0025) —, ready again after a delay (failed attempt), or dead.
+-- Failed attempts are recorded. Returns the ids settled; a job whose lease was superseded is not
+-- among them.
 -- fence: lease_token
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS MATERIALIZED (  -- %(finishes)s: [id, state, outcome, delay in s, error] per job
@@ -549,13 +550,32 @@ input AS MATERIALIZED (  -- %(finishes)s: [id, state, outcome, delay in s, error
            (f ->> 3)::float8 AS delay_s, f ->> 4 AS error
     FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
 ),
-settled AS (
+moved AS (  -- done: out of the jobs table (see kept for how the rows are found)
+    DELETE FROM __S__.oncebox_jobs j
+    USING input i
+    WHERE j.id = ANY(ARRAY(SELECT id FROM input WHERE state = 'done'))
+      AND j.id = i.id AND j.lease_token = %(token)s
+    RETURNING j.*, i.outcome AS settled_outcome, i.error AS settled_error
+),
+archived AS (
+    INSERT INTO __S__.oncebox_job_history
+        (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+         attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+         last_error, schedule, period, trace_context, limit_key)
+    SELECT m.id, m.key, m.task, m.queue, m.args, 'done', m.settled_outcome, m.priority,
+           m.group_key, m.attempt, m.max_attempts, m.attempt_base, m.run_at, m.expires_at,
+           m.created_at, m.leased_by, m.leased_at, clock.now,
+           COALESCE(m.settled_error, m.last_error), m.schedule, m.period, m.trace_context,
+           m.limit_key
+    FROM moved m, clock
+),
+kept AS (
     UPDATE __S__.oncebox_jobs j
     SET state = i.state,
         outcome = i.outcome,
         run_at = CASE WHEN i.state = 'ready'
                       THEN clock.now + make_interval(secs => i.delay_s) ELSE j.run_at END,
-        finished_at = CASE WHEN i.state IN ('done', 'dead') THEN clock.now END,
+        finished_at = CASE WHEN i.state = 'dead' THEN clock.now END,
         last_error = COALESCE(i.error, j.last_error),
         lease_token = NULL,
         lease_expires_at = NULL
@@ -565,8 +585,16 @@ settled AS (
     -- small from end to end, matching each row against each element (tests/
     -- test_postgres_plans.py). The input is MATERIALIZED so each id is read from the JSON once.
     -- No `state = 'leased'`: the token implies it (a CHECK constraint).
-    WHERE j.id = ANY(ARRAY(SELECT id FROM input)) AND j.id = i.id AND j.lease_token = %(token)s
-    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.outcome, i.error, clock.now
+    WHERE j.id = ANY(ARRAY(SELECT id FROM input WHERE state <> 'done'))
+      AND j.id = i.id AND j.lease_token = %(token)s
+    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, j.state, i.outcome, i.error
+),
+settled AS (
+    SELECT id, attempt, leased_by, leased_at, 'done' AS state, settled_outcome AS outcome,
+           settled_error AS error, clock.now
+    FROM moved, clock
+    UNION ALL
+    SELECT id, attempt, leased_by, leased_at, state, outcome, error, clock.now FROM kept, clock
 ),
 closed AS (
     -- The lease's own row (0024) goes with its last held job: a probe by primary key per job
@@ -604,15 +632,23 @@ SELECT id FROM settled;
 -- The rows of jobs a broker delivered (0016), read before they run: a delivery is current when
 -- its job is still relayed at the attempt before the one the message carries; anything else is
 -- a copy that lost its race (a lost acknowledgement, a duplicate publish, a cancel).
+-- A job not in the jobs table is looked for in the history (0025): done or cancelled since.
+WITH hot AS MATERIALIZED (
+    SELECT id, state, attempt, attempt_base, max_attempts, key, expires_at, trace_context
+    FROM __S__.oncebox_jobs WHERE id = ANY(%(ids)s::bigint[])
+)
+SELECT * FROM hot
+UNION ALL
 SELECT id, state, attempt, attempt_base, max_attempts, key, expires_at, trace_context
-FROM __S__.oncebox_jobs WHERE id = ANY(%(ids)s::bigint[]);
+FROM __S__.oncebox_job_history
+WHERE id = ANY(ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM hot));
 
 -- name: job_settle_relayed
 -- Settle jobs a broker delivered, fenced on their attempt: each row moves only while it is
 -- still relayed at the attempt before the delivered one, so of two copies of one message only
--- the first to commit settles it. Done (completed | duplicate), relayed again after a delay (a
--- failed attempt: the trigger writes the next attempt's publish, due then), or dead. Failed
--- attempts are recorded and outcomes counted, as job_finish does.
+-- the first to commit settles it. Done (completed | duplicate: moved to the history, 0025),
+-- relayed again after a delay (a failed attempt: the trigger writes the next attempt's publish,
+-- due then), or dead. Failed attempts are recorded and outcomes counted, as job_finish does.
 -- fence: state, attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 input AS MATERIALIZED (  -- %(finishes)s: [id, run, state, outcome, delay in s, error, worker,
@@ -622,21 +658,49 @@ input AS MATERIALIZED (  -- %(finishes)s: [id, run, state, outcome, delay in s, 
            (f ->> 7)::timestamptz AS started_at
     FROM jsonb_array_elements(%(finishes)s::jsonb) AS f
 ),
-settled AS (
+moved AS (
+    DELETE FROM __S__.oncebox_jobs j
+    USING input i
+    WHERE j.id = ANY(ARRAY(SELECT id FROM input WHERE state = 'done')) AND j.id = i.id
+      AND j.state = 'relayed' AND j.attempt = i.run - 1
+    RETURNING j.*, i.run, i.outcome AS settled_outcome, i.error AS settled_error,
+              i.worker AS settled_by, i.started_at
+),
+archived AS (
+    INSERT INTO __S__.oncebox_job_history
+        (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+         attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+         last_error, schedule, period, trace_context, limit_key)
+    SELECT m.id, m.key, m.task, m.queue, m.args, 'done', m.settled_outcome, m.priority,
+           m.group_key, m.run, m.max_attempts, m.attempt_base, m.run_at, m.expires_at,
+           m.created_at, m.settled_by, m.started_at, clock.now,
+           COALESCE(m.settled_error, m.last_error), m.schedule, m.period, m.trace_context,
+           m.limit_key
+    FROM moved m, clock
+),
+kept AS (
     UPDATE __S__.oncebox_jobs j
     SET state = CASE WHEN i.state = 'ready' THEN 'relayed' ELSE i.state END,
         outcome = i.outcome,
         attempt = i.run,
         run_at = CASE WHEN i.state = 'ready'
                       THEN clock.now + make_interval(secs => i.delay_s) ELSE j.run_at END,
-        finished_at = CASE WHEN i.state IN ('done', 'dead') THEN clock.now END,
+        finished_at = CASE WHEN i.state = 'dead' THEN clock.now END,
         last_error = COALESCE(i.error, j.last_error),
         leased_by = i.worker,
         leased_at = i.started_at
     FROM input i, clock
-    WHERE j.id = ANY(ARRAY(SELECT id FROM input)) AND j.id = i.id  -- see job_finish
+    WHERE j.id = ANY(ARRAY(SELECT id FROM input WHERE state <> 'done'))
+      AND j.id = i.id  -- see job_finish
       AND j.state = 'relayed' AND j.attempt = i.run - 1
-    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, i.state, i.outcome, i.error, clock.now
+    RETURNING j.id, j.attempt, j.leased_by, j.leased_at, i.state, i.outcome, i.error
+),
+settled AS (
+    SELECT id, run AS attempt, settled_by AS leased_by, started_at AS leased_at, 'done' AS state,
+           settled_outcome AS outcome, settled_error AS error, clock.now
+    FROM moved, clock
+    UNION ALL
+    SELECT id, attempt, leased_by, leased_at, state, outcome, error, clock.now FROM kept, clock
 ),
 recorded AS (
     INSERT INTO __S__.oncebox_job_attempts
@@ -716,62 +780,82 @@ SELECT r.id AS job_id, r.key, a.id AS audit_id FROM replayed r, audited a;
 
 -- name: job_cancel
 -- Ready (or relayed: its broker's message is then acknowledged unrun) → cancelled (a durable
--- timer withdrawn), audited in the same statement.
+-- timer withdrawn), moved to the history (0025), audited in the same statement.
 -- fence: state
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 cancelled AS (
-    UPDATE __S__.oncebox_jobs j
-    SET state = 'cancelled', finished_at = clock.now
-    FROM clock
+    DELETE FROM __S__.oncebox_jobs j
     WHERE j.id = %(id)s AND j.state IN ('ready', 'relayed')
-    RETURNING j.id, j.key, j.task, clock.now
+    RETURNING j.*
+),
+archived AS (
+    INSERT INTO __S__.oncebox_job_history
+        (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+         attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+         last_error, schedule, period, trace_context, limit_key)
+    SELECT c.id, c.key, c.task, c.queue, c.args, 'cancelled', NULL, c.priority, c.group_key,
+           c.attempt, c.max_attempts, c.attempt_base, c.run_at, c.expires_at, c.created_at,
+           c.leased_by, c.leased_at, clock.now, c.last_error, c.schedule, c.period,
+           c.trace_context, c.limit_key
+    FROM cancelled c, clock
 ),
 audited AS (
     INSERT INTO __S__.oncebox_audit
         (at, actor, action, target_kind, target_id, target_key, reason, details)
-    SELECT now, %(actor)s, 'cancel', 'job', id, key, %(reason)s,
-           jsonb_build_object('task', task)
-    FROM cancelled
+    SELECT clock.now, %(actor)s, 'cancel', 'job', c.id, c.key, %(reason)s,
+           jsonb_build_object('task', c.task)
+    FROM cancelled c, clock
     RETURNING id
 )
 SELECT c.id AS job_id, c.key, a.id AS audit_id FROM cancelled c, audited a;
 
 -- name: job_discard
--- Dead → cancelled (an operator abandons the operation), in place: its attempts and last error
--- stay, and its key is free for a new enqueue (a dead job holds no intent). `if_attempt` as in
--- job_replay. Audited as 'discard' in the same statement.
+-- Dead → cancelled (an operator abandons the operation), moved to the history (0025): its
+-- attempts and last error stay, and its key is free for a new enqueue (a dead job holds no
+-- intent). `if_attempt` as in job_replay. Audited as 'discard' in the same statement.
 -- fence: state, if_attempt
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 discarded AS (
-    UPDATE __S__.oncebox_jobs j
-    SET state = 'cancelled', finished_at = clock.now
-    FROM clock
+    DELETE FROM __S__.oncebox_jobs j
     WHERE j.id = %(id)s AND j.state = 'dead'
       AND (%(if_attempt)s::int IS NULL OR j.attempt = %(if_attempt)s::int)
-    RETURNING j.id, j.key, j.task, j.attempt, clock.now
+    RETURNING j.*
+),
+archived AS (
+    INSERT INTO __S__.oncebox_job_history
+        (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+         attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+         last_error, schedule, period, trace_context, limit_key)
+    SELECT d.id, d.key, d.task, d.queue, d.args, 'cancelled', NULL, d.priority, d.group_key,
+           d.attempt, d.max_attempts, d.attempt_base, d.run_at, d.expires_at, d.created_at,
+           d.leased_by, d.leased_at, clock.now, d.last_error, d.schedule, d.period,
+           d.trace_context, d.limit_key
+    FROM discarded d, clock
 ),
 audited AS (
     INSERT INTO __S__.oncebox_audit
         (at, actor, action, target_kind, target_id, target_key, reason, details)
-    SELECT now, %(actor)s, 'discard', 'job', id, key, %(reason)s,
-           jsonb_build_object('task', task, 'attempts', attempt)
-    FROM discarded
+    SELECT clock.now, %(actor)s, 'discard', 'job', d.id, d.key, %(reason)s,
+           jsonb_build_object('task', d.task, 'attempts', d.attempt)
+    FROM discarded d, clock
     RETURNING id
 )
 SELECT d.id AS job_id, d.key, a.id AS audit_id FROM discarded d, audited a;
 
 -- name: job_get
+-- Wherever the job is: the jobs table or the history (0025).
 SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
-FROM __S__.oncebox_jobs WHERE id = %(id)s;
+FROM __S__.oncebox_all_jobs WHERE id = %(id)s;
 
 -- name: job_find_by_key
--- The job holding this key (any state but cancelled), and the job that claimed its intent.
+-- The jobs holding this key (any state but cancelled: the one waiting, running or dead, and those
+-- done), and the job that claimed its intent.
 SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
-FROM __S__.oncebox_jobs
+FROM __S__.oncebox_all_jobs
 WHERE (key = %(key)s AND stage <> 'cancelled')
    OR id = (SELECT job_id FROM __S__.oncebox_intents WHERE key = %(key)s)
 ORDER BY id;
@@ -802,8 +886,8 @@ SELECT (SELECT min(f.run_at)
        (SELECT __S__.oncebox_now()) AS now;
 
 -- name: job_prune
--- Delete a batch of one task's done and cancelled jobs finished before the cutoff, oldest first
--- (oncebox_jobs_finished, 0014), with their attempts. A job with a message not yet sent (nor
+-- Delete a batch of one task's done and cancelled jobs finished before the cutoff, oldest first,
+-- from the history (oncebox_job_history_finished, 0025), with their attempts. A job with a message not yet sent (nor
 -- discarded) stays: its period's figures still move with it, and an operator may still act on
 -- it. What a done job of a schedule period counted is added to its run's summary (0011) in the
 -- same statement: the period's figures outlive its jobs. Counted as pruned_jobs.
@@ -811,8 +895,8 @@ SELECT (SELECT min(f.run_at)
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
 doomed AS (
     SELECT j.id, j.schedule, j.period, j.state, j.finished_at
-    FROM __S__.oncebox_jobs j
-    WHERE j.stage IN ('done', 'cancelled') AND j.task = %(task)s
+    FROM __S__.oncebox_job_history j
+    WHERE j.task = %(task)s
       AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
       -- OFFSET 0 keeps this a probe of oncebox_outbox_job per job: as an anti-join the planner,
       -- expecting almost no unsent message, read the whole outbox for every batch (bench/
@@ -824,6 +908,7 @@ doomed AS (
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
+span AS MATERIALIZED (SELECT min(finished_at) AS first, max(finished_at) AS last FROM doomed),
 pruned_count AS (
     INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
     SELECT 'pruned_jobs', pg_backend_pid(), count(*) FROM doomed HAVING count(*) > 0
@@ -861,21 +946,68 @@ attempts AS (  -- by key, whatever the statistics (the `= ANY(ARRAY(...))` of jo
     DELETE FROM __S__.oncebox_job_attempts a
     WHERE a.job_id = ANY(ARRAY(SELECT id FROM doomed))
 )
-DELETE FROM __S__.oncebox_jobs j USING doomed d
+-- by id within the weeks the batch spans (a batch is oldest first: one week or two), so only
+-- those weeks' partitions are probed
+DELETE FROM __S__.oncebox_job_history j USING doomed d
 WHERE j.id = ANY(ARRAY(SELECT id FROM doomed)) AND j.id = d.id
+  AND j.finished_at >= (SELECT first FROM span) AND j.finished_at <= (SELECT last FROM span)
 RETURNING j.id;
+
+-- name: job_history_weeks
+-- Make the history's weekly partitions (0025) that do not exist yet, from the week of
+-- %(from_at)s (or now) to %(ahead_s)s seconds ahead; the number made. The function gives up
+-- after a 2 s lock wait rather than queue every reader of the history behind it.
+WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
+SELECT __S__.oncebox_job_history_weeks(
+           LEAST(clock.now, COALESCE(%(from_at)s::timestamptz, clock.now)),
+           clock.now + make_interval(secs => %(ahead_s)s)) AS made
+FROM clock;
+
+-- name: job_history_move
+-- A deployment's finished jobs from before the history (0025) move into it, a batch of
+-- %(limit)s at a time, oldest first; the ids moved. Each batch is its own transaction: the move
+-- can stop and resume anywhere, and every read sees each job once meanwhile.
+-- fence: stage
+WITH doomed AS (
+    SELECT id FROM __S__.oncebox_jobs
+    WHERE stage IN ('done', 'cancelled')
+    ORDER BY task, finished_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    DELETE FROM __S__.oncebox_jobs j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM doomed)) AND j.stage IN ('done', 'cancelled')
+    RETURNING j.*
+)
+INSERT INTO __S__.oncebox_job_history
+    (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+     attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+     last_error, schedule, period, trace_context, limit_key)
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+       last_error, schedule, period, trace_context, limit_key
+FROM moved
+RETURNING id;
+
+-- name: job_history_waiting
+-- Finished jobs still in the jobs table, to move into the history (counted up to %(limit)s),
+-- and when the first of them finished: what job_history_weeks is asked to cover first.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM __S__.oncebox_jobs
+                              WHERE stage IN ('done', 'cancelled') LIMIT %(limit)s) w) AS waiting,
+       (SELECT min(finished_at) FROM __S__.oncebox_jobs
+        WHERE stage IN ('done', 'cancelled')) AS first_finished_at;
 
 -- name: job_prunable
 -- What retention holds of one task's finished jobs: when the oldest kept one finished, and how
 -- many job_prune would delete now (counted up to %(limit)s; none when %(older_than_s)s is NULL,
 -- kept for ever).
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
-SELECT (SELECT min(finished_at) FROM __S__.oncebox_jobs
-        WHERE stage IN ('done', 'cancelled') AND task = %(task)s) AS oldest,
+SELECT (SELECT min(finished_at) FROM __S__.oncebox_job_history WHERE task = %(task)s) AS oldest,
        (SELECT count(*) FROM (
-            SELECT 1 FROM __S__.oncebox_jobs j
+            SELECT 1 FROM __S__.oncebox_job_history j
             WHERE %(older_than_s)s::float8 IS NOT NULL
-              AND j.stage IN ('done', 'cancelled') AND j.task = %(task)s
+              AND j.task = %(task)s
               AND j.finished_at < (SELECT now FROM clock)
                                   - make_interval(secs => %(older_than_s)s::float8)
               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o  -- a probe: see job_prune
@@ -884,7 +1016,8 @@ SELECT (SELECT min(finished_at) FROM __S__.oncebox_jobs
             LIMIT %(limit)s) w) AS waiting;
 
 -- name: job_list
--- Newest first, paged by id (dead jobs through oncebox_jobs_dead). `error`: a case-insensitive
+-- Newest first, paged by id, from the jobs table and the history (0025; dead jobs through
+-- oncebox_jobs_dead). `error`: a case-insensitive
 -- substring of the last error; `older_than_s` / `newer_than_s`: finished (a dead job: died) at
 -- least / less than that long ago; `key_prefix`: keys that start with it (the range up to
 -- `key_upper`, read through the one-per-key index, so a cancelled job is not among them).
@@ -892,7 +1025,7 @@ WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now)
 SELECT id, key, task, queue, args::text AS args_json, state, outcome, priority, group_key, attempt,
        max_attempts, attempt_base, run_at, expires_at, created_at, leased_by, leased_at,
        lease_expires_at, finished_at, last_error, schedule, period
-FROM __S__.oncebox_jobs
+FROM __S__.oncebox_all_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   -- the same filter in `stage`, so a state's own index serves it (the dead rows': 0024)
   AND (%(state)s::text IS NULL OR %(state)s::text = 'leased' OR stage = %(state)s::text)

@@ -263,12 +263,32 @@ ORDER BY id;
 DELETE FROM __S__.oncebox_intents WHERE key = %(intent_key)s RETURNING key;
 
 -- name: outbox_discard__job
--- The job that wrote the discarded messages is dead again, so `dlq replay` re-runs it.
+-- The job that wrote the discarded messages is dead again, so `dlq replay` re-runs it: back from
+-- the history into the jobs table (0025), under its id and key.
 -- fence: state, locked by outbox_discard__lock
-UPDATE __S__.oncebox_jobs
-SET state = 'dead', outcome = NULL, finished_at = __S__.oncebox_now(), last_error = %(error)s
-WHERE id = %(job_id)s AND state = 'done'
-RETURNING id;
+WITH in_place AS (  -- a job done before the history, not yet moved into it
+    UPDATE __S__.oncebox_jobs
+    SET state = 'dead', outcome = NULL, finished_at = __S__.oncebox_now(), last_error = %(error)s
+    WHERE id = %(job_id)s AND state = 'done'
+    RETURNING id
+),
+reopened AS (
+    DELETE FROM __S__.oncebox_job_history
+    WHERE id = %(job_id)s AND state = 'done'
+    RETURNING *
+),
+back AS (
+    INSERT INTO __S__.oncebox_jobs
+        (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+         attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+         last_error, schedule, period, trace_context, limit_key)
+    SELECT id, key, task, queue, args, 'dead', NULL, priority, group_key, attempt, max_attempts,
+           attempt_base, run_at, expires_at, created_at, leased_by, leased_at, __S__.oncebox_now(),
+           %(error)s, schedule, period, trace_context, limit_key
+    FROM reopened
+    RETURNING id
+)
+SELECT id FROM in_place UNION ALL SELECT id FROM back;
 
 -- name: outbox_discard__audit
 INSERT INTO __S__.oncebox_audit
@@ -370,7 +390,7 @@ WHERE (%(state)s::text IS NULL
   AND (%(reported)s::text IS NULL OR o.reported = %(reported)s::text)
   AND (%(error)s::text IS NULL OR strpos(lower(o.last_error), lower(%(error)s::text)) > 0)
   AND (%(period)s::text IS NULL
-       OR EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+       OR EXISTS (SELECT 1 FROM __S__.oncebox_all_jobs j
                   WHERE j.id = o.job_id AND j.period = %(period)s::text))
   AND (%(older_than_s)s::float8 IS NULL
        OR last.finished_at
@@ -431,7 +451,7 @@ doomed AS (
     SELECT o.id FROM __S__.oncebox_outbox o
     WHERE o.state = 'sent' AND o.channel = %(channel)s
       AND o.sent_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
-      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_all_jobs j WHERE j.id = o.job_id OFFSET 0)
       -- nor while a message of the same intent still waits (pending, dead, ambiguous): a
       -- discard of that one frees the intent only once no other message of it stands
       AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox s
@@ -459,7 +479,7 @@ SELECT (SELECT min(sent_at) FROM __S__.oncebox_outbox
               AND o.state = 'sent' AND o.channel = %(channel)s
               AND o.sent_at < (SELECT now FROM clock)
                               - make_interval(secs => %(older_than_s)s::float8)
-              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j WHERE j.id = o.job_id OFFSET 0)
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_all_jobs j WHERE j.id = o.job_id OFFSET 0)
               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox s
                               WHERE s.intent_key = o.intent_key AND s.state <> 'sent'
                                 AND s.discarded_at IS NULL OFFSET 0)

@@ -55,7 +55,7 @@ WHERE name = %(name)s
 -- lease to the last completion, by how many consumer lanes.
 SELECT count(*) AS done, min(leased_at) AS first_at, max(finished_at) AS last_at,
        count(DISTINCT leased_by) AS lanes
-FROM __S__.oncebox_jobs
+FROM __S__.oncebox_all_jobs
 WHERE schedule = %(schedule)s AND period = %(period)s AND state = 'done'
   AND outcome = 'completed';
 
@@ -210,7 +210,7 @@ WITH runs AS (
 ),
 jobs AS (
     SELECT j.id, j.period, j.state, j.finished_at
-    FROM __S__.oncebox_jobs j
+    FROM __S__.oncebox_all_jobs j
     WHERE j.schedule = %(schedule)s AND j.period IN (SELECT period FROM runs)
 ),
 messages AS (
@@ -284,7 +284,7 @@ doomed AS (
     SELECT r.schedule, r.period FROM __S__.oncebox_schedule_runs r
     WHERE r.schedule = %(schedule)s AND r.state = 'done'
       AND r.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
-      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+      AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_all_jobs j
                       WHERE j.schedule = r.schedule AND j.period = r.period)
     ORDER BY r.finished_at, r.period
     LIMIT %(limit)s
@@ -306,7 +306,7 @@ SELECT (SELECT min(finished_at) FROM __S__.oncebox_schedule_runs
               AND r.schedule = %(schedule)s AND r.state = 'done'
               AND r.finished_at < (SELECT now FROM clock)
                                   - make_interval(secs => %(older_than_s)s::float8)
-              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_jobs j
+              AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_all_jobs j
                               WHERE j.schedule = r.schedule AND j.period = r.period)
             LIMIT %(limit)s) w) AS waiting;
 

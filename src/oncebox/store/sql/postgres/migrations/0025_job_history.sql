@@ -1,0 +1,230 @@
+-- The history of finished jobs (issue 47, docs/architecture.md "Storage"): a job done or
+-- cancelled leaves the jobs table, in the statement that settles it, for a row of
+-- oncebox_job_history, partitioned by the week it finished in (Monday 00:00 UTC), which
+-- retention drops whole. The jobs table keeps what waits, runs or is held — ready, leased,
+-- relayed (a broker holds it) and dead (it waits for an operator: replayed in place, under its
+-- key, which no other job can take meanwhile) — so its indexes stay the size of the work.
+-- * What every read of a job names is the view oncebox_all_jobs: both tables, one row per job.
+-- * A key: the jobs table's unique index holds it while its job waits, runs or is dead; once
+--   done, the key's intent (claimed in the same transaction) holds it. An enqueue whose check
+--   of the intents read a snapshot from before a completion committed, and whose insert met the
+--   completed job's row being moved, is accepted: its job's claim then meets the intent, and it
+--   finishes as a duplicate without running its handler (docs/guarantees.md).
+-- * The weeks: oncebox_job_history_weeks(from, to) makes the partitions of the weeks from..to
+--   that do not exist yet (the pruner keeps four weeks ahead); a row that finds no week of its
+--   own (none made in time) lands in the default partition, from which making its week moves
+--   it. A week is made under a lock timeout: attaching it locks the default partition, so it
+--   waits for no long read of the history, and a pruner pass that gives up tries again later.
+-- * Finished jobs already in the jobs table stay there until moved in batches
+--   (job_history_move, by the pruner or `oncebox migrate --move-history`); until then every read
+--   sees each job once, wherever it is.
+
+CREATE TABLE __S__.oncebox_job_history (
+    id bigint NOT NULL,
+    key text COLLATE "C",
+    task text NOT NULL,
+    queue text COLLATE "C" NOT NULL,
+    args jsonb NOT NULL,
+    state text NOT NULL CHECK (state IN ('done', 'cancelled')),
+    outcome text CHECK (outcome IN ('completed', 'duplicate')),
+    priority integer NOT NULL,
+    group_key text COLLATE "C",
+    attempt integer NOT NULL,
+    max_attempts integer NOT NULL,
+    attempt_base integer NOT NULL,
+    run_at timestamptz NOT NULL,
+    expires_at timestamptz,
+    created_at timestamptz NOT NULL,
+    leased_by text,
+    leased_at timestamptz,
+    finished_at timestamptz NOT NULL,
+    last_error text,
+    schedule text,
+    period text,
+    trace_context text,
+    limit_key text,
+    CHECK ((outcome IS NOT NULL) = (state = 'done'))
+) PARTITION BY RANGE (finished_at);
+CREATE TABLE __S__.oncebox_job_history_default PARTITION OF __S__.oncebox_job_history DEFAULT;
+
+-- a job by id (its intent, an audit entry, a message name it), by key, by task in finishing
+-- order (retention, listings), and a period's jobs
+CREATE INDEX oncebox_job_history_id ON __S__.oncebox_job_history (id);
+CREATE INDEX oncebox_job_history_key ON __S__.oncebox_job_history (key) WHERE key IS NOT NULL;
+CREATE INDEX oncebox_job_history_finished ON __S__.oncebox_job_history (task, finished_at, id);
+CREATE INDEX oncebox_job_history_schedule_period ON __S__.oncebox_job_history (schedule, period)
+    WHERE schedule IS NOT NULL;
+
+CREATE TRIGGER oncebox_job_history_depth_insert AFTER INSERT ON __S__.oncebox_job_history
+    REFERENCING NEW TABLE AS depth_new
+    FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth();
+CREATE TRIGGER oncebox_job_history_depth_delete AFTER DELETE ON __S__.oncebox_job_history
+    REFERENCING OLD TABLE AS depth_old
+    FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_depth();
+
+CREATE FUNCTION __S__.oncebox_job_history_weeks(from_at timestamptz, to_at timestamptz)
+RETURNS integer LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
+DECLARE
+    week timestamp := date_trunc('week', from_at AT TIME ZONE 'UTC');  -- Monday, UTC
+    made integer := 0;
+    part text;
+    ns text := (SELECT relnamespace::regnamespace::text FROM pg_class
+                WHERE oid = '__S__.oncebox_job_history'::regclass);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('__S__.oncebox_job_history_weeks', 1604));
+    WHILE week <= to_at AT TIME ZONE 'UTC' LOOP
+        part := 'oncebox_job_history_' || to_char(week, 'YYYYMMDD');
+        IF to_regclass(format('%s.%I', ns, part)) IS NULL THEN
+            EXECUTE format('CREATE TABLE %s.%I (LIKE %s.oncebox_job_history '
+                           'INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', ns, part, ns);
+            EXECUTE format('WITH moved AS (DELETE FROM %s.oncebox_job_history_default '
+                           'WHERE finished_at >= $1 AND finished_at < $2 RETURNING *) '
+                           'INSERT INTO %s.%I SELECT * FROM moved', ns, ns, part)
+                USING week AT TIME ZONE 'UTC', (week + interval '7 days') AT TIME ZONE 'UTC';
+            EXECUTE format('ALTER TABLE %s.oncebox_job_history ATTACH PARTITION %s.%I '
+                           'FOR VALUES FROM (%L) TO (%L)', ns, ns, part,
+                           week AT TIME ZONE 'UTC', (week + interval '7 days') AT TIME ZONE 'UTC');
+            made := made + 1;
+        END IF;
+        week := week + interval '7 days';
+    END LOOP;
+    RETURN made;
+END
+$$;
+
+SELECT __S__.oncebox_job_history_weeks(
+    LEAST(__S__.oncebox_now(),
+          (SELECT min(finished_at) FROM __S__.oncebox_jobs WHERE stage IN ('done', 'cancelled'))),
+    __S__.oncebox_now() + interval '28 days');
+
+-- (`stage` too, so a filter on it reaches the jobs table's indexes; a finished job's is its state)
+CREATE VIEW __S__.oncebox_all_jobs AS
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, lease_token,
+       lease_expires_at, finished_at, last_error, schedule, period, trace_context, limit_key,
+       debounce_key, stage
+FROM __S__.oncebox_jobs
+UNION ALL
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, NULL::uuid,
+       NULL::timestamptz, finished_at, last_error, schedule, period, trace_context, limit_key,
+       NULL::text, state
+FROM __S__.oncebox_job_history;
+
+-- The relay (0016, 0023) learns that a job left: a head moved to the history ends as a head
+-- that turned dead does.
+CREATE OR REPLACE FUNCTION __S__.oncebox_jobs_relay() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    due bigint[];  -- the jobs whose next attempt is to be published now, if their turn has come
+    retried bigint[];  -- heads at a new attempt: published now
+BEGIN
+    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
+    -- the jobs table read here already holds the statement's own rows
+    IF TG_OP = 'INSERT' THEN
+        IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed') THEN
+            RETURN NULL;  -- a table queue's insert: no outbox statement (nor its NOTIFY)
+        END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_new WHERE state = 'relayed' AND group_key IS NOT NULL) g
+        ORDER BY g.lock;
+        SELECT array_agg(n.id) INTO due FROM relay_new n WHERE n.state = 'relayed';
+    ELSIF TG_OP = 'DELETE' THEN
+        -- a job that left the table for the history (done, cancelled: 0025) ends its group's
+        -- head, or frees the group of a broker-held queue whose head it was to become
+        IF NOT EXISTS (SELECT 1 FROM relay_old
+                       WHERE group_key IS NOT NULL AND state IN ('ready', 'leased', 'relayed'))
+        THEN
+            RETURN NULL;
+        END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_old WHERE group_key IS NOT NULL) g
+        ORDER BY g.lock;
+        SELECT array_agg(h.id) INTO due
+        FROM (SELECT DISTINCT queue, group_key FROM relay_old
+              WHERE group_key IS NOT NULL AND state IN ('ready', 'leased', 'relayed')) f,
+             LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
+                      WHERE g.queue = f.queue AND g.group_key = f.group_key
+                        AND g.stage IN ('ready', 'relayed')
+                      ORDER BY g.id LIMIT 1) h
+        WHERE h.state = 'relayed';
+    ELSE
+        IF NOT EXISTS (SELECT 1 FROM relay_new
+                       WHERE state = 'relayed' OR (state = 'cancelled' AND group_key IS NOT NULL))
+           AND NOT EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed') THEN
+            -- a table queue's statement: no relayed job among them, and no cancel that could
+            -- free a broker-held group's head (a ready one, not yet handed to the relay)
+            RETURN NULL;
+        END IF;
+        PERFORM pg_advisory_xact_lock(g.lock)
+        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
+              FROM relay_new WHERE group_key IS NOT NULL) g
+        ORDER BY g.lock;
+        WITH changed AS (
+            SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
+                   n.attempt <> o.attempt AS next_attempt
+            FROM relay_new n JOIN relay_old o ON o.id = n.id
+        )
+        SELECT array_agg(id) INTO due FROM (
+            -- relayed now (a replay, an adoption): publish its attempt when its turn comes
+            SELECT id FROM changed WHERE state = 'relayed' AND was <> 'relayed'
+            UNION
+            -- a group's head ended: its next job is the head now
+            SELECT h.id
+            FROM (SELECT DISTINCT queue, group_key FROM changed
+                  WHERE group_key IS NOT NULL AND was IN ('ready', 'leased', 'relayed')
+                    AND state NOT IN ('ready', 'leased', 'relayed')) f,
+                 LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
+                          WHERE g.queue = f.queue AND g.group_key = f.group_key
+                            AND g.stage IN ('ready', 'relayed')
+                          ORDER BY g.id LIMIT 1) h
+            WHERE h.state = 'relayed'
+        ) d;
+        -- relayed at a new attempt: delivered, so the head (or in no group)
+        SELECT array_agg(n.id) INTO retried
+        FROM relay_new n JOIN relay_old o ON o.id = n.id
+        WHERE n.state = 'relayed' AND o.state = 'relayed' AND n.attempt <> o.attempt;
+    END IF;
+    -- a job of a group waits while an earlier job of its group waits or runs, and while
+    -- another job of its group is the head: relayed with its attempt's publish written, so
+    -- decided under this lock before, whatever its id (an id is taken at insert, the decision
+    -- when the statement ends: a long batch's job may be decided after a later one's)
+    SELECT array_agg(j.id ORDER BY j.id) INTO due
+    FROM __S__.oncebox_jobs j
+    WHERE j.id = ANY(due) AND j.state = 'relayed'
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
+              AND g.stage IN ('ready', 'relayed')))
+      AND (j.group_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM __S__.oncebox_jobs g
+            JOIN __S__.oncebox_outbox o ON o.key = '~relay/' || g.id || '/' || (g.attempt + 1)
+            WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id <> j.id
+              AND g.state = 'relayed'));
+    due := due || retried;
+    IF due IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO __S__.oncebox_outbox
+        (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
+         trace_context)
+    SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
+           '~broker.' || j.queue,
+           jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task, 'args', j.args)
+               || CASE WHEN j.group_key IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('group', j.group_key) END,
+           'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
+           (SELECT __S__.oncebox_now()), j.trace_context
+    FROM __S__.oncebox_jobs j
+    WHERE j.id = ANY(due)
+    ORDER BY j.id
+    ON CONFLICT (key) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+
+CREATE TRIGGER oncebox_jobs_relay_delete AFTER DELETE ON __S__.oncebox_jobs
+    REFERENCING OLD TABLE AS relay_old
+    FOR EACH STATEMENT EXECUTE FUNCTION __S__.oncebox_jobs_relay();

@@ -1,0 +1,175 @@
+"""The history of finished jobs (PostgreSQL, migration 0025): a done or cancelled job leaves the
+jobs table for a week of `oncebox_job_history` in the statement that settles it; every read finds
+it as before; a deployment's finished jobs from before the history move in batches; and the
+history's weeks are made ahead, with a late week's rows kept in the default partition."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from oncebox import Box, JobContext, Retry
+from oncebox.lanes.pruner import Pruner, PrunerConfig
+from oncebox.store.params import JobFilter
+from oncebox.testing import FrozenClock, MemoryProvider, drain
+from support.db import sql
+
+pytestmark = pytest.mark.postgres
+T0 = datetime(2026, 8, 17, 9, 0, tzinfo=UTC)  # a Monday
+CODE = Path(__file__).resolve().parent.parent / "src"
+
+
+def digest_box(url: str) -> Box:
+    box = Box(url, seed=3, secret="s" * 32)
+    box.channel("email", provider=MemoryProvider())
+
+    @box.task(key="digest/{customer}")
+    def digest(ctx: JobContext, customer: int) -> None:
+        ctx.outbox.email(to=f"c{customer}@example.com", subject="week", text="hello")
+
+    @box.task(key="poison/{n}", retry=Retry(max_attempts=1))
+    def poison(ctx: JobContext, n: int) -> None:
+        raise ValueError("bad address")
+
+    return box
+
+
+def where(box: Box) -> dict[str, list[tuple[str, str]]]:
+    """Each table's jobs, as (key, state)."""
+    return {
+        table: [tuple(r) for r in sql(box, f"SELECT key, state FROM {table} ORDER BY key")]
+        for table in ("oncebox_jobs", "oncebox_job_history")
+    }
+
+
+def test_a_done_job_leaves_the_jobs_table_and_every_read_finds_it_in_the_history(pg_url):
+    box = digest_box(pg_url)
+    try:
+        with FrozenClock(box, at=T0):
+            box.store.job_history_tend(timedelta(weeks=1), 0)  # as a pruner would by then
+            box.enqueue_many("digest", [{"customer": c} for c in range(2)])
+            box.enqueue("poison", n=1)
+            waiting = box.enqueue("digest", customer=9, delay=timedelta(days=1))
+            drain(box, raise_on_failure=False)
+            assert where(box) == {
+                "oncebox_jobs": [("digest/9", "ready"), ("poison/1", "dead")],
+                "oncebox_job_history": [("digest/0", "done"), ("digest/1", "done")],
+            }
+            [done] = [j for j in box.store.job_find_by_key("digest/0")]
+            assert (done.state, done.outcome, done.finished_at) == ("done", "completed", T0)
+            assert box.store.job_get(done.id) == done
+            listed = box.store.job_list(JobFilter(limit=10))
+            assert [j.key for j in listed] == ["digest/9", "poison/1", "digest/1", "digest/0"]
+            assert [j.key for j in box.store.job_list(JobFilter(state="done", limit=10))] == [
+                "digest/1",
+                "digest/0",
+            ]
+            assert box.store.job_count_by_state().counts["done"] == 2
+            # a finished job's week: the partition of the Monday it finished in
+            [(week,)] = sql(
+                box,
+                "SELECT tableoid::regclass::text FROM oncebox_job_history WHERE key = 'digest/0'",
+            )
+            assert week.endswith("oncebox_job_history_20260817")
+            assert box.cancel(waiting.job_id, reason="not needed").id == waiting.job_id
+            assert ("digest/9", "cancelled") in where(box)["oncebox_job_history"]
+    finally:
+        box.close()
+
+
+def test_a_key_whose_job_is_done_is_refused_by_its_intent_and_a_dead_ones_by_the_jobs_table(
+    pg_url,
+):
+    box = digest_box(pg_url)
+    try:
+        box.enqueue("digest", customer=1)
+        box.enqueue("poison", n=1)
+        drain(box, raise_on_failure=False)
+        assert not box.enqueue("digest", customer=1).created  # the intent holds the key
+        assert not box.enqueue("poison", n=1).created  # the dead job, in the jobs table
+        assert [k for k, _ in where(box)["oncebox_job_history"]] == ["digest/1"]
+    finally:
+        box.close()
+
+
+def test_a_week_not_made_in_time_keeps_its_rows_in_the_default_partition_until_it_is(pg_url):
+    box = digest_box(pg_url)
+    try:
+        late = T0 + timedelta(weeks=10)  # past the four weeks the migration made ahead
+        with FrozenClock(box, at=late):
+            box.enqueue("digest", customer=1)
+            drain(box)
+            [(part,)] = sql(box, "SELECT tableoid::regclass::text FROM oncebox_job_history")
+            assert part.endswith("oncebox_job_history_default")
+            tended = box.store.job_history_tend(timedelta(weeks=4), 100)
+            assert tended.made and tended.made >= 1
+            [(part,)] = sql(box, "SELECT tableoid::regclass::text FROM oncebox_job_history")
+            assert part.endswith("oncebox_job_history_20261026")
+            assert sql(box, "SELECT count(*) FROM oncebox_job_history_default") == [(0,)]
+    finally:
+        box.close()
+
+
+OLD_DONE = """
+INSERT INTO oncebox_jobs (key, task, queue, args, state, outcome, max_attempts, attempt, run_at,
+                          created_at, finished_at)
+SELECT 'old/' || g, 'digest', 'default', '{"customer": 0}', 'done', 'completed', 3, 1,
+       now() - interval '1 day', now() - interval '1 day', now() - make_interval(hours => g)
+FROM generate_series(1, %(n)s) g
+"""
+
+
+def older_release_left(url: str, n: int) -> None:
+    """Done jobs in the jobs table, as a database from before migration 0025 holds them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(OLD_DONE, {"n": n})  # within retention: the pruner keeps them
+
+
+def test_the_pruner_moves_the_finished_jobs_of_an_older_release_a_batch_a_pass(pg_url):
+    box = digest_box(pg_url)
+    try:
+        older_release_left(pg_url, 25)
+        pruner = Pruner.for_runtime(box.runtime, PrunerConfig(batch_size=10))
+        passes = [pruner.run_once() for _ in range(4)]
+        assert [p.moved for p in passes] == [10, 10, 5, 0]
+        assert [p.full for p in passes][:2] == [True, True]
+        assert where(box)["oncebox_jobs"] == []
+        assert len(where(box)["oncebox_job_history"]) == 25
+        assert len(box.store.job_list(JobFilter(state="done", limit=100))) == 25
+    finally:
+        box.close()
+
+
+def migrate(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(CODE)}
+    return subprocess.run(
+        [sys.executable, "-m", "oncebox.cli", "migrate", "--db", url, *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_migrate_says_what_waits_to_move_and_moves_it_with_move_history(pg_url):
+    Box(pg_url).close()  # migrated
+    older_release_left(pg_url, 12)
+    said = migrate(pg_url)
+    assert said.returncode == 0, said.stderr
+    assert "finished jobs from before the history wait to move into it (12)" in said.stdout
+    assert "oncebox migrate --move-history" in said.stdout
+    moved = migrate(pg_url, "--move-history")
+    assert moved.returncode == 0, moved.stderr
+    assert "moved 12 finished jobs into the history" in moved.stdout
+    again = migrate(pg_url, "--move-history")  # nothing left: says so, moves nothing
+    assert "moved 0 finished jobs" in again.stdout and again.returncode == 0
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM oncebox_job_history").fetchone() == (12,)
+        assert conn.execute("SELECT count(*) FROM oncebox_jobs").fetchone() == (0,)
