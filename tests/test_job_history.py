@@ -77,6 +77,7 @@ def test_a_done_job_leaves_the_jobs_table_and_every_read_finds_it_in_the_history
                 "SELECT tableoid::regclass::text FROM oncebox_job_history WHERE key = 'digest/0'",
             )
             assert week.endswith("oncebox_job_history_20260817")
+            assert waiting.job_id is not None
             assert box.cancel(waiting.job_id, reason="not needed").id == waiting.job_id
             assert ("digest/9", "cancelled") in where(box)["oncebox_job_history"]
     finally:
