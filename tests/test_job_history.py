@@ -174,3 +174,62 @@ def test_migrate_says_what_waits_to_move_and_moves_it_with_move_history(pg_url):
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM oncebox_job_history").fetchone() == (12,)
         assert conn.execute("SELECT count(*) FROM oncebox_jobs").fetchone() == (0,)
+
+
+def weeks(box: Box) -> list[str]:
+    return [
+        name
+        for (name,) in sql(
+            box,
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'oncebox_job_history'::regclass ORDER BY 1",
+        )
+    ]
+
+
+def test_a_week_past_every_tasks_retention_goes_whole_with_what_it_counted_folded(pg_url):
+    box = digest_box(pg_url)
+    try:
+        with FrozenClock(box, at=T0) as clock:
+            box.store.job_history_tend(timedelta(weeks=1), 0)
+            box.enqueue_many("digest", [{"customer": c} for c in range(3)])
+            drain(box)
+            assert "oncebox_job_history_20260817" in weeks(box)
+            pruner = Pruner.for_runtime(box.runtime, PrunerConfig())
+            # the week ends Monday 24 August 00:00 UTC (T0 is its Monday, 09:00): kept 14 days
+            # from its end, not from each job's finish (job_prune's cutoff, by week)
+            clock.advance(timedelta(days=21) - timedelta(hours=10))
+            assert pruner.run_once().pruned["jobs"] == 0
+            assert "oncebox_job_history_20260817" in weeks(box)
+            clock.advance(timedelta(hours=2))
+            passed = pruner.run_once()
+            assert passed.pruned["jobs"] == 3 and passed.full
+            assert "oncebox_job_history_20260817" not in weeks(box)
+            assert box.store.counter_list()["pruned_jobs"] == 3
+            assert "done" not in box.store.job_count_by_state().counts  # the depths folded
+            assert box.store.job_list(JobFilter(limit=10)) == []
+    finally:
+        box.close()
+
+
+def test_a_week_holding_a_job_kept_for_ever_or_an_unsent_message_stays(pg_url):
+    box = digest_box(pg_url)
+
+    @box.task(key="invoice/{n}", keep_jobs=timedelta.max)
+    def invoice(ctx: JobContext, n: int) -> None:
+        pass
+
+    try:
+        with FrozenClock(box, at=T0) as clock:
+            box.store.job_history_tend(timedelta(weeks=1), 0)
+            box.enqueue("digest", customer=1)
+            box.enqueue("invoice", n=1)
+            drain(box)
+            clock.advance(timedelta(days=60))
+            pruner = Pruner.for_runtime(box.runtime, PrunerConfig())
+            assert box.store.job_history_drop({"invoice": None}, timedelta(days=14)) == 0
+            pruner.run_once()  # the digest goes by its batch, the invoice stays
+            assert "oncebox_job_history_20260817" in weeks(box)
+            assert [k for k, _ in where(box)["oncebox_job_history"]] == ["invoice/1"]
+    finally:
+        box.close()

@@ -93,8 +93,15 @@ class Pruner:
             tended = self.store.job_history_tend(HISTORY_AHEAD, self.config.batch_size)
             result.moved = tended.moved
             result.full = tended.moved >= self.config.batch_size
+            # a whole week of finished jobs, when all of it may go: no batch to delete
+            tasks = {t: self.plan.policy("jobs", t) for t in self.plan.tasks}
+            dropped = self.store.job_history_drop(tasks, self.plan.retention.jobs)
+            result.pruned["jobs"] += dropped
+            result.full = result.full or dropped > 0
         deleting: set[str] = set()  # channels whose message batch came back full
         for kind in ORDER:
+            if kind == "jobs" and result.pruned["jobs"]:
+                continue  # a week went whole: the next pass sees whether the next one may
             for name in self._names(kind):
                 keep = self.plan.policy(kind, name)
                 if keep is None or _moot(kind, name, deleting):

@@ -586,6 +586,20 @@ class PostgresStore(WriteOperations["PostgresTx"], PruneOperations["PostgresTx"]
         return len(self._apply("job_prune", params).rows)
 
     @operation
+    def job_history_drop(
+        self, keep: Mapping[str, timedelta | None], default: timedelta | None
+    ) -> int:
+        params = {
+            "keep": json.dumps({t: None if k is None else _seconds(k) for t, k in keep.items()}),
+            "default_s": None if default is None else _seconds(default),
+        }
+        try:
+            dropped = self._fetch("job_history_drop", params)
+        except pg_errors.LockNotAvailable:
+            return 0  # a writer or a reader held on: the next pass tries again
+        return int(dropped.first("jobs") or 0) if dropped.rows else 0
+
+    @operation
     def job_history_tend(self, ahead: timedelta, limit: int) -> HistoryTended:
         """Three statements, each its own transaction: what is still to move, the weeks (a
         busy lock gives up, and the next pass tries again: the default partition holds a row

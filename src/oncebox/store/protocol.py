@@ -325,6 +325,15 @@ class Store(Protocol):
     #: only then has `job_history_tend` anything to do (the pruner asks it on every pass).
     keeps_history: bool
 
+    def job_history_drop(
+        self, keep: Mapping[str, timedelta | None], default: timedelta | None
+    ) -> int:
+        """The oldest week of the history dropped whole, once it ended, every task with jobs in
+        it is past its retention (`keep` per task, None: for ever; `default` for a task not in
+        it) and none of its jobs has a message still to send — what its jobs counted folded
+        first, as `job_prune` folds a batch's. The jobs dropped (0: none). PostgreSQL only."""
+        ...
+
     def job_history_tend(self, ahead: timedelta, limit: int) -> HistoryTended:
         """The history of finished jobs kept ready (PostgreSQL, migration 0025): its weeks
         made up to `ahead` (and back to the first finished job still to move), and one batch of

@@ -63,6 +63,7 @@ DIALECT_ONLY: dict[str, str] = {
     "job_history_move": "postgres: finished jobs from before the history move into it (0025); "
     "SQLite keeps finished jobs in its jobs table",
     "job_history_waiting": "postgres: what job_history_move has still to move",
+    "job_history_drop": "postgres: a week of the history dropped whole (0025)",
     "job_relay_check": "postgres: a queue a broker holds records its jobs on PostgreSQL only "
     "(0016's relayed state and relay trigger); SQLite refuses such a queue's enqueue",
     "job_settle_relayed": "postgres: see job_relay_check",

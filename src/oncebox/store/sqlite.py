@@ -508,6 +508,13 @@ class SqliteStore(WriteOperations["SqliteTx"], PruneOperations["SqliteTx"]):
     # -- due times, pruning --------------------------------------------------------------------
 
     @operation
+    def job_history_drop(
+        self, keep: Mapping[str, timedelta | None], default: timedelta | None
+    ) -> int:
+        """SQLite keeps its finished jobs in its jobs table: `job_prune` deletes them."""
+        return 0
+
+    @operation
     def job_history_tend(self, ahead: timedelta, limit: int) -> HistoryTended:
         """SQLite keeps its finished jobs in its jobs table (see `Store.job_history_tend`)."""
         return HistoryTended(0, 0, 0)
