@@ -133,9 +133,7 @@ def report_profile(profiler: cProfile.Profile, jobs: int, top: int) -> None:
     ranked = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)
     for (path, line, name), (_cc, calls, tottime, _ct, _callers) in ranked[:top]:
         where = name if path == "~" else f"{shorten(path)}:{line} {name}"
-        print(
-            f"{tottime * 1e6 / jobs:>11.1f}{tottime / total:>7.1%}{calls / jobs:>10.2f}  {where}"
-        )
+        print(f"{tottime * 1e6 / jobs:>11.1f}{tottime / total:>7.1%}{calls / jobs:>10.2f}  {where}")
 
 
 def shorten(path: str) -> str:
