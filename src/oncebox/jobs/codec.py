@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 from oncebox.kernel.errors import InvalidArguments, PayloadTooLarge
@@ -171,6 +171,7 @@ def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_object_once)
+_SCAN: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def _check_stored_depth(value: object, depth: int = 0) -> None:
@@ -196,7 +197,15 @@ def parse_args(text: str | bytes | Mapping[str, Any]) -> dict[str, Any]:
     else:
         try:
             if isinstance(text, str) and not text.startswith("\ufeff"):
-                value = _DECODER.decode(text)  # json.loads would build a decoder per call
+                # the decoder's own scanner first (`decode` is it plus two whitespace
+                # matches); text with whitespace around its value, or anything after it, is
+                # read (or refused) by `decode` itself. json.loads would build a decoder per call
+                try:
+                    value, end = _SCAN(text, 0)
+                except StopIteration:  # no value where the text begins
+                    end = -1
+                if end != len(text):
+                    value = _DECODER.decode(text)
             else:
                 value = json.loads(
                     text, parse_constant=_refuse_constant, object_pairs_hook=_object_once

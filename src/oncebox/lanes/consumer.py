@@ -70,7 +70,7 @@ from oncebox.kernel.storable import storable_text
 from oncebox.kernel.tracing import UNTRACED, Traced, process_span, recording
 from oncebox.lanes.lane import run_forever
 from oncebox.outbox.writer import OutboxWriter
-from oncebox.queue.context import JobContext
+from oncebox.queue.context import job_context
 from oncebox.queue.handler_orm import Orm
 from oncebox.queue.transport import Delivery, Settlement, Transport
 from oncebox.queue.watch import HandlerWatch, Running
@@ -176,7 +176,7 @@ class ConsumerResult:
         self.settled_ids |= other.settled_ids
 
 
-@dataclass
+@dataclass(slots=True)  # one per job
 class _Prepared:
     """A delivery made ready to run: its task, decoded args and key, or why it cannot run."""
 
@@ -626,7 +626,7 @@ class Consumer:
         try:
             with tx.handler_scope() as connection:
                 orm = None if self.orm is None else self.orm.open(connection)
-                ctx = JobContext(
+                ctx = job_context(
                     task.name,
                     self.session.dialect,
                     p.key,
@@ -701,29 +701,27 @@ class Consumer:
         whole batch unsettled, and the broker would hand the same poison back forever.
         The arguments' types are checked before their numbers' finiteness, so ``{"n": 1e400}``
         for an ``n: int`` names the parameter and its type."""
-        prepared = _Prepared(delivery)
+        task: Task | None = None
+        args: dict[str, Any] = {}
         try:
-            prepared.task = self.registry.get(delivery.task)
-            prepared.args = parse_args(delivery.args_json)
-            prepared.task.check_args(prepared.args)
-            check_finite(prepared.args)
-            prepared.key = (
-                delivery.key
-                if delivery.key is not None
-                else prepared.task.render_key(prepared.args)
-            )
+            task = self.registry.get(delivery.task)
+            args = parse_args(delivery.args_json)
+            task.check_args(args)
+            check_finite(args)
+            key = delivery.key if delivery.key is not None else task.render_key(args)
+            return _Prepared(delivery, task, args, key)
         except (UnknownTask, InvalidArguments, InvalidKey) as exc:
-            prepared.problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
+            problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
         except (ValueError, RecursionError) as exc:
-            prepared.problem = (
+            problem = (
                 f"InvalidArguments: stored arguments cannot be read: {type(exc).__name__}: "
                 f"{str(exc)[:200]} (permanent: not retried)"
             )
         except Exception as exc:  # a bug; a retry would meet it again
-            prepared.problem = (
+            problem = (
                 f"could not prepare the delivery (permanent: not retried): {describe_error(exc)}"
             )
-        return prepared
+        return _Prepared(delivery, task, args, None, problem)
 
     # -- after a rollback ----------------------------------------------------------------------
 
