@@ -31,6 +31,8 @@ from oncebox.providers.email_payload import email_payload
 from oncebox.store.params import OutboxInsert
 
 SUFFIX_SEPARATOR = "~"
+# `json.dumps` with options builds an encoder per call; a payload is encoded once per message
+_PAYLOAD = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True)
 
 
 class OutboxWriter:
@@ -91,7 +93,7 @@ class OutboxWriter:
         cap = capabilities_of(self._channel(channel).provider).max_payload_bytes
         key = self._key(suffix)
         try:
-            text = json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, sort_keys=True)
+            text = _PAYLOAD.encode(dict(payload))
         except (TypeError, ValueError) as exc:
             raise InvalidArguments(f"outbox payload for {key!r} is not JSON: {exc}") from None
         if "\\u0000" in text and has_nul(payload):  # JSON writes a NUL as \u0000
