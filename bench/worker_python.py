@@ -1,7 +1,7 @@
 """The worker's own Python per job: CPU time per job of the worker and of its consumer lane.
 
-    .venv/bin/python bench/worker_python.py [--store pg|sqlite] [--workload noop|full|both]
-        [--jobs 20000] [--repeat 3] [--profile] [--top 25]
+    .venv/bin/python bench/worker_python.py [--store pg|sqlite|both] [--workload noop|full|both]
+        [--jobs 20000] [--repeat 3] [--profile] [--top 25] [--framework]
 
 Workloads (each round on a fresh database: a new PostgreSQL database on the server, dropped
 after, or a temporary SQLite file; jobs bulk-enqueued and the tables analysed before timing):
@@ -21,18 +21,31 @@ One worker (`box.work(until_idle=True)`, one consumer lane, default settings). F
 `--profile` runs one more round with cProfile in the consumer lane's thread and prints its
 costliest functions by their own time (cProfile slows Python several-fold: read shares, not
 µs), then the share spent in the database driver against the rest.
+
+`--framework` measures the framework alone, without the driver, the server or a busy machine's
+waits: the real consumer lane (lease rows made records and deliveries, arguments decoded and
+checked, each handler's guarded connection, savepoint scope and watchdog mark, the claim's,
+outbox's and settlement's JSON sets, the settlement's bookkeeping) and the real PostgreSQL
+consumer session, over a connection that answers from memory: the lease returns `--batch`
+prepared rows, the claim claims every key and the settlement settles every job. Each round is
+one `run_once` of a full batch; the figure is the fastest round's thread CPU per job (the
+least disturbed by other processes), with the 10th percentile and the median beside it. It
+reaches into the session's private parts (`_lease`, `_conn`): a bench, not an API.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
+import json
 import pstats
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +55,11 @@ from core import analyse, postgres_url, sqlite_url
 
 import oncebox
 from oncebox import Box, WorkerConfig
-from oncebox.lanes.consumer import Consumer
+from oncebox.lanes.consumer import Consumer, ConsumerConfig
+from oncebox.queue.transport import TableTransport
+from oncebox.store.postgres import PostgresConsumerSession
+from oncebox.store.records import LeasedJob
+from oncebox.store.rows import Result
 
 SECRET = "bench-secret-0123456789"  # noqa: S105 (a benchmark's throwaway secret)
 
@@ -110,6 +127,84 @@ def run_once(
         box.close()
 
 
+class _Rows(list[tuple[Any, ...]]):
+    """What `execute` returns here: a cursor is iterated for its rows."""
+
+
+class _MemoryConnection:
+    """Enough of a psycopg connection for a consumer transaction whose answers are known: the
+    claim returns every key of the batch, the settlement every id."""
+
+    closed = broken = False
+
+    def __init__(self, answers: dict[str, list[tuple[Any, ...]]]) -> None:
+        self.answers = answers
+
+    def execute(self, sql: Any, params: Any = None) -> _Rows:
+        return _Rows(self.answers.get(sql, ()))
+
+    def commit(self) -> None:
+        pass
+
+    @contextmanager
+    def pipeline(self) -> Iterator[None]:
+        yield
+
+
+def framework(workload: str, batch: int, rounds: int) -> dict[str, float]:
+    """See the module's docstring, `--framework`."""
+    with postgres_url(SERVER)() as url:
+        box = make_box(url, workload)
+        try:
+            store: Any = box.store
+            now = datetime.now(UTC)
+            names = [f.name for f in dataclasses.fields(LeasedJob)]
+            ids = range(1, batch + 1)
+            rows = [
+                (i, f"bench/{i}", "job", json.dumps({"n": i}), 1, 5, 0, 0, now, None, now, None)
+                for i in ids
+            ]
+            q = store._q
+            session: Any = object.__new__(PostgresConsumerSession)
+            session._store, session._q, session._settings = store, q, None
+            session._ran_dry, session._due = False, None
+            session._conn = _MemoryConnection(
+                {
+                    q["intent_claim"]: [(f"bench/{i}",) for i in ids],
+                    q["job_finish"]: [(i,) for i in ids],
+                }
+            )
+            session._lease = lambda _values: Result("memory lease", list(rows), lambda: names)
+            consumer = box.consumer(ConsumerConfig(batch_size=batch, max_batch_size=batch))
+            consumer.session.close()
+            consumer.session = session
+            consumer.transport = TableTransport(
+                session,
+                tasks=["job"],
+                queues=["default"],
+                worker="bench",
+                lease_for=timedelta(seconds=30),
+                next_due=lambda _tasks, _queues: None,  # type: ignore[arg-type]
+            )
+            times = []
+            for round_ in range(rounds + rounds // 10):
+                began = time.thread_time()
+                done = consumer.run_once()
+                if round_ >= rounds // 10:  # the first tenth warms up
+                    times.append(time.thread_time() - began)
+                assert done.completed == batch, done
+        finally:
+            box.close()
+    times.sort()
+    micro = 1e6 / batch
+    return {
+        "min": times[0] * micro,
+        "p10": times[len(times) // 10] * micro,
+        "median": times[len(times) // 2] * micro,
+    }
+
+
+SERVER = "postgresql://127.0.0.1:5432/test"
 DRIVER = ("psycopg", "sqlite3", "psycopg_binary", "psycopg_c")
 
 
@@ -163,8 +258,24 @@ def main() -> int:
     parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--framework", action="store_true")
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=500)
     args = parser.parse_args()
     workloads = ("noop", "full") if args.workload == "both" else (args.workload,)
+    if args.framework:
+        global SERVER  # noqa: PLW0603 (the one server of this run)
+        SERVER = args.postgres
+        print(
+            f"oncebox {oncebox.__version__} ({Path(oncebox.__file__).parent}) · framework only "
+            f"(PostgreSQL session, answers from memory) · batches of {args.batch} · "
+            f"{args.rounds} rounds · µs of CPU per job"
+        )
+        print(f"{'workload':<10}{'fastest':>9}{'p10':>8}{'median':>8}")
+        for workload in workloads:
+            f = framework(workload, args.batch, args.rounds)
+            print(f"{workload:<10}{f['min']:>9.1f}{f['p10']:>8.1f}{f['median']:>8.1f}", flush=True)
+        return 0
     print(
         f"oncebox {oncebox.__version__} ({Path(oncebox.__file__).parent}) · {args.jobs} jobs · "
         f"median of {args.repeat} · µs of CPU per job"
