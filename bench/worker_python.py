@@ -128,7 +128,10 @@ def run_once(
 
 
 class _Rows(list[tuple[Any, ...]]):
-    """What `execute` returns here: a cursor is iterated for its rows."""
+    """What `execute` returns here: a cursor, read for its rows."""
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self
 
 
 class _MemoryConnection:
