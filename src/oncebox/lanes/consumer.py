@@ -507,7 +507,7 @@ class Consumer:
             return self._after_broken_batch(pending, exc, result)
         points.reach("consumer.committed")  # before the transport hears: a broker's lost ack
         self.transport.after_commit(settlements)
-        outcome.settled_ids = {s.delivery.message_id for s in settlements}
+        outcome.settled_ids = expected  # every one of them: else the lease was lost
         if messages:
             self.outbox_written(len(messages))
         result.add(outcome)

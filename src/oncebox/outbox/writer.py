@@ -38,6 +38,9 @@ _PAYLOAD = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True)
 class OutboxWriter:
     """`ctx.outbox` for one handler run; its rows are inserted only if the handler succeeds."""
 
+    # one per job: slots make its construction and reads cheaper
+    __slots__ = ("_channels", "_intent_key", "_job_id", "_now", "_secret", "rows")
+
     def __init__(
         self,
         *,

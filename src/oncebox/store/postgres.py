@@ -853,12 +853,9 @@ class PostgresConsumerTx:
             self._execute(self._q["intent_release"], {"keys": list(keys)})
 
     def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
-        self._begin()  # the handler's statements go straight to the connection
-        return guard.handler_scope(
-            self._conn,
-            execute=self._execute_raw,
-            transaction_status=self._status,
-        )
+        if not self._begun:
+            self._begin()  # the handler's statements go straight to the connection
+        return guard.HandlerScope(self._conn, self._execute_raw, self._status, None)
 
     def _execute_raw(self, sql: str) -> None:
         self._conn.execute(sql.encode("ascii"))
