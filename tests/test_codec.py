@@ -3,6 +3,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -109,6 +110,52 @@ def test_json_rows_splice_json_text_and_refuse_what_json_cannot_carry():
     assert json.loads(_json_rows([(_Json('{"a":[1,2]}'), Shade.DARK)])) == [[{"a": [1, 2]}, 7]]
     with pytest.raises(ValueError):
         _json_rows([(math.nan,)])
+
+
+_ids = st.none() | st.integers(min_value=0, max_value=2**63 - 1)
+_texts = st.text()
+
+
+@given(
+    claims=st.lists(st.tuples(_texts, _texts, _ids), max_size=4),
+    finishes=st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=2**63 - 1),
+            st.sampled_from(["done", "ready", "dead"]),
+            st.none() | st.sampled_from(["completed", "duplicate"]),
+            st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=400)),
+            st.none() | _texts,
+        ),
+        max_size=4,
+    ),
+    rows=st.lists(
+        st.tuples(_texts, _texts, _texts, st.dictionaries(_texts, _texts), _texts, _ids),
+        max_size=4,
+    ),
+    context=st.none() | _texts,
+)
+def test_the_consumers_sets_are_written_as_json_rows_writes_their_cells(
+    claims, finishes, rows, context
+):
+    """The claim's, settlement's and outbox rows' sets have their own writers on the
+    consumer's path (one format per row): each gives the very text `_json_rows` gives."""
+    from oncebox.store import postgres
+    from oncebox.store.params import IntentClaim, JobFinish, OutboxInsert
+
+    made = [IntentClaim(*claim) for claim in claims]
+    assert postgres._claim_rows(made) == postgres._json_rows(claims)
+    settled = [JobFinish(*finish) for finish in finishes]
+    cells = [(f.id, f.state, f.outcome, f.delay.total_seconds(), f.error) for f in settled]
+    assert postgres._finish_rows(settled) == postgres._json_rows(cells)
+    written = [
+        OutboxInsert(key, intent, channel, json.dumps(payload), token, job_id, context)
+        for key, intent, channel, payload, token, job_id in rows
+    ]
+    spliced = [
+        (r.key, r.intent_key, r.channel, postgres._Json(r.payload_json), r.token, r.job_id, context)
+        for r in written
+    ]
+    assert postgres._outbox_rows(written) == postgres._json_rows(spliced)
 
 
 def nested(levels: int, inner: str = "") -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 from oncebox.kernel.errors import InvalidArguments, PayloadTooLarge
@@ -157,40 +157,55 @@ def _refuse_constant(literal: str) -> NoReturn:
 
 
 def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    value: dict[str, Any] = {}
-    for name, item in pairs:
-        if name in value:
-            raise InvalidArguments(
-                f"stored arguments give the name {_preview(name)} twice; readers would "
-                "disagree on which value counts"
-            )
-        value[name] = item
+    value = dict(pairs)  # in C; a name given twice shows as a dict shorter than its pairs
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for name, _item in pairs:
+            if name in seen:
+                raise InvalidArguments(
+                    f"stored arguments give the name {_preview(name)} twice; readers would "
+                    "disagree on which value counts"
+                )
+            seen.add(name)
     return value
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_object_once)
+_SCAN: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def _check_stored_depth(value: object, depth: int = 0) -> None:
     if depth > MAX_DEPTH:
         raise InvalidArguments(f"stored arguments are nested deeper than {MAX_DEPTH}")
     if isinstance(value, dict):
-        for item in value.values():
-            _check_stored_depth(item, depth + 1)
+        items: Iterable[object] = value.values()
     elif isinstance(value, list):
-        for item in value:
+        items = value
+    else:
+        return
+    for item in items:  # a scalar below the deepest level allowed is too deep as well
+        if depth >= MAX_DEPTH or isinstance(item, (dict, list)):
             _check_stored_depth(item, depth + 1)
 
 
 def parse_args(text: str | bytes | Mapping[str, Any]) -> dict[str, Any]:
     """Stored arguments as a dict, refusing what is not one JSON object as `encode_args` writes
     it — except a non-finite number, which `check_finite` refuses (see `decode_args`)."""
-    if isinstance(text, Mapping):  # a driver that parses JSON itself
-        value: object = dict(text)
+    value: object
+    if type(text) is not str and isinstance(text, Mapping):  # a driver that parses JSON itself
+        value = dict(text)
     else:
         try:
             if isinstance(text, str) and not text.startswith("\ufeff"):
-                value = _DECODER.decode(text)  # json.loads would build a decoder per call
+                # the decoder's own scanner first (`decode` is it plus two whitespace
+                # matches); text with whitespace around its value, or anything after it, is
+                # read (or refused) by `decode` itself. json.loads would build a decoder per call
+                try:
+                    value, end = _SCAN(text, 0)
+                except StopIteration:  # no value where the text begins
+                    end = -1
+                if end != len(text):
+                    value = _DECODER.decode(text)
             else:
                 value = json.loads(
                     text, parse_constant=_refuse_constant, object_pairs_hook=_object_once
@@ -222,7 +237,7 @@ def _non_finite(value: object) -> bool:
 def check_finite(args: Mapping[str, Any]) -> None:
     """Refuse a non-finite number anywhere in parsed arguments (1e400 reads as infinity)."""
     for name, value in args.items():
-        if _non_finite(value):
+        if isinstance(value, (float, dict, list)) and _non_finite(value):
             raise InvalidArguments(
                 f"stored argument {_preview(name)} holds a number that is not finite (NaN, "
                 "Infinity, or too large for a float)"

@@ -78,15 +78,21 @@ class JobTransition:
     error: str | None = None
 
 
+# the two moves that carry nothing of their attempt, made once: a transition is frozen, and
+# `completed` is asked for once per job on the consumer's path
+_COMPLETED = JobTransition("done", "completed")
+_DUPLICATE = JobTransition("done", "duplicate")
+
+
 def completed() -> JobTransition:
     """This attempt holds the key's claim, and its handler's writes committed with it."""
-    return JobTransition("done", "completed")
+    return _COMPLETED
 
 
 def duplicate() -> JobTransition:
     """Another attempt claimed the key first: this one is done without running (a claim
     conflict), so its handler's effects happen once."""
-    return JobTransition("done", "duplicate")
+    return _DUPLICATE
 
 
 def retry(delay: timedelta, error: str) -> JobTransition:

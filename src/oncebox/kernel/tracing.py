@@ -67,6 +67,7 @@ class Traced:
 
 
 _NOTHING = Traced(None)
+UNTRACED = _NOTHING  # what code sees of a span nothing records (see `recording`)
 # a proxy until the application sets its tracer provider, then that provider's tracer
 _tracer = None if trace is None else trace.get_tracer("oncebox")
 _NO_SDK = () if trace is None else (ProxyTracerProvider, NoOpTracerProvider)
@@ -104,11 +105,20 @@ def _parent(stored: str | None) -> Context:
     return _W3C.extract(carrier, context=empty)
 
 
+def recording() -> bool:
+    """Whether a span started now would be recorded: the API is installed and an SDK's tracer
+    provider is set. Asking costs a look at the environment (the API's own lookup of its
+    provider); the consumer asks once per transaction and, when nothing records, runs the
+    batch's handlers without building a span's attributes and parent per job. A provider set
+    meanwhile is seen from the next transaction (the API lets one be set once per process)."""
+    return _tracer is not None and not isinstance(trace.get_tracer_provider(), _NO_SDK)
+
+
 @contextmanager
 def _span(
     name: str, kind: Any, attributes: Mapping[str, str | int], parent: Context | None = None
 ) -> Iterator[Traced]:
-    if _tracer is None or isinstance(trace.get_tracer_provider(), _NO_SDK):
+    if not recording():
         yield _NOTHING  # nothing would record it: not even a no-op span per job
         return
     with _tracer.start_as_current_span(

@@ -67,13 +67,13 @@ from oncebox.kernel.errors import (
 from oncebox.kernel.logs import job_fields
 from oncebox.kernel.metrics import Metrics
 from oncebox.kernel.storable import storable_text
-from oncebox.kernel.tracing import Traced, process_span
+from oncebox.kernel.tracing import UNTRACED, Traced, process_span, recording
 from oncebox.lanes.lane import run_forever
 from oncebox.outbox.writer import OutboxWriter
-from oncebox.queue.context import JobContext
+from oncebox.queue.context import job_context
 from oncebox.queue.handler_orm import Orm
 from oncebox.queue.transport import Delivery, Settlement, Transport
-from oncebox.queue.watch import HandlerWatch
+from oncebox.queue.watch import HandlerWatch, Running
 from oncebox.store.params import IntentClaim, OutboxInsert
 from oncebox.store.protocol import ClaimLockTimeout, ConsumerSession, ConsumerTx
 
@@ -176,7 +176,7 @@ class ConsumerResult:
         self.settled_ids |= other.settled_ids
 
 
-@dataclass
+@dataclass(slots=True)  # one per job
 class _Prepared:
     """A delivery made ready to run: its task, decoded args and key, or why it cannot run."""
 
@@ -507,7 +507,7 @@ class Consumer:
             return self._after_broken_batch(pending, exc, result)
         points.reach("consumer.committed")  # before the transport hears: a broker's lost ack
         self.transport.after_commit(settlements)
-        outcome.settled_ids = {s.delivery.message_id for s in settlements}
+        outcome.settled_ids = expected  # every one of them: else the lease was lost
         if messages:
             self.outbox_written(len(messages))
         result.add(outcome)
@@ -536,6 +536,7 @@ class Consumer:
         owners: dict[str, int | None] | None = None
         messages: list[OutboxInsert] = []
         decided: list[tuple[Settlement, list[OutboxInsert]]] = []  # in order, for recovery
+        traced = recording()  # once per transaction: the handlers' spans, if anything records
         started = clock.monotonic()
         for index, p in enumerate(prepared):
             if index and clock.monotonic() - started > self.budget:
@@ -557,7 +558,7 @@ class Consumer:
                 settlements.append(self._unclaimed(p, owners, outcome))
             else:
                 try:
-                    settlement, written = self._run_handler(tx, p, outcome)
+                    settlement, written = self._run_handler(tx, p, outcome, traced)
                 except _BatchBroken as broken:
                     broken.decided, broken.outcome = decided, outcome
                     broken.claimed = {k: first_of_key[k].delivery for k in claimed}
@@ -587,9 +588,13 @@ class Consumer:
         return Settlement.of(p.delivery, transitions.duplicate())
 
     def _run_handler(
-        self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult
+        self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult, traced: bool = True
     ) -> tuple[Settlement, list[OutboxInsert]]:
-        """Run one handler; its outbox rows count only if it succeeds."""
+        """Run one handler; its outbox rows count only if it succeeds. `traced`: whether a span
+        would record (`tracing.recording`, asked once per transaction); when none would, no
+        span's attributes and parent are built for the job."""
+        if not traced:
+            return self._run_traced(tx, p, outcome, UNTRACED)
         assert p.task is not None
         task, delivery = p.task, p.delivery
         with process_span(
@@ -599,47 +604,52 @@ class Consumer:
             job=delivery.message_id,
             key=p.key,
             attempt=delivery.attempt,
-        ) as traced:
-            settlement, written = self._run_traced(tx, p, outcome, traced)
-            traced.set(oncebox__state=settlement.state)  # done, ready (a retry) or dead
+        ) as span:
+            settlement, written = self._run_traced(tx, p, outcome, span)
+            span.set(oncebox__state=settlement.state)  # done, ready (a retry) or dead
             return settlement, written
 
     def _run_traced(
         self, tx: ConsumerTx, p: _Prepared, outcome: ConsumerResult, traced: Traced
     ) -> tuple[Settlement, list[OutboxInsert]]:
-        assert p.task is not None
+        """The handler in its savepoint scope, marked for the watchdog. Written flat — this
+        runs once per job, and each context manager entered or record built here costs about
+        a microsecond: the watchdog's mark is set and cleared by calls, not a `with`."""
         task, delivery = p.task, p.delivery
+        assert task is not None
         points.reach("consumer.before_handler")
         self._spent.discard(delivery.message_id)  # what it did before was undone: it runs again
+        watch = self.watch
+        limit = task.timeout.total_seconds()
         began = clock.monotonic()
         outbox = self.outbox(p.key, delivery.job_id, delivery.leased_at)
         try:
             with tx.handler_scope() as connection:
                 orm = None if self.orm is None else self.orm.open(connection)
-                ctx = JobContext(
-                    task=task.name,
-                    dialect=self.session.dialect,
-                    key=p.key,
-                    job_id=delivery.job_id,
-                    attempt=delivery.attempt,
-                    connection=connection,
-                    outbox=outbox,
-                    _now=self.now,
-                    _orm=orm,
+                ctx = job_context(
+                    task.name,
+                    self.session.dialect,
+                    p.key,
+                    delivery.job_id,
+                    delivery.attempt,
+                    connection,
+                    outbox,
+                    self.now,
+                    orm,
                 )
+                marked = watch.begin(Running(task.name, p.key, began, limit, delivery.lease_token))
                 try:
-                    with self.watch.running(task.name, p.key, task.timeout, delivery.lease_token):
-                        task.fn(ctx, **p.args)
-                        if orm is not None:
-                            orm.flush()  # inside the handler's savepoint; a failure fails the job
+                    task.fn(ctx, **p.args)
+                    if orm is not None:
+                        orm.flush()  # inside the handler's savepoint; a failure fails the job
                 finally:
+                    watch.end(marked)
                     if orm is not None:
                         orm.close()
                 elapsed = clock.monotonic() - began
-                if elapsed > task.timeout.total_seconds():
+                if elapsed > limit:
                     raise HandlerTimeout(
-                        f"handler took {elapsed:.1f}s; the timeout of {task.name!r} is "
-                        f"{task.timeout.total_seconds():g}s"
+                        f"handler took {elapsed:.1f}s; the timeout of {task.name!r} is {limit:g}s"
                     )
         except TransactionEnded as error:
             raise _BatchBroken(p, error) from None
@@ -691,29 +701,27 @@ class Consumer:
         whole batch unsettled, and the broker would hand the same poison back forever.
         The arguments' types are checked before their numbers' finiteness, so ``{"n": 1e400}``
         for an ``n: int`` names the parameter and its type."""
-        prepared = _Prepared(delivery)
+        task: Task | None = None
+        args: dict[str, Any] = {}
         try:
-            prepared.task = self.registry.get(delivery.task)
-            prepared.args = parse_args(delivery.args_json)
-            prepared.task.check_args(prepared.args)
-            check_finite(prepared.args)
-            prepared.key = (
-                delivery.key
-                if delivery.key is not None
-                else prepared.task.render_key(prepared.args)
-            )
+            task = self.registry.get(delivery.task)
+            args = parse_args(delivery.args_json)
+            task.check_args(args)
+            check_finite(args)
+            key = delivery.key if delivery.key is not None else task.render_key(args)
+            return _Prepared(delivery, task, args, key)
         except (UnknownTask, InvalidArguments, InvalidKey) as exc:
-            prepared.problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
+            problem = f"{type(exc).__name__}: {exc} (permanent: not retried)"
         except (ValueError, RecursionError) as exc:
-            prepared.problem = (
+            problem = (
                 f"InvalidArguments: stored arguments cannot be read: {type(exc).__name__}: "
                 f"{str(exc)[:200]} (permanent: not retried)"
             )
         except Exception as exc:  # a bug; a retry would meet it again
-            prepared.problem = (
+            problem = (
                 f"could not prepare the delivery (permanent: not retried): {describe_error(exc)}"
             )
-        return prepared
+        return _Prepared(delivery, task, args, None, problem)
 
     # -- after a rollback ----------------------------------------------------------------------
 

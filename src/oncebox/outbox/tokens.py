@@ -9,7 +9,6 @@ secret (`ONCEBOX_SECRET`). The token is computed once, when the row is written, 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -27,8 +26,8 @@ MIN_SECRET_CHARS = 16
 
 def derive_token(secret: str, key: str) -> str:
     """128 bits of HMAC-SHA256(secret, key), hex: unguessable without the secret, stable."""
-    digest = hmac.new(secret.encode("utf-8"), key.encode("utf-8"), hashlib.sha256)
-    return digest.hexdigest()[:32]
+    # one call into OpenSSL (`hmac.new` builds and copies hash objects in Python: 2 µs a row)
+    return hmac.digest(secret.encode("utf-8"), key.encode("utf-8"), "sha256").hex()[:32]
 
 
 def idempotency_key(token: str) -> str:

@@ -31,10 +31,15 @@ from oncebox.providers.email_payload import email_payload
 from oncebox.store.params import OutboxInsert
 
 SUFFIX_SEPARATOR = "~"
+# `json.dumps` with options builds an encoder per call; a payload is encoded once per message
+_PAYLOAD = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True)
 
 
 class OutboxWriter:
     """`ctx.outbox` for one handler run; its rows are inserted only if the handler succeeds."""
+
+    # one per job: slots make its construction and reads cheaper
+    __slots__ = ("_channels", "_intent_key", "_job_id", "_now", "_secret", "rows")
 
     def __init__(
         self,
@@ -91,7 +96,7 @@ class OutboxWriter:
         cap = capabilities_of(self._channel(channel).provider).max_payload_bytes
         key = self._key(suffix)
         try:
-            text = json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, sort_keys=True)
+            text = _PAYLOAD.encode(dict(payload))
         except (TypeError, ValueError) as exc:
             raise InvalidArguments(f"outbox payload for {key!r} is not JSON: {exc}") from None
         if "\\u0000" in text and has_nul(payload):  # JSON writes a NUL as \u0000

@@ -48,6 +48,41 @@ class Delivery:
     trace_context: str | None = None  # where its enqueue's trace continues (oncebox.kernel.tracing)
 
 
+_new, _set = object.__new__, object.__setattr__
+
+
+def leased_delivery(  # noqa: PLR0917 (positional on purpose: one call per job)
+    message_id: str,
+    task: str,
+    args_json: str,
+    key: str | None,
+    attempt: int,
+    attempts_left: int,
+    leased_at: datetime,
+    expires_at: datetime | None,
+    job_id: int | None,
+    lease_token: str | None,
+    trace_context: str | None,
+) -> Delivery:
+    """`Delivery(...)` with every field given, for a lease's rows (one call per job): a frozen
+    dataclass's `__init__` sets each field through `object.__setattr__`, looked up anew per
+    field; here the same calls run with the lookup done once — about half the time for its
+    eleven fields. A test pins it to the constructor, field by field."""
+    d = _new(Delivery)
+    _set(d, "message_id", message_id)
+    _set(d, "task", task)
+    _set(d, "args_json", args_json)
+    _set(d, "key", key)
+    _set(d, "attempt", attempt)
+    _set(d, "attempts_left", attempts_left)
+    _set(d, "leased_at", leased_at)
+    _set(d, "expires_at", expires_at)
+    _set(d, "job_id", job_id)
+    _set(d, "lease_token", lease_token)
+    _set(d, "trace_context", trace_context)
+    return d
+
+
 @dataclass(slots=True)  # per job: see `oncebox.store.records.LeasedJob`
 class Settlement:
     """How a delivery ended: one of the named transitions of `oncebox.jobs.transitions`, built
@@ -154,18 +189,18 @@ class TableTransport:
             with self._lock:
                 self._held[token] = len(jobs)
         return [
-            Delivery(
-                message_id=str(job.id),
-                task=job.task,
-                args_json=job.args_json,
-                key=job.key,
-                attempt=job.attempt,
-                attempts_left=job.max_attempts - (job.attempt - job.attempt_base),
-                leased_at=job.leased_at,
-                expires_at=job.expires_at,
-                job_id=job.id,
-                lease_token=token,
-                trace_context=job.trace_context,
+            leased_delivery(
+                str(job.id),  # message_id
+                job.task,
+                job.args_json,
+                job.key,
+                job.attempt,
+                job.max_attempts - (job.attempt - job.attempt_base),  # attempts_left
+                job.leased_at,
+                job.expires_at,
+                job.id,  # job_id
+                token,  # lease_token
+                job.trace_context,
             )
             for job in jobs
         ]
@@ -187,22 +222,20 @@ class TableTransport:
         settled: set[str] = set()
         for token, group in by_token.items():
             finishes = [
-                JobFinish(
-                    id=s.delivery.job_id or 0,
-                    state=s.state,
-                    outcome=s.outcome,
-                    delay=s.delay,
-                    error=s.error,
-                )
+                JobFinish(s.delivery.job_id or 0, s.state, s.outcome, s.delay, s.error)
                 for s in group
             ]
-            settled.update(str(job_id) for job_id in tx.job_finish(token, finishes))
+            settled.update(map(str, tx.job_finish(token, finishes)))
         return settled
 
     def after_commit(self, settlements: Sequence[Settlement]) -> None:
+        settled: dict[str, int] = {}  # per lease: a batch is one, or a few after a recovery
         for settlement in settlements:
-            if settlement.delivery.lease_token is not None:
-                self._forget(settlement.delivery.lease_token, 1)
+            token = settlement.delivery.lease_token
+            if token is not None:
+                settled[token] = settled.get(token, 0) + 1
+        for token, count in settled.items():
+            self._forget(token, count)
 
     def release(self, deliveries: Sequence[Delivery], delay: timedelta) -> None:
         """Fenced on each lease's token and the attempt it took: a job whose lease ran out

@@ -38,8 +38,7 @@ class HandlerWatch:
         self.grace_delta = grace
         self.grace = grace.total_seconds()
         self.exit_on_hang = exit_on_hang
-        self._running: dict[int, Running] = {}
-        self._lock = threading.Lock()
+        self._running: dict[int, Running] = {}  # thread id -> its handler (see `begin`)
 
     def running(
         self, task: str, key: str | None, timeout: timedelta, token: str | None = None
@@ -47,10 +46,22 @@ class HandlerWatch:
         """Mark a handler as running in this thread, under the lease `token` it works for."""
         return _Marked(self, Running(task, key, clock.monotonic(), timeout.total_seconds(), token))
 
+    def begin(self, run: Running) -> int:
+        """`running` without a context manager, for the consumer's per-job path: mark `run`
+        as this thread's handler; returns the thread's id, for `end`. No lock: setting and
+        popping one dictionary item are atomic, and `overdue` copies the values at once."""
+        ident = threading.get_ident()
+        self._running[ident] = run
+        return ident
+
+    def end(self, ident: int) -> None:
+        """The handler marked by `begin` returned (or raised)."""
+        self._running.pop(ident, None)
+
     def overdue(self, grace: float = 0.0) -> list[Running]:
         now = clock.monotonic()
-        with self._lock:
-            return [r for r in self._running.values() if now - r.started > r.timeout + grace]
+        runs = list(self._running.values())  # one C call: atomic beside the marking threads
+        return [r for r in runs if now - r.started > r.timeout + grace]
 
     def check(self) -> list[Running]:
         """Handlers past timeout + grace; exits the process if configured to."""
@@ -83,10 +94,7 @@ class _Marked:
         self._ident = 0
 
     def __enter__(self) -> None:
-        self._ident = threading.get_ident()
-        with self._watch._lock:
-            self._watch._running[self._ident] = self._run
+        self._ident = self._watch.begin(self._run)
 
     def __exit__(self, *exc: object) -> None:
-        with self._watch._lock:
-            self._watch._running.pop(self._ident, None)
+        self._watch.end(self._ident)

@@ -188,11 +188,12 @@ class GuardedConnection:
     _closed: bool
 
     def __init__(self, raw: Any, on_first_use: Callable[[], None]) -> None:
-        # object.__setattr__: the guard's own __setattr__ is for what a handler sets (one per
-        # job, on the consumer's hot path)
-        object.__setattr__(self, "_raw", raw)
-        object.__setattr__(self, "_on_first_use", on_first_use)
-        object.__setattr__(self, "_closed", False)
+        # straight into the instance's dict: the guard's own __setattr__ is for what a handler
+        # sets (one guard per job, on the consumer's hot path)
+        fields = self.__dict__
+        fields["_raw"] = raw
+        fields["_on_first_use"] = on_first_use
+        fields["_closed"] = False
 
     @property
     def touched(self) -> bool:
@@ -216,7 +217,7 @@ class GuardedConnection:
 
     def end(self) -> None:
         """Called by the consumer when the handler returns; later use is refused."""
-        self._closed = True
+        self.__dict__["_closed"] = True
 
     def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
         check_statement(query, self._raw)
@@ -314,7 +315,8 @@ class HandlerScope:
         if error is not None:
             self._after_failure(error)
             return  # the handler's exception goes on
-        self._after_return()
+        if self._guarded._on_first_use is None:  # it touched the connection: settle its savepoint
+            self._after_return()
 
     def _after_failure(self, error: BaseException) -> None:
         """The handler raised: undo what it wrote, unless the transaction is beyond that."""
@@ -329,8 +331,6 @@ class HandlerScope:
         self._execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
 
     def _after_return(self) -> None:
-        if not self._guarded.touched:
-            return
         status = self._status()
         if status == "lost":  # it carried on past the driver's error
             raise ConnectionLost(_LOST)

@@ -123,6 +123,46 @@ def _json_rows(rows: Iterable[Iterable[_Cell]]) -> str:
     return "[" + ",".join("[" + ",".join(map(_cell, row)) + "]" for row in rows) + "]"
 
 
+# The consumer's own sets, one row per job of a batch, each written by one format string: the
+# same text as `_json_rows` gives their cells (a test pins each to it), without `_cell`'s type
+# tests per cell — 1.5-2 µs per row of a batch.
+
+
+def _text_or_null(value: str | None) -> str:
+    return "null" if value is None else _text(value)
+
+
+def _int_or_null(value: int | None) -> str:
+    return "null" if value is None else int.__repr__(value)
+
+
+def _claim_rows(claims: Sequence[IntentClaim]) -> str:
+    """`intent_claim`'s input: (key, task, job id) per claim."""
+    rows = [f"[{_text(c.key)},{_text(c.task)},{_int_or_null(c.job_id)}]" for c in claims]
+    return "[" + ",".join(rows) + "]"
+
+
+def _finish_rows(finishes: Sequence[JobFinish]) -> str:
+    """`job_finish`'s input: (id, state, outcome, delay in seconds, error) per job."""
+    rows = [
+        f"[{int.__repr__(f.id)},{_text(f.state)},{_text_or_null(f.outcome)},"
+        f"{float.__repr__(f.delay.total_seconds())},{_text_or_null(f.error)}]"
+        for f in finishes
+    ]
+    return "[" + ",".join(rows) + "]"
+
+
+def _outbox_rows(rows: Sequence[OutboxInsert]) -> str:
+    """`outbox_insert`'s input: (key, intent key, channel, payload, token, job id, trace
+    context) per row; the payload, JSON already, spliced in as it is."""
+    cells = [
+        f"[{_text(r.key)},{_text(r.intent_key)},{_text(r.channel)},{r.payload_json},"
+        f"{_text(r.token)},{_int_or_null(r.job_id)},{_text_or_null(r.trace_context)}]"
+        for r in rows
+    ]
+    return "[" + ",".join(cells) + "]"
+
+
 def _relayed_rows(finishes: Sequence[RelayedFinish]) -> str:
     """`job_settle_relayed`'s input: one row per job a broker delivered (or gave up on)."""
     return _json_rows(
@@ -826,27 +866,16 @@ class PostgresConsumerTx:
     def intent_claim(self, claims: Sequence[IntentClaim]) -> set[str]:
         if not claims:
             return set()
-        params = {"claims": _json_rows((c.key, c.task, c.job_id) for c in claims)}
+        params = {"claims": _claim_rows(claims)}
         try:
-            return {row[0] for row in self._execute(self._q["intent_claim"], params)}
+            # fetchall: the rows built in one call (iterating the cursor costs a call per row)
+            return {row[0] for row in self._execute(self._q["intent_claim"], params).fetchall()}
         except (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected):
             raise ClaimLockTimeout(", ".join(c.key for c in claims[:3])) from None
 
     def outbox_insert(self, rows: Sequence[OutboxInsert]) -> None:
         if rows:
-            cells = (
-                (
-                    r.key,
-                    r.intent_key,
-                    r.channel,
-                    _Json(r.payload_json),
-                    r.token,
-                    r.job_id,
-                    r.trace_context,
-                )
-                for r in rows
-            )
-            self._execute(self._q["outbox_insert"], {"rows": _json_rows(cells)})
+            self._execute(self._q["outbox_insert"], {"rows": _outbox_rows(rows)})
 
     def intent_owners(self, keys: Sequence[str]) -> dict[str, int | None]:
         if not keys:
@@ -861,12 +890,9 @@ class PostgresConsumerTx:
             self._execute(self._q["intent_release"], {"keys": list(keys)})
 
     def handler_scope(self) -> AbstractContextManager[HandlerConnection]:
-        self._begin()  # the handler's statements go straight to the connection
-        return guard.handler_scope(
-            self._conn,
-            execute=self._execute_raw,
-            transaction_status=self._status,
-        )
+        if not self._begun:
+            self._begin()  # the handler's statements go straight to the connection
+        return guard.HandlerScope(self._conn, self._execute_raw, self._status, None)
 
     def _execute_raw(self, sql: str) -> None:
         self._conn.execute(sql.encode("ascii"))
@@ -884,9 +910,8 @@ class PostgresConsumerTx:
     def job_finish(self, token: str, finishes: Sequence[JobFinish]) -> set[int]:
         if not finishes:
             return set()
-        cells = ((f.id, f.state, f.outcome, f.delay.total_seconds(), f.error) for f in finishes)
-        params = {"token": token, "finishes": _json_rows(cells)}
-        return {row[0] for row in self._execute(self._q["job_finish"], params)}
+        params = {"token": token, "finishes": _finish_rows(finishes)}
+        return {row[0] for row in self._execute(self._q["job_finish"], params).fetchall()}
 
     def job_settle_relayed(self, finishes: Sequence[RelayedFinish]) -> set[int]:
         if not finishes:

@@ -84,19 +84,17 @@ class Result:
         if fixed:
             tail = tuple(fixed.values())
             rows = [row + tail for row in rows]
-        seen: dict[Any, datetime | None] = {}
-
-        def instant(value: Any) -> datetime | None:
-            if value not in seen:
-                seen[value] = decode(value)
-            return seen[value]
-
+        seen: dict[Any, datetime | None] = {}  # each instant decoded once per result set
         order, instants, flags = plan.order, plan.instants, plan.flags
         built: list[R] = []
         for row in rows:
             values = list(order(row))
             for i in instants:
-                values[i] = instant(values[i])
+                value = values[i]
+                try:
+                    values[i] = seen[value]
+                except KeyError:
+                    values[i] = seen[value] = decode(value)
             for i in flags:
                 values[i] = bool(values[i])
             built.append(cls(*values))

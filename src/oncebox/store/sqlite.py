@@ -755,6 +755,11 @@ class SqliteTx:
         return from_micros(self.now_us)
 
 
+def _refuse_transaction_control(action: int, *_args: object) -> int:
+    """The authorizer a handler runs under (`SqliteConsumerTx.handler_scope`)."""
+    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_TRANSACTION else sqlite3.SQLITE_OK
+
+
 class SqliteConsumerTx:
     def __init__(self, store: SqliteStore, conn: sqlite3.Connection) -> None:
         self._store = store
@@ -786,21 +791,21 @@ class SqliteConsumerTx:
         return guard.handler_scope(
             self._conn,
             execute=self._execute_raw,
-            transaction_status=lambda: "ok" if self._conn.in_transaction else "gone",
+            transaction_status=self._status,
             protect=self._deny_transaction_statements,
         )
+
+    def _status(self) -> str:
+        return "ok" if self._conn.in_transaction else "gone"
 
     def _deny_transaction_statements(self) -> Callable[[], None]:
         """While a handler runs, SQLite itself refuses BEGIN/COMMIT/ROLLBACK (savepoints pass),
         however the statement reached it."""
+        self._conn.set_authorizer(_refuse_transaction_control)
+        return self._allow_transaction_statements
 
-        def authorize(action: int, *_args: object) -> int:
-            return (
-                sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_TRANSACTION else sqlite3.SQLITE_OK
-            )
-
-        self._conn.set_authorizer(authorize)
-        return lambda: self._conn.set_authorizer(None)
+    def _allow_transaction_statements(self) -> None:
+        self._conn.set_authorizer(None)
 
     def _execute_raw(self, sql: str) -> None:
         self._conn.execute(sql)
