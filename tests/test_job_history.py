@@ -10,12 +10,14 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from oncebox import Box, JobContext, Retry
 from oncebox.lanes.pruner import Pruner, PrunerConfig
+from oncebox.status import status_data
 from oncebox.store.params import JobFilter
 from oncebox.testing import FrozenClock, MemoryProvider, drain
 from support.db import sql
@@ -231,5 +233,91 @@ def test_a_week_holding_a_job_kept_for_ever_or_an_unsent_message_stays(pg_url):
             pruner.run_once()  # the digest goes by its batch, the invoice stays
             assert "oncebox_job_history_20260817" in weeks(box)
             assert [k for k, _ in where(box)["oncebox_job_history"]] == ["invoice/1"]
+    finally:
+        box.close()
+    box = digest_box(pg_url)  # the week after: a digest whose email is still to send
+    try:
+        with FrozenClock(box, at=T0 + timedelta(weeks=1)) as clock:
+            box.store.job_history_tend(timedelta(weeks=1), 0)
+            box.enqueue("digest", customer=2)
+            drain(box, dispatch=False)  # done, its email pending
+            clock.advance(timedelta(days=60))
+            kept = {"invoice": None}  # the week before holds an invoice kept for ever
+            assert box.store.job_history_drop(kept, timedelta(days=14)) == 0
+            assert "oncebox_job_history_20260824" in weeks(box)
+            drain(box)  # sent
+            assert box.store.job_history_drop(kept, timedelta(days=14)) == 1  # past the kept one
+            assert "oncebox_job_history_20260824" not in weeks(box)
+            assert "oncebox_job_history_20260817" in weeks(box)
+    finally:
+        box.close()
+
+
+BACK_TO_THE_JOBS_TABLE = """
+WITH back AS (DELETE FROM oncebox_job_history RETURNING *)
+INSERT INTO oncebox_jobs
+    (id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+     attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+     last_error, schedule, period, trace_context, limit_key)
+SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt, max_attempts,
+       attempt_base, run_at, expires_at, created_at, leased_by, leased_at, finished_at,
+       last_error, schedule, period, trace_context, limit_key
+FROM back
+"""
+
+
+def reads(box: Box) -> dict[str, Any]:
+    """What operators read of the jobs: listings, a key's jobs, each job, the counts, status."""
+    listed = {
+        state: box.store.job_list(JobFilter(state=state, limit=100))
+        for state in (None, "ready", "done", "dead", "cancelled")
+    }
+    keys = sorted({j.key for j in listed[None] if j.key})
+    status = status_data(box, 2)
+    return {
+        "listed": listed,
+        "by_prefix": box.store.job_list(JobFilter(key_prefix="digest/", limit=100)),
+        "by_key": {key: box.store.job_find_by_key(key) for key in keys},
+        "by_id": {j.id: box.store.job_get(j.id) for j in listed[None]},
+        "attempts": {j.id: box.store.job_attempt_list(j.id) for j in listed[None]},
+        "counts": box.store.job_count_by_state().counts,
+        "status": {k: status[k] for k in ("jobs", "backlog") if k in status},
+    }
+
+
+def test_every_read_is_the_same_whether_finished_jobs_are_in_the_jobs_table_or_the_history(
+    pg_url,
+):
+    """The same workload read three ways: as this release leaves it, as an older release left
+    it (every finished job in the jobs table), and once the move put them back in the history."""
+    box = digest_box(pg_url)
+    try:
+        with FrozenClock(box, at=T0) as clock:
+            box.store.job_history_tend(timedelta(weeks=1), 0)
+            box.enqueue_many("digest", [{"customer": c} for c in range(4)])
+            box.enqueue_many("poison", [{"n": n} for n in range(3)])
+            later = box.enqueue("digest", customer=9, delay=timedelta(days=2))
+            drain(box, raise_on_failure=False)
+            clock.advance(timedelta(hours=1))
+            box.replay("poison/0", reason="fixed the address")
+            box.discard_dead("poison/1", reason="customer left")
+            assert later.job_id is not None
+            box.cancel(later.job_id, reason="not needed")
+            drain(box, raise_on_failure=False, dispatch=False)  # poison/0 dies again
+            box.enqueue("digest", customer=10)  # waits
+            now = reads(box)
+            states = {j.state for j in now["listed"][None]}
+            assert states == {"ready", "done", "dead", "cancelled"}
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(BACK_TO_THE_JOBS_TABLE)
+            assert where(box)["oncebox_job_history"] == []
+            assert reads(box) == now  # as an older release's rows
+            box.store.job_history_tend(timedelta(weeks=1), 100)
+            assert where(box)["oncebox_jobs"] == [
+                ("digest/10", "ready"),
+                ("poison/0", "dead"),
+                ("poison/2", "dead"),
+            ]
+            assert reads(box) == now  # moved
     finally:
         box.close()

@@ -52,6 +52,8 @@ CREATE INDEX oncebox_jobs_claim ON __S__.oncebox_jobs (priority DESC, run_at, id
 CREATE INDEX oncebox_jobs_task_due ON __S__.oncebox_jobs (task, run_at) WHERE stage = 'ready';
 -- a group's waiting, running and broker-held jobs (0016: the relay's group decisions read the
 -- relayed ones; the lease's head check filters them out on the row)
+-- (the relay's trigger reads a group's jobs through it once 0025, applied with this one,
+-- rewrites its reads in `stage`)
 CREATE INDEX oncebox_jobs_group ON __S__.oncebox_jobs (queue, group_key, id)
     WHERE group_key IS NOT NULL AND stage IN ('ready', 'relayed');
 CREATE INDEX oncebox_jobs_limited ON __S__.oncebox_jobs
@@ -77,96 +79,3 @@ SELECT lease_token, min(leased_by), max(lease_expires_at), array_agg(id ORDER BY
 FROM __S__.oncebox_jobs WHERE state = 'leased'
 GROUP BY lease_token;
 
--- The relay's group decisions (0023) read a group's jobs through oncebox_jobs_group, whose
--- predicate now names `stage`: the same function, its two reads of a group's waiting, running and
--- broker-held jobs written in `stage`.
-CREATE OR REPLACE FUNCTION __S__.oncebox_jobs_relay() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    due bigint[];  -- the jobs whose next attempt is to be published now, if their turn has come
-    retried bigint[];  -- heads at a new attempt: published now
-BEGIN
-    -- each branch names only the transition tables its operation has (see oncebox_jobs_depth);
-    -- the jobs table read here already holds the statement's own rows
-    IF TG_OP = 'INSERT' THEN
-        IF NOT EXISTS (SELECT 1 FROM relay_new WHERE state = 'relayed') THEN
-            RETURN NULL;  -- a table queue's insert: no outbox statement (nor its NOTIFY)
-        END IF;
-        PERFORM pg_advisory_xact_lock(g.lock)
-        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
-              FROM relay_new WHERE state = 'relayed' AND group_key IS NOT NULL) g
-        ORDER BY g.lock;
-        SELECT array_agg(n.id) INTO due FROM relay_new n WHERE n.state = 'relayed';
-    ELSE
-        IF NOT EXISTS (SELECT 1 FROM relay_new
-                       WHERE state = 'relayed' OR (state = 'cancelled' AND group_key IS NOT NULL))
-           AND NOT EXISTS (SELECT 1 FROM relay_old WHERE state = 'relayed') THEN
-            -- a table queue's statement: no relayed job among them, and no cancel that could
-            -- free a broker-held group's head (a ready one, not yet handed to the relay)
-            RETURN NULL;
-        END IF;
-        PERFORM pg_advisory_xact_lock(g.lock)
-        FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
-              FROM relay_new WHERE group_key IS NOT NULL) g
-        ORDER BY g.lock;
-        WITH changed AS (
-            SELECT n.id, n.queue, n.group_key, n.state, o.state AS was,
-                   n.attempt <> o.attempt AS next_attempt
-            FROM relay_new n JOIN relay_old o ON o.id = n.id
-        )
-        SELECT array_agg(id) INTO due FROM (
-            -- relayed now (a replay, an adoption): publish its attempt when its turn comes
-            SELECT id FROM changed WHERE state = 'relayed' AND was <> 'relayed'
-            UNION
-            -- a group's head ended: its next job is the head now
-            SELECT h.id
-            FROM (SELECT DISTINCT queue, group_key FROM changed
-                  WHERE group_key IS NOT NULL AND was IN ('ready', 'leased', 'relayed')
-                    AND state NOT IN ('ready', 'leased', 'relayed')) f,
-                 LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
-                          WHERE g.queue = f.queue AND g.group_key = f.group_key
-                            AND g.stage IN ('ready', 'relayed')
-                          ORDER BY g.id LIMIT 1) h
-            WHERE h.state = 'relayed'
-        ) d;
-        -- relayed at a new attempt: delivered, so the head (or in no group)
-        SELECT array_agg(n.id) INTO retried
-        FROM relay_new n JOIN relay_old o ON o.id = n.id
-        WHERE n.state = 'relayed' AND o.state = 'relayed' AND n.attempt <> o.attempt;
-    END IF;
-    -- a job of a group waits while an earlier job of its group waits or runs, and while
-    -- another job of its group is the head: relayed with its attempt's publish written, so
-    -- decided under this lock before, whatever its id (an id is taken at insert, the decision
-    -- when the statement ends: a long batch's job may be decided after a later one's)
-    SELECT array_agg(j.id ORDER BY j.id) INTO due
-    FROM __S__.oncebox_jobs j
-    WHERE j.id = ANY(due) AND j.state = 'relayed'
-      AND (j.group_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM __S__.oncebox_jobs g
-            WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id < j.id
-              AND g.stage IN ('ready', 'relayed')))
-      AND (j.group_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM __S__.oncebox_jobs g
-            JOIN __S__.oncebox_outbox o ON o.key = '~relay/' || g.id || '/' || (g.attempt + 1)
-            WHERE g.queue = j.queue AND g.group_key = j.group_key AND g.id <> j.id
-              AND g.state = 'relayed'));
-    due := due || retried;
-    IF due IS NULL THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO __S__.oncebox_outbox
-        (key, intent_key, channel, payload, token, job_id, next_attempt_at, created_at,
-         trace_context)
-    SELECT '~relay/' || j.id || '/' || (j.attempt + 1), '~relay/' || j.id,
-           '~broker.' || j.queue,
-           jsonb_build_object('job', j.id, 'run', j.attempt + 1, 'task', j.task, 'args', j.args)
-               || CASE WHEN j.group_key IS NULL THEN '{}'::jsonb
-                       ELSE jsonb_build_object('group', j.group_key) END,
-           'relay-' || j.id || '-' || (j.attempt + 1), j.id, j.run_at,
-           (SELECT __S__.oncebox_now()), j.trace_context
-    FROM __S__.oncebox_jobs j
-    WHERE j.id = ANY(due)
-    ORDER BY j.id
-    ON CONFLICT (key) DO NOTHING;
-    RETURN NULL;
-END
-$$;

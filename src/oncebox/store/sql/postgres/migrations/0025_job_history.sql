@@ -92,37 +92,15 @@ BEGIN
 END
 $$;
 
--- A week of the history goes whole (the pruner, `job_history_drop`): the oldest week, once it
--- ended and every task with jobs in it is past its retention (%keep: {task: seconds, or null
--- for ever}; a task not named keeps default_s; NULL: for ever) and none of its jobs has a
--- message still to send. What its jobs counted is folded first, as job_prune folds a batch's:
--- each done job of a schedule period into its run's summary, the depths, the pruned_jobs
--- counter; their failed attempts go with them. The week is locked against writers first (a
--- pruner's batch, a re-opened job), not readers; the drop then waits at most the function's
--- lock timeout for the history itself. Returns the week dropped and its jobs, or no row.
-CREATE FUNCTION __S__.oncebox_job_history_drop(keep jsonb, default_s float8)
-RETURNS TABLE (week text, jobs bigint) LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
+-- Whether a week of the history must stay (oncebox_job_history_drop): a task with jobs in it
+-- kept for ever or not yet past its retention since the week ended (`ends`), or a job of it
+-- with a message still to send.
+CREATE FUNCTION __S__.oncebox_job_history_held(
+    ns text, part text, keep jsonb, default_s float8, ends timestamptz
+) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
-    ns text := (SELECT relnamespace::regnamespace::text FROM pg_class
-                WHERE oid = '__S__.oncebox_job_history'::regclass);
-    part text;
-    ends timestamptz;
     held boolean;
-    n bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('__S__.oncebox_job_history_weeks', 1604));
-    SELECT c.relname INTO part
-    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-    WHERE i.inhparent = '__S__.oncebox_job_history'::regclass AND c.relname ~ '_[0-9]{8}$'
-    ORDER BY c.relname LIMIT 1;
-    IF part IS NULL THEN
-        RETURN;
-    END IF;
-    ends := (to_date(right(part, 8), 'YYYYMMDD') + 7)::timestamp AT TIME ZONE 'UTC';
-    IF ends > __S__.oncebox_now() THEN
-        RETURN;
-    END IF;
-    EXECUTE format('LOCK TABLE %s.%I IN SHARE ROW EXCLUSIVE MODE', ns, part);
     -- each task of the week, one probe each (a skip scan of its finishing-order index)
     EXECUTE format($q$
         WITH RECURSIVE tasks(task) AS (
@@ -139,74 +117,118 @@ BEGIN
               AND (k.s IS NULL OR $3 + make_interval(secs => k.s) > __S__.oncebox_now()))
     $q$, ns, part) INTO held USING keep, default_s, ends;
     IF held THEN
-        RETURN;
+        RETURN true;
     END IF;
+    -- the messages still to send, through the outbox's index for each such state (few, where
+    -- the week's jobs are many), each probed in the week
     EXECUTE format($q$
-        SELECT EXISTS (SELECT 1 FROM %1$s.%2$I j
-                       WHERE EXISTS (SELECT 1 FROM __S__.oncebox_outbox o
-                                     WHERE o.job_id = j.id AND o.state <> 'sent'
-                                       AND o.discarded_at IS NULL OFFSET 0))
+        SELECT EXISTS (
+            SELECT 1
+            FROM (SELECT job_id FROM __S__.oncebox_outbox
+                  WHERE state = 'pending' AND discarded_at IS NULL
+                  UNION ALL
+                  SELECT job_id FROM __S__.oncebox_outbox
+                  WHERE state IN ('leased', 'sending') AND discarded_at IS NULL
+                  UNION ALL
+                  SELECT job_id FROM __S__.oncebox_outbox
+                  WHERE state IN ('dead', 'ambiguous') AND discarded_at IS NULL) u
+            WHERE EXISTS (SELECT 1 FROM %1$s.%2$I j WHERE j.id = u.job_id))
     $q$, ns, part) INTO held;
-    IF held THEN
-        RETURN;  -- its jobs are pruned a batch at a time, around the one kept (job_prune)
-    END IF;
-    EXECUTE format($q$
-        WITH doomed AS MATERIALIZED (
-            SELECT id, task, queue, state, outcome, schedule, period, finished_at
-            FROM %1$s.%2$I
-        ),
-        counted AS (  -- as job_prune counts
-            SELECT d.schedule, d.period, count(*) AS done, COALESCE(sum(m.sent), 0) AS sent,
-                   count(*) FILTER (
-                       WHERE COALESCE(m.last_sent_at, d.finished_at)
-                             <= run.fire_at + make_interval(secs => w.window_s)) AS on_time,
-                   w.window_s
-            FROM doomed d
-            JOIN __S__.oncebox_schedule_runs run
-                ON run.schedule = d.schedule AND run.period = d.period
-            LEFT JOIN __S__.oncebox_schedules sch ON sch.name = d.schedule
-            CROSS JOIN LATERAL (SELECT COALESCE(run.pruned_window_s, sch.slo_window_s)
-                                       AS window_s) w
-            LEFT JOIN LATERAL (
-                SELECT count(*) AS sent, max(o.sent_at) AS last_sent_at
-                FROM __S__.oncebox_outbox o
-                WHERE o.job_id = d.id AND o.discarded_at IS NULL
-            ) m ON true
-            WHERE d.state = 'done' AND d.schedule IS NOT NULL
-            GROUP BY d.schedule, d.period, w.window_s
-        ),
-        summarised AS (
-            UPDATE __S__.oncebox_schedule_runs r
-            SET pruned_done = r.pruned_done + c.done,
-                pruned_sent = r.pruned_sent + c.sent,
-                pruned_on_time = r.pruned_on_time + c.on_time,
-                pruned_window_s = c.window_s
-            FROM counted c
-            WHERE r.schedule = c.schedule AND r.period = c.period
-        ),
-        depths AS (  -- what the depth trigger would have taken off, had the rows been deleted
-            INSERT INTO __S__.oncebox_depths AS d (kind, name, queue, state, outcome, shard, value)
-            SELECT 'job', task, queue, state, COALESCE(outcome, ''), pg_backend_pid(), -count(*)
-            FROM doomed
-            GROUP BY 2, 3, 4, 5
-            ORDER BY 2, 3, 4, 5
-            ON CONFLICT (kind, name, queue, state, outcome, shard)
-            DO UPDATE SET value = d.value + excluded.value
-        ),
-        pruned AS (
-            INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
-            SELECT 'pruned_jobs', pg_backend_pid(), count(*) FROM doomed HAVING count(*) > 0
-            ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
-        ),
-        attempts AS (
-            DELETE FROM __S__.oncebox_job_attempts a WHERE a.job_id IN (SELECT id FROM doomed)
-        )
-        SELECT count(*) FROM doomed
-    $q$, ns, part) INTO n;
-    EXECUTE format('DROP TABLE %s.%I', ns, part);
-    week := part;
-    jobs := n;
-    RETURN NEXT;
+    RETURN held;
+END
+$$;
+
+-- A week of the history goes whole (the pruner, `job_history_drop`): the oldest week that ended
+-- and whose every task with jobs in it is past its retention (keep: {task: seconds, or null for
+-- ever}; a task not named keeps default_s; NULL: for ever), none of its jobs having a message
+-- still to send (a week a task keeps for ever stays, and the weeks after it go). What its jobs
+-- counted is folded first, as job_prune folds a batch's: each done job of a schedule period
+-- into its run's summary, the depths, the pruned_jobs counter; their failed attempts go with
+-- them. The week is locked against writers first (a pruner's batch, a re-opened job), not
+-- readers; the drop then waits at most the function's lock timeout for the history itself.
+-- Returns the week dropped and its jobs, or no row.
+CREATE FUNCTION __S__.oncebox_job_history_drop(keep jsonb, default_s float8)
+RETURNS TABLE (week text, jobs bigint) LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
+DECLARE
+    ns text := (SELECT relnamespace::regnamespace::text FROM pg_class
+                WHERE oid = '__S__.oncebox_job_history'::regclass);
+    part text;
+    ends timestamptz;
+    n bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('__S__.oncebox_job_history_weeks', 1604));
+    FOR part IN
+        SELECT c.relname
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = '__S__.oncebox_job_history'::regclass AND c.relname ~ '_[0-9]{8}$'
+        ORDER BY c.relname
+    LOOP
+        ends := (to_date(right(part, 8), 'YYYYMMDD') + 7)::timestamp AT TIME ZONE 'UTC';
+        EXIT WHEN ends > __S__.oncebox_now();
+        -- judged before the lock (a week a task keeps costs no lock), and again under it
+        CONTINUE WHEN __S__.oncebox_job_history_held(ns, part, keep, default_s, ends);
+        EXECUTE format('LOCK TABLE %s.%I IN SHARE ROW EXCLUSIVE MODE', ns, part);
+        CONTINUE WHEN __S__.oncebox_job_history_held(ns, part, keep, default_s, ends);
+        EXECUTE format($q$
+            WITH doomed AS MATERIALIZED (
+                SELECT id, task, queue, state, outcome, schedule, period, finished_at
+                FROM %1$s.%2$I
+            ),
+            counted AS (  -- as job_prune counts
+                SELECT d.schedule, d.period, count(*) AS done, COALESCE(sum(m.sent), 0) AS sent,
+                       count(*) FILTER (
+                           WHERE COALESCE(m.last_sent_at, d.finished_at)
+                                 <= run.fire_at + make_interval(secs => w.window_s)) AS on_time,
+                       w.window_s
+                FROM doomed d
+                JOIN __S__.oncebox_schedule_runs run
+                    ON run.schedule = d.schedule AND run.period = d.period
+                LEFT JOIN __S__.oncebox_schedules sch ON sch.name = d.schedule
+                CROSS JOIN LATERAL (SELECT COALESCE(run.pruned_window_s, sch.slo_window_s)
+                                           AS window_s) w
+                LEFT JOIN LATERAL (
+                    SELECT count(*) AS sent, max(o.sent_at) AS last_sent_at
+                    FROM __S__.oncebox_outbox o
+                    WHERE o.job_id = d.id AND o.discarded_at IS NULL
+                ) m ON true
+                WHERE d.state = 'done' AND d.schedule IS NOT NULL
+                GROUP BY d.schedule, d.period, w.window_s
+            ),
+            summarised AS (
+                UPDATE __S__.oncebox_schedule_runs r
+                SET pruned_done = r.pruned_done + c.done,
+                    pruned_sent = r.pruned_sent + c.sent,
+                    pruned_on_time = r.pruned_on_time + c.on_time,
+                    pruned_window_s = c.window_s
+                FROM counted c
+                WHERE r.schedule = c.schedule AND r.period = c.period
+            ),
+            depths AS (  -- what the depth trigger would have taken off, had the rows been deleted
+                INSERT INTO __S__.oncebox_depths AS d
+                    (kind, name, queue, state, outcome, shard, value)
+                SELECT 'job', task, queue, state, COALESCE(outcome, ''), pg_backend_pid(), -count(*)
+                FROM doomed
+                GROUP BY 2, 3, 4, 5
+                ORDER BY 2, 3, 4, 5
+                ON CONFLICT (kind, name, queue, state, outcome, shard)
+                DO UPDATE SET value = d.value + excluded.value
+            ),
+            pruned AS (
+                INSERT INTO __S__.oncebox_counters AS c (name, shard, value)
+                SELECT 'pruned_jobs', pg_backend_pid(), count(*) FROM doomed HAVING count(*) > 0
+                ON CONFLICT (name, shard) DO UPDATE SET value = c.value + excluded.value
+            ),
+            attempts AS (
+                DELETE FROM __S__.oncebox_job_attempts a WHERE a.job_id IN (SELECT id FROM doomed)
+            )
+            SELECT count(*) FROM doomed
+        $q$, ns, part) INTO n;
+        EXECUTE format('DROP TABLE %s.%I', ns, part);
+        week := part;
+        jobs := n;
+        RETURN NEXT;
+        RETURN;  -- a week a call: the pruner's next pass takes the next one
+    END LOOP;
 END
 $$;
 
@@ -230,7 +252,8 @@ SELECT id, key, task, queue, args, state, outcome, priority, group_key, attempt,
 FROM __S__.oncebox_job_history;
 
 -- The relay (0016, 0023) learns that a job left: a head moved to the history ends as a head
--- that turned dead does.
+-- that turned dead does. Its two reads of a group's waiting, running and broker-held jobs name
+-- `stage`, so they read oncebox_jobs_group (0024).
 CREATE OR REPLACE FUNCTION __S__.oncebox_jobs_relay() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     due bigint[];  -- the jobs whose next attempt is to be published now, if their turn has come
