@@ -115,11 +115,12 @@ def sizes(url: str) -> dict[str, dict[str, int]]:
     with psycopg.connect(url, autocommit=True) as conn:
         for table in TABLES:
             row = conn.execute(
-                "SELECT COALESCE(sum(pg_table_size(relid)), 0)::bigint,"
-                " COALESCE(sum(pg_indexes_size(relid)), 0)::bigint, (SELECT count(*) FROM "
+                "SELECT sum(pg_table_size(c.oid))::bigint, sum(pg_indexes_size(c.oid))::bigint,"
+                " (SELECT count(*) FROM "
                 + table  # one of TABLES above
-                + ") FROM pg_partition_tree(%s) WHERE isleaf",
-                (table,),
+                + ") FROM pg_class c WHERE c.oid = %s::regclass"
+                " OR c.oid IN (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf)",
+                (table, table),
             ).fetchone()
             assert row is not None
             found[table] = {"table_bytes": row[0], "index_bytes": row[1], "rows": row[2]}
