@@ -5,16 +5,20 @@
 
 On a fresh PostgreSQL database, `--rows` prunable rows are loaded by `INSERT ... SELECT
 generate_series`, as months of a weekly digest leave them: half done jobs that finished 30 days
-ago, half the sent messages they wrote 100 days ago (a ~1 KB rendered digest each, with its one
-delivery attempt), then the indexes are in place and the tables analysed, as autovacuum would
-have them. Then:
+ago, in the history of finished jobs (`oncebox_job_history`, in the partition of the week they
+finished in, made first as a running pruner makes weeks ahead; with the weeks up to four weeks
+ahead, where the measured jobs finish), half the sent messages they wrote 100 days ago (a ~1 KB
+rendered digest each, with its one delivery attempt), then the indexes are in place and the
+tables analysed, as autovacuum would have them. Then:
 
 1. **baseline**: `--rounds` times, `--measure` keyed no-op jobs are enqueued and one worker drains
    them (`box.work(until_idle=True)`, default settings; its own pruner has nothing to do);
 2. **while pruning**: the pruner lane starts in a process of its own — the same `Pruner` a worker
    runs, default policy (jobs 14 days, messages 90 days), batches of 1 000, paced at its default
    duty (`--duty`) — and the same measurement is repeated every `--gap` seconds until the pruner
-   has removed every row past its retention;
+   has removed every row past its retention: the jobs' week dropped whole
+   (`Store.job_history_drop`, as the pruner does once a week is past retention), the messages
+   and their attempts by batched DELETE;
 
 In both phases a thread does what a production server's autovacuum would (this benchmark's
 server runs without it): once a minute, each table past its own thresholds is vacuumed.
@@ -58,11 +62,19 @@ PAYLOAD = json.dumps(
         "date": "Mon, 17 Aug 2026 09:00:00 +0000",
     }
 )
+# the history's weeks, from the load's to four weeks ahead (the pruner's HISTORY_AHEAD): made
+# before the load, as a running pruner would have made them, so no row waits in the default
+# partition for the pruner's first pass to move it
+LOAD_WEEKS = """
+SELECT oncebox_job_history_weeks(now() - interval '31 days', now() + interval '28 days')
+"""
+# a finished job lives in the history (0025); its id is drawn where the jobs table's are
 LOAD_JOBS = """
-INSERT INTO oncebox_jobs (key, task, queue, args, state, outcome, attempt, max_attempts, run_at,
-                          created_at, finished_at)
-SELECT 'weekly-digest/customer-' || n || '/2026-W30', 'weekly_digest', 'default',
-       jsonb_build_object('customer', n), 'done', 'completed', 1, 8,
+INSERT INTO oncebox_job_history (id, key, task, queue, args, state, outcome, priority, attempt,
+                                 max_attempts, attempt_base, run_at, created_at, finished_at)
+SELECT nextval(pg_get_serial_sequence('oncebox_jobs', 'id')),
+       'weekly-digest/customer-' || n || '/2026-W30', 'weekly_digest', 'default',
+       jsonb_build_object('customer', n), 'done', 'completed', 0, 1, 8, 0,
        now() - interval '31 days', now() - interval '31 days',
        now() - interval '30 days' + make_interval(secs => n * 0.0001)
 FROM generate_series(1, %(count)s) AS n
@@ -80,7 +92,7 @@ LOAD_ATTEMPTS = """
 INSERT INTO oncebox_delivery_attempts (outbox_id, attempt, finished_at, outcome, receipt)
 SELECT id, 1, sent_at, 'sent', receipt FROM oncebox_outbox
 """
-TABLES = ("oncebox_jobs", "oncebox_outbox", "oncebox_delivery_attempts")
+TABLES = ("oncebox_jobs", "oncebox_job_history", "oncebox_outbox", "oncebox_delivery_attempts")
 QUIET = Retention(jobs=None, payloads=None, messages=None, delivery_attempts=None, audit=None)
 
 
@@ -88,6 +100,7 @@ def load(url: str, rows: int) -> float:
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET maintenance_work_mem = '512MB'")
+        conn.execute(LOAD_WEEKS.encode())
         conn.execute(LOAD_JOBS.encode(), {"count": rows // 2})
         conn.execute(LOAD_MESSAGES.encode(), {"count": rows - rows // 2, "payload": PAYLOAD})
         conn.execute(LOAD_ATTEMPTS.encode())
@@ -96,13 +109,17 @@ def load(url: str, rows: int) -> float:
 
 
 def sizes(url: str) -> dict[str, dict[str, int]]:
+    """Each table's bytes, its indexes' and its rows; a partitioned table's (the history) summed
+    over its partitions (its parent holds none)."""
     found = {}
     with psycopg.connect(url, autocommit=True) as conn:
         for table in TABLES:
             row = conn.execute(
-                "SELECT pg_table_size(%s), pg_indexes_size(%s), (SELECT count(*) FROM "
+                "SELECT sum(pg_table_size(c.oid))::bigint, sum(pg_indexes_size(c.oid))::bigint,"
+                " (SELECT count(*) FROM "
                 + table  # one of TABLES above
-                + ")",
+                + ") FROM pg_class c WHERE c.oid = %s::regclass"
+                " OR c.oid IN (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf)",
                 (table, table),
             ).fetchone()
             assert row is not None

@@ -49,13 +49,19 @@ machine's load average at the start and end is recorded: CPU and times move with
 over the first `--measure` jobs of a `--large` backlog against a `--small` one.
 
 `--prune`: two weeks of N finished keyed no-op jobs on the store's frozen clock (FrozenClock: the
-first week's jobs finish at T, the second's at T + 7 days; the clock then stands at T + 14 days),
-a VACUUM, then the store's own job prune (`Store.prune("jobs", …)`, the Pruner lane's batch of
-1 000) removes the first week — timed, with its WAL — then a timed VACUUM. If the store's schema
-has a partitioned history table (`pg_partitioned_table`, a table named like '%history%'), the
-same load on a second database has the partition holding the oldest rows detached and dropped
-instead, timed, and the ratio is reported; otherwise the output says the partition figure needs
-the new schema.
+history's weeks made at T first, `Store.job_history_tend`, as the pruner keeps four weeks ahead;
+the first week's jobs finish at T, a Monday noon, the second's at T + 7 days; the clock then
+stands at T + 14 days), loaded alike on two fresh databases, each then VACUUMed. The task keeps
+its jobs 3 days: retention goes by week (the cutoff is the Monday 00:00 UTC of the week holding
+now - 3 days, T + 7 days at midnight), so the first week is past it and the second is not.
+- on the first, the store's own job prune (`Store.prune("jobs", …)`, the Pruner lane's batch of
+  1 000) loops until it removes no more — timed, with its WAL — then a timed VACUUM;
+- on the second, the store's week drop (`Store.job_history_drop`, what the pruner runs before
+  any batch) drops the first week's partition whole — timed, with its WAL; then, as the floor
+  under it, the second week's partition is detached and dropped by hand (`raw`: no retention
+  or message checks, no folding), timed.
+Reported: both, and the ratios drop / (DELETE + VACUUM) and drop / DELETE (issue 47's target:
+at most 0.01).
 
 `--size tiny` is a seconds-long run for the test suite; the figures are written as JSON to
 `--json` (default bench/results/storage.json).
@@ -104,6 +110,9 @@ from oncebox.testing import FrozenClock
 
 ROOT = Path(__file__).resolve().parents[1]
 PRUNE_BATCH = 1000
+# the pruned task's retention: at FROZEN_AT + 14 days the cutoff by week is the Monday of
+# FROZEN_AT + 11 days, FROZEN_AT's next Monday — the first week is past it, the second not
+PRUNE_KEEP = timedelta(days=3)
 WEEK = timedelta(days=7)
 # a Monday noon some weeks back: the first pruned week's jobs finish then
 FROZEN_AT = datetime(2026, 10, 5, 12, 0, tzinfo=UTC)
@@ -316,11 +325,14 @@ def backlog_figures(admin: str, size: Size) -> dict[str, Any]:
 
 def two_weeks(url: str, jobs: int) -> None:
     """`jobs` keyed no-op jobs finished at FROZEN_AT, as many a week later; the clock is left
-    at FROZEN_AT + 14 days (a lease lapses 30 s after this process lets go of it)."""
+    at FROZEN_AT + 14 days (a lease lapses 30 s after this process lets go of it). The history's
+    weeks are made first, at FROZEN_AT and four ahead (`Store.job_history_tend`, as the pruner
+    keeps them): each job lands in its week's partition, not the default one."""
     box = noop_box(url, keyed=True)
     try:
         clock = FrozenClock(box, FROZEN_AT)
         try:
+            box.store.job_history_tend(timedelta(weeks=4), 0)
             for week in range(2):
                 args = [{"n": i} for i in range(week * jobs, (week + 1) * jobs)]
                 assert box.enqueue_many("noop", args).created == jobs
@@ -341,105 +353,166 @@ def timed_sql(url: str, *statements: str) -> float:
         return time.perf_counter() - started
 
 
-def partitioned_history(url: str) -> tuple[str, str | None] | None:
-    """The first partitioned table named like '%history%' and its partition key's column (None
-    for an expression key), if the schema has one."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT c.oid::regclass::text, a.attname FROM pg_partitioned_table p"
-            " JOIN pg_class c ON c.oid = p.partrelid"
-            " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = p.partattrs[0]"
-            " WHERE c.relname LIKE '%%history%%' ORDER BY c.relname LIMIT 1"
-        ).fetchone()
-    return (str(row[0]), row[1] and str(row[1])) if row else None
+def week_cutoff(now: datetime, keep: timedelta) -> datetime:
+    """Retention by week (job_prune, job_history_drop): a job goes once the whole week it
+    finished in is past `keep`, that is when it finished before the Monday 00:00 UTC of the week
+    holding `now - keep`."""
+    past = (now - keep).astimezone(UTC)
+    return datetime(past.year, past.month, past.day, tzinfo=UTC) - timedelta(days=past.weekday())
 
 
 def prune_figures(admin: str, jobs: int) -> dict[str, Any]:
-    """One week of `jobs` finished jobs pruned by the store's batches, then the partition drop
-    if the schema has one."""
+    """The same two weeks on two fresh databases; on the first, the store's batched DELETE
+    (`Store.prune`, the batches of the Pruner lane) removes the first week, then a VACUUM; on
+    the second, the store's week drop (`Store.job_history_drop`, what the pruner runs first)
+    removes it whole. Both timed, with their WAL; the ratio drop / (DELETE + VACUUM)."""
+    now = FROZEN_AT + 2 * WEEK
+    cutoff = week_cutoff(now, PRUNE_KEEP)
+    # the first week is past retention by week, the second is not
+    assert FROZEN_AT < cutoff <= FROZEN_AT + WEEK, cutoff
+    delete = batched_delete(admin, jobs, now)
+    if delete["pruned"] != jobs:
+        print(
+            f"storage: the prune removed {delete['pruned']} jobs, not the first week's {jobs}",
+            file=sys.stderr,
+        )
+    drop = week_drop(admin, jobs, now)
+    return {
+        "jobs_per_week": jobs,
+        "keep_days": PRUNE_KEEP / timedelta(days=1),
+        "now": now.isoformat(),
+        "cutoff": cutoff.isoformat(),
+        **delete,
+        "drop": drop,
+        "drop_over_delete_and_vacuum": (
+            round(drop["drop_s"] / delete["delete_and_vacuum_s"], 5)
+            if drop.get("drop_s") is not None
+            else None
+        ),
+        "drop_over_delete": (
+            round(drop["drop_s"] / delete["delete_s"], 5)
+            if drop.get("drop_s") is not None
+            else None
+        ),
+    }
+
+
+def batched_delete(admin: str, jobs: int, now: datetime) -> dict[str, Any]:
+    """The first week pruned by the store's batches, then VACUUM: timed, with their WAL."""
     with postgres_url(admin)() as url:
         two_weeks(url, jobs)
         timed_sql(url, "VACUUM")  # the processing's dead rows, so the timed one is the prune's
-        history = partitioned_history(url)
-        before = lsn(admin)
         box = noop_box(url, keyed=True)
-        clock = FrozenClock(box, FROZEN_AT + 2 * WEEK)  # this process holds it now
+        clock = FrozenClock(box, now)  # this process holds it now
         try:
+            box.store.prune_names("jobs")  # the pool's connection open before the timing
+            before = lsn(admin)
             started, pruned = time.perf_counter(), 0
-            while batch := box.store.prune("jobs", "noop", timedelta(days=10), PRUNE_BATCH):
+            while batch := box.store.prune("jobs", "noop", PRUNE_KEEP, PRUNE_BATCH):
                 pruned += batch
             delete_s = time.perf_counter() - started
+            deleted = lsn(admin)
         finally:
             clock.release()
             box.close()
-        deleted = lsn(admin)
         vacuum_s = timed_sql(url, "VACUUM")
         vacuumed = lsn(admin)
-    if pruned != jobs:  # said, not fatal: a new schema's prune may count otherwise
-        print(
-            f"storage: the prune removed {pruned} jobs, not the first week's {jobs}",
-            file=sys.stderr,
-        )
-    figures: dict[str, Any] = {
-        "jobs_per_week": jobs,
+        left = history_rows(url)
+    return {
         "pruned": pruned,
+        "left": left,
         "batch": PRUNE_BATCH,
         "delete_s": round(delete_s, 3),
         "delete_per_s": round(pruned / delete_s),
+        "delete_wal_bytes": lsn_bytes(admin, before, deleted),
         "delete_wal_bytes_per_job": round(lsn_bytes(admin, before, deleted) / jobs, 1),
         "vacuum_s": round(vacuum_s, 3),
         "vacuum_wal_bytes_per_job": round(lsn_bytes(admin, deleted, vacuumed) / jobs, 1),
         "delete_and_vacuum_s": round(delete_s + vacuum_s, 3),
     }
-    if history is None:
-        return {
-            **figures,
-            "partition": None,
-            "partition_note": "no partitioned '%history%' table in the store's schema: the "
-            "partition drop's figure needs the new schema (issue 47)",
-        }
-    return {**figures, "partition": partition_drop(admin, jobs, delete_s + vacuum_s)}
 
 
-def partition_drop(admin: str, jobs: int, delete_and_vacuum_s: float) -> dict[str, Any]:
-    """The same two weeks on a fresh database; the history partition holding the oldest rows
-    detached and dropped, timed."""
+def week_drop(admin: str, jobs: int, now: datetime) -> dict[str, Any]:
+    """The first week dropped whole by the store (`job_history_drop`, the task's retention as
+    the DELETE's): timed, with its WAL; the partition it held and its rows read before."""
     with postgres_url(admin)() as url:
         two_weeks(url, jobs)
         timed_sql(url, "VACUUM")
         oldest = oldest_partition(url)
-        if oldest is None:
-            return {"note": "the partitioned history table holds no rows"}
-        before = lsn(admin)
-        seconds = timed_sql(
-            url,
-            f"ALTER TABLE {oldest['table']} DETACH PARTITION {oldest['partition']}",
-            f"DROP TABLE {oldest['partition']}",
-        )
-        wal = lsn_bytes(admin, before, lsn(admin))
+        box = noop_box(url, keyed=True)
+        clock = FrozenClock(box, now)
+        try:
+            box.store.prune_names("jobs")  # as the DELETE's: the connection open first
+            before = lsn(admin)
+            started = time.perf_counter()
+            dropped = box.store.job_history_drop({"noop": PRUNE_KEEP}, None)
+            seconds = time.perf_counter() - started
+            after = lsn(admin)
+        finally:
+            clock.release()
+            box.close()
+        left = history_rows(url)
+        gone = oldest is not None and not partition_exists(url, oldest["partition"])
+        raw = raw_drop(admin, url)
+    if dropped != jobs:
+        print(f"storage: the week drop removed {dropped} jobs, not {jobs}", file=sys.stderr)
+    wal = lsn_bytes(admin, before, after)
     return {
-        **oldest,
-        "drop_s": round(seconds, 4),
+        **(oldest or {}),
+        "dropped": dropped,
+        "left": left,
+        "partition_gone": gone,
+        "drop_s": round(seconds, 5),
         "drop_wal_bytes": wal,
-        "delete_and_vacuum_over_drop": round(delete_and_vacuum_s / seconds, 1),
+        "drop_wal_bytes_per_job": round(wal / jobs, 2),
+        "raw": raw,
     }
 
 
+def raw_drop(admin: str, url: str) -> dict[str, Any] | None:
+    """The floor under the store's drop: the next week's partition (as many rows) detached and
+    dropped by hand, with none of the store's checks (retention of each task, messages still to
+    send) nor its folding (period summaries, depths, counters)."""
+    oldest = oldest_partition(url)
+    if oldest is None:
+        return None
+    before = lsn(admin)
+    seconds = timed_sql(
+        url,
+        f"ALTER TABLE oncebox_job_history DETACH PARTITION {oldest['partition']}",
+        f"DROP TABLE {oldest['partition']}",
+    )
+    return {
+        **oldest,
+        "drop_s": round(seconds, 5),
+        "drop_wal_bytes": lsn_bytes(admin, before, lsn(admin)),
+    }
+
+
+def history_rows(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM oncebox_job_history").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def partition_exists(url: str, name: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])
+
+
 def oldest_partition(url: str) -> dict[str, Any] | None:
-    """The partitioned history table's partition holding its oldest rows (by the partition
-    key's column; by name for an expression key), with its row count; None without rows."""
-    found = partitioned_history(url)
-    assert found is not None
-    parent, column = found
-    order = f'min("{column}")' if column else "1"
+    """The history's partition holding its oldest rows, with its row count; None without
+    rows."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            f"SELECT tableoid::regclass::text, count(*) FROM {parent}"
-            f" GROUP BY 1 ORDER BY {order}, 1 LIMIT 1".encode()
+            "SELECT tableoid::regclass::text, count(*) FROM oncebox_job_history"
+            " GROUP BY 1 ORDER BY min(finished_at), 1 LIMIT 1"
         ).fetchone()
     if row is None:
         return None
-    return {"table": parent, "partition": str(row[0]), "key": column, "rows": int(row[1])}
+    return {"partition": str(row[0]), "rows": int(row[1])}
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -563,16 +636,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if args.prune:
                 report["prune"] = prune_figures(admin, size.jobs)
-                p = report["prune"]
+                p, d = report["prune"], report["prune"]["drop"]
                 print(
-                    f"\nprune one week ({p['pruned']:,} jobs): batched DELETE {p['delete_s']} s "
+                    f"\nprune one week ({p['pruned']:,} jobs, keep {p['keep_days']:g} days, "
+                    f"cutoff {p['cutoff']}): batched DELETE {p['delete_s']} s "
                     f"({p['delete_per_s']:,}/s, {p['delete_wal_bytes_per_job']} WAL bytes/job) "
                     f"+ VACUUM {p['vacuum_s']} s"
                 )
-                if p["partition"] is None:
-                    print(f"  partition drop: not measured — {p['partition_note']}")
-                else:
-                    print(f"  partition drop: {json.dumps(p['partition'])}")
+                print(
+                    f"  week drop ({d.get('partition')}, {d['dropped']:,} jobs): {d['drop_s']} s, "
+                    f"{d['drop_wal_bytes']:,} WAL bytes; drop / (DELETE + VACUUM) "
+                    f"{p['drop_over_delete_and_vacuum']}, drop / DELETE {p['drop_over_delete']}"
+                )
+                if d["raw"] is not None:
+                    print(
+                        f"  by hand, DETACH + DROP of the next week ({d['raw']['rows']:,} rows): "
+                        f"{d['raw']['drop_s']} s, {d['raw']['drop_wal_bytes']:,} WAL bytes"
+                    )
     except ClusterUnavailable as exc:
         print(f"storage: no private cluster to measure on: {exc}", file=sys.stderr)
         return 1

@@ -69,7 +69,12 @@ def test_the_storage_benchmark_reports_per_job_backlog_and_prune_figures_without
     assert backlog["small_per_s"] > 0 and backlog["large_per_s"] > 0, backlog
     assert backlog["large"] > backlog["small"], backlog
     prune = figures["prune"]
-    assert prune["pruned"] == prune["jobs_per_week"] == 300, prune  # the first week, not both
+    # retention by week: the first week goes, by batches on one database, whole on the other
+    assert prune["pruned"] == prune["jobs_per_week"] == 300, prune
+    assert prune["left"] == 300, prune  # the second week is kept
     assert prune["delete_s"] > 0 and prune["vacuum_s"] > 0, prune
-    # the partition figure is there exactly when the schema has a partitioned history table
-    assert prune["partition"] is not None or "needs the new schema" in prune["partition_note"]
+    drop = prune["drop"]
+    assert (drop["rows"], drop["dropped"], drop["left"]) == (300, 300, 300), drop
+    assert drop["partition"].endswith("oncebox_job_history_20261005"), drop
+    assert drop["partition_gone"], drop
+    assert drop["drop_s"] > 0 and prune["drop_over_delete_and_vacuum"] > 0, prune
