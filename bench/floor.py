@@ -398,7 +398,7 @@ def dispatch_ours(
 
 
 def check_ours(url: str, jobs: int) -> None:
-    check(url, "SELECT count(*) FROM oncebox_jobs WHERE state = 'done'", jobs, "jobs done")
+    check(url, "SELECT count(*) FROM oncebox_all_jobs WHERE state = 'done'", jobs, "jobs done")
     check(url, "SELECT count(*) FROM oncebox_intents", jobs, "intents")
     check(url, "SELECT count(*) FROM oncebox_outbox WHERE state = 'sent'", jobs, "messages sent")
 

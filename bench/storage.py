@@ -106,6 +106,7 @@ from outbox import make_box, work_full
 
 import oncebox
 from oncebox.kernel.clock import real_now
+from oncebox.retention.policy import by_week
 from oncebox.testing import FrozenClock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,11 +355,10 @@ def timed_sql(url: str, *statements: str) -> float:
 
 
 def week_cutoff(now: datetime, keep: timedelta) -> datetime:
-    """Retention by week (job_prune, job_history_drop): a job goes once the whole week it
-    finished in is past `keep`, that is when it finished before the Monday 00:00 UTC of the week
-    holding `now - keep`."""
-    past = (now - keep).astimezone(UTC)
-    return datetime(past.year, past.month, past.day, tzinfo=UTC) - timedelta(days=past.weekday())
+    """Retention by week (the pruner's `by_week`, job_history_drop): a job goes once the whole
+    week it finished in is past `keep`, that is when it finished before the Monday 00:00 UTC of
+    the week holding `now - keep`."""
+    return now - by_week(keep, now)
 
 
 def prune_figures(admin: str, jobs: int) -> dict[str, Any]:
@@ -408,7 +408,9 @@ def batched_delete(admin: str, jobs: int, now: datetime) -> dict[str, Any]:
             box.store.prune_names("jobs")  # the pool's connection open before the timing
             before = lsn(admin)
             started, pruned = time.perf_counter(), 0
-            while batch := box.store.prune("jobs", "noop", PRUNE_KEEP, PRUNE_BATCH):
+            # the pruner's batches: its retention stretched to the week (retention/policy.py)
+            keep = by_week(PRUNE_KEEP, now)
+            while batch := box.store.prune("jobs", "noop", keep, PRUNE_BATCH):
                 pruned += batch
             delete_s = time.perf_counter() - started
             deleted = lsn(admin)

@@ -18,7 +18,7 @@ from oncebox.store.params import (
     ScheduleRunRef,
 )
 from oncebox.store.protocol import Store
-from oncebox.store.records import ScheduleRunClaim
+from oncebox.store.records import HistoryTended, ScheduleRunClaim
 from support.contract import (
     T0,
     advance,
@@ -227,3 +227,25 @@ def test_prunable_counts_up_to_its_limit_and_nothing_for_ever_kept_rows(store: S
     assert (forever.oldest, forever.waiting) == (T0, 0)
     assert store.prune_names("payloads") == ["email"]
     assert store.prunable("payloads", "nothing-here", timedelta(0), limit=10).oldest is None
+
+
+def test_a_history_by_week_is_made_ahead_and_a_week_past_retention_goes_whole(store: Store):
+    """PostgreSQL's history of finished jobs (0025); SQLite keeps them in its jobs table, where
+    both operations have nothing to do."""
+    tended = store.job_history_tend(WEEK, 100)
+    if not store.keeps_history:
+        assert tended == HistoryTended(0, 0, 0)
+        done_job(store, "k/done")
+        advance(store, 4 * WEEK)
+        assert store.job_history_drop({}, WEEK) == 0
+        return
+    assert tended.made and (tended.moved, tended.waiting) == (0, 0)  # T0's week and the next
+    done = done_job(store, "k/done")
+    kept = done_job(store, "k/kept", task="u")
+    advance(store, 4 * WEEK)
+    assert store.job_history_drop({"u": None}, WEEK) == 0  # a task kept for ever holds its week
+    assert store.job_get(done) is not None
+    assert store.job_history_drop({"u": WEEK}, WEEK) == 2
+    assert store.job_get(done) is None and store.job_get(kept) is None
+    assert counters(store) == {"pruned_jobs": 2}
+    assert "done" not in store.job_count_by_state().counts

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from oncebox.kernel.clock import monotonic
 from oncebox.lanes.lane import run_forever
-from oncebox.retention.policy import Plan
+from oncebox.retention.policy import Plan, by_week
 from oncebox.runtime.runtime import Runtime
 from oncebox.store.params import PRUNE_KINDS, PruneKind
 from oncebox.store.protocol import Store
@@ -99,6 +99,7 @@ class Pruner:
             result.pruned["jobs"] += dropped
             result.full = result.full or dropped > 0
         deleting: set[str] = set()  # channels whose message batch came back full
+        now = self.store.clock_now()
         for kind in ORDER:
             if kind == "jobs" and result.pruned["jobs"]:
                 continue  # a week went whole: the next pass sees whether the next one may
@@ -106,6 +107,8 @@ class Pruner:
                 keep = self.plan.policy(kind, name)
                 if keep is None or _moot(kind, name, deleting):
                     continue
+                if kind == "jobs" and self.store.keeps_history:
+                    keep = by_week(keep, now)
                 acted = self.store.prune(kind, name, keep, self.config.batch_size)
                 result.pruned[kind] += acted
                 if acted >= self.config.batch_size:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from oncebox.retention.policy import Plan
+from oncebox.retention.policy import Plan, by_week
 from oncebox.store.params import PRUNE_KINDS, PruneKind
 from oncebox.store.protocol import Store
 
@@ -45,10 +45,13 @@ class HeldRow:
 def held(store: Store, plan: Plan, cap: int | None = STATUS_CAP) -> list[HeldRow]:
     """Every kind and name that has rows, in pruning order."""
     rows = []
+    now = store.clock_now()
     for kind in PRUNE_KINDS:
         for name in store.prune_names(kind):
             keep = plan.policy(kind, name)
-            found = store.prunable(kind, name, keep, UNCAPPED if cap is None else cap + 1)
+            weekly = keep is not None and kind == "jobs" and store.keeps_history
+            asked = by_week(keep, now) if weekly and keep is not None else keep
+            found = store.prunable(kind, name, asked, UNCAPPED if cap is None else cap + 1)
             capped = cap is not None and found.waiting > cap
             waiting = min(found.waiting, cap) if cap is not None else found.waiting
             rows.append(HeldRow(kind, name, keep, found.oldest, waiting, capped))

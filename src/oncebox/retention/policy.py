@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import timedelta
+from datetime import UTC, datetime, time, timedelta
 
 from oncebox.jobs.tasks import Task
 from oncebox.kernel.durations import check_keep
@@ -107,6 +107,17 @@ class Plan:
         its messages with them: the pass steps over those.)"""
         kept = [self.retention.jobs] + [t.keep_jobs for t in self.tasks.values()]
         return max((k for k in kept if k is not None and k != FOREVER), default=timedelta(0))
+
+
+def by_week(keep: timedelta, now: datetime) -> timedelta:
+    """A finished job's retention where a history keeps them by week (PostgreSQL, 0025): `keep`
+    stretched so that its cutoff, `now - keep`, falls on the Monday (00:00 UTC) of the week it
+    would fall in. A job then goes with its week — up to seven days after `keep` — and a week
+    whose every task is past its retention goes whole (`Store.job_history_drop`) before any
+    batch could take its rows one by one."""
+    cutoff = (now - keep).astimezone(UTC)
+    monday = datetime.combine(cutoff.date() - timedelta(days=cutoff.weekday()), time(), UTC)
+    return now - monday
 
 
 def _own(own: timedelta | None, default: timedelta | None) -> timedelta | None:

@@ -887,26 +887,20 @@ SELECT (SELECT min(f.run_at)
 
 -- name: job_prune
 -- Delete a batch of one task's done and cancelled jobs finished before the cutoff, oldest first,
--- from the history (oncebox_job_history_finished, 0025), with their attempts. A job goes with
--- its week: kept until the whole week it finished in is past its retention (up to a week
--- longer than the retention says), so that a week all of whose tasks' jobs may go is dropped
--- whole by job_history_drop before a batch could take its rows one by one; a batch takes the
--- rest (a week that a task kept longer, or a job with a message still to send, holds). A job with a message not yet sent (nor discarded) stays: its period's
+-- from the history (oncebox_job_history_finished, 0025), with their attempts. The pruner asks
+-- for a cutoff on a Monday (retention/policy.py, `by_week`): a week all of whose tasks' jobs
+-- may go is dropped whole by job_history_drop, and a batch takes the rest (a week that a task
+-- keeps longer, or a job with a message still to send, holds). A job with a message not yet sent (nor discarded) stays: its period's
 -- figures still move with it, and an operator may still act on it. What a done job of a
 -- schedule period counted is added to its run's summary (0011) in the same statement: the
 -- period's figures outlive its jobs. Counted as pruned_jobs.
 -- fence: state, finished_at
 WITH clock AS MATERIALIZED (SELECT __S__.oncebox_now() AS now),
-cutoff AS MATERIALIZED (  -- the Monday (UTC) of the week the retention's cutoff falls in
-    SELECT date_trunc('week', (now - make_interval(secs => %(older_than_s)s)) AT TIME ZONE 'UTC')
-           AT TIME ZONE 'UTC' AS week
-    FROM clock
-),
 doomed AS (
     SELECT j.id, j.schedule, j.period, j.state, j.finished_at
     FROM __S__.oncebox_job_history j
     WHERE j.task = %(task)s
-      AND j.finished_at < (SELECT week FROM cutoff)
+      AND j.finished_at < (SELECT now FROM clock) - make_interval(secs => %(older_than_s)s)
       -- OFFSET 0 keeps this a probe of oncebox_outbox_job per job: as an anti-join the planner,
       -- expecting almost no unsent message, read the whole outbox for every batch (bench/
       -- retention.py: 215 ms a batch at 500 000 messages, 3 ms with the probe)
@@ -1028,10 +1022,8 @@ SELECT (SELECT min(finished_at) FROM __S__.oncebox_job_history WHERE task = %(ta
             SELECT 1 FROM __S__.oncebox_job_history j
             WHERE %(older_than_s)s::float8 IS NOT NULL
               AND j.task = %(task)s
-              AND j.finished_at  -- job_prune's cutoff: the week it falls in
-                  < date_trunc('week', ((SELECT now FROM clock)
-                                        - make_interval(secs => %(older_than_s)s::float8))
-                                       AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+              AND j.finished_at < (SELECT now FROM clock)
+                                  - make_interval(secs => %(older_than_s)s::float8)
               AND NOT EXISTS (SELECT 1 FROM __S__.oncebox_outbox o  -- a probe: see job_prune
                               WHERE o.job_id = j.id AND o.state <> 'sent'
                                 AND o.discarded_at IS NULL OFFSET 0)
