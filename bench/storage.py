@@ -52,8 +52,9 @@ over the first `--measure` jobs of a `--large` backlog against a `--small` one.
 history's weeks made at T first, `Store.job_history_tend`, as the pruner keeps four weeks ahead;
 the first week's jobs finish at T, a Monday noon, the second's at T + 7 days; the clock then
 stands at T + 14 days), loaded alike on two fresh databases, each then VACUUMed. The task keeps
-its jobs 3 days: retention goes by week (the cutoff is the Monday 00:00 UTC of the week holding
-now - 3 days, T + 7 days at midnight), so the first week is past it and the second is not.
+its jobs 7 days: a retention of a week or more goes by week (the cutoff is the Monday 00:00 UTC
+of the week holding now - 7 days, T + 7 days at midnight), so the first week is past it and the
+second is not.
 - on the first, the store's own job prune (`Store.prune("jobs", …)`, the Pruner lane's batch of
   1 000) loops until it removes no more — timed, with its WAL — then a timed VACUUM;
 - on the second, the store's week drop (`Store.job_history_drop`, what the pruner runs before
@@ -113,7 +114,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRUNE_BATCH = 1000
 # the pruned task's retention: at FROZEN_AT + 14 days the cutoff by week is the Monday of
 # FROZEN_AT + 11 days, FROZEN_AT's next Monday — the first week is past it, the second not
-PRUNE_KEEP = timedelta(days=3)
+PRUNE_KEEP = timedelta(days=7)  # a week or more: by week (retention/policy.py, by_week)
 WEEK = timedelta(days=7)
 # a Monday noon some weeks back: the first pruned week's jobs finish then
 FROZEN_AT = datetime(2026, 10, 5, 12, 0, tzinfo=UTC)

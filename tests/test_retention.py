@@ -242,7 +242,7 @@ def test_prune_without_an_app_is_a_usage_mistake(sqlite_url: str):
     )
 
 
-def test_a_history_by_week_stretches_a_jobs_retention_to_the_monday_its_cutoff_falls_in():
+def test_a_history_by_week_stretches_a_weeks_retention_to_the_monday_its_cutoff_falls_in():
     from oncebox.retention.policy import by_week
 
     wednesday = datetime(2026, 9, 2, 15, 30, tzinfo=UTC)  # 14 days back: Wednesday 19 August
@@ -250,3 +250,4 @@ def test_a_history_by_week_stretches_a_jobs_retention_to_the_monday_its_cutoff_f
     assert wednesday - stretched == datetime(2026, 8, 17, tzinfo=UTC)  # that week's Monday
     monday = datetime(2026, 8, 31, tzinfo=UTC)  # a cutoff already on a Monday stays
     assert by_week(14 * DAY, monday) == 14 * DAY
+    assert by_week(DAY, wednesday) == DAY  # shorter than a week: by batches, as asked

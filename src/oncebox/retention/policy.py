@@ -109,12 +109,20 @@ class Plan:
         return max((k for k in kept if k is not None and k != FOREVER), default=timedelta(0))
 
 
+#: A retention at least this long goes by week where a history keeps finished jobs by week.
+WEEK = timedelta(weeks=1)
+
+
 def by_week(keep: timedelta, now: datetime) -> timedelta:
-    """A finished job's retention where a history keeps them by week (PostgreSQL, 0025): `keep`
-    stretched so that its cutoff, `now - keep`, falls on the Monday (00:00 UTC) of the week it
-    would fall in. A job then goes with its week — up to seven days after `keep` — and a week
-    whose every task is past its retention goes whole (`Store.job_history_drop`) before any
-    batch could take its rows one by one."""
+    """A finished job's retention where a history keeps them by week (PostgreSQL, 0025): a
+    retention of a week or more is stretched so that its cutoff, `now - keep`, falls on the
+    Monday (00:00 UTC) of the week it would fall in. Such a job then goes with its week — up to
+    seven days after `keep`, so at most twice as long — and a week whose every task is past its
+    retention goes whole (`Store.job_history_drop`) before any batch could take its rows one by
+    one. A shorter retention (a day's, for personal data) is kept as it is: its jobs go by
+    batches, before their week could."""
+    if keep < WEEK:
+        return keep
     cutoff = (now - keep).astimezone(UTC)
     monday = datetime.combine(cutoff.date() - timedelta(days=cutoff.weekday()), time(), UTC)
     return now - monday
