@@ -723,17 +723,20 @@ BEGIN
         -- a job that left the table for the history (done, cancelled: 0025) ends its group's
         -- head, or frees the group of a broker-held queue whose head it was to become
         IF NOT EXISTS (SELECT 1 FROM relay_old
-                       WHERE group_key IS NOT NULL AND state IN ('ready', 'leased', 'relayed'))
+                       WHERE group_key IS NOT NULL AND state IN ('ready', 'relayed'))
         THEN
+            -- a table queue's settlement (its jobs are leased, never relayed) or the move of
+            -- finished jobs: no broker-held group to move on, no lock taken
             RETURN NULL;
         END IF;
         PERFORM pg_advisory_xact_lock(g.lock)
         FROM (SELECT DISTINCT hashtextextended(queue || chr(1) || group_key, 1604) AS lock
-              FROM relay_old WHERE group_key IS NOT NULL) g
+              FROM relay_old
+              WHERE group_key IS NOT NULL AND state IN ('ready', 'relayed')) g
         ORDER BY g.lock;
         SELECT array_agg(h.id) INTO due
         FROM (SELECT DISTINCT queue, group_key FROM relay_old
-              WHERE group_key IS NOT NULL AND state IN ('ready', 'leased', 'relayed')) f,
+              WHERE group_key IS NOT NULL AND state IN ('ready', 'relayed')) f,
              LATERAL (SELECT g.id, g.state FROM __S__.oncebox_jobs g
                       WHERE g.queue = f.queue AND g.group_key = f.group_key
                         AND g.stage IN ('ready', 'relayed')
